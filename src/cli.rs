@@ -1,0 +1,239 @@
+//! The `dpcomp` command line: train, eval, data fetch, bench.
+
+use crate::bench;
+use crate::config::{DeviceChoice, Task, TrainConfig, TrainOverrides};
+use crate::data::{self, fetch};
+use crate::error::Error;
+use crate::tasks;
+use crate::train::{self, checkpoint, Trainer};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "dpcomp",
+    version,
+    about = "Differentially private training with gradient compression"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a task's model; writes config.toml, metrics.jsonl, checkpoints and summary.json.
+    Train(TrainArgs),
+    /// Report the test accuracy of a run's checkpoint.
+    Eval(EvalArgs),
+    /// Datasets: download the official archives.
+    Data {
+        #[command(subcommand)]
+        command: DataCommand,
+    },
+    /// Benchmarks whose output is quoted in the README and the issues.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// TOML file with any of the settings below (flags override it).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Run folder (default runs/<task>).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Continue the run in --out from its last checkpoint (--epochs may extend it).
+    #[arg(long)]
+    pub resume: bool,
+    /// No progress bar or per-epoch lines.
+    #[arg(long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub settings: TrainOverrides,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// A run folder (or its checkpoint/ folder).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceChoice>,
+    /// Data folder (default: the run's, else $DPCOMP_DATA, else data/).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DataCommand {
+    /// Download, verify (SHA-256) and unpack a dataset: names, cifar10, cifar100 or snli.
+    Fetch {
+        dataset: String,
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// Replace an existing copy.
+        #[arg(long)]
+        force: bool,
+        /// A mirror of the official archive (same file).
+        #[arg(long)]
+        url: Option<String>,
+        /// The expected SHA-256 of the archive at --url.
+        #[arg(long)]
+        sha256: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Mean time of one non-private training step on a fixed batch.
+    Train(bench::TrainBenchArgs),
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(args) => train_command(args),
+        Command::Eval(args) => eval_command(args),
+        Command::Data {
+            command:
+                DataCommand::Fetch {
+                    dataset,
+                    data_dir,
+                    force,
+                    url,
+                    sha256,
+                },
+        } => {
+            let mut source = fetch::official_source(&dataset)?;
+            if let Some(url) = url {
+                source.url = url;
+                source.sha256 = sha256;
+            } else if sha256.is_some() {
+                return Err(Error::bad_value("--sha256", "only meaningful with --url").into());
+            }
+            let dir = data::data_dir(data_dir.as_deref());
+            let fetched = fetch::fetch(&source, &dir, force, true)?;
+            println!(
+                "{}: {} files in {} (archive SHA-256 {})",
+                source.dataset,
+                fetched.files,
+                fetched.folder.display(),
+                fetched.sha256
+            );
+            Ok(())
+        }
+        Command::Bench {
+            command: BenchCommand::Train(args),
+        } => bench::train_bench(args),
+    }
+}
+
+fn train_command(args: TrainArgs) -> Result<()> {
+    let mut trainer = if args.resume {
+        let out = args.out.clone().ok_or_else(|| {
+            Error::bad_value("--resume", "needs --out naming the run to continue")
+        })?;
+        Trainer::resume(&out, args.settings.epochs)
+            .with_context(|| format!("resuming {}", out.display()))?
+    } else {
+        let file = match &args.config {
+            Some(path) => TrainOverrides::from_toml_file(path)?,
+            None => TrainOverrides::default(),
+        };
+        let config = args.settings.or(file).resolve()?;
+        let out = args
+            .out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("runs").join(config.task.name()));
+        Trainer::new(config, &out)?
+    };
+    trainer.progress = !args.quiet;
+    let c = &trainer.config;
+    if !args.quiet {
+        eprintln!(
+            "{}: {} train / {} test examples, {} trainable of {} parameters, device {:?}, run folder {}",
+            c.task,
+            trainer.data.train.len(),
+            trainer.data.test.len(),
+            trainer.model.trainable_parameter_count(),
+            trainer.model.parameter_count(),
+            trainer.device,
+            trainer.run_dir.display()
+        );
+        if c.task == Task::Snli {
+            let dir = data::data_dir(c.data_dir.as_deref()).join("snli_1.0");
+            eprintln!(
+                "snli: training on {} (evaluating on snli_1.0_test.jsonl)",
+                data::snli::train_file(&dir).display()
+            );
+        }
+    }
+    let summary = trainer.run()?;
+    println!(
+        "{}: final test accuracy {:.2}% (mean of the last {} epochs), last epoch {:.2}%, {:.1}s",
+        summary.task,
+        100.0 * summary.final_accuracy,
+        summary.epochs.min(10),
+        100.0 * summary.last_test_accuracy,
+        summary.wall_seconds
+    );
+    Ok(())
+}
+
+fn eval_command(args: EvalArgs) -> Result<()> {
+    let (run_dir, ckpt) = if args.checkpoint.join("state.json").is_file() {
+        let run = args
+            .checkpoint
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        (run, args.checkpoint.clone())
+    } else {
+        let ckpt = checkpoint::find(&args.checkpoint).ok_or_else(|| {
+            Error::bad_value(
+                "--checkpoint",
+                format!("{}: no checkpoint here", args.checkpoint.display()),
+            )
+        })?;
+        (args.checkpoint.clone(), ckpt)
+    };
+    let mut config = TrainConfig::from_toml_file(&run_dir.join("config.toml"))?;
+    if let Some(d) = args.device {
+        config.device = d;
+    }
+    if args.data_dir.is_some() {
+        config.data_dir = args.data_dir;
+    }
+    let device = config.device.device()?;
+    let data = tasks::load_data(&config)?;
+    let model = tasks::build_model(
+        config.task,
+        data.classes.len() as i64,
+        device,
+        &config.bert_dir,
+    )?;
+    checkpoint::load_weights(model.var_store(), &ckpt.join("model.safetensors"))?;
+    let (loss, accuracy) =
+        train::evaluate(model.as_ref(), &data.test, config.eval_batch_size, device);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"task": config.task, "test_loss": loss, "test_accuracy": accuracy, "examples": data.test.len()})
+        );
+    } else {
+        println!(
+            "{}: test accuracy {:.2}% (loss {:.4}) on {} examples",
+            config.task,
+            100.0 * accuracy,
+            loss,
+            data.test.len()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,276 @@
+//! Training configuration: the paper's defaults per task, overridden by a TOML file, overridden
+//! by command-line flags. The resolved configuration is written to `runs/<name>/config.toml`
+//! before the first step.
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The paper's four tasks (`../shared/papers/dp-and-gradient-compression.txt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    Surnames,
+    Cifar10,
+    Cifar100,
+    Snli,
+}
+
+impl Task {
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Surnames => "surnames",
+            Task::Cifar10 => "cifar10",
+            Task::Cifar100 => "cifar100",
+            Task::Snli => "snli",
+        }
+    }
+}
+
+impl std::fmt::Display for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `--device auto|cpu|cuda`: auto picks CUDA when LibTorch sees a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceChoice {
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl DeviceChoice {
+    pub fn device(self) -> Result<tch::Device> {
+        match self {
+            DeviceChoice::Auto => Ok(tch::Device::cuda_if_available()),
+            DeviceChoice::Cpu => Ok(tch::Device::Cpu),
+            DeviceChoice::Cuda if tch::Cuda::is_available() => Ok(tch::Device::Cuda(0)),
+            DeviceChoice::Cuda => Err(Error::bad_value(
+                "--device",
+                "cuda requested but LibTorch finds no CUDA device",
+            )),
+        }
+    }
+}
+
+/// Everything a training run depends on. Saved as the run's `config.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainConfig {
+    pub task: Task,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub lr: f64,
+    /// SGD momentum (0 = the paper's plain SGD).
+    pub momentum: f64,
+    /// Clipping radius C: the global gradient norm is clipped to C even without privacy.
+    pub max_grad_norm: f64,
+    pub seed: u64,
+    /// Train on the first N examples only (after the deterministic split).
+    pub limit_train: Option<usize>,
+    /// Evaluate on the first N test examples only.
+    pub limit_test: Option<usize>,
+    pub data_dir: Option<PathBuf>,
+    pub device: DeviceChoice,
+    /// Random crop + flip on CIFAR training batches.
+    pub augment: bool,
+    /// SNLI: maximum tokens of a pair after WordPiece.
+    pub max_seq_len: usize,
+    /// SNLI: folder with config.json, model.safetensors and tokenizer.json or vocab.txt.
+    pub bert_dir: PathBuf,
+    pub eval_batch_size: usize,
+}
+
+impl TrainConfig {
+    /// The paper's settings for `task`: learning rate, batch size, epochs and clipping radius.
+    pub fn paper_defaults(task: Task) -> Self {
+        let (lr, batch_size, epochs, max_grad_norm) = match task {
+            Task::Surnames => (2.0, 32, 100, 3.0),
+            Task::Cifar10 => (0.1, 128, 100, 5.0),
+            Task::Snli => (0.05, 32, 1, 21.0),
+            Task::Cifar100 => (1.0, 64, 100, 1000.0),
+        };
+        TrainConfig {
+            task,
+            epochs,
+            batch_size,
+            lr,
+            momentum: 0.0,
+            max_grad_norm,
+            seed: 0,
+            limit_train: None,
+            limit_test: None,
+            data_dir: None,
+            device: DeviceChoice::Auto,
+            augment: false,
+            max_seq_len: crate::data::snli::DEFAULT_MAX_LEN,
+            bert_dir: PathBuf::from("models/all-MiniLM-L6-v2"),
+            eval_batch_size: if task == Task::Snli { 128 } else { 1024 },
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let positive = |field: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::bad_value(
+                    field,
+                    format!("{v}: expected a positive number"),
+                ))
+            }
+        };
+        positive("epochs", self.epochs as f64)?;
+        positive("batch_size", self.batch_size as f64)?;
+        positive("eval_batch_size", self.eval_batch_size as f64)?;
+        positive("lr", self.lr)?;
+        if !(self.max_grad_norm > 0.0) {
+            return Err(Error::bad_value(
+                "max_grad_norm",
+                format!(
+                    "{}: expected a positive number (inf disables clipping)",
+                    self.max_grad_norm
+                ),
+            ));
+        }
+        if !(0.0..1.0).contains(&self.momentum) {
+            return Err(Error::bad_value(
+                "momentum",
+                format!("{}: expected 0 <= momentum < 1", self.momentum),
+            ));
+        }
+        positive("max_seq_len", self.max_seq_len as f64)?;
+        if self.limit_train == Some(0) || self.limit_test == Some(0) {
+            return Err(Error::bad_value(
+                "limit_train/limit_test",
+                "0: expected at least 1 example",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("TrainConfig always serialises")
+    }
+
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))
+    }
+}
+
+/// Optional settings, from a `--config` TOML file or from flags; each given one replaces the
+/// default. Unknown keys in the file are errors that name the file and the key.
+#[derive(Debug, Clone, Default, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct TrainOverrides {
+    /// Task (a config file may set it instead).
+    #[arg(long, value_enum)]
+    pub task: Option<Task>,
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    #[arg(long)]
+    pub lr: Option<f64>,
+    #[arg(long)]
+    pub momentum: Option<f64>,
+    /// Clipping radius C (the global gradient norm is clipped even without privacy).
+    #[arg(long)]
+    pub max_grad_norm: Option<f64>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Train on the first N training examples only.
+    #[arg(long)]
+    pub limit_train: Option<usize>,
+    /// Evaluate on the first N test examples only.
+    #[arg(long)]
+    pub limit_test: Option<usize>,
+    /// Data folder (default: $DPCOMP_DATA, else data/).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceChoice>,
+    /// Random crop and horizontal flip on CIFAR training images.
+    #[arg(long)]
+    pub augment: Option<bool>,
+    #[arg(long)]
+    pub max_seq_len: Option<usize>,
+    #[arg(long)]
+    pub bert_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub eval_batch_size: Option<usize>,
+}
+
+impl TrainOverrides {
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))
+    }
+
+    /// `self` where given, else `base`.
+    pub fn or(self, base: TrainOverrides) -> TrainOverrides {
+        TrainOverrides {
+            task: self.task.or(base.task),
+            epochs: self.epochs.or(base.epochs),
+            batch_size: self.batch_size.or(base.batch_size),
+            lr: self.lr.or(base.lr),
+            momentum: self.momentum.or(base.momentum),
+            max_grad_norm: self.max_grad_norm.or(base.max_grad_norm),
+            seed: self.seed.or(base.seed),
+            limit_train: self.limit_train.or(base.limit_train),
+            limit_test: self.limit_test.or(base.limit_test),
+            data_dir: self.data_dir.or(base.data_dir),
+            device: self.device.or(base.device),
+            augment: self.augment.or(base.augment),
+            max_seq_len: self.max_seq_len.or(base.max_seq_len),
+            bert_dir: self.bert_dir.or(base.bert_dir),
+            eval_batch_size: self.eval_batch_size.or(base.eval_batch_size),
+        }
+    }
+
+    /// Writes every given setting into `config`.
+    pub fn apply(self, config: &mut TrainConfig) {
+        macro_rules! set {
+            ($($field:ident),*) => { $( if let Some(v) = self.$field { config.$field = v; } )* };
+        }
+        set!(
+            task,
+            epochs,
+            batch_size,
+            lr,
+            momentum,
+            max_grad_norm,
+            seed,
+            device,
+            augment,
+            max_seq_len,
+            bert_dir,
+            eval_batch_size
+        );
+        if self.limit_train.is_some() {
+            config.limit_train = self.limit_train;
+        }
+        if self.limit_test.is_some() {
+            config.limit_test = self.limit_test;
+        }
+        if self.data_dir.is_some() {
+            config.data_dir = self.data_dir;
+        }
+    }
+
+    /// Paper defaults for the task, then these settings. Errors when no task is given.
+    pub fn resolve(self) -> Result<TrainConfig> {
+        let task = self.task.ok_or_else(|| {
+            Error::bad_value("--task", "missing: give --task or set task in --config")
+        })?;
+        let mut config = TrainConfig::paper_defaults(task);
+        self.apply(&mut config);
+        config.validate()?;
+        Ok(config)
+    }
+}

@@ -1,0 +1,147 @@
+//! CIFAR-10 and CIFAR-100 in their official binary layouts.
+//!
+//! - `cifar-10-batches-bin/`: `data_batch_1..5.bin`, `test_batch.bin`; records of 1 label byte +
+//!   3,072 pixel bytes (1,024 R, 1,024 G, 1,024 B, row-major).
+//! - `cifar-100-binary/`: `train.bin`, `test.bin`; records of coarse label byte + fine label byte +
+//!   3,072 pixel bytes.
+
+use super::{read_file, require_dir, Dataset, Features, ImageTransform, TaskData};
+use crate::error::{Error, Result};
+use std::path::Path;
+use tch::{Kind, Tensor};
+
+const PIXELS: usize = 3 * 32 * 32;
+
+pub const CIFAR10_MEAN: [f64; 3] = [0.4914, 0.4822, 0.4465];
+pub const CIFAR10_STD: [f64; 3] = [0.2470, 0.2435, 0.2616];
+pub const CIFAR100_MEAN: [f64; 3] = [0.5071, 0.4865, 0.4409];
+pub const CIFAR100_STD: [f64; 3] = [0.2673, 0.2564, 0.2762];
+
+/// Which label of a CIFAR-100 record to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cifar100Labels {
+    Coarse,
+    Fine,
+}
+
+/// Reads one binary batch file: `label_bytes` leading bytes per record, of which byte
+/// `label_offset` is the label (< `classes`), then the pixels. Returns (images u8 [N,3,32,32],
+/// labels i64 [N]).
+fn read_records(
+    path: &Path,
+    label_bytes: usize,
+    label_offset: usize,
+    classes: u8,
+) -> Result<(Tensor, Tensor)> {
+    let bytes = read_file(path)?;
+    let record = label_bytes + PIXELS;
+    if bytes.is_empty() || bytes.len() % record != 0 {
+        return Err(Error::bad_file(
+            path,
+            format!(
+                "{} bytes is not a whole number of {record}-byte records (record {} is truncated)",
+                bytes.len(),
+                bytes.len() / record
+            ),
+        ));
+    }
+    let n = bytes.len() / record;
+    let mut pixels = Vec::with_capacity(n * PIXELS);
+    let mut labels = Vec::with_capacity(n);
+    for (i, rec) in bytes.chunks_exact(record).enumerate() {
+        let label = rec[label_offset];
+        if label >= classes {
+            return Err(Error::bad_file(
+                path,
+                format!("record {i}: label {label}, expected 0..{}", classes - 1),
+            ));
+        }
+        labels.push(label as i64);
+        pixels.extend_from_slice(&rec[label_bytes..]);
+    }
+    let images = Tensor::from_slice(&pixels).view([n as i64, 3, 32, 32]);
+    Ok((images, Tensor::from_slice(&labels)))
+}
+
+fn read_split(
+    files: &[std::path::PathBuf],
+    label_bytes: usize,
+    offset: usize,
+    classes: u8,
+) -> Result<(Tensor, Tensor)> {
+    let mut images = Vec::new();
+    let mut labels = Vec::new();
+    for path in files {
+        let (x, y) = read_records(path, label_bytes, offset, classes)?;
+        images.push(x);
+        labels.push(y);
+    }
+    Ok((Tensor::cat(&images, 0), Tensor::cat(&labels, 0)))
+}
+
+fn task(
+    train: (Tensor, Tensor),
+    test: (Tensor, Tensor),
+    mean: [f64; 3],
+    std: [f64; 3],
+    augment: bool,
+    classes: Vec<String>,
+) -> TaskData {
+    let split = |(images, labels): (Tensor, Tensor), augment| Dataset {
+        features: Features::Images(images),
+        labels: labels.to_kind(Kind::Int64),
+        image_transform: Some(ImageTransform { mean, std, augment }),
+    };
+    TaskData {
+        train: split(train, augment),
+        test: split(test, false),
+        classes,
+    }
+}
+
+/// `dir` is the `cifar-10-batches-bin` folder.
+pub fn load_cifar10(dir: &Path, augment: bool) -> Result<TaskData> {
+    require_dir(dir, "CIFAR-10's cifar-10-batches-bin folder")?;
+    let train_files: Vec<_> = (1..=5)
+        .map(|i| dir.join(format!("data_batch_{i}.bin")))
+        .collect();
+    let train = read_split(&train_files, 1, 0, 10)?;
+    let test = read_split(&[dir.join("test_batch.bin")], 1, 0, 10)?;
+    let classes = match std::fs::read_to_string(dir.join("batches.meta.txt")) {
+        Ok(text) => text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect(),
+        Err(_) => (0..10).map(|i| i.to_string()).collect(),
+    };
+    Ok(task(
+        train,
+        test,
+        CIFAR10_MEAN,
+        CIFAR10_STD,
+        augment,
+        classes,
+    ))
+}
+
+/// `dir` is the `cifar-100-binary` folder.
+pub fn load_cifar100(dir: &Path, labels: Cifar100Labels, augment: bool) -> Result<TaskData> {
+    require_dir(dir, "CIFAR-100's cifar-100-binary folder")?;
+    let (offset, classes) = match labels {
+        Cifar100Labels::Coarse => (0, 20u8),
+        Cifar100Labels::Fine => (1, 100u8),
+    };
+    let train = read_split(&[dir.join("train.bin")], 2, offset, classes)?;
+    let test = read_split(&[dir.join("test.bin")], 2, offset, classes)?;
+    let names = (0..classes).map(|i| i.to_string()).collect();
+    Ok(task(
+        train,
+        test,
+        CIFAR100_MEAN,
+        CIFAR100_STD,
+        augment,
+        names,
+    ))
+}

@@ -1,0 +1,17 @@
+//! dpcomp: differentially private deep learning with gradient compression, on LibTorch.
+//!
+//! See the README's architecture section for how the modules fit together.
+pub mod bench;
+pub mod cli;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod models;
+pub mod nn;
+pub mod tasks;
+pub mod train;
+
+pub use config::{Task, TrainConfig};
+pub use error::{Error, Result};
+pub use models::Model;
+pub use train::Trainer;

@@ -1,0 +1,9 @@
+use clap::Parser;
+
+fn main() {
+    let cli = dpcomp::cli::Cli::parse();
+    if let Err(e) = dpcomp::cli::run(cli) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

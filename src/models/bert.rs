@@ -1,0 +1,333 @@
+//! SNLI: a Hugging Face BERT encoder (Devlin et al. 2019) loaded from `config.json` +
+//! `model.safetensors`, plus its pooler and a 3-way classifier, as the paper fine-tunes
+//! bert-base-cased. Everything is frozen except the last encoder layer, the pooler and the
+//! classifier; the frozen part runs without autograd, so it costs no gradient work.
+//!
+//! Parameter names are Hugging Face's (`embeddings.word_embeddings.weight`,
+//! `encoder.layer.5.attention.self.query.weight`, ...). Checkpoints with the `bert.` prefix
+//! (bert-base-cased) and without it (all-MiniLM-L6-v2) both load; TF-era `gamma`/`beta` names are
+//! read as `weight`/`bias`; the masked-LM head (`cls.*`) is ignored.
+
+use super::{wrong_features, Model};
+use crate::data::Features;
+use crate::error::{Error, Result};
+use crate::nn::{Ctx, Embedding, LayerNorm, Linear};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::Path;
+use tch::{nn, Device, Kind, Tensor};
+
+/// The fields of Hugging Face's `config.json` that the architecture needs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BertConfig {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub num_hidden_layers: i64,
+    pub num_attention_heads: i64,
+    pub intermediate_size: i64,
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    pub max_position_embeddings: i64,
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: i64,
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    #[serde(default = "default_dropout")]
+    pub hidden_dropout_prob: f64,
+    #[serde(default = "default_dropout")]
+    pub attention_probs_dropout_prob: f64,
+    #[serde(default = "default_init_range")]
+    pub initializer_range: f64,
+}
+
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_type_vocab() -> i64 {
+    2
+}
+fn default_eps() -> f64 {
+    1e-12
+}
+fn default_dropout() -> f64 {
+    0.1
+}
+fn default_init_range() -> f64 {
+    0.02
+}
+
+impl BertConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let config: BertConfig = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(path, format!("not a BERT config.json: {e}")))?;
+        if config.hidden_act != "gelu" {
+            return Err(Error::bad_file(
+                path,
+                format!(
+                    "hidden_act {:?}: only \"gelu\" is supported",
+                    config.hidden_act
+                ),
+            ));
+        }
+        if config.hidden_size % config.num_attention_heads != 0 {
+            return Err(Error::bad_file(
+                path,
+                "hidden_size must be a multiple of num_attention_heads",
+            ));
+        }
+        Ok(config)
+    }
+}
+
+pub struct Embeddings {
+    pub word: Embedding,
+    pub position: Embedding,
+    pub token_type: Embedding,
+    pub norm: LayerNorm,
+}
+
+pub struct EncoderLayer {
+    pub query: Linear,
+    pub key: Linear,
+    pub value: Linear,
+    pub attention_out: Linear,
+    pub attention_norm: LayerNorm,
+    pub intermediate: Linear,
+    pub output: Linear,
+    pub output_norm: LayerNorm,
+}
+
+pub struct BertClassifier {
+    vs: nn::VarStore,
+    pub config: BertConfig,
+    pub embeddings: Embeddings,
+    pub layers: Vec<EncoderLayer>,
+    pub pooler: Linear,
+    pub classifier: Linear,
+}
+
+impl EncoderLayer {
+    fn new(p: &nn::Path, c: &BertConfig) -> Self {
+        let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
+        let attn = p / "attention";
+        EncoderLayer {
+            query: Linear::new(&(&attn / "self" / "query"), h, h, true),
+            key: Linear::new(&(&attn / "self" / "key"), h, h, true),
+            value: Linear::new(&(&attn / "self" / "value"), h, h, true),
+            attention_out: Linear::new(&(&attn / "output" / "dense"), h, h, true),
+            attention_norm: LayerNorm::new(&(&attn / "output" / "LayerNorm"), h, eps),
+            intermediate: Linear::new(&(p / "intermediate" / "dense"), h, i, true),
+            output: Linear::new(&(p / "output" / "dense"), i, h, true),
+            output_norm: LayerNorm::new(&(p / "output" / "LayerNorm"), h, eps),
+        }
+    }
+
+    /// Post-norm transformer layer. `mask`: bool [B, 1, 1, T], true where a key may be attended.
+    fn forward(&self, xs: &Tensor, mask: &Tensor, c: &BertConfig, ctx: &mut Ctx) -> Tensor {
+        let (b, t) = (xs.size()[0], xs.size()[1]);
+        let heads = c.num_attention_heads;
+        let dh = c.hidden_size / heads;
+        let split = |ys: Tensor| ys.view([b, t, heads, dh]).transpose(1, 2);
+        let q = split(self.query.forward(xs, ctx));
+        let k = split(self.key.forward(xs, ctx));
+        let v = split(self.value.forward(xs, ctx));
+        let dropout = if ctx.train {
+            c.attention_probs_dropout_prob
+        } else {
+            0.0
+        };
+        let attended = Tensor::scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            Some(mask),
+            dropout,
+            false,
+            None,
+            false,
+        )
+        .transpose(1, 2)
+        .reshape([b, t, c.hidden_size]);
+        let p = c.hidden_dropout_prob;
+        let attended = self
+            .attention_out
+            .forward(&attended, ctx)
+            .dropout(p, ctx.train);
+        let xs = self.attention_norm.forward(&(attended + xs), ctx);
+        let inner = self.intermediate.forward(&xs, ctx).gelu("none");
+        let out = self.output.forward(&inner, ctx).dropout(p, ctx.train);
+        self.output_norm.forward(&(out + xs), ctx)
+    }
+}
+
+impl BertClassifier {
+    /// The architecture with freshly initialised weights (tests and shape checks).
+    pub fn new(device: Device, config: BertConfig, classes: i64) -> Self {
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let c = &config;
+        let e = &root / "embeddings";
+        let embeddings = Embeddings {
+            word: Embedding::new(&(&e / "word_embeddings"), c.vocab_size, c.hidden_size),
+            position: Embedding::new(
+                &(&e / "position_embeddings"),
+                c.max_position_embeddings,
+                c.hidden_size,
+            ),
+            token_type: Embedding::new(
+                &(&e / "token_type_embeddings"),
+                c.type_vocab_size,
+                c.hidden_size,
+            ),
+            norm: LayerNorm::new(&(&e / "LayerNorm"), c.hidden_size, c.layer_norm_eps),
+        };
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| EncoderLayer::new(&(&root / "encoder" / "layer" / i), c))
+            .collect();
+        let pooler = Linear::new(
+            &(&root / "pooler" / "dense"),
+            c.hidden_size,
+            c.hidden_size,
+            true,
+        );
+        let head = &root / "classifier";
+        let classifier = Linear {
+            weight: head.randn(
+                "weight",
+                &[classes, c.hidden_size],
+                0.0,
+                c.initializer_range,
+            ),
+            bias: Some(head.zeros("bias", &[classes])),
+        };
+        let model = BertClassifier {
+            vs,
+            config,
+            embeddings,
+            layers,
+            pooler,
+            classifier,
+        };
+        model.freeze_all_but_last_layer();
+        model
+    }
+
+    /// Reads `config.json` and `model.safetensors` from `dir`; the classifier head stays freshly
+    /// initialised. Every encoder, embedding and pooler tensor must be in the file with its shape.
+    pub fn from_pretrained(dir: &Path, device: Device, classes: i64) -> Result<Self> {
+        let config = BertConfig::from_file(&dir.join("config.json"))?;
+        let model = BertClassifier::new(device, config, classes);
+        model.load_encoder(&dir.join("model.safetensors"))?;
+        Ok(model)
+    }
+
+    fn load_encoder(&self, path: &Path) -> Result<()> {
+        if !path.is_file() {
+            return Err(Error::bad_file(path, "no such file; expected BERT weights in safetensors format (run scripts/setup.sh to fetch all-MiniLM-L6-v2)"));
+        }
+        let tensors =
+            Tensor::read_safetensors(path).map_err(|e| Error::bad_file(path, e.to_string()))?;
+        let tensors: HashMap<String, Tensor> = tensors
+            .into_iter()
+            .map(|(name, t)| (canonical_name(&name), t))
+            .collect();
+        let mut vars = self.vs.variables();
+        vars.retain(|name, _| !name.starts_with("classifier."));
+        for (name, var) in vars.iter_mut() {
+            let src = tensors.get(name).ok_or_else(|| {
+                Error::bad_file(path, format!("missing tensor {name} (or bert.{name})"))
+            })?;
+            if src.size() != var.size() {
+                return Err(Error::bad_file(
+                    path,
+                    format!("{name}: shape {:?}, expected {:?}", src.size(), var.size()),
+                ));
+            }
+            tch::no_grad(|| var.copy_(&src.to_kind(Kind::Float)));
+        }
+        Ok(())
+    }
+
+    /// Only the last encoder layer, the pooler and the classifier train (the paper's choice).
+    fn freeze_all_but_last_layer(&self) {
+        let last = format!("encoder.layer.{}.", self.config.num_hidden_layers - 1);
+        for (name, mut var) in self.vs.variables() {
+            let trainable = name.starts_with(&last)
+                || name.starts_with("pooler.")
+                || name.starts_with("classifier.");
+            if !trainable {
+                let _ = var.requires_grad_(false);
+            }
+        }
+    }
+
+    /// Embeddings and every encoder layer but the last: run without autograd.
+    fn frozen_encoder(&self, ids: &Tensor, types: &Tensor, mask: &Tensor, ctx: &mut Ctx) -> Tensor {
+        tch::no_grad(|| {
+            let t = ids.size()[1];
+            let positions = Tensor::arange(t, (Kind::Int64, ids.device())).unsqueeze(0);
+            let e = &self.embeddings;
+            let xs = e.word.forward(ids, ctx)
+                + e.position.forward(&positions, ctx)
+                + e.token_type.forward(types, ctx);
+            let mut xs = e
+                .norm
+                .forward(&xs, ctx)
+                .dropout(self.config.hidden_dropout_prob, ctx.train);
+            for layer in &self.layers[..self.layers.len() - 1] {
+                xs = layer.forward(&xs, mask, &self.config, ctx);
+            }
+            xs
+        })
+    }
+
+    /// Every hidden state of the last encoder layer, [B, T, hidden].
+    pub fn encode(
+        &self,
+        ids: &Tensor,
+        types: &Tensor,
+        attention_mask: &Tensor,
+        ctx: &mut Ctx,
+    ) -> Tensor {
+        let mask = attention_mask
+            .gt(0)
+            .view([attention_mask.size()[0], 1, 1, -1]);
+        let xs = self.frozen_encoder(ids, types, &mask, ctx);
+        let last = self.layers.last().expect("BERT has at least one layer");
+        last.forward(&xs, &mask, &self.config, ctx)
+    }
+}
+
+/// `bert.encoder.layer.0.x.gamma` -> `encoder.layer.0.x.weight`.
+fn canonical_name(name: &str) -> String {
+    let name = name.strip_prefix("bert.").unwrap_or(name);
+    if let Some(stem) = name.strip_suffix(".gamma") {
+        format!("{stem}.weight")
+    } else if let Some(stem) = name.strip_suffix(".beta") {
+        format!("{stem}.bias")
+    } else {
+        name.to_string()
+    }
+}
+
+impl Model for BertClassifier {
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Tensor {
+        let Features::TextPair {
+            ids,
+            token_types,
+            attention_mask,
+        } = features
+        else {
+            wrong_features("BertClassifier", features)
+        };
+        let hidden = self.encode(ids, token_types, attention_mask, ctx);
+        let pooled = self.pooler.forward(&hidden.select(1, 0), ctx).tanh();
+        let pooled = pooled.dropout(self.config.hidden_dropout_prob, ctx.train);
+        self.classifier.forward(&pooled, ctx)
+    }
+
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+}

@@ -1,0 +1,56 @@
+//! Surnames: Embedding(256, 64) -> one-layer LSTM(64 -> 128) reading the hidden state at the last
+//! real time step of each name -> Linear(128, 18). 118,034 parameters.
+
+use super::{wrong_features, Model};
+use crate::data::names::VOCAB;
+use crate::data::Features;
+use crate::nn::{Ctx, Embedding, Linear, Lstm};
+use tch::{nn, Device, Kind, Tensor};
+
+pub const EMBEDDING: i64 = 64;
+pub const HIDDEN: i64 = 128;
+
+pub struct SurnamesLstm {
+    vs: nn::VarStore,
+    pub embedding: Embedding,
+    pub lstm: Lstm,
+    pub classifier: Linear,
+}
+
+impl SurnamesLstm {
+    pub fn new(device: Device, classes: i64) -> Self {
+        let vs = nn::VarStore::new(device);
+        let root = vs.root();
+        let embedding = Embedding::new(&(&root / "embedding"), VOCAB, EMBEDDING);
+        let lstm = Lstm::new(&(&root / "lstm"), EMBEDDING, HIDDEN);
+        let classifier = Linear::new(&(&root / "classifier"), HIDDEN, classes, true);
+        SurnamesLstm {
+            vs,
+            embedding,
+            lstm,
+            classifier,
+        }
+    }
+}
+
+impl Model for SurnamesLstm {
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Tensor {
+        let Features::Tokens { ids, lengths } = features else {
+            wrong_features("SurnamesLstm", features)
+        };
+        let hs = self.lstm.forward(&self.embedding.forward(ids, ctx), ctx); // [B, T, H]
+                                                                            // Hidden state at index length-1 of each example.
+        let last = (lengths - 1)
+            .clamp_min(0)
+            .to_kind(Kind::Int64)
+            .view([-1, 1, 1]);
+        let last = hs
+            .gather(1, &last.expand([-1, 1, HIDDEN], false), false)
+            .squeeze_dim(1);
+        self.classifier.forward(&last, ctx)
+    }
+
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+}

@@ -1,0 +1,45 @@
+//! Glue between a configuration and its task: which files to read, which model to build.
+
+use crate::config::{Task, TrainConfig};
+use crate::data::{self, cifar, names, snli, TaskData};
+use crate::error::Result;
+use crate::models::{BertClassifier, CifarCnn, Model, ResNet18, SurnamesLstm};
+use std::path::Path;
+use tch::Device;
+
+/// Loads the task's train and test splits from the data folder, applying `limit_train`.
+pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
+    let root = data::data_dir(config.data_dir.as_deref());
+    let mut data = match config.task {
+        Task::Surnames => names::load(&root.join("names"), config.seed)?,
+        Task::Cifar10 => cifar::load_cifar10(&root.join("cifar-10-batches-bin"), config.augment)?,
+        Task::Cifar100 => cifar::load_cifar100(
+            &root.join("cifar-100-binary"),
+            cifar::Cifar100Labels::Fine,
+            config.augment,
+        )?,
+        Task::Snli => snli::load(&root.join("snli_1.0"), &config.bert_dir, config.max_seq_len)?,
+    };
+    if let Some(n) = config.limit_train {
+        data.train = data.train.truncate(n as i64);
+    }
+    if let Some(n) = config.limit_test {
+        data.test = data.test.truncate(n as i64);
+    }
+    Ok(data)
+}
+
+/// The task's model with fresh weights (BERT: pretrained encoder, fresh head) on `device`.
+pub fn build_model(
+    task: Task,
+    classes: i64,
+    device: Device,
+    bert_dir: &Path,
+) -> Result<Box<dyn Model>> {
+    Ok(match task {
+        Task::Surnames => Box::new(SurnamesLstm::new(device, classes)),
+        Task::Cifar10 => Box::new(CifarCnn::new(device, classes)),
+        Task::Cifar100 => Box::new(ResNet18::new(device, classes)),
+        Task::Snli => Box::new(BertClassifier::from_pretrained(bert_dir, device, classes)?),
+    })
+}

@@ -1,0 +1,77 @@
+//! `metrics.jsonl`: one JSON object per epoch; `summary.json` at the end of a run.
+
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EpochMetrics {
+    pub epoch: usize,
+    pub steps: u64,
+    pub train_loss: f64,
+    pub train_accuracy: f64,
+    pub test_loss: f64,
+    pub test_accuracy: f64,
+    pub examples_per_second: f64,
+    pub epoch_seconds: f64,
+    pub wall_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub task: String,
+    pub epochs: usize,
+    /// Mean test accuracy of the last min(10, epochs) epochs (the paper's figure).
+    pub final_accuracy: f64,
+    pub last_test_accuracy: f64,
+    pub wall_seconds: f64,
+}
+
+/// Mean of the last `min(10, n)` test accuracies.
+pub fn final_accuracy(history: &[EpochMetrics]) -> f64 {
+    let tail = &history[history.len().saturating_sub(10)..];
+    if tail.is_empty() {
+        return f64::NAN;
+    }
+    tail.iter().map(|m| m.test_accuracy).sum::<f64>() / tail.len() as f64
+}
+
+pub fn append(path: &Path, metrics: &EpochMetrics) -> Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let line = serde_json::to_string(metrics).expect("metrics serialise");
+    writeln!(file, "{line}").map_err(|e| Error::io(path, e))
+}
+
+/// Reads the epochs up to `epochs_done` and rewrites the file with only those, dropping lines a
+/// killed run wrote after its last checkpoint.
+pub fn read_and_truncate(path: &Path, epochs_done: usize) -> Result<Vec<EpochMetrics>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let mut history = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let m: EpochMetrics = serde_json::from_str(line)
+            .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))?;
+        if m.epoch <= epochs_done {
+            history.push(m);
+        }
+    }
+    let mut out = String::new();
+    for m in &history {
+        out.push_str(&serde_json::to_string(m).expect("metrics serialise"));
+        out.push('\n');
+    }
+    std::fs::write(path, out).map_err(|e| Error::io(path, e))?;
+    Ok(history)
+}

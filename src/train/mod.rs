@@ -1,0 +1,335 @@
+//! The training loop: one readable pass from configuration to metrics and checkpoints.
+//!
+//! Per step: forward -> mean cross-entropy -> one backward -> the global gradient norm clipped to
+//! C (the paper clips even without privacy) -> SGD. After every epoch: test accuracy, one line in
+//! `metrics.jsonl`, a checkpoint. The figure a run reports is the mean test accuracy of its last
+//! 10 epochs (`../shared/papers/dp-and-gradient-compression.txt`, "we measure the test accuracy
+//! ... at the end of every epoch and use an average of the last 10 epochs").
+
+pub mod checkpoint;
+pub mod metrics;
+pub mod sgd;
+
+use crate::config::TrainConfig;
+use crate::data::{Batch, Dataset, TaskData};
+use crate::error::{Error, Result};
+use crate::models::Model;
+use crate::nn::Ctx;
+use crate::tasks;
+use checkpoint::TrainState;
+use indicatif::{ProgressBar, ProgressStyle};
+use metrics::{EpochMetrics, Summary};
+use sgd::{clip_global_norm, Sgd};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+/// The LibTorch seed of epoch `epoch` (0-based) of a run seeded with `seed`: every epoch starts
+/// from its own seed, so resuming at an epoch boundary replays the same random draws.
+pub fn epoch_seed(seed: u64, epoch: usize) -> i64 {
+    // SplitMix64 finaliser of (seed, epoch): distinct, well-mixed seeds per epoch.
+    let mut z = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(epoch as u64 + 1);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 1) as i64
+}
+
+/// Loss (mean cross-entropy) and accuracy of `model` on `data`, in evaluation mode.
+pub fn evaluate(
+    model: &dyn Model,
+    data: &Dataset,
+    batch_size: usize,
+    device: Device,
+) -> (f64, f64) {
+    let n = data.len();
+    if n == 0 {
+        return (f64::NAN, f64::NAN);
+    }
+    tch::no_grad(|| {
+        let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
+        let mut correct = Tensor::zeros([], (Kind::Int64, device));
+        let mut start = 0;
+        while start < n {
+            let len = (batch_size as i64).min(n - start);
+            let index = Tensor::arange_start(start, start + len, (Kind::Int64, Device::Cpu));
+            let batch = data.batch(&index, device, false);
+            let logits = model.forward(&batch.features, &mut Ctx::eval());
+            loss_sum += logits
+                .cross_entropy_for_logits(&batch.labels)
+                .to_kind(Kind::Double)
+                * len as f64;
+            correct += logits
+                .argmax(-1, false)
+                .eq_tensor(&batch.labels)
+                .sum(Kind::Int64);
+            start += len;
+        }
+        (
+            loss_sum.double_value(&[]) / n as f64,
+            correct.int64_value(&[]) as f64 / n as f64,
+        )
+    })
+}
+
+/// One non-private SGD step: forward -> mean cross-entropy -> backward -> global gradient norm
+/// clipped to `max_grad_norm` -> SGD update. Returns (summed loss, correct predictions) as tensors
+/// on the model's device, without a host sync.
+pub fn train_step(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    optimizer: &mut Sgd,
+    batch: &Batch,
+    max_grad_norm: f64,
+) -> (Tensor, Tensor) {
+    let logits = model.forward(&batch.features, &mut Ctx::train());
+    let loss = logits.cross_entropy_for_logits(&batch.labels);
+    for (_, p) in params {
+        p.shallow_clone().zero_grad();
+    }
+    loss.backward();
+    let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
+    let _ = clip_global_norm(&grads, max_grad_norm);
+    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+    optimizer.step(&tensors, &grads);
+    let correct = logits
+        .argmax(-1, false)
+        .eq_tensor(&batch.labels)
+        .sum(Kind::Int64);
+    (loss.detach() * batch.len() as f64, correct)
+}
+
+/// A model, its data and optimiser, and where the run writes.
+pub struct Trainer {
+    pub config: TrainConfig,
+    pub device: Device,
+    pub data: TaskData,
+    pub model: Box<dyn Model>,
+    pub optimizer: Sgd,
+    /// Trainable variables, sorted by name.
+    pub params: Vec<(String, Tensor)>,
+    pub run_dir: PathBuf,
+    pub state: TrainState,
+    pub history: Vec<EpochMetrics>,
+    /// Whether to draw a progress bar (off in tests).
+    pub progress: bool,
+}
+
+impl Trainer {
+    /// A fresh run in `run_dir`, which must not hold another run's checkpoint. Writes
+    /// `config.toml` before anything else.
+    pub fn new(config: TrainConfig, run_dir: &Path) -> Result<Self> {
+        config.validate()?;
+        if checkpoint::find(run_dir).is_some() {
+            return Err(Error::bad_value(
+                "--out",
+                format!(
+                    "{} already holds a run; pass --resume to continue it or choose another --out",
+                    run_dir.display()
+                ),
+            ));
+        }
+        std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
+        let config_path = run_dir.join("config.toml");
+        std::fs::write(&config_path, config.to_toml()).map_err(|e| Error::io(&config_path, e))?;
+        let _ = std::fs::remove_file(run_dir.join("metrics.jsonl"));
+        Self::build(config, run_dir)
+    }
+
+    /// Continues the run in `run_dir` from its last checkpoint. `epochs`, when given, replaces
+    /// the saved epoch count (to extend a finished run).
+    pub fn resume(run_dir: &Path, epochs: Option<usize>) -> Result<Self> {
+        let mut config = TrainConfig::from_toml_file(&run_dir.join("config.toml"))?;
+        if let Some(e) = epochs {
+            config.epochs = e;
+            let path = run_dir.join("config.toml");
+            std::fs::write(&path, config.to_toml()).map_err(|e| Error::io(&path, e))?;
+        }
+        let mut trainer = Self::build(config, run_dir)?;
+        let Some(dir) = checkpoint::find(run_dir) else {
+            return Err(Error::bad_value(
+                "--resume",
+                format!(
+                    "{} has no checkpoint yet; start it without --resume",
+                    run_dir.display()
+                ),
+            ));
+        };
+        checkpoint::load_weights(trainer.model.var_store(), &dir.join("model.safetensors"))?;
+        let momentum = checkpoint::read_momentum(&dir)?;
+        if !momentum.is_empty() {
+            trainer.optimizer.buffers = trainer
+                .params
+                .iter()
+                .map(|(name, p)| {
+                    momentum
+                        .get(name)
+                        .map(|t| t.to_device(p.device()))
+                        .ok_or_else(|| {
+                            Error::bad_file(
+                                dir.join("optimizer.safetensors"),
+                                format!("missing buffer {name}"),
+                            )
+                        })
+                })
+                .collect::<Result<_>>()?;
+        }
+        trainer.state = checkpoint::read_state(&dir)?;
+        trainer.history =
+            metrics::read_and_truncate(&run_dir.join("metrics.jsonl"), trainer.state.epochs_done)?;
+        Ok(trainer)
+    }
+
+    fn build(config: TrainConfig, run_dir: &Path) -> Result<Self> {
+        let device = config.device.device()?;
+        let data = tasks::load_data(&config)?;
+        tch::manual_seed(config.seed as i64);
+        let model = tasks::build_model(
+            config.task,
+            data.classes.len() as i64,
+            device,
+            &config.bert_dir,
+        )?;
+        let params = model.trainable_variables();
+        Ok(Trainer {
+            optimizer: Sgd::new(config.lr, config.momentum),
+            config,
+            device,
+            data,
+            model,
+            params,
+            run_dir: run_dir.to_path_buf(),
+            state: TrainState::default(),
+            history: Vec::new(),
+            progress: true,
+        })
+    }
+
+    /// One SGD step on `batch`. Returns (summed loss, correct predictions) as device tensors.
+    pub fn step(&mut self, batch: &Batch) -> (Tensor, Tensor) {
+        train_step(
+            self.model.as_ref(),
+            &self.params,
+            &mut self.optimizer,
+            batch,
+            self.config.max_grad_norm,
+        )
+    }
+
+    /// Trains the remaining epochs, evaluating and checkpointing after each.
+    pub fn run(&mut self) -> Result<Summary> {
+        let n = self.data.train.len();
+        let batch_size = self.config.batch_size as i64;
+        let steps_per_epoch = (n + batch_size - 1) / batch_size;
+        while self.state.epochs_done < self.config.epochs {
+            let epoch = self.state.epochs_done;
+            let started = Instant::now();
+            tch::manual_seed(epoch_seed(self.config.seed, epoch));
+            let order = Tensor::randperm(n, (Kind::Int64, Device::Cpu));
+            let bar = self.progress_bar(epoch, steps_per_epoch as u64);
+            let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
+            let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
+            for step in 0..steps_per_epoch {
+                let start = step * batch_size;
+                let index = order.narrow(0, start, batch_size.min(n - start));
+                let batch = self.data.train.batch(&index, self.device, true);
+                let (loss, right) = self.step(&batch);
+                loss_sum += loss;
+                correct += right;
+                self.state.steps_done += 1;
+                bar.inc(1);
+                if step % 50 == 49 {
+                    let seen = ((step + 1) * batch_size).min(n) as f64;
+                    bar.set_message(format!(
+                        "loss {:.4} acc {:.2}% {:.0} ex/s",
+                        loss_sum.double_value(&[]) / seen,
+                        100.0 * correct.int64_value(&[]) as f64 / seen,
+                        seen / started.elapsed().as_secs_f64()
+                    ));
+                }
+            }
+            let train_seconds = started.elapsed().as_secs_f64();
+            let (test_loss, test_accuracy) = evaluate(
+                self.model.as_ref(),
+                &self.data.test,
+                self.config.eval_batch_size,
+                self.device,
+            );
+            let epoch_seconds = started.elapsed().as_secs_f64();
+            self.state.epochs_done += 1;
+            self.state.wall_seconds += epoch_seconds;
+            let m = EpochMetrics {
+                epoch: epoch + 1,
+                steps: self.state.steps_done,
+                train_loss: loss_sum.double_value(&[]) / n as f64,
+                train_accuracy: correct.int64_value(&[]) as f64 / n as f64,
+                test_loss,
+                test_accuracy,
+                examples_per_second: n as f64 / train_seconds,
+                epoch_seconds,
+                wall_seconds: self.state.wall_seconds,
+            };
+            bar.finish_and_clear();
+            if self.progress {
+                eprintln!(
+                    "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%  {:.0} ex/s  {:.1}s",
+                    m.epoch,
+                    self.config.epochs,
+                    m.train_loss,
+                    100.0 * m.train_accuracy,
+                    m.test_loss,
+                    100.0 * m.test_accuracy,
+                    m.examples_per_second,
+                    m.epoch_seconds
+                );
+            }
+            metrics::append(&self.run_dir.join("metrics.jsonl"), &m)?;
+            self.history.push(m);
+            self.save_checkpoint()?;
+        }
+        let summary = Summary {
+            task: self.config.task.to_string(),
+            epochs: self.state.epochs_done,
+            final_accuracy: metrics::final_accuracy(&self.history),
+            last_test_accuracy: self.history.last().map_or(f64::NAN, |m| m.test_accuracy),
+            wall_seconds: self.state.wall_seconds,
+        };
+        let path = self.run_dir.join("summary.json");
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&summary).expect("summary serialises"),
+        )
+        .map_err(|e| Error::io(&path, e))?;
+        Ok(summary)
+    }
+
+    fn save_checkpoint(&self) -> Result<()> {
+        let momentum: Vec<(String, Tensor)> = self
+            .params
+            .iter()
+            .zip(&self.optimizer.buffers)
+            .map(|((name, _), b)| (name.clone(), b.shallow_clone()))
+            .collect();
+        checkpoint::save(
+            &self.run_dir,
+            self.model.var_store(),
+            &momentum,
+            &self.state,
+        )
+    }
+
+    fn progress_bar(&self, epoch: usize, steps: u64) -> ProgressBar {
+        if !self.progress {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::new(steps);
+        bar.set_style(
+            ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(format!("{}/{}", epoch + 1, self.config.epochs));
+        bar
+    }
+}

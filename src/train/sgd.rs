@@ -1,0 +1,55 @@
+//! Plain SGD (the paper's optimiser), with optional heavy-ball momentum whose buffers are part of
+//! the checkpoint.
+
+use tch::Tensor;
+
+pub struct Sgd {
+    pub lr: f64,
+    pub momentum: f64,
+    /// One buffer per trainable variable, created on the first step when momentum > 0.
+    pub buffers: Vec<Tensor>,
+}
+
+impl Sgd {
+    pub fn new(lr: f64, momentum: f64) -> Self {
+        Sgd {
+            lr,
+            momentum,
+            buffers: Vec::new(),
+        }
+    }
+
+    /// w <- w - lr * v, v = momentum * v + g (v = g without momentum), for each (w, g).
+    pub fn step(&mut self, params: &[Tensor], grads: &[Tensor]) {
+        tch::no_grad(|| {
+            if self.momentum > 0.0 && self.buffers.is_empty() {
+                self.buffers = grads.iter().map(Tensor::zeros_like).collect();
+            }
+            for (i, (param, grad)) in params.iter().zip(grads).enumerate() {
+                let mut param = param.shallow_clone();
+                if self.momentum > 0.0 {
+                    let buffer = &mut self.buffers[i];
+                    let _ = buffer.g_mul_scalar_(self.momentum).g_add_(grad);
+                    let _ = param.g_add_(&(&*buffer * -self.lr));
+                } else {
+                    let _ = param.g_add_(&(grad * -self.lr));
+                }
+            }
+        });
+    }
+}
+
+/// Scales `grads` in place so that their joint L2 norm is at most `max_norm` (factor
+/// min(1, C / (||g|| + 1e-6)), as `torch.nn.utils.clip_grad_norm_`). Returns the norm before
+/// clipping as a 0-d tensor on the gradients' device (no host sync). `max_norm = inf` only measures.
+pub fn clip_global_norm(grads: &[Tensor], max_norm: f64) -> Tensor {
+    let squares: Vec<Tensor> = grads.iter().map(|g| g.square().sum(g.kind())).collect();
+    let norm = Tensor::stack(&squares, 0).sum(squares[0].kind()).sqrt();
+    if max_norm.is_finite() {
+        let factor = (max_norm / (&norm + 1e-6)).clamp_max(1.0);
+        for g in grads {
+            let _ = g.shallow_clone().g_mul_(&factor);
+        }
+    }
+    norm
+}

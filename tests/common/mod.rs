@@ -1,0 +1,44 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+/// `../shared/data` relative to the crate, or $DPCOMP_DATA; `None` when neither exists (the
+/// real-data tests then say so and check nothing else: CI always has the folder).
+pub fn shared_data() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("DPCOMP_DATA").map(PathBuf::from),
+        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| p.join("names").is_dir())
+}
+
+/// Real data is required on CI; locally a missing folder skips with a message.
+pub fn require_shared_data() -> Option<PathBuf> {
+    let found = shared_data();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must have ../shared/data"
+        );
+        eprintln!("skipping: ../shared/data not found");
+    }
+    found
+}
+
+pub fn bert_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/all-MiniLM-L6-v2")
+}
+
+/// Writes a CIFAR binary file: `records` of (label bytes, pixel fill byte).
+pub fn write_cifar_file(path: &std::path::Path, records: &[(Vec<u8>, u8)]) {
+    let mut bytes = Vec::new();
+    for (labels, fill) in records {
+        bytes.extend_from_slice(labels);
+        bytes.extend(std::iter::repeat_n(*fill, 3072));
+    }
+    std::fs::write(path, bytes).unwrap();
+}

@@ -1,0 +1,315 @@
+//! Small real training runs, exact resume, evaluation and configuration handling.
+
+mod common;
+
+use common::require_shared_data;
+use dpcomp::config::{Task, TrainConfig, TrainOverrides};
+use dpcomp::train::{checkpoint, metrics, Trainer};
+use std::path::Path;
+use std::process::Command;
+use tch::Tensor;
+
+fn surnames_config(root: &Path, epochs: usize, limit_train: Option<usize>) -> TrainConfig {
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.epochs = epochs;
+    c.limit_train = limit_train;
+    c.data_dir = Some(root.to_path_buf());
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    c.seed = 11;
+    c
+}
+
+fn weights(run: &Path) -> Vec<(String, Tensor)> {
+    let mut w = Tensor::read_safetensors(checkpoint::checkpoint_dir(run).join("model.safetensors"))
+        .unwrap();
+    w.sort_by(|a, b| a.0.cmp(&b.0));
+    w
+}
+
+fn assert_same_weights(a: &Path, b: &Path) {
+    let (wa, wb) = (weights(a), weights(b));
+    assert_eq!(wa.len(), wb.len());
+    for ((na, ta), (nb, tb)) in wa.iter().zip(&wb) {
+        assert_eq!(na, nb);
+        assert!(
+            ta.equal(tb),
+            "{na} differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+}
+
+fn test_accuracies(run: &Path) -> Vec<f64> {
+    metrics::read_and_truncate(&run.join("metrics.jsonl"), usize::MAX)
+        .unwrap()
+        .iter()
+        .map(|m| m.test_accuracy)
+        .collect()
+}
+
+#[test]
+fn surnames_two_epochs_beat_the_majority_class_by_far() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut trainer = Trainer::new(surnames_config(&root, 2, None), dir.path()).unwrap();
+    trainer.progress = false;
+    let summary = trainer.run().unwrap();
+    // Majority class is 47%; two epochs of the paper's settings reach about 70%.
+    assert!(
+        summary.final_accuracy > 0.62,
+        "final accuracy {}",
+        summary.final_accuracy
+    );
+    assert_eq!(summary.epochs, 2);
+    let history = test_accuracies(dir.path());
+    assert_eq!(history.len(), 2);
+    assert!((summary.final_accuracy - (history[0] + history[1]) / 2.0).abs() < 1e-12);
+    // config.toml is the resolved configuration.
+    let saved = TrainConfig::from_toml_file(&dir.path().join("config.toml")).unwrap();
+    assert_eq!(saved, surnames_config(&root, 2, None));
+}
+
+#[test]
+fn resume_equals_an_uninterrupted_run() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let straight = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(surnames_config(&root, 3, Some(1500)), straight.path()).unwrap();
+    t.progress = false;
+    t.run().unwrap();
+
+    let split = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(surnames_config(&root, 1, Some(1500)), split.path()).unwrap();
+    t.progress = false;
+    t.run().unwrap();
+    // A stray line from after the checkpoint (a run killed between the two writes) is dropped.
+    let line = std::fs::read_to_string(split.path().join("metrics.jsonl")).unwrap();
+    std::fs::write(
+        split.path().join("metrics.jsonl"),
+        format!("{line}{}", line.replace("\"epoch\":1", "\"epoch\":2")),
+    )
+    .unwrap();
+    let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
+    t.progress = false;
+    assert_eq!(t.state.epochs_done, 1);
+    assert_eq!(t.history.len(), 1);
+    t.run().unwrap();
+
+    assert_same_weights(straight.path(), split.path());
+    assert_eq!(
+        test_accuracies(straight.path()),
+        test_accuracies(split.path())
+    );
+}
+
+#[test]
+fn momentum_buffers_survive_resume() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let mut config = surnames_config(&root, 2, Some(600));
+    config.momentum = 0.5;
+    config.lr = 0.5;
+    let straight = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(config.clone(), straight.path()).unwrap();
+    t.progress = false;
+    t.run().unwrap();
+    let split = tempfile::tempdir().unwrap();
+    config.epochs = 1;
+    let mut t = Trainer::new(config, split.path()).unwrap();
+    t.progress = false;
+    t.run().unwrap();
+    assert!(checkpoint::checkpoint_dir(split.path())
+        .join("optimizer.safetensors")
+        .is_file());
+    let mut t = Trainer::resume(split.path(), Some(2)).unwrap();
+    t.progress = false;
+    t.run().unwrap();
+    assert_same_weights(straight.path(), split.path());
+}
+
+#[test]
+fn killed_cli_run_resumes_to_the_same_result() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_dpcomp");
+    let work = tempfile::tempdir().unwrap();
+    let args = |out: &Path| {
+        vec![
+            "train".to_string(),
+            "--task".into(),
+            "surnames".into(),
+            "--epochs".into(),
+            "4".into(),
+            "--limit-train".into(),
+            "3000".into(),
+            "--seed".into(),
+            "5".into(),
+            "--device".into(),
+            "cpu".into(),
+            "--data-dir".into(),
+            root.display().to_string(),
+            "--out".into(),
+            out.display().to_string(),
+            "--quiet".into(),
+        ]
+    };
+    let straight = work.path().join("straight");
+    let status = Command::new(bin).args(args(&straight)).status().unwrap();
+    assert!(status.success());
+
+    let killed = work.path().join("killed");
+    let mut child = Command::new(bin).args(args(&killed)).spawn().unwrap();
+    let state = killed.join("checkpoint/state.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !state.is_file() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no checkpoint within 120 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let done = checkpoint::read_state(&checkpoint::find(&killed).unwrap())
+        .unwrap()
+        .epochs_done;
+    assert!(done < 4, "the run finished before it could be killed");
+
+    let out = Command::new(bin)
+        .args([
+            "train",
+            "--resume",
+            "--quiet",
+            "--out",
+            &killed.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same_weights(&straight, &killed);
+    assert_eq!(test_accuracies(&straight), test_accuracies(&killed));
+
+    // `dpcomp eval` reports the last epoch's test accuracy from the checkpoint.
+    let out = Command::new(bin)
+        .args([
+            "eval",
+            "--json",
+            "--checkpoint",
+            &killed.display().to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let last = *test_accuracies(&killed).last().unwrap();
+    assert!(
+        (report["test_accuracy"].as_f64().unwrap() - last).abs() < 1e-12,
+        "{report} vs {last}"
+    );
+}
+
+#[test]
+fn cifar10_cnn_learns_on_a_subset() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let mut c = TrainConfig::paper_defaults(Task::Cifar10);
+    c.epochs = 2;
+    c.limit_train = Some(2560);
+    c.limit_test = Some(2000);
+    c.data_dir = Some(root);
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(c, dir.path()).unwrap();
+    t.progress = false;
+    let summary = t.run().unwrap();
+    // Chance is 10%; 2 x 20 steps reach about 25-30%.
+    assert!(
+        summary.last_test_accuracy > 0.2,
+        "{}",
+        summary.last_test_accuracy
+    );
+}
+
+#[test]
+fn config_file_then_flags_then_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("exp.toml");
+    std::fs::write(&file, "task = \"cifar10\"\nepochs = 7\nlr = 0.3\n").unwrap();
+    let from_file = TrainOverrides::from_toml_file(&file).unwrap();
+    let flags = TrainOverrides {
+        lr: Some(0.01),
+        ..Default::default()
+    };
+    let config = flags.or(from_file).resolve().unwrap();
+    assert_eq!(
+        (
+            config.task,
+            config.epochs,
+            config.lr,
+            config.batch_size,
+            config.max_grad_norm
+        ),
+        (Task::Cifar10, 7, 0.01, 128, 5.0)
+    );
+
+    std::fs::write(&file, "task = \"cifar10\"\nepoch = 7\n").unwrap();
+    let err = TrainOverrides::from_toml_file(&file)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("exp.toml") && err.contains("unknown field `epoch`"),
+        "{err}"
+    );
+
+    let err = TrainOverrides::default().resolve().unwrap_err().to_string();
+    assert!(err.contains("--task"), "{err}");
+    let err = TrainOverrides {
+        task: Some(Task::Snli),
+        lr: Some(-1.0),
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("lr") && err.contains("positive"), "{err}");
+
+    // An existing run is never overwritten without --resume.
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let run = dir.path().join("run");
+    let mut t = Trainer::new(surnames_config(&root, 1, Some(100)), &run).unwrap();
+    t.progress = false;
+    t.run().unwrap();
+    let err = Trainer::new(surnames_config(&root, 1, Some(100)), &run)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("--resume"), "{err}");
+    // Missing data folder: the error names it and the way out.
+    let mut c = surnames_config(Path::new("/nonexistent"), 1, None);
+    c.data_dir = Some("/nonexistent".into());
+    let err = Trainer::new(c, &dir.path().join("other"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("/nonexistent/names") && err.contains("dpcomp data fetch"),
+        "{err}"
+    );
+}
