@@ -107,17 +107,18 @@ fn bert_trains_only_last_layer_pooler_and_classifier() {
     let ids = Tensor::from_slice(&[2i64, 5, 7, 3, 9, 3, 2, 6, 3, 0, 0, 0]).view([2, 6]);
     let token_types = Tensor::from_slice(&[0i64, 0, 0, 0, 1, 1, 0, 0, 1, 0, 0, 0]).view([2, 6]);
     let attention_mask = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0]).view([2, 6]);
+    let mut ctx = Ctx::train();
     let logits = model.forward(
         &Features::TextPair {
             ids,
             token_types,
             attention_mask,
         },
-        &mut Ctx::train(),
+        &mut ctx,
     );
     assert_eq!(logits.size(), vec![2, 3]);
     // Frozen parts run without autograd: after backward only trainable tensors have gradients.
-    logits.sum(Kind::Float).backward();
+    ctx.backward(&logits.sum(Kind::Float));
     for (name, var) in model.var_store().variables() {
         assert_eq!(var.grad().defined(), var.requires_grad(), "{name}");
     }

@@ -5,8 +5,14 @@
 //!
 //! The input projection x_t W_ih^T + b_ih + b_hh is computed for all time steps in one matrix
 //! product; only the recurrent product h_{t-1} W_hh^T runs step by step.
+//!
+//! In training, backpropagation through time is written out by hand (`LstmBackward`): autograd
+//! would create about ten nodes per time step, and their bookkeeping costs more than the
+//! arithmetic at these sizes. The hand-written backward walks the steps once with a handful of
+//! fused tensor operations each and then forms every weight gradient as one contraction over all
+//! time steps. `tests/lstm.rs` checks it against autograd through `forward_autograd`.
 
-use super::{uniform_init, Ctx};
+use super::{uniform_init, Ctx, ManualBackward};
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -16,6 +22,36 @@ pub struct Lstm {
     pub b_ih: Tensor,
     pub b_hh: Tensor,
     pub hidden: i64,
+}
+
+/// What the hand-written backward needs from the forward pass, all time-major [T, B, ...].
+pub struct LstmCache {
+    /// Inputs x_t, [T, B, in].
+    pub xs: Tensor,
+    /// Hidden states h_t, [T, B, H].
+    pub hs: Tensor,
+    /// Cell states c_t, [T, B, H].
+    pub cs: Tensor,
+    /// Sigmoid of all four gate pre-activations, [T, B, 4H] (the g slot is not used).
+    pub sig: Tensor,
+    /// g = tanh of the g pre-activation, [T, B, H].
+    pub g: Tensor,
+    /// tanh(c_t), [T, B, H].
+    pub tanh_c: Tensor,
+}
+
+impl LstmCache {
+    /// h_{t-1} for every step, [T, B, H] (h_{-1} = 0).
+    pub fn h_prev(&self) -> Tensor {
+        shift_in_zero(&self.hs)
+    }
+}
+
+/// [x_0, ..., x_{T-1}] -> [0, x_0, ..., x_{T-2}] along the first dimension.
+fn shift_in_zero(xs: &Tensor) -> Tensor {
+    let steps = xs.size()[0];
+    let zero = xs.get(0).zeros_like().unsqueeze(0);
+    Tensor::cat(&[zero, xs.narrow(0, 0, steps - 1)], 0)
 }
 
 impl Lstm {
@@ -31,29 +67,198 @@ impl Lstm {
         }
     }
 
-    /// xs: [B, T, input] (batch first). Returns every hidden state, [B, T, hidden].
-    /// Zero initial state. Steps past an example's length are computed but never read by the
-    /// models (they take the state at the last real step), so padding cannot leak into them.
-    pub fn forward(&self, xs: &Tensor, _ctx: &mut Ctx) -> Tensor {
-        let (batch, steps) = (xs.size()[0], xs.size()[1]);
+    /// xs: [B, T, input] (batch first). Returns every hidden state, [B, T, hidden], from a zero
+    /// initial state. Steps past an example's length are computed but never read by the models
+    /// (they take the state at the last real step), so padding cannot leak into them.
+    ///
+    /// In training (`ctx.records()`) the recurrence runs without autograd and records an
+    /// `LstmBackward` segment; otherwise it is ordinary autograd-differentiable tensor code.
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+        if !ctx.records() {
+            return self.forward_autograd(xs);
+        }
+        let (hs, cache) = tch::no_grad(|| self.forward_cached(&xs.detach()));
+        let hs = hs.set_requires_grad(true);
+        ctx.push(Box::new(LstmBackward {
+            w_ih: self.w_ih.shallow_clone(),
+            w_hh: self.w_hh.shallow_clone(),
+            b_ih: self.b_ih.shallow_clone(),
+            b_hh: self.b_hh.shallow_clone(),
+            input: xs.shallow_clone(),
+            output: hs.shallow_clone(),
+            cache,
+        }));
+        hs
+    }
+
+    /// One time step: gates a = x_proj_t + h W_hh^T; i, f, o = sigmoid, g = tanh;
+    /// c' = f c + i g; h' = o tanh(c'). Returns (h', c', sigmoid(a), g, tanh(c')).
+    fn cell(&self, x_proj_t: &Tensor, h: &Tensor, c: &Tensor, w_hh_t: &Tensor) -> [Tensor; 5] {
+        let hidden = self.hidden;
+        let gates = x_proj_t.addmm(h, w_hh_t);
+        // One sigmoid over all four gates (the g slot is unused) costs less than three calls.
+        let sig = gates.sigmoid();
+        let g = gates.narrow(1, 2 * hidden, hidden).tanh();
+        let i = sig.narrow(1, 0, hidden);
+        let f = sig.narrow(1, hidden, hidden);
+        let o = sig.narrow(1, 3 * hidden, hidden);
+        let c_next = (f * c).addcmul(&i, &g);
+        let tanh_c = c_next.tanh();
+        let h_next = o * &tanh_c;
+        [h_next, c_next, sig, g, tanh_c]
+    }
+
+    /// x_t W_ih^T + b_ih + b_hh for all steps, time-major [T, B, 4H] (a transposed view).
+    fn x_projection(&self, xs: &Tensor) -> Tensor {
         let bias = &self.b_ih + &self.b_hh;
-        let x_proj = xs.linear(&self.w_ih, Some(&bias)); // [B, T, 4H]
-        let mut h = Tensor::zeros([batch, self.hidden], (xs.kind(), xs.device()));
-        let mut c = Tensor::zeros([batch, self.hidden], (xs.kind(), xs.device()));
+        xs.linear(&self.w_ih, Some(&bias)).transpose(0, 1)
+    }
+
+    /// The recurrence as plain autograd code (evaluation, and the oracle in tests).
+    pub fn forward_autograd(&self, xs: &Tensor) -> Tensor {
+        let (batch, steps) = (xs.size()[0], xs.size()[1]);
+        let x_proj = self.x_projection(xs);
+        let w_hh_t = self.w_hh.tr();
+        let opts = (xs.kind(), xs.device());
+        let mut h = Tensor::zeros([batch, self.hidden], opts);
+        let mut c = Tensor::zeros([batch, self.hidden], opts);
         let mut outputs = Vec::with_capacity(steps as usize);
         for t in 0..steps {
-            let gates = x_proj.select(1, t).addmm(&h, &self.w_hh.tr());
-            let chunks = gates.chunk(4, 1);
-            let (i, f, g, o) = (
-                chunks[0].sigmoid(),
-                chunks[1].sigmoid(),
-                chunks[2].tanh(),
-                chunks[3].sigmoid(),
-            );
-            c = f * &c + i * g;
-            h = o * c.tanh();
-            outputs.push(h.shallow_clone());
+            let [h_next, c_next, ..] = self.cell(&x_proj.get(t), &h, &c, &w_hh_t);
+            outputs.push(h_next.shallow_clone());
+            (h, c) = (h_next, c_next);
         }
         Tensor::stack(&outputs, 1)
+    }
+
+    /// The recurrence, keeping what `LstmBackward` needs. Call without autograd. Returns the
+    /// hidden states batch-first [B, T, H] (a transposed view of the cache's `hs`).
+    pub fn forward_cached(&self, xs: &Tensor) -> (Tensor, LstmCache) {
+        let (batch, steps) = (xs.size()[0], xs.size()[1]);
+        let x_proj = self.x_projection(xs);
+        let w_hh_t = self.w_hh.tr();
+        let opts = (xs.kind(), xs.device());
+        let mut h = Tensor::zeros([batch, self.hidden], opts);
+        let mut c = Tensor::zeros([batch, self.hidden], opts);
+        let n = steps as usize;
+        let mut per_step: [Vec<Tensor>; 5] = std::array::from_fn(|_| Vec::with_capacity(n));
+        for t in 0..steps {
+            let out = self.cell(&x_proj.get(t), &h, &c, &w_hh_t);
+            (h, c) = (out[0].shallow_clone(), out[1].shallow_clone());
+            for (list, tensor) in per_step.iter_mut().zip(out) {
+                list.push(tensor);
+            }
+        }
+        let [hs, cs, sig, g, tanh_c] = per_step.map(|list| Tensor::stack(&list, 0));
+        let cache = LstmCache {
+            xs: xs.transpose(0, 1).contiguous(),
+            hs,
+            cs,
+            sig,
+            g,
+            tanh_c,
+        };
+        (cache.hs.transpose(0, 1), cache)
+    }
+}
+
+/// Gradients of the gate pre-activations, [T, B, 4H], given dL/dh_t for every step
+/// (`grad_hs`, [B, T, H]): backpropagation through time, last step first.
+///
+/// With tc = tanh(c_t): dh = dL/dh_t + dh_{t+1 -> t}; dc = dc_{t+1 -> t} + dh o (1 - tc^2);
+/// da = [dc, dc, dc, dh] * [i'(a) g, f'(a) c_{t-1}, g'(a) i, o'(a) tc] with s'(a) = s(1 - s),
+/// tanh'(a) = 1 - g^2; then dh_{t -> t-1} = da W_hh and dc_{t -> t-1} = dc f. Everything that
+/// does not depend on the incoming gradient is computed for all steps at once first.
+pub fn gate_gradients(cache: &LstmCache, w_hh: &Tensor, grad_hs: &Tensor) -> Tensor {
+    let steps = cache.hs.size()[0];
+    let hidden = cache.hs.size()[2];
+    let gate = |k: i64| cache.sig.narrow(2, k * hidden, hidden);
+    let (i, f, o, g) = (gate(0), gate(1), gate(3), &cache.g);
+    let slope = |s: &Tensor| s - s.square(); // sigmoid'(a) = s (1 - s)
+    let c_prev = shift_in_zero(&cache.cs);
+    let factors = Tensor::cat(
+        &[
+            slope(&i) * g,
+            slope(&f) * c_prev,
+            (g.square().neg() + 1.0) * &i,
+            slope(&o) * &cache.tanh_c,
+        ],
+        2,
+    );
+    let dc_from_dh = o * (cache.tanh_c.square().neg() + 1.0);
+    let grad_hs = grad_hs.transpose(0, 1);
+    let mut da = Vec::with_capacity(steps as usize);
+    let mut carry: Option<(Tensor, Tensor)> = None; // (dh, dc) flowing from step t+1 into t
+    for t in (0..steps).rev() {
+        let (dh, dc) = match carry {
+            Some((dh_next, dc_next)) => {
+                let dh = grad_hs.get(t) + dh_next;
+                let dc = dc_next.addcmul(&dh, &dc_from_dh.get(t));
+                (dh, dc)
+            }
+            None => {
+                let dh = grad_hs.get(t);
+                let dc = &dh * dc_from_dh.get(t);
+                (dh, dc)
+            }
+        };
+        let da_t = Tensor::cat(&[&dc, &dc, &dc, &dh], 1) * factors.get(t);
+        carry = Some((da_t.mm(w_hh), dc * f.get(t)));
+        da.push(da_t);
+    }
+    da.reverse();
+    Tensor::stack(&da, 0)
+}
+
+/// The hand-written backward of one LSTM forward in training.
+struct LstmBackward {
+    w_ih: Tensor,
+    w_hh: Tensor,
+    b_ih: Tensor,
+    b_hh: Tensor,
+    input: Tensor,
+    output: Tensor,
+    cache: LstmCache,
+}
+
+impl ManualBackward for LstmBackward {
+    fn backward(&self) {
+        let grad_hs = self.output.grad();
+        if !grad_hs.defined() {
+            return; // the output did not influence the loss
+        }
+        let (d_w_ih, d_w_hh, d_b, d_input) = tch::no_grad(|| {
+            let da = gate_gradients(&self.cache, &self.w_hh, &grad_hs); // [T, B, 4H]
+            let four_h = da.size()[2];
+            let da_flat = da.view([-1, four_h]);
+            let x = &self.cache.xs;
+            let d_w_ih = da_flat.tr().mm(&x.view([-1, x.size()[2]]));
+            let h_prev = self.cache.h_prev();
+            let d_w_hh = da_flat.tr().mm(&h_prev.view([-1, h_prev.size()[2]]));
+            let d_b = da_flat.sum_dim_intlist(0, false, da.kind());
+            let d_input = da.matmul(&self.w_ih).transpose(0, 1); // [B, T, in]
+            (d_w_ih, d_w_hh, d_b, d_input)
+        });
+        // One autograd call accumulates the parameter gradients into `.grad()` (exactly as
+        // `backward()` would) and carries d_input into the layers before the LSTM:
+        // d/dθ Σ θ ⊙ dθ = dθ, and d/dφ Σ x(φ) ⊙ dx = (∂x/∂φ)^T dx.
+        let kind = self.output.kind();
+        let mut surrogate = Vec::new();
+        for (param, grad) in [
+            (&self.w_ih, &d_w_ih),
+            (&self.w_hh, &d_w_hh),
+            (&self.b_ih, &d_b),
+            (&self.b_hh, &d_b),
+        ] {
+            if param.requires_grad() {
+                surrogate.push((param * grad).sum(kind));
+            }
+        }
+        if self.input.requires_grad() {
+            surrogate.push((&self.input * d_input).sum(kind));
+        }
+        if !surrogate.is_empty() {
+            Tensor::stack(&surrogate, 0).sum(kind).backward();
+        }
     }
 }

@@ -17,18 +17,57 @@ pub use linear::Linear;
 pub use lstm::Lstm;
 pub use norm::{GroupNorm, InstanceNorm2d, LayerNorm};
 
-/// What a forward pass needs to know besides its input: whether it trains (dropout on).
-#[derive(Debug, Clone, Copy)]
+/// A piece of the forward pass whose backward is computed by hand rather than by autograd
+/// (the LSTM's backpropagation through time: one autograd node per cell operation and time step
+/// costs more than the arithmetic). It was run without autograd; its output is a leaf that
+/// receives dL/d(output) from the autograd pass, and `backward` turns that into parameter
+/// gradients and, through autograd again, into gradients of everything before it.
+pub trait ManualBackward {
+    fn backward(&self);
+}
+
+/// What a forward pass needs to know besides its input: whether it trains (dropout on), and,
+/// when training, the hand-differentiated segments it recorded, which `backward` completes.
 pub struct Ctx {
     pub train: bool,
+    segments: Vec<Box<dyn ManualBackward>>,
 }
 
 impl Ctx {
+    /// Training mode: dropout on; layers with a hand-written backward record themselves, so the
+    /// forward must be followed by `Ctx::backward`.
     pub fn train() -> Self {
-        Ctx { train: true }
+        Ctx {
+            train: true,
+            segments: Vec::new(),
+        }
     }
+
+    /// Evaluation mode: dropout off, every layer differentiable by plain autograd.
     pub fn eval() -> Self {
-        Ctx { train: false }
+        Ctx {
+            train: false,
+            segments: Vec::new(),
+        }
+    }
+
+    /// Whether layers should record a hand-differentiated segment.
+    pub fn records(&self) -> bool {
+        self.train
+    }
+
+    pub fn push(&mut self, segment: Box<dyn ManualBackward>) {
+        self.segments.push(segment);
+    }
+
+    /// d(loss)/d(every trainable parameter), accumulated into `.grad()` as `loss.backward()` does:
+    /// autograd first, then the recorded segments from the last to the first (each one's output
+    /// gradient is complete once everything after it has been differentiated).
+    pub fn backward(&mut self, loss: &tch::Tensor) {
+        loss.backward();
+        while let Some(segment) = self.segments.pop() {
+            segment.backward();
+        }
     }
 }
 

@@ -83,12 +83,13 @@ pub fn train_step(
     batch: &Batch,
     max_grad_norm: f64,
 ) -> (Tensor, Tensor) {
-    let logits = model.forward(&batch.features, &mut Ctx::train());
+    let mut ctx = Ctx::train();
+    let logits = model.forward(&batch.features, &mut ctx);
     let loss = logits.cross_entropy_for_logits(&batch.labels);
     for (_, p) in params {
         p.shallow_clone().zero_grad();
     }
-    loss.backward();
+    ctx.backward(&loss);
     let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
     let _ = clip_global_norm(&grads, max_grad_norm);
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
