@@ -24,6 +24,10 @@ if [ "$have_torch" != "$torch_version" ]; then
     log "installing torch==$torch_version into .venv (large download, once)"
     "$venv_python" -m pip install --quiet --disable-pip-version-check "torch==$torch_version"
 fi
+# numpy only keeps torch's import quiet in the benchmark scripts.
+if ! "$venv_python" -c 'import numpy' 2>/dev/null; then
+    "$venv_python" -m pip install --quiet --disable-pip-version-check numpy
+fi
 
 model_dir="$root/models/all-MiniLM-L6-v2"
 if [ ! -f "$model_dir/model.safetensors" ]; then

@@ -313,3 +313,71 @@ fn config_file_then_flags_then_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data/cifar-100-binary");
+    std::fs::create_dir_all(&data).unwrap();
+    let records = |n: u8| {
+        (0..n)
+            .map(|i| (vec![i % 20, i % 100], i.wrapping_mul(37)))
+            .collect::<Vec<_>>()
+    };
+    common::write_cifar_file(&data.join("train.bin"), &records(12));
+    common::write_cifar_file(&data.join("test.bin"), &records(5));
+    let mut c = TrainConfig::paper_defaults(Task::Cifar100);
+    c.epochs = 2;
+    c.batch_size = 4;
+    c.data_dir = Some(dir.path().join("data"));
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    c.augment = true;
+    let run = dir.path().join("run");
+    let mut t = Trainer::new(c, &run).unwrap();
+    t.progress = false;
+    assert_eq!(t.model.parameter_count(), 11_373_732);
+    let summary = t.run().unwrap();
+    assert_eq!(summary.epochs, 2);
+    let history = metrics::read_and_truncate(&run.join("metrics.jsonl"), usize::MAX).unwrap();
+    assert_eq!(history.len(), 2);
+    assert_eq!(history[1].steps, 6); // 12 examples / batch 4, two epochs
+    assert!(history
+        .iter()
+        .all(|m| m.train_loss.is_finite() && (0.0..=1.0).contains(&m.test_accuracy)));
+}
+
+#[test]
+fn snli_bert_trains_only_its_last_layer_end_to_end() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let mut c = TrainConfig::paper_defaults(Task::Snli);
+    c.limit_train = Some(64);
+    c.limit_test = Some(64);
+    c.max_seq_len = 48;
+    c.data_dir = Some(root);
+    c.bert_dir = common::bert_dir();
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(c, dir.path()).unwrap();
+    t.progress = false;
+    let frozen_before: Vec<(String, Tensor)> = t
+        .model
+        .var_store()
+        .variables()
+        .into_iter()
+        .filter(|(n, _)| n.starts_with("encoder.layer.0."))
+        .map(|(n, v)| (n, v.copy()))
+        .collect();
+    let trained_before =
+        t.model.var_store().variables()["encoder.layer.5.output.dense.weight"].copy();
+    t.run().unwrap();
+    let vars = t.model.var_store().variables();
+    for (name, before) in &frozen_before {
+        assert!(vars[name].equal(before), "frozen {name} changed");
+    }
+    assert!(
+        !vars["encoder.layer.5.output.dense.weight"].equal(&trained_before),
+        "the last layer did not train"
+    );
+}
