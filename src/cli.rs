@@ -210,14 +210,7 @@ fn eval_command(args: EvalArgs) -> Result<()> {
     if args.data_dir.is_some() {
         config.data_dir = args.data_dir;
     }
-    let device = config.device.device()?;
-    let data = tasks::load_data(&config)?;
-    let model = tasks::build_model(
-        config.task,
-        data.classes.len() as i64,
-        device,
-        &config.bert_dir,
-    )?;
+    let (device, data, model) = tasks::prepare(&config)?;
     checkpoint::load_weights(model.var_store(), &ckpt.join("model.safetensors"))?;
     let (loss, accuracy) =
         train::evaluate(model.as_ref(), &data.test, config.eval_batch_size, device);

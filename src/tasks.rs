@@ -29,6 +29,16 @@ pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
     Ok(data)
 }
 
+/// Device, data and a freshly initialised model (seeded with `config.seed`) for a configuration.
+pub fn prepare(config: &TrainConfig) -> Result<(Device, TaskData, Box<dyn Model>)> {
+    let device = config.device.device()?;
+    let data = load_data(config)?;
+    tch::manual_seed(config.seed as i64);
+    let classes = data.classes.len() as i64;
+    let model = build_model(config.task, classes, device, &config.bert_dir)?;
+    Ok((device, data, model))
+}
+
 /// The task's model with fresh weights (BERT: pretrained encoder, fresh head) on `device`.
 pub fn build_model(
     task: Task,

@@ -114,49 +114,49 @@ impl Lstm {
         xs.linear(&self.w_ih, Some(&bias)).transpose(0, 1)
     }
 
-    /// The recurrence as plain autograd code (evaluation, and the oracle in tests).
-    pub fn forward_autograd(&self, xs: &Tensor) -> Tensor {
+    /// Runs the recurrence from a zero state; per step: (h', c', sigmoid(a), g, tanh(c')).
+    fn steps(&self, xs: &Tensor) -> Vec<[Tensor; 5]> {
         let (batch, steps) = (xs.size()[0], xs.size()[1]);
         let x_proj = self.x_projection(xs);
         let w_hh_t = self.w_hh.tr();
         let opts = (xs.kind(), xs.device());
         let mut h = Tensor::zeros([batch, self.hidden], opts);
         let mut c = Tensor::zeros([batch, self.hidden], opts);
-        let mut outputs = Vec::with_capacity(steps as usize);
+        let mut out = Vec::with_capacity(steps as usize);
         for t in 0..steps {
-            let [h_next, c_next, ..] = self.cell(&x_proj.get(t), &h, &c, &w_hh_t);
-            outputs.push(h_next.shallow_clone());
-            (h, c) = (h_next, c_next);
+            let step = self.cell(&x_proj.get(t), &h, &c, &w_hh_t);
+            (h, c) = (step[0].shallow_clone(), step[1].shallow_clone());
+            out.push(step);
         }
-        Tensor::stack(&outputs, 1)
+        out
+    }
+
+    /// The recurrence as plain autograd code (evaluation, and the oracle in tests).
+    pub fn forward_autograd(&self, xs: &Tensor) -> Tensor {
+        let hs: Vec<Tensor> = self.steps(xs).into_iter().map(|[h, ..]| h).collect();
+        Tensor::stack(&hs, 1)
     }
 
     /// The recurrence, keeping what `LstmBackward` needs. Call without autograd. Returns the
     /// hidden states batch-first [B, T, H] (a transposed view of the cache's `hs`).
     pub fn forward_cached(&self, xs: &Tensor) -> (Tensor, LstmCache) {
-        let (batch, steps) = (xs.size()[0], xs.size()[1]);
-        let x_proj = self.x_projection(xs);
-        let w_hh_t = self.w_hh.tr();
-        let opts = (xs.kind(), xs.device());
-        let mut h = Tensor::zeros([batch, self.hidden], opts);
-        let mut c = Tensor::zeros([batch, self.hidden], opts);
-        let n = steps as usize;
-        let mut per_step: [Vec<Tensor>; 5] = std::array::from_fn(|_| Vec::with_capacity(n));
-        for t in 0..steps {
-            let out = self.cell(&x_proj.get(t), &h, &c, &w_hh_t);
-            (h, c) = (out[0].shallow_clone(), out[1].shallow_clone());
-            for (list, tensor) in per_step.iter_mut().zip(out) {
-                list.push(tensor);
-            }
-        }
-        let [hs, cs, sig, g, tanh_c] = per_step.map(|list| Tensor::stack(&list, 0));
+        let steps = self.steps(xs);
+        let stack = |k: usize| {
+            Tensor::stack(
+                &steps
+                    .iter()
+                    .map(|s| s[k].shallow_clone())
+                    .collect::<Vec<_>>(),
+                0,
+            )
+        };
         let cache = LstmCache {
             xs: xs.transpose(0, 1).contiguous(),
-            hs,
-            cs,
-            sig,
-            g,
-            tanh_c,
+            hs: stack(0),
+            cs: stack(1),
+            sig: stack(2),
+            g: stack(3),
+            tanh_c: stack(4),
         };
         (cache.hs.transpose(0, 1), cache)
     }

@@ -183,15 +183,7 @@ impl Trainer {
     }
 
     fn build(config: TrainConfig, run_dir: &Path) -> Result<Self> {
-        let device = config.device.device()?;
-        let data = tasks::load_data(&config)?;
-        tch::manual_seed(config.seed as i64);
-        let model = tasks::build_model(
-            config.task,
-            data.classes.len() as i64,
-            device,
-            &config.bert_dir,
-        )?;
+        let (device, data, model) = tasks::prepare(&config)?;
         let params = model.trainable_variables();
         Ok(Trainer {
             optimizer: Sgd::new(config.lr, config.momentum),
