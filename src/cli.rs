@@ -4,6 +4,7 @@ use crate::bench;
 use crate::config::{DeviceChoice, Task, TrainConfig, TrainOverrides};
 use crate::data::{self, fetch};
 use crate::error::Error;
+use crate::privacy;
 use crate::tasks;
 use crate::train::{self, checkpoint, Trainer};
 use anyhow::{Context, Result};
@@ -32,6 +33,9 @@ pub enum Command {
         #[command(subcommand)]
         command: DataCommand,
     },
+    /// Privacy budget of DP-SGD: epsilon for (q, sigma, steps, delta), or the sigma for a target
+    /// epsilon.
+    Epsilon(EpsilonArgs),
     /// Benchmarks whose output is quoted in the README and the issues.
     Bench {
         #[command(subcommand)]
@@ -67,6 +71,39 @@ pub struct EvalArgs {
     /// Data folder (default: the run's, else $DPCOMP_DATA, else data/).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Which accountant turns steps into epsilon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccountantChoice {
+    /// Rényi DP, equal to Opacus's RDPAccountant.
+    Rdp,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct EpsilonArgs {
+    /// Sampling rate q of each step (Poisson sampling).
+    #[arg(long)]
+    pub sample_rate: f64,
+    /// Noise multiplier sigma (noise std = sigma * C).
+    #[arg(
+        long,
+        required_unless_present = "target_epsilon",
+        conflicts_with = "target_epsilon"
+    )]
+    pub noise_multiplier: Option<f64>,
+    /// Print the sigma that reaches this epsilon instead.
+    #[arg(long)]
+    pub target_epsilon: Option<f64>,
+    #[arg(long)]
+    pub steps: u64,
+    #[arg(long)]
+    pub delta: f64,
+    #[arg(long, value_enum, default_value = "rdp")]
+    pub accountant: AccountantChoice,
     #[arg(long)]
     pub json: bool,
 }
@@ -128,6 +165,7 @@ pub fn run(cli: Cli) -> Result<()> {
             );
             Ok(())
         }
+        Command::Epsilon(args) => epsilon_command(args),
         Command::Bench {
             command: BenchCommand::Train(args),
         } => bench::train_bench(args),
@@ -226,6 +264,39 @@ fn eval_command(args: EvalArgs) -> Result<()> {
             100.0 * accuracy,
             loss,
             data.test.len()
+        );
+    }
+    Ok(())
+}
+
+fn epsilon_command(args: EpsilonArgs) -> Result<()> {
+    let sigma = match (args.noise_multiplier, args.target_epsilon) {
+        (Some(sigma), _) => sigma,
+        (None, Some(target)) => privacy::calibrate::noise_multiplier_for(
+            target,
+            args.sample_rate,
+            args.steps,
+            args.delta,
+        )?,
+        (None, None) => unreachable!("clap requires one of the two"),
+    };
+    let mut accountant = privacy::rdp::RdpAccountant::default();
+    accountant.step(sigma, args.sample_rate, args.steps)?;
+    let (epsilon, alpha) = accountant.epsilon(args.delta)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"epsilon": epsilon, "alpha": alpha, "noise_multiplier": sigma, "accountant": args.accountant})
+        );
+    } else if args.target_epsilon.is_some() {
+        println!(
+            "noise multiplier {sigma:.6} gives epsilon {epsilon:.4} (order {alpha}) at delta {}",
+            args.delta
+        );
+    } else {
+        println!(
+            "epsilon {epsilon:.4} (optimal order {alpha}) at delta {}",
+            args.delta
         );
     }
     Ok(())

@@ -8,6 +8,7 @@ pub mod data;
 pub mod error;
 pub mod models;
 pub mod nn;
+pub mod privacy;
 pub mod tasks;
 pub mod train;
 

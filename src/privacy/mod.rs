@@ -1,0 +1,38 @@
+//! Differential privacy: accountants and noise calibration (issue 3). Everything here decides
+//! privacy and has an oracle or golden-value test in `tests/accountant.rs`.
+
+pub mod calibrate;
+pub mod rdp;
+
+use crate::error::{Error, Result};
+
+/// Checks the arguments every accountant takes, with errors that name the flag.
+pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<()> {
+    if !(sample_rate > 0.0 && sample_rate <= 1.0) {
+        return Err(Error::bad_value(
+            "--sample-rate",
+            format!("{sample_rate}: expected 0 < q <= 1"),
+        ));
+    }
+    if !(noise_multiplier >= 0.0) || noise_multiplier.is_infinite() {
+        return Err(Error::bad_value(
+            "--noise-multiplier",
+            format!("{noise_multiplier}: expected a finite sigma >= 0"),
+        ));
+    }
+    if steps == 0 {
+        return Err(Error::bad_value("--steps", "0: expected at least one step"));
+    }
+    Ok(())
+}
+
+pub fn validate_delta(delta: f64) -> Result<()> {
+    if delta > 0.0 && delta < 1.0 {
+        Ok(())
+    } else {
+        Err(Error::bad_value(
+            "--delta",
+            format!("{delta}: expected 0 < delta < 1"),
+        ))
+    }
+}

@@ -1,0 +1,173 @@
+//! Golden values for the RDP accountant: Opacus's own test case and the paper's reported budgets.
+
+use dpcomp::privacy::calibrate::{epsilon_for, noise_multiplier_for};
+use dpcomp::privacy::rdp::{log_erfc, rdp_one_step, RdpAccountant};
+
+#[test]
+fn opacus_golden_value() {
+    // opacus/tests/accountants_test.py: sigma 1.5, q 0.04, 2250 steps, delta 1e-5.
+    let eps = epsilon_for(1.5, 0.04, 2250, 1e-5).unwrap();
+    assert!((eps - 7.32911117143).abs() < 1e-8, "{eps}");
+}
+
+#[test]
+fn paper_budgets() {
+    // ../shared/papers/dp-and-gradient-compression.txt. Surnames: q = 1/502 (batches per epoch),
+    // 502 steps an epoch.
+    let surnames = epsilon_for(0.4, 1.0 / 502.0, 100 * 502, 8e-5).unwrap();
+    assert!((surnames - 50.92).abs() < 0.005, "Surnames {surnames}");
+    // CIFAR-10: q = 128/50000 and 391 steps an epoch (the last batch partial) give the paper's
+    // 4.86; q = 1/391 would give 4.851.
+    let cifar = epsilon_for(0.8, 128.0 / 50_000.0, 100 * 391, 1e-5).unwrap();
+    assert!((cifar - 4.86).abs() < 0.005, "CIFAR-10 {cifar}");
+    let n = 549_361u64;
+    let batches = n.div_ceil(32);
+    let snli = epsilon_for(0.8, 32.0 / n as f64, batches, 1.0 / n as f64).unwrap();
+    assert!((snli - 0.89).abs() < 0.005, "SNLI {snli}");
+}
+
+#[test]
+fn closed_forms_and_composition() {
+    // q = 1: the plain Gaussian mechanism, RDP alpha / (2 sigma^2).
+    assert!((rdp_one_step(1.0, 2.0, 5.0) - 5.0 / 8.0).abs() < 1e-15);
+    // The integer and fractional series agree on either side of an integer order.
+    let (q, s) = (0.01, 1.1);
+    let below = rdp_one_step(q, s, 6.0 - 1e-7);
+    let at = rdp_one_step(q, s, 6.0);
+    let above = rdp_one_step(q, s, 6.0 + 1e-7);
+    assert!(
+        (below - at).abs() < 1e-7 * at.max(1e-12) * 100.0 && (above - at).abs() < 1e-5 * at,
+        "{below} {at} {above}"
+    );
+    // Composition: 2 x 1000 steps in two calls equals 2000 steps in one.
+    let mut a = RdpAccountant::default();
+    a.step(1.0, 0.01, 1000).unwrap();
+    a.step(1.0, 0.01, 1000).unwrap();
+    assert_eq!(a.history.len(), 1);
+    let (eps, alpha) = a.epsilon(1e-5).unwrap();
+    assert!((eps - epsilon_for(1.0, 0.01, 2000, 1e-5).unwrap()).abs() < 1e-12);
+    assert!(alpha > 1.0);
+    // Mixed blocks add their RDP.
+    let mut b = RdpAccountant::default();
+    b.step(1.0, 0.01, 1000).unwrap();
+    b.step(2.0, 0.01, 1000).unwrap();
+    let mut c = RdpAccountant::default();
+    c.step(2.0, 0.01, 1000).unwrap();
+    let rdp_sum: Vec<f64> = a
+        .rdp()
+        .iter()
+        .zip(c.rdp())
+        .map(|(x, y)| x / 2.0 + y)
+        .collect();
+    for (x, y) in b.rdp().iter().zip(rdp_sum) {
+        assert!((x - y).abs() <= 1e-12 * x.abs().max(1.0));
+    }
+    // The state round-trips through JSON (it is part of every checkpoint).
+    let json = serde_json::to_string(&b).unwrap();
+    assert_eq!(serde_json::from_str::<RdpAccountant>(&json).unwrap(), b);
+}
+
+#[test]
+fn log_erfc_matches_erfc_and_its_asymptote() {
+    for x in [-3.0, 0.0, 1.0, 5.0, 20.0, 25.9] {
+        assert!(
+            (log_erfc(x) - libm::erfc(x).ln()).abs() < 1e-12 * libm::erfc(x).ln().abs().max(1.0),
+            "{x}"
+        );
+    }
+    // Continuity across the switch to the series at 26.
+    let (a, b) = (log_erfc(25.999_999), log_erfc(26.0));
+    assert!((a - b).abs() < 1e-4, "{a} {b}");
+    assert!(log_erfc(40.0).is_finite());
+}
+
+#[test]
+fn calibration_inverts_the_accountant() {
+    let q = 128.0 / 50_000.0;
+    let sigma = noise_multiplier_for(4.86, q, 39_100, 1e-5).unwrap();
+    assert!((sigma - 0.8).abs() < 0.002, "{sigma}");
+    let eps = epsilon_for(sigma, q, 39_100, 1e-5).unwrap();
+    assert!(eps <= 4.86 && eps > 4.86 - 1e-4, "{eps}");
+    let err = noise_multiplier_for(-1.0, 0.01, 10, 1e-5)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--target-epsilon"), "{err}");
+}
+
+#[test]
+fn bad_values_are_clear_errors() {
+    let e = |r: dpcomp::Result<f64>| r.unwrap_err().to_string();
+    assert!(e(epsilon_for(1.0, 0.0, 10, 1e-5)).contains("--sample-rate"));
+    assert!(e(epsilon_for(1.0, 1.5, 10, 1e-5)).contains("--sample-rate"));
+    assert!(e(epsilon_for(-1.0, 0.1, 10, 1e-5)).contains("--noise-multiplier"));
+    assert!(e(epsilon_for(1.0, 0.1, 0, 1e-5)).contains("--steps"));
+    assert!(e(epsilon_for(1.0, 0.1, 10, 1.0)).contains("--delta"));
+    assert!(e(epsilon_for(1.0, 0.1, 10, 0.0)).contains("--delta"));
+    // sigma = 0 is allowed and gives infinite epsilon.
+    assert!(epsilon_for(0.0, 0.1, 10, 1e-5).unwrap().is_infinite());
+}
+
+#[test]
+fn epsilon_command_prints_json() {
+    let bin = env!("CARGO_BIN_EXE_dpcomp");
+    let out = std::process::Command::new(bin)
+        .args([
+            "epsilon",
+            "--sample-rate",
+            "0.04",
+            "--noise-multiplier",
+            "1.5",
+            "--steps",
+            "2250",
+            "--delta",
+            "1e-5",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!((v["epsilon"].as_f64().unwrap() - 7.32911117143).abs() < 1e-8);
+    assert_eq!(v["alpha"].as_f64(), Some(3.9));
+    assert_eq!(v["accountant"], "rdp");
+    assert_eq!(v["noise_multiplier"].as_f64(), Some(1.5));
+
+    let out = std::process::Command::new(bin)
+        .args([
+            "epsilon",
+            "--sample-rate",
+            "0.04",
+            "--target-epsilon",
+            "7.32911117143",
+            "--steps",
+            "2250",
+            "--delta",
+            "1e-5",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        (v["noise_multiplier"].as_f64().unwrap() - 1.5).abs() < 1e-5,
+        "{v}"
+    );
+    assert!(v["epsilon"].as_f64().unwrap() <= 7.32911117143);
+
+    let out = std::process::Command::new(bin)
+        .args([
+            "epsilon",
+            "--sample-rate",
+            "0.04",
+            "--noise-multiplier",
+            "1.5",
+            "--steps",
+            "0",
+            "--delta",
+            "1e-5",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--steps: 0: expected at least one step"));
+}
