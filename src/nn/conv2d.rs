@@ -1,6 +1,6 @@
 //! 2-D convolution with square kernels, stride and zero padding.
 
-use super::{uniform_init, Ctx};
+use super::{uniform_init, Ctx, Layer};
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -36,14 +36,25 @@ impl Conv2d {
         }
     }
 
-    pub fn forward(&self, xs: &Tensor, _ctx: &mut Ctx) -> Tensor {
-        xs.conv2d(
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+        let ys = xs.conv2d(
             &self.weight,
             self.bias.as_ref(),
             [self.stride, self.stride],
             [self.padding, self.padding],
             [1, 1],
             1,
-        )
+        );
+        if let Some(tape) = ctx.tape().filter(|_| self.weight.requires_grad()) {
+            let layer = Layer::Conv2d {
+                weight: self.weight.shallow_clone(),
+                bias: self.bias.as_ref().map(Tensor::shallow_clone),
+                input: xs.detach(),
+                stride: self.stride,
+                padding: self.padding,
+            };
+            tape.push(layer, &ys);
+        }
+        ys
     }
 }

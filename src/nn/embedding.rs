@@ -1,6 +1,6 @@
 //! Lookup table: ids [..] -> rows of `weight` [num, dim].
 
-use super::Ctx;
+use super::{Ctx, Layer};
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -22,7 +22,15 @@ impl Embedding {
         Embedding { weight }
     }
 
-    pub fn forward(&self, ids: &Tensor, _ctx: &mut Ctx) -> Tensor {
-        Tensor::embedding(&self.weight, ids, -1, false, false)
+    pub fn forward(&self, ids: &Tensor, ctx: &mut Ctx) -> Tensor {
+        let ys = Tensor::embedding(&self.weight, ids, -1, false, false);
+        if let Some(tape) = ctx.tape().filter(|_| self.weight.requires_grad()) {
+            let layer = Layer::Embedding {
+                weight: self.weight.shallow_clone(),
+                ids: ids.shallow_clone(),
+            };
+            tape.push(layer, &ys);
+        }
+        ys
     }
 }

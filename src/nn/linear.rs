@@ -1,6 +1,6 @@
 //! Fully connected layer y = x W^T + b, for 2-D inputs [B, in] and sequences [B, T, in].
 
-use super::{uniform_init, Ctx};
+use super::{uniform_init, Ctx, Layer};
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -16,7 +16,16 @@ impl Linear {
         Linear { weight, bias }
     }
 
-    pub fn forward(&self, xs: &Tensor, _ctx: &mut Ctx) -> Tensor {
-        xs.linear(&self.weight, self.bias.as_ref())
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+        let ys = xs.linear(&self.weight, self.bias.as_ref());
+        if let Some(tape) = ctx.tape().filter(|_| self.weight.requires_grad()) {
+            let layer = Layer::Linear {
+                weight: self.weight.shallow_clone(),
+                bias: self.bias.as_ref().map(Tensor::shallow_clone),
+                input: xs.detach(),
+            };
+            tape.push(layer, &ys);
+        }
+        ys
     }
 }

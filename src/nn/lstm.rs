@@ -12,7 +12,7 @@
 //! fused tensor operations each and then forms every weight gradient as one contraction over all
 //! time steps. `tests/lstm.rs` checks it against autograd through `forward_autograd`.
 
-use super::{uniform_init, Ctx, ManualBackward};
+use super::{uniform_init, Ctx, Layer, ManualBackward};
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -72,13 +72,27 @@ impl Lstm {
     /// (they take the state at the last real step), so padding cannot leak into them.
     ///
     /// In training (`ctx.records()`) the recurrence runs without autograd and records an
-    /// `LstmBackward` segment; otherwise it is ordinary autograd-differentiable tensor code.
+    /// `LstmBackward` segment; in private training it records a tape entry instead (the
+    /// per-sample engine differentiates it); otherwise it is ordinary autograd code.
     pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        if !ctx.records() {
+        let private = ctx.tape().is_some() && self.w_ih.requires_grad();
+        if !ctx.records() && !private {
             return self.forward_autograd(xs);
         }
         let (hs, cache) = tch::no_grad(|| self.forward_cached(&xs.detach()));
         let hs = hs.set_requires_grad(true);
+        if let Some(tape) = ctx.tape().filter(|_| private) {
+            let layer = Layer::Lstm {
+                w_ih: self.w_ih.shallow_clone(),
+                w_hh: self.w_hh.shallow_clone(),
+                b_ih: self.b_ih.shallow_clone(),
+                b_hh: self.b_hh.shallow_clone(),
+                cache,
+                input: xs.shallow_clone(),
+            };
+            tape.push(layer, &hs);
+            return hs;
+        }
         ctx.push(Box::new(LstmBackward {
             w_ih: self.w_ih.shallow_clone(),
             w_hh: self.w_hh.shallow_clone(),

@@ -10,12 +10,14 @@ pub mod embedding;
 pub mod linear;
 pub mod lstm;
 pub mod norm;
+pub mod tape;
 
 pub use conv2d::Conv2d;
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use lstm::Lstm;
 pub use norm::{GroupNorm, InstanceNorm2d, LayerNorm};
+pub use tape::{Layer, Record, Tape};
 
 /// A piece of the forward pass whose backward is computed by hand rather than by autograd
 /// (the LSTM's backpropagation through time: one autograd node per cell operation and time step
@@ -26,34 +28,59 @@ pub trait ManualBackward {
     fn backward(&self);
 }
 
-/// What a forward pass needs to know besides its input: whether it trains (dropout on), and,
-/// when training, the hand-differentiated segments it recorded, which `backward` completes.
+/// What a forward pass needs to know besides its input: whether dropout is on, and what the
+/// layers record for the backward pass that follows.
+///
+/// - `Ctx::eval()`: nothing recorded; every layer is plain autograd code.
+/// - `Ctx::train()`: non-private training; layers with a hand-written backward (the LSTM)
+///   record a segment that `Ctx::backward` completes.
+/// - `Ctx::private(dropout)`: DP training; every trainable layer writes a `Tape` record from
+///   which `privacy::grad_sample` forms per-sample norms and clipped sums.
 pub struct Ctx {
     pub train: bool,
     segments: Vec<Box<dyn ManualBackward>>,
+    tape: Option<Tape>,
 }
 
 impl Ctx {
-    /// Training mode: dropout on; layers with a hand-written backward record themselves, so the
-    /// forward must be followed by `Ctx::backward`.
     pub fn train() -> Self {
         Ctx {
             train: true,
             segments: Vec::new(),
+            tape: None,
         }
     }
 
-    /// Evaluation mode: dropout off, every layer differentiable by plain autograd.
     pub fn eval() -> Self {
         Ctx {
             train: false,
             segments: Vec::new(),
+            tape: None,
         }
     }
 
-    /// Whether layers should record a hand-differentiated segment.
+    /// Records a tape for per-sample gradients; `dropout` turns dropout on (training) or off
+    /// (oracle tests compare against per-example autograd without dropout).
+    pub fn private(dropout: bool) -> Self {
+        Ctx {
+            train: dropout,
+            segments: Vec::new(),
+            tape: Some(Tape::default()),
+        }
+    }
+
+    /// Whether layers should record a hand-differentiated segment (non-private training).
     pub fn records(&self) -> bool {
-        self.train
+        self.train && self.tape.is_none()
+    }
+
+    /// The tape, in private mode.
+    pub fn tape(&mut self) -> Option<&mut Tape> {
+        self.tape.as_mut()
+    }
+
+    pub fn take_tape(&mut self) -> Option<Tape> {
+        self.tape.take()
     }
 
     pub fn push(&mut self, segment: Box<dyn ManualBackward>) {

@@ -1,7 +1,11 @@
 //! Normalisations with affine parameters and no running statistics (per-sample gradients of
 //! BatchNorm do not exist, so the paper's models use these instead).
+//!
+//! Outside private training each calls LibTorch's fused kernel with its affine parameters. In
+//! private training (`Ctx::private`) the normalisation runs without them and the affine map
+//! y = x̂ w + b is applied separately, so that x̂ can be recorded for per-sample gradients.
 
-use super::Ctx;
+use super::{Ctx, Layer};
 use tch::{nn, Tensor};
 
 const EPS: f64 = 1e-5;
@@ -11,6 +15,38 @@ fn affine(p: &nn::Path, channels: i64) -> (Tensor, Tensor) {
         p.var("weight", &[channels], nn::Init::Const(1.0)),
         p.var("bias", &[channels], nn::Init::Const(0.0)),
     )
+}
+
+/// Shared by the three norms: `fused(w, b)` is LibTorch's kernel with the affine parameters,
+/// `plain()` the same normalisation without them; `channel_dim` is where w and b apply.
+fn normalise(
+    weight: &Tensor,
+    bias: &Tensor,
+    channel_dim: i64,
+    ctx: &mut Ctx,
+    fused: impl Fn(&Tensor, &Tensor) -> Tensor,
+    plain: impl Fn() -> Tensor,
+) -> Tensor {
+    let Some(tape) = ctx.tape().filter(|_| weight.requires_grad()) else {
+        return fused(weight, bias);
+    };
+    let normalized = plain();
+    let mut shape = vec![1i64; normalized.dim()];
+    let c = if channel_dim < 0 {
+        shape.len() as i64 + channel_dim
+    } else {
+        channel_dim
+    } as usize;
+    shape[c] = -1;
+    let ys = &normalized * weight.view(shape.as_slice()) + bias.view(shape.as_slice());
+    let layer = Layer::Affine {
+        weight: weight.shallow_clone(),
+        bias: bias.shallow_clone(),
+        normalized: normalized.detach(),
+        channel_dim: c as i64,
+    };
+    tape.push(layer, &ys);
+    ys
 }
 
 /// Instance normalisation over H, W of each (example, channel), then a per-channel affine map.
@@ -29,16 +65,26 @@ impl InstanceNorm2d {
         InstanceNorm2d { weight, bias }
     }
 
-    pub fn forward(&self, xs: &Tensor, _ctx: &mut Ctx) -> Tensor {
-        xs.instance_norm(
-            Some(&self.weight),
-            Some(&self.bias),
-            None::<&Tensor>,
-            None::<&Tensor>,
-            true,
-            0.1,
-            EPS,
-            false,
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+        let run = |w: Option<&Tensor>, b: Option<&Tensor>| {
+            xs.instance_norm(
+                w,
+                b,
+                None::<&Tensor>,
+                None::<&Tensor>,
+                true,
+                0.1,
+                EPS,
+                false,
+            )
+        };
+        normalise(
+            &self.weight,
+            &self.bias,
+            1,
+            ctx,
+            |w, b| run(Some(w), Some(b)),
+            || run(None, None),
         )
     }
 }
@@ -61,13 +107,16 @@ impl GroupNorm {
         }
     }
 
-    pub fn forward(&self, xs: &Tensor, _ctx: &mut Ctx) -> Tensor {
-        xs.group_norm(
-            self.groups,
-            Some(&self.weight),
-            Some(&self.bias),
-            EPS,
-            false,
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+        let run =
+            |w: Option<&Tensor>, b: Option<&Tensor>| xs.group_norm(self.groups, w, b, EPS, false);
+        normalise(
+            &self.weight,
+            &self.bias,
+            1,
+            ctx,
+            |w, b| run(Some(w), Some(b)),
+            || run(None, None),
         )
     }
 }
@@ -77,17 +126,32 @@ impl GroupNorm {
 pub struct LayerNorm {
     pub weight: Tensor,
     pub bias: Tensor,
+    pub dim: i64,
     pub eps: f64,
 }
 
 impl LayerNorm {
     pub fn new(p: &nn::Path, dim: i64, eps: f64) -> Self {
         let (weight, bias) = affine(p, dim);
-        LayerNorm { weight, bias, eps }
+        LayerNorm {
+            weight,
+            bias,
+            dim,
+            eps,
+        }
     }
 
-    pub fn forward(&self, xs: &Tensor, _ctx: &mut Ctx) -> Tensor {
-        let dim = self.weight.size()[0];
-        xs.layer_norm([dim], Some(&self.weight), Some(&self.bias), self.eps, false)
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+        let run = |w: Option<&Tensor>, b: Option<&Tensor>| {
+            xs.layer_norm([self.dim], w, b, self.eps, false)
+        };
+        normalise(
+            &self.weight,
+            &self.bias,
+            -1,
+            ctx,
+            |w, b| run(Some(w), Some(b)),
+            || run(None, None),
+        )
     }
 }

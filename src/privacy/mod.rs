@@ -2,6 +2,7 @@
 //! privacy and has an oracle or golden-value test in `tests/accountant.rs`.
 
 pub mod calibrate;
+pub mod grad_sample;
 pub mod rdp;
 
 use crate::error::{Error, Result};

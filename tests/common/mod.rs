@@ -42,3 +42,14 @@ pub fn write_cifar_file(path: &std::path::Path, records: &[(Vec<u8>, u8)]) {
     }
     std::fs::write(path, bytes).unwrap();
 }
+
+/// Converts every variable of `vs` to f64 in place (layers hold shallow handles to the same
+/// tensors, so they compute in f64 afterwards).
+pub fn to_double(vs: &tch::nn::VarStore) {
+    for (_, mut p) in vs.variables() {
+        tch::no_grad(|| {
+            let double = p.to_kind(tch::Kind::Double);
+            p.set_data(&double);
+        });
+    }
+}

@@ -1,0 +1,340 @@
+//! Per-sample gradients from one backward pass, their norms, and the clipped sum, in the
+//! book-keeping style of fastDP (Bu et al. 2023): the forward pass records each trainable layer's
+//! input (`nn::Tape`), one backward pass of the summed per-example loss with respect to the
+//! recorded outputs gives every example's output gradient (examples do not interact: there is no
+//! BatchNorm), and each parameter's per-sample gradient is a contraction of the two.
+//!
+//! Per layer, ||g_i||² comes either from the ghost-norm identity (Li et al. 2022; Opacus's
+//! ghost clipping) — for g_i = Σ_t b_it a_it^T, ||g_i||² = <A_i A_iᵀ, B_i B_iᵀ> — or from the
+//! instantiated g_i, whichever costs fewer operations for the layer's shapes. The clipped sum
+//! Σ_i c_i g_i with c_i = min(1, C / (||g_i|| + 1e-6)) (||g_i|| over all trainable parameters,
+//! Abadi et al. 2016, Algorithm 1) is one weighted contraction per parameter.
+//!
+//! `tests/grad_sample.rs` checks everything here against per-example autograd.
+
+use crate::error::{Error, Result};
+use crate::nn::lstm::gate_gradients;
+use crate::nn::{Layer, Record, Tape};
+use tch::{Kind, Tensor};
+
+/// How one parameter's per-sample gradients are formed.
+pub enum PerSample {
+    /// g_i = Σ_t b_it a_itᵀ with a [B, T, in], b [B, T, out], viewed as `shape`.
+    Outer {
+        a: Tensor,
+        b: Tensor,
+        shape: Vec<i64>,
+    },
+    /// g_i given directly, [B, ...parameter shape].
+    Direct(Tensor),
+    /// Embedding rows: g_i = Σ_t e_{ids_it} b_itᵀ with ids [B, T], b [B, T, d], `rows` rows.
+    Rows { ids: Tensor, b: Tensor, rows: i64 },
+}
+
+/// Whether the ghost identity is cheaper than instantiating for an outer-product gradient:
+/// B T² (in + out) against B T in out multiply-adds.
+pub fn ghost_is_cheaper(steps: i64, input: i64, output: i64) -> bool {
+    steps * (input + output) < input * output
+}
+
+impl PerSample {
+    fn batch(&self) -> i64 {
+        match self {
+            PerSample::Outer { a, .. } => a.size()[0],
+            PerSample::Direct(g) => g.size()[0],
+            PerSample::Rows { ids, .. } => ids.size()[0],
+        }
+    }
+
+    /// ||g_i||², [B].
+    pub fn squared_norms(&self) -> Tensor {
+        match self {
+            PerSample::Outer { a, b, .. } => {
+                let (steps, input, output) = (a.size()[1], a.size()[2], b.size()[2]);
+                if steps == 1 {
+                    a.square()
+                        .sum_dim_intlist([1, 2].as_slice(), false, a.kind())
+                        * b.square()
+                            .sum_dim_intlist([1, 2].as_slice(), false, b.kind())
+                } else if ghost_is_cheaper(steps, input, output) {
+                    let aa = a.bmm(&a.transpose(1, 2));
+                    let bb = b.bmm(&b.transpose(1, 2));
+                    (aa * bb).sum_dim_intlist([1, 2].as_slice(), false, a.kind())
+                } else {
+                    b.transpose(1, 2).bmm(a).square().sum_dim_intlist(
+                        [1, 2].as_slice(),
+                        false,
+                        a.kind(),
+                    )
+                }
+            }
+            PerSample::Direct(g) => g
+                .square()
+                .flatten(1, -1)
+                .sum_dim_intlist(1, false, g.kind()),
+            PerSample::Rows { ids, b, .. } => {
+                let same = ids
+                    .unsqueeze(2)
+                    .eq_tensor(&ids.unsqueeze(1))
+                    .to_kind(b.kind());
+                let bb = b.bmm(&b.transpose(1, 2));
+                (same * bb).sum_dim_intlist([1, 2].as_slice(), false, b.kind())
+            }
+        }
+    }
+
+    /// Σ_i c_i g_i, parameter-shaped; `c` is [B].
+    pub fn weighted_sum(&self, c: &Tensor) -> Tensor {
+        match self {
+            PerSample::Outer { a, b, shape } => {
+                let (input, output) = (a.size()[2], b.size()[2]);
+                let weighted = b * c.view([-1, 1, 1]);
+                weighted
+                    .reshape([-1, output])
+                    .tr()
+                    .mm(&a.reshape([-1, input]))
+                    .view(shape.as_slice())
+            }
+            PerSample::Direct(g) => {
+                let mut shape = vec![1i64; g.dim()];
+                shape[0] = -1;
+                (g * c.view(shape.as_slice())).sum_dim_intlist(0, false, g.kind())
+            }
+            PerSample::Rows { ids, b, rows } => {
+                let d = b.size()[2];
+                let weighted = (b * c.view([-1, 1, 1])).reshape([-1, d]);
+                Tensor::zeros([*rows, d], (b.kind(), b.device())).index_add(
+                    0,
+                    &ids.reshape([-1]),
+                    &weighted,
+                )
+            }
+        }
+    }
+
+    /// Every g_i, [B, ...parameter shape] (tests and the oracle; memory-hungry).
+    pub fn materialize(&self) -> Tensor {
+        match self {
+            PerSample::Outer { a, b, shape } => {
+                let mut full = vec![self.batch()];
+                full.extend(shape);
+                b.transpose(1, 2).bmm(a).reshape(full.as_slice())
+            }
+            PerSample::Direct(g) => g.shallow_clone(),
+            PerSample::Rows { ids, b, rows } => {
+                let (batch, d) = (self.batch(), b.size()[2]);
+                let offsets =
+                    Tensor::arange(batch, (Kind::Int64, ids.device())).view([-1, 1]) * *rows;
+                let index = (ids + offsets).reshape([-1]);
+                Tensor::zeros([batch * rows, d], (b.kind(), b.device()))
+                    .index_add(0, &index, &b.reshape([-1, d]))
+                    .view([batch, *rows, d])
+            }
+        }
+    }
+}
+
+/// Sums over every dimension but 0 and `keep`.
+fn sum_except(x: &Tensor, keep: i64) -> Tensor {
+    let dims: Vec<i64> = (1..x.dim() as i64).filter(|&d| d != keep).collect();
+    if dims.is_empty() {
+        x.shallow_clone()
+    } else {
+        x.sum_dim_intlist(dims.as_slice(), false, x.kind())
+    }
+}
+
+/// Adds d(root)/d(output) to the gradients of the records in `targets`.
+fn accumulate(grads: &mut [Option<Tensor>], records: &[Record], targets: &[usize], root: &Tensor) {
+    if targets.is_empty() {
+        return;
+    }
+    let outputs: Vec<&Tensor> = targets.iter().map(|&k| &records[k].output).collect();
+    let found = Tensor::run_backward(&[root], &outputs, true, false);
+    for (&k, g) in targets.iter().zip(found) {
+        if g.defined() {
+            grads[k] = Some(match grads[k].take() {
+                Some(sum) => sum + g,
+                None => g,
+            });
+        }
+    }
+}
+
+/// Every trainable parameter on the tape with the recipe for its per-sample gradients, from one
+/// backward pass of `loss_sum` (= Σ_i loss_i). Errors if a parameter appears twice (a layer used
+/// twice in one forward pass would need its per-sample gradients summed first).
+pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor, PerSample)>> {
+    let records = tape.records;
+    let mut grads: Vec<Option<Tensor>> = (0..records.len()).map(|_| None).collect();
+    let attached: Vec<usize> = (0..records.len())
+        .filter(|&k| records[k].output.requires_grad())
+        .collect();
+    accumulate(&mut grads, &records, &attached, loss_sum);
+    let mut out = Vec::new();
+    for k in (0..records.len()).rev() {
+        let record = &records[k];
+        let grad = grads[k]
+            .take()
+            .unwrap_or_else(|| record.output.detach().zeros_like());
+        let batch = grad.size()[0];
+        match &record.layer {
+            Layer::Linear {
+                weight,
+                bias,
+                input,
+            } => {
+                let (input_dim, output_dim) = (weight.size()[1], weight.size()[0]);
+                let a = input.reshape([batch, -1, input_dim]);
+                let b = grad.reshape([batch, -1, output_dim]);
+                if let Some(bias) = bias {
+                    out.push((
+                        bias.shallow_clone(),
+                        PerSample::Direct(b.sum_dim_intlist(1, false, b.kind())),
+                    ));
+                }
+                out.push((
+                    weight.shallow_clone(),
+                    PerSample::Outer {
+                        a,
+                        b,
+                        shape: weight.size(),
+                    },
+                ));
+            }
+            Layer::Conv2d {
+                weight,
+                bias,
+                input,
+                stride,
+                padding,
+            } => {
+                let size = weight.size();
+                let (out_channels, kernel) = (size[0], size[2]);
+                let a = input
+                    .im2col(
+                        [kernel, kernel],
+                        [1, 1],
+                        [*padding, *padding],
+                        [*stride, *stride],
+                    )
+                    .transpose(1, 2);
+                let b = grad.reshape([batch, out_channels, -1]).transpose(1, 2);
+                if let Some(bias) = bias {
+                    out.push((
+                        bias.shallow_clone(),
+                        PerSample::Direct(b.sum_dim_intlist(1, false, b.kind())),
+                    ));
+                }
+                out.push((
+                    weight.shallow_clone(),
+                    PerSample::Outer { a, b, shape: size },
+                ));
+            }
+            Layer::Embedding { weight, ids } => {
+                let (rows, d) = (weight.size()[0], weight.size()[1]);
+                let recipe = PerSample::Rows {
+                    ids: ids.reshape([batch, -1]),
+                    b: grad.reshape([batch, -1, d]),
+                    rows,
+                };
+                out.push((weight.shallow_clone(), recipe));
+            }
+            Layer::Affine {
+                weight,
+                bias,
+                normalized,
+                channel_dim,
+            } => {
+                out.push((
+                    bias.shallow_clone(),
+                    PerSample::Direct(sum_except(&grad, *channel_dim)),
+                ));
+                out.push((
+                    weight.shallow_clone(),
+                    PerSample::Direct(sum_except(&(normalized * &grad), *channel_dim)),
+                ));
+            }
+            Layer::Lstm {
+                w_ih,
+                w_hh,
+                b_ih,
+                b_hh,
+                cache,
+                input,
+            } => {
+                let da = tch::no_grad(|| gate_gradients(cache, w_hh, &grad)); // [T, B, 4H]
+                let da_b = da.transpose(0, 1); // [B, T, 4H]
+                let bias_grad = da_b.sum_dim_intlist(1, false, da.kind());
+                out.push((
+                    b_ih.shallow_clone(),
+                    PerSample::Direct(bias_grad.shallow_clone()),
+                ));
+                out.push((b_hh.shallow_clone(), PerSample::Direct(bias_grad)));
+                out.push((
+                    w_ih.shallow_clone(),
+                    PerSample::Outer {
+                        a: cache.xs.transpose(0, 1),
+                        b: da_b.shallow_clone(),
+                        shape: w_ih.size(),
+                    },
+                ));
+                out.push((
+                    w_hh.shallow_clone(),
+                    PerSample::Outer {
+                        a: cache.h_prev().transpose(0, 1),
+                        b: da_b,
+                        shape: w_hh.size(),
+                    },
+                ));
+                if input.requires_grad() {
+                    let d_input = tch::no_grad(|| da.matmul(w_ih).transpose(0, 1));
+                    let root = (input * d_input).sum(input.kind());
+                    let earlier: Vec<usize> = attached.iter().copied().filter(|&j| j < k).collect();
+                    accumulate(&mut grads, &records, &earlier, &root);
+                }
+            }
+        }
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (param, _) in &out {
+        if !seen.insert(param.data_ptr() as usize) {
+            return Err(Error::bad_value(
+                "model",
+                format!("a parameter of shape {:?} is used twice in one forward pass; per-sample gradients need each layer once", param.size()),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// Per-sample norms over all parameters and the clipped sum of each parameter's gradients.
+pub struct ClippedSum {
+    /// ||g_i|| over every trainable parameter, [B].
+    pub norms: Tensor,
+    /// c_i = min(1, C / (||g_i|| + 1e-6)), [B].
+    pub factors: Tensor,
+    /// (parameter, Σ_i c_i g_i).
+    pub grads: Vec<(Tensor, Tensor)>,
+}
+
+pub fn clip_and_sum(per_sample: &[(Tensor, PerSample)], max_norm: f64) -> ClippedSum {
+    let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
+    let norms = Tensor::stack(&squared, 0)
+        .sum_dim_intlist(0, false, squared[0].kind())
+        .sqrt();
+    let factors = if max_norm.is_finite() {
+        (max_norm / (&norms + 1e-6)).clamp_max(1.0)
+    } else {
+        norms.ones_like()
+    };
+    let grads = per_sample
+        .iter()
+        .map(|(p, r)| (p.shallow_clone(), r.weighted_sum(&factors)))
+        .collect();
+    ClippedSum {
+        norms,
+        factors,
+        grads,
+    }
+}

@@ -1,0 +1,283 @@
+//! Oracle tests for per-sample gradients: for every layer type and each of the four models, in
+//! f64, the per-sample gradients from one tape + one backward pass equal per-example autograd
+//! (one example at a time); ghost norms equal instantiated norms; clipped per-sample norms are
+//! at most C; the clipped sum equals Σ c_i g_i formed from the oracle's gradients.
+
+mod common;
+
+use dpcomp::data::Features;
+use dpcomp::models::{BertClassifier, BertConfig, CifarCnn, Model, ResNet18, SurnamesLstm};
+use dpcomp::nn::Ctx;
+use dpcomp::privacy::grad_sample::{clip_and_sum, per_sample_gradients, PerSample};
+use std::collections::HashMap;
+use tch::{Device, Kind, Reduction, Tensor};
+
+/// Per-example autograd: parameter name -> [B, ...] gradients, one example at a time.
+fn oracle(model: &dyn Model, features: &Features, labels: &Tensor) -> HashMap<String, Tensor> {
+    let params = model.trainable_variables();
+    let batch = labels.size()[0];
+    let mut per_param: HashMap<String, Vec<Tensor>> = HashMap::new();
+    for i in 0..batch {
+        let index = Tensor::from_slice(&[i]);
+        for (_, p) in &params {
+            p.shallow_clone().zero_grad();
+        }
+        let mut ctx = Ctx::eval();
+        let logits = model.forward(&features.select(&index), &mut ctx);
+        let loss = logits.cross_entropy_loss::<Tensor>(
+            &labels.index_select(0, &index),
+            None,
+            Reduction::Sum,
+            -100,
+            0.0,
+        );
+        loss.backward();
+        for (name, p) in &params {
+            let g = p.grad();
+            let g = if g.defined() {
+                g.copy()
+            } else {
+                p.zeros_like()
+            };
+            per_param.entry(name.clone()).or_default().push(g);
+        }
+    }
+    per_param
+        .into_iter()
+        .map(|(k, v)| (k, Tensor::stack(&v, 0)))
+        .collect()
+}
+
+fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {
+    let scale = b.abs().max().double_value(&[]).max(1e-30);
+    (a - b).abs().max().double_value(&[]) / scale
+}
+
+/// Like `max_rel_diff`, but gradients that are zero in exact arithmetic (a convolution bias
+/// before InstanceNorm, the attention key bias) are compared at the model's gradient scale.
+fn max_diff_at_scale(a: &Tensor, b: &Tensor, model_scale: f64) -> f64 {
+    let scale = b
+        .abs()
+        .max()
+        .double_value(&[])
+        .max(1e-6 * model_scale)
+        .max(1e-30);
+    (a - b).abs().max().double_value(&[]) / scale
+}
+
+/// Runs every check on one model and batch.
+fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) {
+    let expected = oracle(model, &features, &labels);
+    let names: HashMap<usize, String> = model
+        .trainable_variables()
+        .into_iter()
+        .map(|(n, p)| (p.data_ptr() as usize, n))
+        .collect();
+
+    let mut ctx = Ctx::private(false);
+    let logits = model.forward(&features, &mut ctx);
+    let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+    let per_sample =
+        per_sample_gradients(ctx.take_tape().unwrap(), &losses.sum(Kind::Double)).unwrap();
+
+    // Every trainable parameter has exactly one recipe.
+    assert_eq!(per_sample.len(), names.len(), "parameters on the tape");
+    let model_scale = expected
+        .values()
+        .map(|g| g.abs().max().double_value(&[]))
+        .fold(0.0, f64::max);
+    let mut materialized = Vec::new();
+    for (param, recipe) in &per_sample {
+        let name = &names[&(param.data_ptr() as usize)];
+        let got = recipe.materialize();
+        let want = &expected[name];
+        assert_eq!(got.size(), want.size(), "{name}");
+        let diff = max_diff_at_scale(&got, want, model_scale);
+        assert!(
+            diff < 1e-9,
+            "{name}: per-sample gradients differ from per-example autograd by {diff:e}"
+        );
+        // Ghost (or instantiated) norms equal the norms of the materialised gradients.
+        let direct = got
+            .square()
+            .flatten(1, -1)
+            .sum_dim_intlist(1, false, Kind::Double);
+        let diff = max_diff_at_scale(&recipe.squared_norms(), &direct, model_scale * model_scale);
+        assert!(diff < 1e-9, "{name}: squared norms differ by {diff:e}");
+        materialized.push(got);
+    }
+
+    let clipped = clip_and_sum(&per_sample, max_norm);
+    let total = Tensor::stack(
+        &materialized
+            .iter()
+            .map(|g| {
+                g.square()
+                    .flatten(1, -1)
+                    .sum_dim_intlist(1, false, Kind::Double)
+            })
+            .collect::<Vec<_>>(),
+        0,
+    )
+    .sum_dim_intlist(0, false, Kind::Double)
+    .sqrt();
+    assert!(max_rel_diff(&clipped.norms, &total) < 1e-9);
+    // At least one example is clipped and one is not, so both branches are exercised.
+    let clipped_any = total.gt(max_norm).any().int64_value(&[]) == 1;
+    assert!(clipped_any, "choose C below some norm: norms {total}");
+    // Clipped per-sample norms are at most C.
+    let clipped_norms = &total * &clipped.factors;
+    assert!(
+        clipped_norms.max().double_value(&[]) <= max_norm * (1.0 + 1e-9),
+        "{clipped_norms}"
+    );
+    for ((param, sum), g) in clipped.grads.iter().zip(&materialized) {
+        let mut shape = vec![1i64; g.dim()];
+        shape[0] = -1;
+        let want =
+            (g * clipped.factors.view(shape.as_slice())).sum_dim_intlist(0, false, Kind::Double);
+        let diff = max_diff_at_scale(sum, &want, model_scale);
+        assert!(
+            diff < 1e-9,
+            "{}: clipped sum differs by {diff:e}",
+            names[&(param.data_ptr() as usize)]
+        );
+    }
+}
+
+/// C between the smallest and largest per-sample norm.
+fn median_norm_guess(model: &dyn Model, features: &Features, labels: &Tensor) -> f64 {
+    let mut ctx = Ctx::private(false);
+    let logits = model.forward(features, &mut ctx);
+    let losses = logits.cross_entropy_loss::<Tensor>(labels, None, Reduction::None, -100, 0.0);
+    let per_sample =
+        per_sample_gradients(ctx.take_tape().unwrap(), &losses.sum(Kind::Double)).unwrap();
+    let norms = clip_and_sum(&per_sample, f64::INFINITY).norms;
+    let (lo, hi) = (norms.min().double_value(&[]), norms.max().double_value(&[]));
+    for (_, p) in model.trainable_variables() {
+        p.shallow_clone().zero_grad();
+    }
+    0.5 * (lo + hi)
+}
+
+fn run(model: &dyn Model, features: Features, labels: Tensor) {
+    let c = median_norm_guess(model, &features, &labels);
+    check(model, features, labels, c);
+}
+
+#[test]
+fn surnames_lstm_embedding_and_linear() {
+    tch::manual_seed(1);
+    let model = SurnamesLstm::new(Device::Cpu, 18);
+    common::to_double(model.var_store());
+    let ids = Tensor::randint_low(1, 256, [4, 7], (Kind::Int64, Device::Cpu));
+    // Repeated ids inside one name exercise the embedding's ghost norm.
+    let _ = ids.get(0).narrow(0, 0, 3).fill_(65);
+    let lengths = Tensor::from_slice(&[7i64, 2, 5, 7]);
+    run(
+        &model,
+        Features::Tokens { ids, lengths },
+        Tensor::from_slice(&[0i64, 17, 4, 4]),
+    );
+}
+
+#[test]
+fn cifar_cnn_conv_instance_norm_and_linear() {
+    tch::manual_seed(2);
+    let model = CifarCnn::new(Device::Cpu, 10);
+    common::to_double(model.var_store());
+    let xs = Tensor::randn([3, 3, 32, 32], (Kind::Double, Device::Cpu));
+    run(
+        &model,
+        Features::Images(xs),
+        Tensor::from_slice(&[1i64, 9, 1]),
+    );
+}
+
+#[test]
+fn resnet18_group_norm_and_strided_convolutions() {
+    tch::manual_seed(3);
+    let model = ResNet18::new(Device::Cpu, 100);
+    common::to_double(model.var_store());
+    let xs = Tensor::randn([2, 3, 32, 32], (Kind::Double, Device::Cpu));
+    run(
+        &model,
+        Features::Images(xs),
+        Tensor::from_slice(&[5i64, 99]),
+    );
+}
+
+#[test]
+fn bert_last_layer_sequence_linear_layer_norm_pooler() {
+    tch::manual_seed(4);
+    let config: BertConfig = serde_json::from_str(
+        r#"{"vocab_size": 60, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "intermediate_size": 40, "max_position_embeddings": 20}"#,
+    )
+    .unwrap();
+    let model = BertClassifier::new(Device::Cpu, config, 3);
+    common::to_double(model.var_store());
+    let ids = Tensor::randint_low(1, 60, [3, 6], (Kind::Int64, Device::Cpu));
+    let token_types =
+        Tensor::from_slice(&[0i64, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1]).view([3, 6]);
+    let attention_mask =
+        Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 0]).view([3, 6]);
+    run(
+        &model,
+        Features::TextPair {
+            ids,
+            token_types,
+            attention_mask,
+        },
+        Tensor::from_slice(&[2i64, 0, 1]),
+    );
+}
+
+#[test]
+fn bert_minilm_pretrained() {
+    let model = BertClassifier::from_pretrained(&common::bert_dir(), Device::Cpu, 3).unwrap();
+    common::to_double(model.var_store());
+    let ids = Tensor::from_slice(&[
+        101i64, 1037, 2158, 102, 1996, 2158, 102, 101, 2048, 2308, 102, 2048, 102, 0,
+    ])
+    .view([2, 7]);
+    let token_types =
+        Tensor::from_slice(&[0i64, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0, 1, 1, 0]).view([2, 7]);
+    let attention_mask =
+        Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0]).view([2, 7]);
+    run(
+        &model,
+        Features::TextPair {
+            ids,
+            token_types,
+            attention_mask,
+        },
+        Tensor::from_slice(&[2i64, 0]),
+    );
+}
+
+#[test]
+fn ghost_and_instantiated_norms_agree_on_both_sides_of_the_cost_rule() {
+    use dpcomp::privacy::grad_sample::ghost_is_cheaper;
+    tch::manual_seed(5);
+    for (steps, input, output) in [(1, 7, 5), (3, 40, 30), (50, 4, 6)] {
+        let a = Tensor::randn([4, steps, input], (Kind::Double, Device::Cpu));
+        let b = Tensor::randn([4, steps, output], (Kind::Double, Device::Cpu));
+        let recipe = PerSample::Outer {
+            a,
+            b,
+            shape: vec![output, input],
+        };
+        let direct = recipe
+            .materialize()
+            .square()
+            .flatten(1, -1)
+            .sum_dim_intlist(1, false, Kind::Double);
+        assert!(
+            max_rel_diff(&recipe.squared_norms(), &direct) < 1e-12,
+            "T={steps}"
+        );
+        let _ = ghost_is_cheaper(steps, input, output);
+    }
+    assert!(ghost_is_cheaper(3, 40, 30) && !ghost_is_cheaper(50, 4, 6));
+}
