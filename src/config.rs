@@ -57,6 +57,37 @@ impl DeviceChoice {
     }
 }
 
+/// How DP training draws its batches. Poisson sampling (each example independently with
+/// probability q) is what the accountants assume; shuffled fixed-size batches are offered as the
+/// common approximation and are reported as such in the run's metadata.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Sampling {
+    #[default]
+    Poisson,
+    Shuffle,
+}
+
+/// Which accountant turns DP-SGD steps into ε.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AccountantKind {
+    /// Rényi DP, equal to Opacus's RDPAccountant.
+    #[default]
+    Rdp,
+}
+
+/// How per-sample gradients are computed in DP training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum GradSampleMode {
+    /// One backward pass over the recorded tape (`privacy::grad_sample`).
+    #[default]
+    Tape,
+    /// Per-example autograd, one example at a time: slow and obviously correct.
+    Oracle,
+}
+
 /// Everything a training run depends on. Saved as the run's `config.toml`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,6 +114,20 @@ pub struct TrainConfig {
     /// SNLI: folder with config.json, model.safetensors and tokenizer.json or vocab.txt.
     pub bert_dir: PathBuf,
     pub eval_batch_size: usize,
+    /// DP-SGD noise multiplier σ; `None` trains without privacy (global-norm clipping only).
+    /// σ = 0 still clips every per-sample gradient, so private and non-private runs differ only
+    /// by the noise.
+    pub noise_multiplier: Option<f64>,
+    /// δ of the reported (ε, δ).
+    pub delta: f64,
+    /// Stop before a step that would take ε past this.
+    pub target_epsilon: Option<f64>,
+    pub sampling: Sampling,
+    pub accountant: AccountantKind,
+    /// Split each logical batch into chunks of at most this many examples (memory); the noise is
+    /// still added once per logical step.
+    pub physical_batch_size: Option<usize>,
+    pub grad_sample: GradSampleMode,
 }
 
 impl TrainConfig {
@@ -110,7 +155,23 @@ impl TrainConfig {
             max_seq_len: crate::data::snli::DEFAULT_MAX_LEN,
             bert_dir: PathBuf::from("models/all-MiniLM-L6-v2"),
             eval_batch_size: if task == Task::Snli { 128 } else { 1024 },
+            noise_multiplier: None,
+            delta: match task {
+                Task::Surnames => 8e-5,
+                Task::Cifar10 | Task::Cifar100 => 1e-5,
+                Task::Snli => 1.0 / 549_361.0,
+            },
+            target_epsilon: None,
+            sampling: Sampling::Poisson,
+            accountant: AccountantKind::Rdp,
+            physical_batch_size: None,
+            grad_sample: GradSampleMode::Tape,
         }
+    }
+
+    /// Whether this run trains with DP-SGD.
+    pub fn private(&self) -> bool {
+        self.noise_multiplier.is_some()
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -144,6 +205,38 @@ impl TrainConfig {
             ));
         }
         positive("max_seq_len", self.max_seq_len as f64)?;
+        if let Some(sigma) = self.noise_multiplier {
+            if !(sigma >= 0.0 && sigma.is_finite()) {
+                return Err(Error::bad_value(
+                    "noise_multiplier",
+                    format!("{sigma}: expected a finite sigma >= 0"),
+                ));
+            }
+            if sigma > 0.0 && !self.max_grad_norm.is_finite() {
+                return Err(Error::bad_value(
+                    "max_grad_norm",
+                    "inf: DP noise needs a finite clipping radius",
+                ));
+            }
+            crate::privacy::validate_delta(self.delta).map_err(|_| {
+                Error::bad_value("delta", format!("{}: expected 0 < delta < 1", self.delta))
+            })?;
+        }
+        if let Some(e) = self.target_epsilon {
+            if !self.private() {
+                return Err(Error::bad_value(
+                    "target_epsilon",
+                    "needs --noise-multiplier (DP training)",
+                ));
+            }
+            positive("target_epsilon", e)?;
+        }
+        if self.physical_batch_size == Some(0) {
+            return Err(Error::bad_value(
+                "physical_batch_size",
+                "0: expected at least 1",
+            ));
+        }
         if self.limit_train == Some(0) || self.limit_test == Some(0) {
             return Err(Error::bad_value(
                 "limit_train/limit_test",
@@ -204,6 +297,24 @@ pub struct TrainOverrides {
     pub bert_dir: Option<PathBuf>,
     #[arg(long)]
     pub eval_batch_size: Option<usize>,
+    /// DP-SGD noise multiplier sigma (turns on per-sample clipping and noise; 0 clips only).
+    #[arg(long)]
+    pub noise_multiplier: Option<f64>,
+    #[arg(long)]
+    pub delta: Option<f64>,
+    /// Stop before a step that would exceed this epsilon.
+    #[arg(long)]
+    pub target_epsilon: Option<f64>,
+    #[arg(long, value_enum)]
+    pub sampling: Option<Sampling>,
+    #[arg(long, value_enum)]
+    pub accountant: Option<AccountantKind>,
+    /// Largest chunk of a logical batch processed at once.
+    #[arg(long)]
+    pub physical_batch_size: Option<usize>,
+    /// Per-sample gradients from the tape (fast) or per-example autograd (oracle).
+    #[arg(long, value_enum)]
+    pub grad_sample: Option<GradSampleMode>,
 }
 
 impl TrainOverrides {
@@ -230,13 +341,23 @@ impl TrainOverrides {
             max_seq_len: self.max_seq_len.or(base.max_seq_len),
             bert_dir: self.bert_dir.or(base.bert_dir),
             eval_batch_size: self.eval_batch_size.or(base.eval_batch_size),
+            noise_multiplier: self.noise_multiplier.or(base.noise_multiplier),
+            delta: self.delta.or(base.delta),
+            target_epsilon: self.target_epsilon.or(base.target_epsilon),
+            sampling: self.sampling.or(base.sampling),
+            accountant: self.accountant.or(base.accountant),
+            physical_batch_size: self.physical_batch_size.or(base.physical_batch_size),
+            grad_sample: self.grad_sample.or(base.grad_sample),
         }
     }
 
     /// Writes every given setting into `config`.
     pub fn apply(self, config: &mut TrainConfig) {
         macro_rules! set {
-            ($($field:ident),*) => { $( if let Some(v) = self.$field { config.$field = v; } )* };
+            ($($field:ident),* $(,)?) => { $( if let Some(v) = self.$field { config.$field = v; } )* };
+        }
+        macro_rules! set_optional {
+            ($($field:ident),* $(,)?) => { $( if self.$field.is_some() { config.$field = self.$field; } )* };
         }
         set!(
             task,
@@ -250,17 +371,20 @@ impl TrainOverrides {
             augment,
             max_seq_len,
             bert_dir,
-            eval_batch_size
+            eval_batch_size,
+            delta,
+            sampling,
+            accountant,
+            grad_sample,
         );
-        if self.limit_train.is_some() {
-            config.limit_train = self.limit_train;
-        }
-        if self.limit_test.is_some() {
-            config.limit_test = self.limit_test;
-        }
-        if self.data_dir.is_some() {
-            config.data_dir = self.data_dir;
-        }
+        set_optional!(
+            limit_train,
+            limit_test,
+            data_dir,
+            noise_multiplier,
+            target_epsilon,
+            physical_batch_size
+        );
     }
 
     /// Paper defaults for the task, then these settings. Errors when no task is given.

@@ -167,6 +167,7 @@ fn run(model: &dyn Model, features: Features, labels: Tensor) {
 
 #[test]
 fn surnames_lstm_embedding_and_linear() {
+    let _serial = common::serial();
     tch::manual_seed(1);
     let model = SurnamesLstm::new(Device::Cpu, 18);
     common::to_double(model.var_store());
@@ -183,6 +184,7 @@ fn surnames_lstm_embedding_and_linear() {
 
 #[test]
 fn cifar_cnn_conv_instance_norm_and_linear() {
+    let _serial = common::serial();
     tch::manual_seed(2);
     let model = CifarCnn::new(Device::Cpu, 10);
     common::to_double(model.var_store());
@@ -196,6 +198,7 @@ fn cifar_cnn_conv_instance_norm_and_linear() {
 
 #[test]
 fn resnet18_group_norm_and_strided_convolutions() {
+    let _serial = common::serial();
     tch::manual_seed(3);
     let model = ResNet18::new(Device::Cpu, 100);
     common::to_double(model.var_store());
@@ -209,6 +212,7 @@ fn resnet18_group_norm_and_strided_convolutions() {
 
 #[test]
 fn bert_last_layer_sequence_linear_layer_norm_pooler() {
+    let _serial = common::serial();
     tch::manual_seed(4);
     let config: BertConfig = serde_json::from_str(
         r#"{"vocab_size": 60, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -235,6 +239,7 @@ fn bert_last_layer_sequence_linear_layer_norm_pooler() {
 
 #[test]
 fn bert_minilm_pretrained() {
+    let _serial = common::serial();
     let model = BertClassifier::from_pretrained(&common::bert_dir(), Device::Cpu, 3).unwrap();
     common::to_double(model.var_store());
     let ids = Tensor::from_slice(&[
@@ -258,6 +263,7 @@ fn bert_minilm_pretrained() {
 
 #[test]
 fn ghost_and_instantiated_norms_agree_on_both_sides_of_the_cost_rule() {
+    let _serial = common::serial();
     use dpcomp::privacy::grad_sample::ghost_is_cheaper;
     tch::manual_seed(5);
     for (steps, input, output) in [(1, 7, 5), (3, 40, 30), (50, 4, 6)] {

@@ -1,6 +1,8 @@
 //! The LSTM's hand-written backpropagation through time against autograd through the same
 //! recurrence, in f64.
 
+mod common;
+
 use dpcomp::data::Features;
 use dpcomp::models::{Model, SurnamesLstm};
 use dpcomp::nn::Ctx;
@@ -22,9 +24,10 @@ fn zero(model: &SurnamesLstm) {
 
 #[test]
 fn manual_bptt_equals_autograd_for_every_parameter() {
+    let _serial = common::serial();
     tch::manual_seed(21);
-    let mut model = SurnamesLstm::new(Device::Cpu, 18);
-    model_to_double(&mut model);
+    let model = SurnamesLstm::new(Device::Cpu, 18);
+    common::to_double(model.var_store());
     let ids = Tensor::randint_low(1, 256, [5, 9], (Kind::Int64, Device::Cpu));
     let lengths = Tensor::from_slice(&[9i64, 1, 4, 7, 9]);
     let labels = Tensor::from_slice(&[3i64, 0, 17, 5, 5]);
@@ -34,7 +37,7 @@ fn manual_bptt_equals_autograd_for_every_parameter() {
     let mut eval = Ctx::eval();
     let loss = model
         .forward(&features, &mut eval)
-        .cross_entropy_for_logits(&labels);
+        .cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
     loss.backward();
     let expected = grads(&model);
     zero(&model);
@@ -43,7 +46,7 @@ fn manual_bptt_equals_autograd_for_every_parameter() {
     let mut train = Ctx::train();
     let loss_train = model
         .forward(&features, &mut train)
-        .cross_entropy_for_logits(&labels);
+        .cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
     assert!((loss_train.double_value(&[]) - loss.double_value(&[])).abs() < 1e-12);
     train.backward(&loss_train);
     let got = grads(&model);
@@ -62,10 +65,11 @@ fn manual_bptt_equals_autograd_for_every_parameter() {
 
 #[test]
 fn manual_bptt_accumulates_like_autograd() {
+    let _serial = common::serial();
     // Two backward passes without zeroing add up, as `.backward()` does.
     tch::manual_seed(4);
-    let mut model = SurnamesLstm::new(Device::Cpu, 18);
-    model_to_double(&mut model);
+    let model = SurnamesLstm::new(Device::Cpu, 18);
+    common::to_double(model.var_store());
     let features = Features::Tokens {
         ids: Tensor::randint_low(1, 256, [3, 4], (Kind::Int64, Device::Cpu)),
         lengths: Tensor::from_slice(&[4i64, 2, 3]),
@@ -74,26 +78,16 @@ fn manual_bptt_accumulates_like_autograd() {
     let mut once = Ctx::train();
     let loss = model
         .forward(&features, &mut once)
-        .cross_entropy_for_logits(&labels);
+        .cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
     once.backward(&loss);
     let single = grads(&model);
     let mut twice = Ctx::train();
     let loss = model
         .forward(&features, &mut twice)
-        .cross_entropy_for_logits(&labels);
+        .cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
     twice.backward(&loss);
     for ((name, s), (_, d)) in single.iter().zip(&grads(&model)) {
         let diff = (s * 2.0 - d).abs().max().double_value(&[]);
         assert!(diff < 1e-12, "{name}: {diff}");
     }
-}
-
-fn model_to_double(model: &mut SurnamesLstm) {
-    for (_, mut p) in model.var_store().variables() {
-        tch::no_grad(|| {
-            let double = p.to_kind(Kind::Double);
-            p.set_data(&double);
-        });
-    }
-    let _ = &model.lstm; // parameters are shared handles: the layers see the f64 data too
 }

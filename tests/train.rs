@@ -50,6 +50,7 @@ fn test_accuracies(run: &Path) -> Vec<f64> {
 
 #[test]
 fn surnames_two_epochs_beat_the_majority_class_by_far() {
+    let _serial = common::serial();
     let Some(root) = require_shared_data() else {
         return;
     };
@@ -74,6 +75,7 @@ fn surnames_two_epochs_beat_the_majority_class_by_far() {
 
 #[test]
 fn resume_equals_an_uninterrupted_run() {
+    let _serial = common::serial();
     let Some(root) = require_shared_data() else {
         return;
     };
@@ -108,6 +110,7 @@ fn resume_equals_an_uninterrupted_run() {
 
 #[test]
 fn momentum_buffers_survive_resume() {
+    let _serial = common::serial();
     let Some(root) = require_shared_data() else {
         return;
     };
@@ -134,6 +137,7 @@ fn momentum_buffers_survive_resume() {
 
 #[test]
 fn killed_cli_run_resumes_to_the_same_result() {
+    let _serial = common::serial();
     let Some(root) = require_shared_data() else {
         return;
     };
@@ -224,6 +228,7 @@ fn killed_cli_run_resumes_to_the_same_result() {
 
 #[test]
 fn cifar10_cnn_learns_on_a_subset() {
+    let _serial = common::serial();
     let Some(root) = require_shared_data() else {
         return;
     };
@@ -247,6 +252,7 @@ fn cifar10_cnn_learns_on_a_subset() {
 
 #[test]
 fn config_file_then_flags_then_errors() {
+    let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("exp.toml");
     std::fs::write(&file, "task = \"cifar10\"\nepochs = 7\nlr = 0.3\n").unwrap();
@@ -316,6 +322,7 @@ fn config_file_then_flags_then_errors() {
 
 #[test]
 fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
+    let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data/cifar-100-binary");
     std::fs::create_dir_all(&data).unwrap();
@@ -348,6 +355,7 @@ fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
 
 #[test]
 fn snli_bert_trains_only_its_last_layer_end_to_end() {
+    let _serial = common::serial();
     let Some(root) = require_shared_data() else {
         return;
     };

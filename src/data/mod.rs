@@ -4,6 +4,7 @@
 pub mod cifar;
 pub mod fetch;
 pub mod names;
+pub mod sampler;
 pub mod snli;
 
 use crate::error::{Error, Result};
@@ -50,6 +51,26 @@ impl Features {
                     attention_mask: attention_mask.narrow(1, 0, width),
                 }
             }
+        }
+    }
+
+    /// Rows `index` of features already on a device (no padding trimmed).
+    pub fn select_on_device(&self, index: &Tensor) -> Features {
+        match self {
+            Features::Tokens { ids, lengths } => Features::Tokens {
+                ids: ids.index_select(0, index),
+                lengths: lengths.index_select(0, index),
+            },
+            Features::Images(images) => Features::Images(images.index_select(0, index)),
+            Features::TextPair {
+                ids,
+                token_types,
+                attention_mask,
+            } => Features::TextPair {
+                ids: ids.index_select(0, index),
+                token_types: token_types.index_select(0, index),
+                attention_mask: attention_mask.index_select(0, index),
+            },
         }
     }
 

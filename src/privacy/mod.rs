@@ -3,6 +3,7 @@
 
 pub mod calibrate;
 pub mod grad_sample;
+pub mod noise;
 pub mod rdp;
 
 use crate::error::{Error, Result};

@@ -17,6 +17,12 @@ pub struct TrainState {
     pub epochs_done: usize,
     pub steps_done: u64,
     pub wall_seconds: f64,
+    /// Every DP step taken so far: a resumed run continues its ε, never restarts it.
+    #[serde(default)]
+    pub accountant: Option<crate::privacy::rdp::RdpAccountant>,
+    /// Why training stopped before its last epoch (the privacy budget).
+    #[serde(default)]
+    pub stopped: Option<String>,
 }
 
 pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {

@@ -16,6 +16,12 @@ pub struct EpochMetrics {
     pub examples_per_second: f64,
     pub epoch_seconds: f64,
     pub wall_seconds: f64,
+    /// ε spent after this epoch (DP runs).
+    #[serde(default)]
+    pub epsilon: Option<f64>,
+    /// Share of the epoch's examples whose gradient norm exceeded C (DP runs).
+    #[serde(default)]
+    pub clipped_fraction: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -26,6 +32,13 @@ pub struct Summary {
     pub final_accuracy: f64,
     pub last_test_accuracy: f64,
     pub wall_seconds: f64,
+    /// DP runs: (ε, δ) spent, σ, q, how batches were sampled, and why training stopped early.
+    pub epsilon: Option<f64>,
+    pub delta: Option<f64>,
+    pub noise_multiplier: Option<f64>,
+    pub sample_rate: Option<f64>,
+    pub sampling: Option<String>,
+    pub stopped: Option<String>,
 }
 
 /// Mean of the last `min(10, n)` test accuracies.

@@ -8,21 +8,25 @@
 
 pub mod checkpoint;
 pub mod metrics;
+pub mod private;
 pub mod sgd;
 
-use crate::config::TrainConfig;
+use crate::config::{Sampling, TrainConfig};
+use crate::data::sampler;
 use crate::data::{Batch, Dataset, TaskData};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
+use crate::privacy::rdp::RdpAccountant;
 use crate::tasks;
 use checkpoint::TrainState;
 use indicatif::{ProgressBar, ProgressStyle};
 use metrics::{EpochMetrics, Summary};
+use private::{dp_step, DpSettings};
 use sgd::{clip_global_norm, Sgd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Kind, Reduction, Tensor};
 
 /// The LibTorch seed of epoch `epoch` (0-based) of a run seeded with `seed`: every epoch starts
 /// from its own seed, so resuming at an epoch boundary replays the same random draws.
@@ -57,7 +61,7 @@ pub fn evaluate(
             let batch = data.batch(&index, device, false);
             let logits = model.forward(&batch.features, &mut Ctx::eval());
             loss_sum += logits
-                .cross_entropy_for_logits(&batch.labels)
+                .cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0)
                 .to_kind(Kind::Double)
                 * len as f64;
             correct += logits
@@ -85,7 +89,7 @@ pub fn train_step(
 ) -> (Tensor, Tensor) {
     let mut ctx = Ctx::train();
     let logits = model.forward(&batch.features, &mut ctx);
-    let loss = logits.cross_entropy_for_logits(&batch.labels);
+    let loss = logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0);
     for (_, p) in params {
         p.shallow_clone().zero_grad();
     }
@@ -210,32 +214,121 @@ impl Trainer {
         )
     }
 
-    /// Trains the remaining epochs, evaluating and checkpointing after each.
+    /// Sampling rate q of one DP step: 1 / (steps per epoch), as Opacus sets it.
+    pub fn sample_rate(&self) -> f64 {
+        1.0 / self.steps_per_epoch() as f64
+    }
+
+    pub fn steps_per_epoch(&self) -> i64 {
+        let batch_size = self.config.batch_size as i64;
+        (self.data.train.len() + batch_size - 1) / batch_size
+    }
+
+    /// (ε, δ) spent so far; `None` without privacy.
+    pub fn epsilon(&self) -> Result<Option<f64>> {
+        match &self.state.accountant {
+            Some(a) if self.config.private() => Ok(Some(a.epsilon(self.config.delta)?.0)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The message that stops training if one more DP step would take ε past the target.
+    fn budget_exhausted(&self) -> Result<Option<String>> {
+        let (Some(target), Some(sigma), Some(accountant)) = (
+            self.config.target_epsilon,
+            self.config.noise_multiplier,
+            &self.state.accountant,
+        ) else {
+            return Ok(None);
+        };
+        let mut next = accountant.clone();
+        next.step(sigma, self.sample_rate(), 1)?;
+        let (eps, _) = next.epsilon(self.config.delta)?;
+        Ok((eps > target).then(|| {
+            format!(
+                "stopped after {} steps: one more step would spend epsilon {eps:.4} > target {target} (delta {})",
+                accountant.steps(),
+                self.config.delta
+            )
+        }))
+    }
+
+    /// One epoch's batches: Poisson-sampled under DP (unless --sampling shuffle), else shuffled.
+    fn epoch_batches(&self) -> Vec<Tensor> {
+        let n = self.data.train.len();
+        if self.config.private() && self.config.sampling == Sampling::Poisson {
+            sampler::poisson_batches(n, self.sample_rate(), self.steps_per_epoch() as usize)
+        } else {
+            sampler::shuffled_batches(n, self.config.batch_size as i64)
+        }
+    }
+
+    /// Trains the remaining epochs, evaluating and checkpointing after each. Under DP every
+    /// step is accounted, and training stops before a step that would exceed --target-epsilon.
     pub fn run(&mut self) -> Result<Summary> {
         let n = self.data.train.len();
-        let batch_size = self.config.batch_size as i64;
-        let steps_per_epoch = (n + batch_size - 1) / batch_size;
-        while self.state.epochs_done < self.config.epochs {
+        let q = self.sample_rate();
+        if self.config.private() && self.state.accountant.is_none() {
+            self.state.accountant = Some(RdpAccountant::default());
+        }
+        while self.state.epochs_done < self.config.epochs && self.state.stopped.is_none() {
             let epoch = self.state.epochs_done;
             let started = Instant::now();
             tch::manual_seed(epoch_seed(self.config.seed, epoch));
-            let order = Tensor::randperm(n, (Kind::Int64, Device::Cpu));
-            let bar = self.progress_bar(epoch, steps_per_epoch as u64);
+            let batches = self.epoch_batches();
+            let bar = self.progress_bar(epoch, batches.len() as u64);
             let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
             let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
-            for step in 0..steps_per_epoch {
-                let start = step * batch_size;
-                let index = order.narrow(0, start, batch_size.min(n - start));
-                let batch = self.data.train.batch(&index, self.device, true);
-                let (loss, right) = self.step(&batch);
-                loss_sum += loss;
-                correct += right;
+            let mut clipped = Tensor::zeros([], (Kind::Int64, self.device));
+            let mut seen = 0i64;
+            for (step, index) in batches.iter().enumerate() {
+                if let Some(reason) = self.budget_exhausted()? {
+                    self.state.stopped = Some(reason);
+                    break;
+                }
+                if let Some(sigma) = self.config.noise_multiplier {
+                    let settings = DpSettings {
+                        noise_multiplier: sigma,
+                        max_norm: self.config.max_grad_norm,
+                        expected_batch: match self.config.sampling {
+                            Sampling::Poisson => q * n as f64,
+                            Sampling::Shuffle => index.size()[0] as f64,
+                        },
+                        physical_batch: self.config.physical_batch_size.map(|p| p as i64),
+                        mode: self.config.grad_sample,
+                    };
+                    let totals = dp_step(
+                        self.model.as_ref(),
+                        &self.params,
+                        &mut self.optimizer,
+                        &self.data.train,
+                        index,
+                        self.device,
+                        &settings,
+                    )?;
+                    loss_sum += totals.loss_sum.to_kind(Kind::Float);
+                    correct += totals.correct;
+                    clipped += totals.clipped;
+                    if let Some(a) = self.state.accountant.as_mut() {
+                        a.step(sigma, q, 1)?;
+                    }
+                } else {
+                    let batch = self.data.train.batch(index, self.device, true);
+                    let (loss, right) = self.step(&batch);
+                    loss_sum += loss;
+                    correct += right;
+                }
+                seen += index.size()[0];
                 self.state.steps_done += 1;
                 bar.inc(1);
                 if step % 50 == 49 {
-                    let seen = ((step + 1) * batch_size).min(n) as f64;
+                    let eps = match self.epsilon()? {
+                        Some(e) => format!(" eps {e:.2}"),
+                        None => String::new(),
+                    };
+                    let seen = seen.max(1) as f64;
                     bar.set_message(format!(
-                        "loss {:.4} acc {:.2}% {:.0} ex/s",
+                        "loss {:.4} acc {:.2}%{eps} {:.0} ex/s",
                         loss_sum.double_value(&[]) / seen,
                         100.0 * correct.int64_value(&[]) as f64 / seen,
                         seen / started.elapsed().as_secs_f64()
@@ -252,21 +345,27 @@ impl Trainer {
             let epoch_seconds = started.elapsed().as_secs_f64();
             self.state.epochs_done += 1;
             self.state.wall_seconds += epoch_seconds;
+            let per_example = |t: &Tensor| t.double_value(&[]) / seen.max(1) as f64;
             let m = EpochMetrics {
                 epoch: epoch + 1,
                 steps: self.state.steps_done,
-                train_loss: loss_sum.double_value(&[]) / n as f64,
-                train_accuracy: correct.int64_value(&[]) as f64 / n as f64,
+                train_loss: per_example(&loss_sum),
+                train_accuracy: per_example(&correct),
                 test_loss,
                 test_accuracy,
-                examples_per_second: n as f64 / train_seconds,
+                examples_per_second: seen as f64 / train_seconds,
                 epoch_seconds,
                 wall_seconds: self.state.wall_seconds,
+                epsilon: self.epsilon()?,
+                clipped_fraction: self.config.private().then(|| per_example(&clipped)),
             };
             bar.finish_and_clear();
             if self.progress {
+                let eps = m
+                    .epsilon
+                    .map_or(String::new(), |e| format!("  epsilon {e:.3}"));
                 eprintln!(
-                    "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%  {:.0} ex/s  {:.1}s",
+                    "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%{eps}  {:.0} ex/s  {:.1}s",
                     m.epoch,
                     self.config.epochs,
                     m.train_loss,
@@ -281,12 +380,26 @@ impl Trainer {
             self.history.push(m);
             self.save_checkpoint()?;
         }
+        if let (Some(reason), true) = (&self.state.stopped, self.progress) {
+            eprintln!("{reason}");
+        }
         let summary = Summary {
             task: self.config.task.to_string(),
             epochs: self.state.epochs_done,
             final_accuracy: metrics::final_accuracy(&self.history),
             last_test_accuracy: self.history.last().map_or(f64::NAN, |m| m.test_accuracy),
             wall_seconds: self.state.wall_seconds,
+            epsilon: self.epsilon()?,
+            delta: self.config.private().then_some(self.config.delta),
+            noise_multiplier: self.config.noise_multiplier,
+            sample_rate: self.config.private().then_some(q),
+            sampling: self.config.private().then(|| match self.config.sampling {
+                Sampling::Poisson => "poisson".to_string(),
+                Sampling::Shuffle => {
+                    "shuffle (approximation: the accountant assumes Poisson sampling)".to_string()
+                }
+            }),
+            stopped: self.state.stopped.clone(),
         };
         let path = self.run_dir.join("summary.json");
         std::fs::write(

@@ -53,3 +53,11 @@ pub fn to_double(vs: &tch::nn::VarStore) {
         });
     }
 }
+
+/// LibTorch's random generator is global to the process, and the tests of one file run in
+/// parallel threads: tests whose result depends on the draws after a `manual_seed` (training,
+/// noise) hold this lock so that no other test draws in between.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

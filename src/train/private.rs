@@ -1,0 +1,181 @@
+//! One DP-SGD step (Abadi et al. 2016, Algorithm 1) as the paper runs it through Opacus:
+//! per-sample gradients -> each clipped to norm C -> summed -> N(0, σ²C²) added once -> divided
+//! by the expected batch size -> SGD. A logical batch larger than `physical_batch` examples is
+//! processed in chunks whose clipped sums accumulate before the single noise draw.
+
+use super::sgd::Sgd;
+use crate::config::GradSampleMode;
+use crate::data::{Batch, Dataset};
+use crate::error::{Error, Result};
+use crate::models::Model;
+use crate::nn::Ctx;
+use crate::privacy::grad_sample::{clip_and_sum, per_sample_gradients};
+use crate::privacy::noise::noisy_mean;
+use std::collections::HashMap;
+use tch::{Device, Kind, Reduction, Tensor};
+
+#[derive(Debug, Clone, Copy)]
+pub struct DpSettings {
+    pub noise_multiplier: f64,
+    pub max_norm: f64,
+    /// E[B]: qN under Poisson sampling, the batch size under shuffling.
+    pub expected_batch: f64,
+    pub physical_batch: Option<i64>,
+    pub mode: GradSampleMode,
+}
+
+/// Sums a step reports, as device tensors (no host sync).
+pub struct StepTotals {
+    pub loss_sum: Tensor,
+    pub correct: Tensor,
+    /// Examples whose gradient norm exceeded C.
+    pub clipped: Tensor,
+}
+
+/// Clipped gradient sums in the order of `params`, plus (loss sum, correct, clipped count).
+fn clipped_sums_tape(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    batch: &Batch,
+    max_norm: f64,
+) -> Result<(Vec<Tensor>, [Tensor; 3])> {
+    let mut ctx = Ctx::private(true);
+    let logits = model.forward(&batch.features, &mut ctx);
+    let losses =
+        logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
+    let loss_sum = losses.sum(losses.kind());
+    let tape = ctx.take_tape().expect("private context has a tape");
+    let per_sample = per_sample_gradients(tape, &loss_sum)?;
+    let clipped = clip_and_sum(&per_sample, max_norm);
+    let mut by_ptr: HashMap<usize, Tensor> = clipped
+        .grads
+        .into_iter()
+        .map(|(p, g)| (p.data_ptr() as usize, g))
+        .collect();
+    let sums = params
+        .iter()
+        .map(|(name, p)| {
+            by_ptr.remove(&(p.data_ptr() as usize)).ok_or_else(|| {
+                Error::bad_value("model", format!("trainable parameter {name} is not on the per-sample tape: it would escape clipping"))
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let correct = logits
+        .argmax(-1, false)
+        .eq_tensor(&batch.labels)
+        .sum(Kind::Int64);
+    let over = clipped.factors.lt(1.0).sum(Kind::Int64);
+    Ok((sums, [loss_sum.detach(), correct, over]))
+}
+
+/// The same from per-example autograd, one example at a time (`--grad-sample oracle`).
+fn clipped_sums_oracle(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    batch: &Batch,
+    max_norm: f64,
+) -> (Vec<Tensor>, [Tensor; 3]) {
+    let device = batch.labels.device();
+    let mut sums: Vec<Tensor> = params
+        .iter()
+        .map(|(_, p)| p.zeros_like().detach())
+        .collect();
+    let mut loss_sum = Tensor::zeros([], (Kind::Float, device));
+    let mut correct = Tensor::zeros([], (Kind::Int64, device));
+    let mut over = Tensor::zeros([], (Kind::Int64, device));
+    for i in 0..batch.len() {
+        let index = Tensor::from_slice(&[i]).to_device(device);
+        let features = batch.features.select_on_device(&index);
+        let label = batch.labels.index_select(0, &index);
+        for (_, p) in params {
+            p.shallow_clone().zero_grad();
+        }
+        let mut ctx = Ctx::train();
+        let logits = model.forward(&features, &mut ctx);
+        let loss = logits.cross_entropy_loss::<Tensor>(&label, None, Reduction::Sum, -100, 0.0);
+        ctx.backward(&loss);
+        let grads: Vec<Tensor> = params
+            .iter()
+            .map(|(_, p)| {
+                let g = p.grad();
+                if g.defined() {
+                    g.copy()
+                } else {
+                    p.zeros_like().detach()
+                }
+            })
+            .collect();
+        let squares: Vec<Tensor> = grads.iter().map(|g| g.square().sum(g.kind())).collect();
+        let norm = Tensor::stack(&squares, 0).sum(squares[0].kind()).sqrt();
+        let factor = if max_norm.is_finite() {
+            (max_norm / (&norm + 1e-6)).clamp_max(1.0)
+        } else {
+            norm.ones_like()
+        };
+        for (sum, g) in sums.iter_mut().zip(&grads) {
+            *sum += g * &factor;
+        }
+        loss_sum += loss.detach().to_kind(Kind::Float);
+        correct += logits.argmax(-1, false).eq_tensor(&label).sum(Kind::Int64);
+        over += factor.lt(1.0).to_kind(Kind::Int64);
+    }
+    (sums, [loss_sum, correct, over])
+}
+
+/// One logical DP-SGD step on the examples `index` of `data`.
+pub fn dp_step(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    optimizer: &mut Sgd,
+    data: &Dataset,
+    index: &Tensor,
+    device: Device,
+    settings: &DpSettings,
+) -> Result<StepTotals> {
+    let n = index.size()[0];
+    let mut sums: Vec<Tensor> = params
+        .iter()
+        .map(|(_, p)| p.zeros_like().detach())
+        .collect();
+    let mut totals = [
+        Tensor::zeros([], (Kind::Float, device)),
+        Tensor::zeros([], (Kind::Int64, device)),
+        Tensor::zeros([], (Kind::Int64, device)),
+    ];
+    let chunk = settings.physical_batch.unwrap_or(n).max(1);
+    let mut start = 0;
+    while start < n {
+        let batch = data.batch(&index.narrow(0, start, chunk.min(n - start)), device, true);
+        let (chunk_sums, chunk_totals) = match settings.mode {
+            GradSampleMode::Tape => clipped_sums_tape(model, params, &batch, settings.max_norm)?,
+            GradSampleMode::Oracle => clipped_sums_oracle(model, params, &batch, settings.max_norm),
+        };
+        for (sum, part) in sums.iter_mut().zip(chunk_sums) {
+            *sum += part;
+        }
+        for (total, part) in totals.iter_mut().zip(chunk_totals) {
+            *total += part.to_kind(total.kind());
+        }
+        start += chunk;
+    }
+    let grads: Vec<Tensor> = tch::no_grad(|| {
+        sums.iter()
+            .map(|s| {
+                noisy_mean(
+                    s,
+                    settings.noise_multiplier,
+                    settings.max_norm,
+                    settings.expected_batch,
+                )
+            })
+            .collect()
+    });
+    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+    optimizer.step(&tensors, &grads);
+    let [loss_sum, correct, clipped] = totals;
+    Ok(StepTotals {
+        loss_sum,
+        correct,
+        clipped,
+    })
+}

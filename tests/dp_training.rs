@@ -1,0 +1,305 @@
+//! DP-SGD in training: noise, the σ = 0 / C = ∞ limit, oracle mode, physical batches, empty
+//! Poisson batches, budget stops and resumed accounting.
+
+mod common;
+
+use common::require_shared_data;
+use dpcomp::config::{GradSampleMode, Task, TrainConfig};
+use dpcomp::data::{names, sampler, Dataset};
+use dpcomp::models::{Model, SurnamesLstm};
+use dpcomp::privacy::noise::noisy_mean;
+use dpcomp::train::private::{dp_step, DpSettings};
+use dpcomp::train::sgd::Sgd;
+use dpcomp::train::{checkpoint, train_step, Trainer};
+use tch::{Device, Kind, Tensor};
+
+fn tiny_names() -> Dataset {
+    let names = [
+        "Abe",
+        "Bo",
+        "Catalina",
+        "Dmitri",
+        "Eve",
+        "Fyodorov",
+        "Gu",
+        "Hannelore",
+        "Ivo",
+        "Jo",
+    ];
+    let labels: Vec<i64> = (0..names.len() as i64).map(|i| i % 3).collect();
+    Dataset {
+        features: names::encode(&names),
+        labels: Tensor::from_slice(&labels),
+        image_transform: None,
+    }
+}
+
+fn model(seed: i64) -> SurnamesLstm {
+    tch::manual_seed(seed);
+    let m = SurnamesLstm::new(Device::Cpu, 3);
+    common::to_double(m.var_store());
+    m
+}
+
+fn weights(model: &dyn Model) -> Vec<Tensor> {
+    model
+        .trainable_variables()
+        .into_iter()
+        .map(|(_, t)| t.copy())
+        .collect()
+}
+
+fn settings(
+    sigma: f64,
+    c: f64,
+    expected: f64,
+    mode: GradSampleMode,
+    physical: Option<i64>,
+) -> DpSettings {
+    DpSettings {
+        noise_multiplier: sigma,
+        max_norm: c,
+        expected_batch: expected,
+        physical_batch: physical,
+        mode,
+    }
+}
+
+#[test]
+fn noise_has_standard_deviation_sigma_c() {
+    let _serial = common::serial();
+    tch::manual_seed(9);
+    let zeros = Tensor::zeros([400_000], (Kind::Double, Device::Cpu));
+    let (sigma, c, b) = (1.3, 2.0, 4.0);
+    let noise = noisy_mean(&zeros, sigma, c, b) * b;
+    let std = noise.std(true).double_value(&[]);
+    let mean = noise.mean(Kind::Double).double_value(&[]);
+    // Standard error of the sample std of 4e5 normals is std / sqrt(2n) = 0.11%: allow 5 of them.
+    assert!((std / (sigma * c) - 1.0).abs() < 0.0056, "std {std}");
+    assert!(
+        mean.abs() < 5.0 * sigma * c / (400_000f64).sqrt(),
+        "mean {mean}"
+    );
+    // sigma = 0 adds nothing.
+    assert!(noisy_mean(&zeros, 0.0, c, b).abs().max().double_value(&[]) == 0.0);
+}
+
+#[test]
+fn sigma_zero_and_infinite_c_is_plain_sgd() {
+    let _serial = common::serial();
+    let data = tiny_names();
+    let index = Tensor::arange(10, (Kind::Int64, Device::Cpu));
+    let (a, b) = (model(3), model(3));
+    let pa = a.trainable_variables();
+    let pb = b.trainable_variables();
+    let mut sgd_a = Sgd::new(0.5, 0.0);
+    let mut sgd_b = Sgd::new(0.5, 0.0);
+    dp_step(
+        &a,
+        &pa,
+        &mut sgd_a,
+        &data,
+        &index,
+        Device::Cpu,
+        &settings(0.0, f64::INFINITY, 10.0, GradSampleMode::Tape, None),
+    )
+    .unwrap();
+    let batch = data.batch(&index, Device::Cpu, true);
+    let _ = train_step(&b, &pb, &mut sgd_b, &batch, f64::INFINITY);
+    for ((name, x), (_, y)) in pa.iter().zip(&pb) {
+        let diff = (x - y).abs().max().double_value(&[]);
+        assert!(diff < 1e-12, "{name}: {diff}");
+    }
+}
+
+#[test]
+fn oracle_mode_and_physical_batches_give_the_same_step() {
+    let _serial = common::serial();
+    let data = tiny_names();
+    let index = Tensor::from_slice(&[0i64, 2, 3, 5, 7, 9, 1]);
+    let run = |mode, physical| {
+        let m = model(5);
+        let params = m.trainable_variables();
+        let mut sgd = Sgd::new(0.7, 0.0);
+        tch::manual_seed(77); // the same noise draw in every run
+        let totals = dp_step(
+            &m,
+            &params,
+            &mut sgd,
+            &data,
+            &index,
+            Device::Cpu,
+            &settings(0.9, 0.05, 6.5, mode, physical),
+        )
+        .unwrap();
+        assert!(
+            totals.clipped.int64_value(&[]) > 0,
+            "C = 0.05 clips some examples"
+        );
+        weights(&m)
+    };
+    let tape = run(GradSampleMode::Tape, None);
+    for (other, what) in [
+        (run(GradSampleMode::Oracle, None), "oracle"),
+        (run(GradSampleMode::Tape, Some(3)), "physical batches of 3"),
+    ] {
+        for (x, y) in tape.iter().zip(&other) {
+            let diff = (x - y).abs().max().double_value(&[]);
+            assert!(diff < 1e-10, "{what}: {diff}");
+        }
+    }
+}
+
+#[test]
+fn empty_poisson_batch_adds_noise_only() {
+    let _serial = common::serial();
+    let data = tiny_names();
+    let m = model(6);
+    let params = m.trainable_variables();
+    let before = weights(&m);
+    let empty = Tensor::zeros([0], (Kind::Int64, Device::Cpu));
+    let mut sgd = Sgd::new(1.0, 0.0);
+    let totals = dp_step(
+        &m,
+        &params,
+        &mut sgd,
+        &data,
+        &empty,
+        Device::Cpu,
+        &settings(1.0, 1.0, 2.0, GradSampleMode::Tape, None),
+    )
+    .unwrap();
+    assert_eq!(totals.correct.int64_value(&[]), 0);
+    let moved: f64 = before
+        .iter()
+        .zip(weights(&m))
+        .map(|(b, a)| (a - b).square().sum(Kind::Double).double_value(&[]))
+        .sum();
+    let expected = 118_034.0f64.min(params.iter().map(|(_, p)| p.numel() as f64).sum())
+        * (1.0 / 2.0f64).powi(2);
+    // The update is pure noise of std sigma C / E[B] = 0.5 per coordinate.
+    assert!(
+        (moved / expected - 1.0).abs() < 0.05,
+        "{moved} vs {expected}"
+    );
+}
+
+#[test]
+fn poisson_batches_have_the_expected_size() {
+    let _serial = common::serial();
+    tch::manual_seed(11);
+    let batches = sampler::poisson_batches(10_000, 0.01, 200);
+    let sizes: Vec<f64> = batches.iter().map(|b| b.size()[0] as f64).collect();
+    let mean = sizes.iter().sum::<f64>() / sizes.len() as f64;
+    assert!((mean - 100.0).abs() < 3.0, "{mean}"); // standard error 0.7
+    let all = Tensor::cat(&batches, 0);
+    assert!(all.min().int64_value(&[]) >= 0 && all.max().int64_value(&[]) < 10_000);
+    // Within a batch no example repeats.
+    let b = &batches[0];
+    assert_eq!(b.unique_dim(0, true, false, false).0.size()[0], b.size()[0]);
+}
+
+fn dp_config(root: &std::path::Path, epochs: usize) -> TrainConfig {
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.epochs = epochs;
+    c.limit_train = Some(640);
+    c.limit_test = Some(500);
+    c.data_dir = Some(root.to_path_buf());
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    c.noise_multiplier = Some(0.8);
+    c.lr = 0.5;
+    c
+}
+
+#[test]
+fn resumed_dp_run_continues_its_epsilon() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let straight = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(dp_config(&root, 3), straight.path()).unwrap();
+    t.progress = false;
+    let whole = t.run().unwrap();
+    let split = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(dp_config(&root, 1), split.path()).unwrap();
+    t.progress = false;
+    t.run().unwrap();
+    let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
+    t.progress = false;
+    assert_eq!(
+        t.state.accountant.as_ref().unwrap().steps(),
+        20,
+        "the checkpoint carries the accountant"
+    );
+    let resumed = t.run().unwrap();
+    assert_eq!(resumed.epsilon, whole.epsilon);
+    let state = checkpoint::read_state(&checkpoint::find(split.path()).unwrap()).unwrap();
+    assert_eq!(state.accountant.unwrap().steps(), 60);
+    // ... and equals `dpcomp epsilon` for the same (q, sigma, steps, delta).
+    let eps = dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 20.0, 60, 8e-5).unwrap();
+    assert!((whole.epsilon.unwrap() - eps).abs() < 1e-12);
+    assert_eq!(whole.sample_rate, Some(1.0 / 20.0));
+    let (a, b) = (
+        Tensor::read_safetensors(
+            checkpoint::checkpoint_dir(straight.path()).join("model.safetensors"),
+        )
+        .unwrap(),
+        Tensor::read_safetensors(
+            checkpoint::checkpoint_dir(split.path()).join("model.safetensors"),
+        )
+        .unwrap(),
+    );
+    let b: std::collections::HashMap<String, Tensor> = b.into_iter().collect();
+    for (name, t) in a {
+        assert!(t.equal(&b[&name]), "{name}");
+    }
+}
+
+#[test]
+fn target_epsilon_stops_before_exceeding_it() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let mut c = dp_config(&root, 50);
+    c.target_epsilon = Some(2.0);
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(c, dir.path()).unwrap();
+    t.progress = false;
+    let summary = t.run().unwrap();
+    let eps = summary.epsilon.unwrap();
+    assert!(eps <= 2.0, "{eps}");
+    let stopped = summary.stopped.expect("stops early");
+    assert!(stopped.contains("target 2"), "{stopped}");
+    assert!(summary.epochs < 50);
+    // One more step would have exceeded the target.
+    let steps = t.state.accountant.as_ref().unwrap().steps();
+    let next = dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 20.0, steps + 1, 8e-5).unwrap();
+    assert!(next > 2.0, "{next}");
+}
+
+#[test]
+fn surnames_dp_training_learns_something() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.epochs = 2;
+    c.data_dir = Some(root);
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    c.noise_multiplier = Some(0.8);
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(c, dir.path()).unwrap();
+    t.progress = false;
+    let summary = t.run().unwrap();
+    // Paper settings (lr 2.0, C 3.0, sigma 0.8): above the 1/18 chance level; epsilon from RDP.
+    assert!(
+        summary.last_test_accuracy > 0.15,
+        "{}",
+        summary.last_test_accuracy
+    );
+    let eps = dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 502.0, 2 * 502, 8e-5).unwrap();
+    assert!((summary.epsilon.unwrap() - eps).abs() < 1e-12);
+}
