@@ -1,7 +1,10 @@
-//! `dpcomp bench train`: mean time of one non-private training step (forward, loss, backward,
-//! global-norm clip, SGD) of a task's model on one fixed batch. `--batch-out FILE` writes that
-//! batch (safetensors) so that `benches/train_vs_pytorch.py` times eager PyTorch on the very same
-//! tensors in the same run.
+//! Benchmarks on one fixed, seeded batch with the task's shapes.
+//!
+//! - `dpcomp bench train`: mean time of one non-private training step (forward, loss, backward,
+//!   global-norm clip, SGD). `--batch-out FILE` writes that batch (safetensors) so that
+//!   `benches/train_vs_pytorch.py` times eager PyTorch on the very same tensors in the same run.
+//! - `dpcomp bench dp`: the non-private step and the DP-SGD step (per-sample clipping and noise)
+//!   in alternating rounds of the same run, their ratio, and each one's peak memory.
 
 use crate::config::{DeviceChoice, Task, TrainConfig};
 use crate::data::{Batch, Features};
@@ -81,6 +84,32 @@ pub fn synthetic_batch(
     }
 }
 
+#[derive(Debug, clap::Args)]
+pub struct DpBenchArgs {
+    #[arg(long, value_enum)]
+    pub task: Task,
+    #[arg(long)]
+    pub batch_size: Option<i64>,
+    /// Timed steps of each kind.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Alternating rounds the timed steps are split into.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+    #[arg(long)]
+    pub seq_len: Option<i64>,
+    #[arg(long, default_value_t = 0.8)]
+    pub noise_multiplier: f64,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub device: DeviceChoice,
+    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
+    pub bert_dir: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
 fn batch_to_device(batch: &Batch, device: Device) -> Batch {
     Batch {
         features: batch.features.to_device(device),
@@ -110,35 +139,181 @@ fn save_batch(batch: &Batch, path: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
-    let device = args.device.device()?;
-    let defaults = TrainConfig::paper_defaults(args.task);
-    let batch_size = args.batch_size.unwrap_or(defaults.batch_size as i64);
-    let classes = match args.task {
+fn classes(task: Task) -> i64 {
+    match task {
         Task::Surnames => 18,
         Task::Cifar10 => 10,
         Task::Cifar100 => 100,
         Task::Snli => 3,
-    };
+    }
+}
+
+/// The task's model (BERT: architecture from `config.json`, fresh weights) and its vocabulary.
+fn bench_model(
+    task: Task,
+    device: Device,
+    bert_dir: &std::path::Path,
+) -> Result<(Box<dyn Model>, i64)> {
     tch::manual_seed(0);
-    let (model, vocab): (Box<dyn Model>, i64) = match args.task {
+    Ok(match task {
         Task::Snli => {
-            let config = BertConfig::from_file(&args.bert_dir.join("config.json"))?;
+            let config = BertConfig::from_file(&bert_dir.join("config.json"))?;
             let vocab = config.vocab_size;
             (
-                Box::new(BertClassifier::new(device, config, classes)),
+                Box::new(BertClassifier::new(device, config, classes(task))),
                 vocab,
             )
         }
         task => (
-            tasks::build_model(task, classes, device, &args.bert_dir)?,
+            tasks::build_model(task, classes(task), device, bert_dir)?,
             256,
         ),
+    })
+}
+
+fn default_seq_len(task: Task) -> i64 {
+    if task == Task::Snli {
+        64
+    } else {
+        12
+    }
+}
+
+/// Peak resident memory of this process in bytes since the last reset (Linux: VmHWM, reset by
+/// writing 5 to /proc/self/clear_refs); `None` where that is unavailable.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
+    let device = args.device.device()?;
+    let defaults = TrainConfig::paper_defaults(args.task);
+    let batch_size = args.batch_size.unwrap_or(defaults.batch_size as i64);
+    let (model, vocab) = bench_model(args.task, device, &args.bert_dir)?;
+    let seq_len = args.seq_len.unwrap_or(default_seq_len(args.task));
+    let batch = synthetic_batch(args.task, batch_size, seq_len, classes(args.task), vocab);
+    let data = crate::data::Dataset {
+        features: batch.features,
+        labels: batch.labels,
+        image_transform: None,
     };
-    let seq_len = args
-        .seq_len
-        .unwrap_or(if args.task == Task::Snli { 64 } else { 12 });
-    let batch = synthetic_batch(args.task, batch_size, seq_len, classes, vocab);
+    let index = Tensor::arange(batch_size, (Kind::Int64, Device::Cpu));
+    let plain_batch = data.batch(&index, device, true);
+    let params = model.trainable_variables();
+    let mut sgd = Sgd::new(defaults.lr, 0.0);
+    let settings = crate::train::private::DpSettings {
+        noise_multiplier: args.noise_multiplier,
+        max_norm: defaults.max_grad_norm,
+        expected_batch: batch_size as f64,
+        physical_batch: None,
+        mode: crate::config::GradSampleMode::Tape,
+    };
+    let sync = || {
+        if let Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
+    let plain_step = |sgd: &mut Sgd| {
+        let (loss, _) = train_step(
+            model.as_ref(),
+            &params,
+            sgd,
+            &plain_batch,
+            defaults.max_grad_norm,
+        );
+        let _ = loss.double_value(&[]);
+    };
+    let dp_step = |sgd: &mut Sgd| -> Result<()> {
+        let totals = crate::train::private::dp_step(
+            model.as_ref(),
+            &params,
+            sgd,
+            &data,
+            &index,
+            device,
+            &settings,
+        )?;
+        let _ = totals.loss_sum.double_value(&[]);
+        Ok(())
+    };
+    // Peak memory of each kind of step, measured separately from a reset high-water mark.
+    reset_peak_rss();
+    plain_step(&mut sgd);
+    let plain_peak = peak_rss();
+    reset_peak_rss();
+    dp_step(&mut sgd)?;
+    let dp_peak = peak_rss();
+    for _ in 0..args.warmup {
+        plain_step(&mut sgd);
+        dp_step(&mut sgd)?;
+    }
+    sync();
+    let rounds = args.rounds.max(1);
+    let per_round = (args.steps / rounds).max(1);
+    let (mut plain_total, mut dp_total) = (0.0, 0.0);
+    for _ in 0..rounds {
+        let start = Instant::now();
+        for _ in 0..per_round {
+            plain_step(&mut sgd);
+        }
+        sync();
+        plain_total += start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        for _ in 0..per_round {
+            dp_step(&mut sgd)?;
+        }
+        sync();
+        dp_total += start.elapsed().as_secs_f64();
+    }
+    let steps = (rounds * per_round) as f64;
+    let (plain, dp) = (plain_total / steps, dp_total / steps);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "task": args.task, "batch_size": batch_size, "seq_len": seq_len, "steps": rounds * per_round,
+                "device": format!("{device:?}"), "noise_multiplier": args.noise_multiplier,
+                "max_grad_norm": defaults.max_grad_norm,
+                "nonprivate_mean_step_seconds": plain, "dp_mean_step_seconds": dp,
+                "ratio_dp_over_nonprivate": dp / plain,
+                "nonprivate_peak_rss_bytes": plain_peak, "dp_peak_rss_bytes": dp_peak,
+                "peak_memory_note": "process peak resident memory (VmHWM) during one step of each kind; on CUDA device memory is not included",
+            })
+        );
+    } else {
+        let mib = |b: Option<u64>| {
+            b.map_or("n/a".to_string(), |b| {
+                format!("{:.0} MiB", b as f64 / 1048576.0)
+            })
+        };
+        println!(
+            "{} batch {}: non-private {:.2} ms, DP {:.2} ms, ratio {:.3}; peak RSS {} / {}",
+            args.task,
+            batch_size,
+            plain * 1e3,
+            dp * 1e3,
+            dp / plain,
+            mib(plain_peak),
+            mib(dp_peak)
+        );
+    }
+    Ok(())
+}
+
+pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
+    let device = args.device.device()?;
+    let defaults = TrainConfig::paper_defaults(args.task);
+    let batch_size = args.batch_size.unwrap_or(defaults.batch_size as i64);
+    let (model, vocab) = bench_model(args.task, device, &args.bert_dir)?;
+    let seq_len = args.seq_len.unwrap_or(default_seq_len(args.task));
+    let batch = synthetic_batch(args.task, batch_size, seq_len, classes(args.task), vocab);
     if let Some(path) = &args.batch_out {
         save_batch(&batch, path)?;
     }

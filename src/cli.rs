@@ -131,6 +131,8 @@ pub enum DataCommand {
 pub enum BenchCommand {
     /// Mean time of one non-private training step on a fixed batch.
     Train(bench::TrainBenchArgs),
+    /// Non-private versus DP-SGD step time and peak memory, side by side.
+    Dp(bench::DpBenchArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -169,6 +171,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::Train(args),
         } => bench::train_bench(args),
+        Command::Bench {
+            command: BenchCommand::Dp(args),
+        } => bench::dp_bench(args),
     }
 }
 

@@ -38,7 +38,9 @@ fn normalise(
         channel_dim
     } as usize;
     shape[c] = -1;
-    let ys = &normalized * weight.view(shape.as_slice()) + bias.view(shape.as_slice());
+    let ys = bias
+        .view(shape.as_slice())
+        .addcmul(&normalized, &weight.view(shape.as_slice()));
     let layer = Layer::Affine {
         weight: weight.shallow_clone(),
         bias: bias.shallow_clone(),

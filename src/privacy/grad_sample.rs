@@ -31,10 +31,33 @@ pub enum PerSample {
     Rows { ids: Tensor, b: Tensor, rows: i64 },
 }
 
-/// Whether the ghost identity is cheaper than instantiating for an outer-product gradient:
-/// B T² (in + out) against B T in out multiply-adds.
-pub fn ghost_is_cheaper(steps: i64, input: i64, output: i64) -> bool {
-    steps * (input + output) < input * output
+/// Largest instantiated per-sample gradient tensor (elements) before the ghost norm is used
+/// regardless of cost: 2^28 f32 values are 1 GiB.
+pub const MAX_INSTANTIATED: i64 = 1 << 28;
+
+/// Whether a layer whose per-sample gradients are g_i = Σ_t b_it a_itᵀ (T steps, `input` x
+/// `output` weights, `batch` examples) should use the ghost norm.
+///
+/// Instantiating costs B T in out multiply-adds, after which the clipped sum is a cheap weighted
+/// sum of the stored g_i (B in out). The ghost norm costs B T² (in + out) and the clipped sum
+/// then needs the full contraction (B T in out). So the ghost norm is cheaper when
+/// T² (in + out) < in out — always for T = 1 (||a_i||² ||b_i||²), for long sequences only with
+/// wide layers — and is also used when the instantiated tensor would exceed `MAX_INSTANTIATED`.
+pub fn ghost_is_cheaper(batch: i64, steps: i64, input: i64, output: i64) -> bool {
+    steps * steps * (input + output) < input * output || batch * input * output > MAX_INSTANTIATED
+}
+
+/// The per-sample gradient recipe for g_i = Σ_t b_it a_itᵀ (a [B, T, in], b [B, T, out]),
+/// instantiated or kept factored for the ghost norm, whichever `ghost_is_cheaper` picks.
+pub fn outer(a: Tensor, b: Tensor, shape: Vec<i64>) -> PerSample {
+    let (batch, steps, input, output) = (a.size()[0], a.size()[1], a.size()[2], b.size()[2]);
+    if ghost_is_cheaper(batch, steps, input, output) {
+        PerSample::Outer { a, b, shape }
+    } else {
+        let mut full = vec![batch];
+        full.extend(&shape);
+        PerSample::Direct(b.transpose(1, 2).bmm(&a).reshape(full.as_slice()))
+    }
 }
 
 impl PerSample {
@@ -46,32 +69,23 @@ impl PerSample {
         }
     }
 
-    /// ||g_i||², [B].
+    /// ||g_i||², [B]; for `Outer` by the ghost identity ||Σ_t b_t a_tᵀ||² = <A Aᵀ, B Bᵀ>
+    /// (for T = 1, ||a||² ||b||²).
     pub fn squared_norms(&self) -> Tensor {
         match self {
             PerSample::Outer { a, b, .. } => {
-                let (steps, input, output) = (a.size()[1], a.size()[2], b.size()[2]);
-                if steps == 1 {
-                    a.square()
-                        .sum_dim_intlist([1, 2].as_slice(), false, a.kind())
-                        * b.square()
-                            .sum_dim_intlist([1, 2].as_slice(), false, b.kind())
-                } else if ghost_is_cheaper(steps, input, output) {
-                    let aa = a.bmm(&a.transpose(1, 2));
-                    let bb = b.bmm(&b.transpose(1, 2));
-                    (aa * bb).sum_dim_intlist([1, 2].as_slice(), false, a.kind())
+                let sum12 = |x: &Tensor| x.sum_dim_intlist([1, 2].as_slice(), false, x.kind());
+                if a.size()[1] == 1 {
+                    sum12(&a.square()) * sum12(&b.square())
                 } else {
-                    b.transpose(1, 2).bmm(a).square().sum_dim_intlist(
-                        [1, 2].as_slice(),
-                        false,
-                        a.kind(),
-                    )
+                    sum12(&(a.bmm(&a.transpose(1, 2)) * b.bmm(&b.transpose(1, 2))))
                 }
             }
+            // A fused norm reduction: no B x P temporary for the squares.
             PerSample::Direct(g) => g
-                .square()
                 .flatten(1, -1)
-                .sum_dim_intlist(1, false, g.kind()),
+                .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
+                .square(),
             PerSample::Rows { ids, b, .. } => {
                 let same = ids
                     .unsqueeze(2)
@@ -95,10 +109,13 @@ impl PerSample {
                     .mm(&a.reshape([-1, input]))
                     .view(shape.as_slice())
             }
+            // One GEMV, c [1, B] x g [B, P]: no B x P temporary.
             PerSample::Direct(g) => {
-                let mut shape = vec![1i64; g.dim()];
-                shape[0] = -1;
-                (g * c.view(shape.as_slice())).sum_dim_intlist(0, false, g.kind())
+                let batch = g.size()[0];
+                c.to_kind(g.kind())
+                    .unsqueeze(0)
+                    .mm(&g.reshape([batch, -1]))
+                    .view(&g.size()[1..])
             }
             PerSample::Rows { ids, b, rows } => {
                 let d = b.size()[2];
@@ -132,6 +149,29 @@ impl PerSample {
             }
         }
     }
+}
+
+/// The k x k patches of `x` [B, C, H, W] (zero padding, stride) as [B, C k k, L], laid out as
+/// `im2col` lays them out, built from k² strided views copied in one `stack` (LibTorch's CPU
+/// im2col is several times slower).
+pub fn unfold_patches(x: &Tensor, kernel: i64, padding: i64, stride: i64) -> Tensor {
+    let size = x.size();
+    let (b, c, h, w) = (size[0], size[1], size[2], size[3]);
+    let padded = if padding > 0 {
+        x.constant_pad_nd([padding, padding, padding, padding])
+    } else {
+        x.shallow_clone()
+    };
+    let out_h = (h + 2 * padding - kernel) / stride + 1;
+    let out_w = (w + 2 * padding - kernel) / stride + 1;
+    let mut views = Vec::with_capacity((kernel * kernel) as usize);
+    for kh in 0..kernel {
+        for kw in 0..kernel {
+            let rows = padded.slice(2, kh, kh + stride * (out_h - 1) + 1, stride);
+            views.push(rows.slice(3, kw, kw + stride * (out_w - 1) + 1, stride));
+        }
+    }
+    Tensor::stack(&views, 2).reshape([b, c * kernel * kernel, out_h * out_w])
 }
 
 /// Sums over every dimension but 0 and `keep`.
@@ -193,14 +233,7 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
                         PerSample::Direct(b.sum_dim_intlist(1, false, b.kind())),
                     ));
                 }
-                out.push((
-                    weight.shallow_clone(),
-                    PerSample::Outer {
-                        a,
-                        b,
-                        shape: weight.size(),
-                    },
-                ));
+                out.push((weight.shallow_clone(), outer(a, b, weight.size())));
             }
             Layer::Conv2d {
                 weight,
@@ -211,14 +244,7 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
             } => {
                 let size = weight.size();
                 let (out_channels, kernel) = (size[0], size[2]);
-                let a = input
-                    .im2col(
-                        [kernel, kernel],
-                        [1, 1],
-                        [*padding, *padding],
-                        [*stride, *stride],
-                    )
-                    .transpose(1, 2);
+                let a = unfold_patches(input, kernel, *padding, *stride).transpose(1, 2);
                 let b = grad.reshape([batch, out_channels, -1]).transpose(1, 2);
                 if let Some(bias) = bias {
                     out.push((
@@ -226,10 +252,7 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
                         PerSample::Direct(b.sum_dim_intlist(1, false, b.kind())),
                     ));
                 }
-                out.push((
-                    weight.shallow_clone(),
-                    PerSample::Outer { a, b, shape: size },
-                ));
+                out.push((weight.shallow_clone(), outer(a, b, size)));
             }
             Layer::Embedding { weight, ids } => {
                 let (rows, d) = (weight.size()[0], weight.size()[1]);
@@ -273,19 +296,11 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
                 out.push((b_hh.shallow_clone(), PerSample::Direct(bias_grad)));
                 out.push((
                     w_ih.shallow_clone(),
-                    PerSample::Outer {
-                        a: cache.xs.transpose(0, 1),
-                        b: da_b.shallow_clone(),
-                        shape: w_ih.size(),
-                    },
+                    outer(cache.xs.transpose(0, 1), da_b.shallow_clone(), w_ih.size()),
                 ));
                 out.push((
                     w_hh.shallow_clone(),
-                    PerSample::Outer {
-                        a: cache.h_prev().transpose(0, 1),
-                        b: da_b,
-                        shape: w_hh.size(),
-                    },
+                    outer(cache.h_prev().transpose(0, 1), da_b, w_hh.size()),
                 ));
                 if input.requires_grad() {
                     let d_input = tch::no_grad(|| da.matmul(w_ih).transpose(0, 1));
