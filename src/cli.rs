@@ -1,7 +1,7 @@
 //! The `dpcomp` command line: train, eval, data fetch, bench.
 
 use crate::bench;
-use crate::config::{DeviceChoice, Task, TrainConfig, TrainOverrides};
+use crate::config::{AccountantKind, DeviceChoice, Task, TrainConfig, TrainOverrides};
 use crate::data::{self, fetch};
 use crate::error::Error;
 use crate::privacy;
@@ -75,14 +75,6 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
-/// Which accountant turns steps into epsilon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AccountantChoice {
-    /// Rényi DP, equal to Opacus's RDPAccountant.
-    Rdp,
-}
-
 #[derive(Debug, clap::Args)]
 pub struct EpsilonArgs {
     /// Sampling rate q of each step (Poisson sampling).
@@ -103,7 +95,7 @@ pub struct EpsilonArgs {
     #[arg(long)]
     pub delta: f64,
     #[arg(long, value_enum, default_value = "rdp")]
-    pub accountant: AccountantChoice,
+    pub accountant: AccountantKind,
     #[arg(long)]
     pub json: bool,
 }
@@ -278,6 +270,7 @@ fn epsilon_command(args: EpsilonArgs) -> Result<()> {
     let sigma = match (args.noise_multiplier, args.target_epsilon) {
         (Some(sigma), _) => sigma,
         (None, Some(target)) => privacy::calibrate::noise_multiplier_for(
+            args.accountant,
             target,
             args.sample_rate,
             args.steps,
@@ -285,9 +278,10 @@ fn epsilon_command(args: EpsilonArgs) -> Result<()> {
         )?,
         (None, None) => unreachable!("clap requires one of the two"),
     };
-    let mut accountant = privacy::rdp::RdpAccountant::default();
+    let mut accountant = privacy::accountant::Accountant::default();
     accountant.step(sigma, args.sample_rate, args.steps)?;
-    let (epsilon, alpha) = accountant.epsilon(args.delta)?;
+    let (epsilon, alpha) = accountant.epsilon(args.accountant, args.delta)?;
+    let order = alpha.map_or(String::new(), |a| format!(" (optimal RDP order {a})"));
     if args.json {
         println!(
             "{}",
@@ -295,14 +289,11 @@ fn epsilon_command(args: EpsilonArgs) -> Result<()> {
         );
     } else if args.target_epsilon.is_some() {
         println!(
-            "noise multiplier {sigma:.6} gives epsilon {epsilon:.4} (order {alpha}) at delta {}",
+            "noise multiplier {sigma:.6} gives epsilon {epsilon:.4}{order} at delta {}",
             args.delta
         );
     } else {
-        println!(
-            "epsilon {epsilon:.4} (optimal order {alpha}) at delta {}",
-            args.delta
-        );
+        println!("epsilon {epsilon:.4}{order} at delta {}", args.delta);
     }
     Ok(())
 }

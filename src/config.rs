@@ -75,6 +75,11 @@ pub enum AccountantKind {
     /// Rényi DP, equal to Opacus's RDPAccountant.
     #[default]
     Rdp,
+    /// Privacy loss distribution composed by FFT (tighter; equal to Google's dp_accounting PLD).
+    /// Also accepted as `prv`, the name the issue uses for the tight accountant.
+    #[value(alias = "prv")]
+    #[serde(alias = "prv")]
+    Pld,
 }
 
 /// How per-sample gradients are computed in DP training.

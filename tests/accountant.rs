@@ -1,7 +1,9 @@
 //! Golden values for the RDP accountant: Opacus's own test case and the paper's reported budgets.
 
+use dpcomp::config::AccountantKind;
+use dpcomp::privacy::accountant::Accountant;
 use dpcomp::privacy::calibrate::{epsilon_for, noise_multiplier_for};
-use dpcomp::privacy::rdp::{log_erfc, rdp_one_step, RdpAccountant};
+use dpcomp::privacy::rdp::{log_erfc, rdp_one_step};
 
 #[test]
 fn opacus_golden_value() {
@@ -40,18 +42,18 @@ fn closed_forms_and_composition() {
         "{below} {at} {above}"
     );
     // Composition: 2 x 1000 steps in two calls equals 2000 steps in one.
-    let mut a = RdpAccountant::default();
+    let mut a = Accountant::default();
     a.step(1.0, 0.01, 1000).unwrap();
     a.step(1.0, 0.01, 1000).unwrap();
     assert_eq!(a.history.len(), 1);
-    let (eps, alpha) = a.epsilon(1e-5).unwrap();
+    let (eps, alpha) = a.epsilon_rdp(1e-5).unwrap();
     assert!((eps - epsilon_for(1.0, 0.01, 2000, 1e-5).unwrap()).abs() < 1e-12);
     assert!(alpha > 1.0);
     // Mixed blocks add their RDP.
-    let mut b = RdpAccountant::default();
+    let mut b = Accountant::default();
     b.step(1.0, 0.01, 1000).unwrap();
     b.step(2.0, 0.01, 1000).unwrap();
-    let mut c = RdpAccountant::default();
+    let mut c = Accountant::default();
     c.step(2.0, 0.01, 1000).unwrap();
     let rdp_sum: Vec<f64> = a
         .rdp()
@@ -64,7 +66,7 @@ fn closed_forms_and_composition() {
     }
     // The state round-trips through JSON (it is part of every checkpoint).
     let json = serde_json::to_string(&b).unwrap();
-    assert_eq!(serde_json::from_str::<RdpAccountant>(&json).unwrap(), b);
+    assert_eq!(serde_json::from_str::<Accountant>(&json).unwrap(), b);
 }
 
 #[test]
@@ -84,11 +86,11 @@ fn log_erfc_matches_erfc_and_its_asymptote() {
 #[test]
 fn calibration_inverts_the_accountant() {
     let q = 128.0 / 50_000.0;
-    let sigma = noise_multiplier_for(4.86, q, 39_100, 1e-5).unwrap();
+    let sigma = noise_multiplier_for(AccountantKind::Rdp, 4.86, q, 39_100, 1e-5).unwrap();
     assert!((sigma - 0.8).abs() < 0.002, "{sigma}");
     let eps = epsilon_for(sigma, q, 39_100, 1e-5).unwrap();
     assert!(eps <= 4.86 && eps > 4.86 - 1e-4, "{eps}");
-    let err = noise_multiplier_for(-1.0, 0.01, 10, 1e-5)
+    let err = noise_multiplier_for(AccountantKind::Rdp, -1.0, 0.01, 10, 1e-5)
         .unwrap_err()
         .to_string();
     assert!(err.contains("--target-epsilon"), "{err}");
@@ -170,4 +172,99 @@ fn epsilon_command_prints_json() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--steps: 0: expected at least one step"));
+}
+
+#[test]
+fn pld_is_an_upper_bound_within_one_percent_of_dp_accounting() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/pld_reference.json"
+    );
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    for case in reference["cases"].as_array().unwrap() {
+        let (q, sigma, steps, delta) = (
+            case["q"].as_f64().unwrap(),
+            case["sigma"].as_f64().unwrap(),
+            case["steps"].as_u64().unwrap(),
+            case["delta"].as_f64().unwrap(),
+        );
+        let google = case["epsilon"].as_f64().unwrap();
+        let ours = dpcomp::privacy::pld::epsilon(q, sigma, steps, delta).unwrap();
+        let rdp = epsilon_for(sigma, q, steps, delta).unwrap();
+        eprintln!(
+            "q {q} sigma {sigma} T {steps}: PLD {ours:.6}, dp_accounting {google:.6}, RDP {rdp:.6}"
+        );
+        assert!(
+            (ours - google).abs() <= (0.01 * google).max(0.02),
+            "{ours} vs {google}"
+        );
+        assert!(
+            ours >= google - 1e-5,
+            "an upper bound like dp_accounting's: {ours} vs {google}"
+        );
+        assert!(
+            ours < rdp,
+            "PLD should be tighter than RDP: {ours} vs {rdp}"
+        );
+    }
+}
+
+#[test]
+fn connect_the_dots_reproduces_delta_at_grid_points_and_bounds_it_between() {
+    use dpcomp::privacy::pld::{one_step, one_step_delta, Adjacency};
+    for adjacency in [Adjacency::Remove, Adjacency::Add] {
+        let (q, sigma, h) = (0.05, 1.2, 1e-3);
+        let pld = one_step(q, sigma, adjacency, h);
+        let total: f64 = pld.pmf.iter().sum::<f64>() + pld.infinity;
+        assert!((total - 1.0).abs() < 1e-9, "{total}");
+        for k in [2, 10, 40, 90] {
+            let y = (pld.k_lo + k) as f64 * h;
+            let exact = one_step_delta(q, sigma, adjacency, y);
+            assert!(
+                (pld.delta(y) - exact).abs() < 1e-9,
+                "{adjacency:?} at grid point {y}"
+            );
+            let between = y + 0.5 * h;
+            assert!(
+                pld.delta(between) >= one_step_delta(q, sigma, adjacency, between) - 1e-12,
+                "dominates"
+            );
+        }
+    }
+}
+
+#[test]
+fn pld_calibration_and_mixed_histories() {
+    // Calibration on the PLD accountant inverts it.
+    let sigma =
+        noise_multiplier_for(AccountantKind::Pld, 1.8282436461194622, 0.01, 1000, 1e-5).unwrap();
+    assert!((sigma - 1.0).abs() < 2e-3, "{sigma}");
+    // A history of two blocks: between the epsilons of the blocks alone and their sum.
+    let mut a = Accountant::default();
+    a.step(1.0, 0.01, 500).unwrap();
+    a.step(2.0, 0.02, 500).unwrap();
+    let both = a.epsilon_pld(1e-5).unwrap();
+    let first = dpcomp::privacy::pld::epsilon(0.01, 1.0, 500, 1e-5).unwrap();
+    let second = dpcomp::privacy::pld::epsilon(0.02, 2.0, 500, 1e-5).unwrap();
+    assert!(
+        both > first.max(second) && both < first + second,
+        "{both} {first} {second}"
+    );
+    // One block split in two equals the block (convolution of compositions).
+    let mut split = Accountant::default();
+    split.step(1.0, 0.01, 400).unwrap();
+    split.step(1.0, 0.02, 1).unwrap();
+    split.step(1.0, 0.01, 600).unwrap();
+    let mut whole = Accountant::default();
+    whole.step(1.0, 0.01, 1000).unwrap();
+    whole.step(1.0, 0.02, 1).unwrap();
+    let (x, y) = (
+        split.epsilon_pld(1e-5).unwrap(),
+        whole.epsilon_pld(1e-5).unwrap(),
+    );
+    assert!((x - y).abs() < 1e-4, "{x} vs {y}");
+    assert!(dpcomp::privacy::pld::epsilon(0.01, 0.0, 10, 1e-5)
+        .unwrap()
+        .is_infinite());
 }

@@ -303,3 +303,33 @@ fn surnames_dp_training_learns_something() {
     let eps = dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 502.0, 2 * 502, 8e-5).unwrap();
     assert!((summary.epsilon.unwrap() - eps).abs() < 1e-12);
 }
+
+#[test]
+fn target_epsilon_with_the_pld_accountant() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let mut c = dp_config(&root, 50);
+    c.target_epsilon = Some(2.0);
+    c.accountant = dpcomp::config::AccountantKind::Pld;
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(c, dir.path()).unwrap();
+    t.progress = false;
+    let summary = t.run().unwrap();
+    let steps = t.state.accountant.as_ref().unwrap().steps();
+    let eps = |n| dpcomp::privacy::pld::epsilon(1.0 / 20.0, 0.8, n, 8e-5).unwrap();
+    assert!((summary.epsilon.unwrap() - eps(steps)).abs() < 1e-12);
+    assert!(
+        eps(steps) <= 2.0 && eps(steps + 1) > 2.0,
+        "{} {}",
+        eps(steps),
+        eps(steps + 1)
+    );
+    // The tighter accountant allows more steps than RDP for the same budget.
+    let rdp_steps = (1..2000u64)
+        .find(|&n| dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 20.0, n, 8e-5).unwrap() > 2.0)
+        .unwrap()
+        - 1;
+    assert!(steps > rdp_steps, "{steps} vs {rdp_steps}");
+}

@@ -1,9 +1,11 @@
 //! Differential privacy: accountants and noise calibration (issue 3). Everything here decides
 //! privacy and has an oracle or golden-value test in `tests/accountant.rs`.
 
+pub mod accountant;
 pub mod calibrate;
 pub mod grad_sample;
 pub mod noise;
+pub mod pld;
 pub mod rdp;
 
 use crate::error::{Error, Result};

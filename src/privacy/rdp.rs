@@ -8,10 +8,6 @@
 //!
 //!   ε = min_α  RDP(α) + log((α − 1)/α) − (log δ + log α)/(α − 1).
 
-use super::{validate, validate_delta};
-use crate::error::Result;
-use serde::{Deserialize, Serialize};
-
 /// Opacus's default orders: 1.1, 1.2, ..., 10.9, then 12, 13, ..., 63.
 pub fn default_orders() -> Vec<f64> {
     let mut orders: Vec<f64> = (1..100).map(|x| 1.0 + x as f64 / 10.0).collect();
@@ -140,75 +136,4 @@ pub fn epsilon_from_rdp(orders: &[f64], rdp: &[f64], delta: f64) -> (f64, f64) {
         }
     }
     best
-}
-
-/// One block of identical steps: `steps` steps at noise multiplier σ and sampling rate q.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct StepBlock {
-    pub noise_multiplier: f64,
-    pub sample_rate: f64,
-    pub steps: u64,
-}
-
-/// The accountant's state is its history of steps; it is saved in every checkpoint so that a
-/// resumed run continues its ε.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RdpAccountant {
-    pub orders: Vec<f64>,
-    pub history: Vec<StepBlock>,
-}
-
-impl Default for RdpAccountant {
-    fn default() -> Self {
-        RdpAccountant {
-            orders: default_orders(),
-            history: Vec::new(),
-        }
-    }
-}
-
-impl RdpAccountant {
-    /// Records `steps` more steps; consecutive steps with the same (σ, q) share one block.
-    pub fn step(&mut self, noise_multiplier: f64, sample_rate: f64, steps: u64) -> Result<()> {
-        validate(sample_rate, noise_multiplier, steps)?;
-        match self.history.last_mut() {
-            Some(b) if b.noise_multiplier == noise_multiplier && b.sample_rate == sample_rate => {
-                b.steps += steps
-            }
-            _ => self.history.push(StepBlock {
-                noise_multiplier,
-                sample_rate,
-                steps,
-            }),
-        }
-        Ok(())
-    }
-
-    pub fn steps(&self) -> u64 {
-        self.history.iter().map(|b| b.steps).sum()
-    }
-
-    /// Total RDP at every order: the sum over steps (composition).
-    pub fn rdp(&self) -> Vec<f64> {
-        self.orders
-            .iter()
-            .map(|&alpha| {
-                self.history
-                    .iter()
-                    .map(|b| {
-                        b.steps as f64 * rdp_one_step(b.sample_rate, b.noise_multiplier, alpha)
-                    })
-                    .sum()
-            })
-            .collect()
-    }
-
-    /// (ε, optimal order) at δ; (0, NaN) before any step.
-    pub fn epsilon(&self, delta: f64) -> Result<(f64, f64)> {
-        validate_delta(delta)?;
-        if self.history.is_empty() {
-            return Ok((0.0, f64::NAN));
-        }
-        Ok(epsilon_from_rdp(&self.orders, &self.rdp(), delta))
-    }
 }

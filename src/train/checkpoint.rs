@@ -19,7 +19,7 @@ pub struct TrainState {
     pub wall_seconds: f64,
     /// Every DP step taken so far: a resumed run continues its ε, never restarts it.
     #[serde(default)]
-    pub accountant: Option<crate::privacy::rdp::RdpAccountant>,
+    pub accountant: Option<crate::privacy::accountant::Accountant>,
     /// Why training stopped before its last epoch (the privacy budget).
     #[serde(default)]
     pub stopped: Option<String>,

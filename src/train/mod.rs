@@ -17,7 +17,7 @@ use crate::data::{Batch, Dataset, TaskData};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
-use crate::privacy::rdp::RdpAccountant;
+use crate::privacy::accountant::Accountant;
 use crate::tasks;
 use checkpoint::TrainState;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -224,16 +224,19 @@ impl Trainer {
         (self.data.train.len() + batch_size - 1) / batch_size
     }
 
-    /// (ε, δ) spent so far; `None` without privacy.
+    /// ε spent so far with the configured accountant; `None` without privacy.
     pub fn epsilon(&self) -> Result<Option<f64>> {
         match &self.state.accountant {
-            Some(a) if self.config.private() => Ok(Some(a.epsilon(self.config.delta)?.0)),
+            Some(a) if self.config.private() => Ok(Some(
+                a.epsilon(self.config.accountant, self.config.delta)?.0,
+            )),
             _ => Ok(None),
         }
     }
 
-    /// The message that stops training if one more DP step would take ε past the target.
-    fn budget_exhausted(&self) -> Result<Option<String>> {
+    /// How many more DP steps the --target-epsilon budget allows (ε is monotone in the number
+    /// of steps, so one bisection at the start of `run` replaces a check before every step).
+    fn steps_within_budget(&self) -> Result<Option<u64>> {
         let (Some(target), Some(sigma), Some(accountant)) = (
             self.config.target_epsilon,
             self.config.noise_multiplier,
@@ -241,16 +244,63 @@ impl Trainer {
         ) else {
             return Ok(None);
         };
+        let q = self.sample_rate();
+        let fits = |extra: u64| -> Result<bool> {
+            if extra == 0 {
+                return Ok(accountant
+                    .epsilon(self.config.accountant, self.config.delta)?
+                    .0
+                    <= target);
+            }
+            let mut next = accountant.clone();
+            next.step(sigma, q, extra)?;
+            Ok(next.epsilon(self.config.accountant, self.config.delta)?.0 <= target)
+        };
+        let remaining =
+            (self.config.epochs - self.state.epochs_done) as u64 * self.steps_per_epoch() as u64;
+        if fits(remaining)? {
+            return Ok(Some(remaining));
+        }
+        if !fits(0)? {
+            return Ok(Some(0));
+        }
+        let (mut lo, mut hi) = (0u64, remaining); // fits(lo), !fits(hi)
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(Some(lo))
+    }
+
+    fn budget_message(&self) -> Result<String> {
+        let target = self.config.target_epsilon.unwrap_or(f64::NAN);
+        let sigma = self.config.noise_multiplier.unwrap_or(0.0);
+        let accountant = self.state.accountant.clone().unwrap_or_default();
         let mut next = accountant.clone();
         next.step(sigma, self.sample_rate(), 1)?;
-        let (eps, _) = next.epsilon(self.config.delta)?;
-        Ok((eps > target).then(|| {
-            format!(
-                "stopped after {} steps: one more step would spend epsilon {eps:.4} > target {target} (delta {})",
-                accountant.steps(),
-                self.config.delta
-            )
-        }))
+        let eps = next.epsilon(self.config.accountant, self.config.delta)?.0;
+        Ok(format!(
+            "stopped after {} steps: one more step would spend epsilon {eps:.4} > target {target} (delta {})",
+            accountant.steps(),
+            self.config.delta
+        ))
+    }
+
+    /// ε for the progress bar: live, or as of the last epoch's end.
+    fn epsilon_shown(&self, live: bool) -> Result<Option<f64>> {
+        if live {
+            self.epsilon()
+        } else {
+            Ok(self
+                .history
+                .last()
+                .and_then(|m| m.epsilon)
+                .or(self.config.private().then_some(0.0)))
+        }
     }
 
     /// One epoch's batches: Poisson-sampled under DP (unless --sampling shuffle), else shuffled.
@@ -269,8 +319,9 @@ impl Trainer {
         let n = self.data.train.len();
         let q = self.sample_rate();
         if self.config.private() && self.state.accountant.is_none() {
-            self.state.accountant = Some(RdpAccountant::default());
+            self.state.accountant = Some(Accountant::default());
         }
+        let mut budget = self.steps_within_budget()?;
         while self.state.epochs_done < self.config.epochs && self.state.stopped.is_none() {
             let epoch = self.state.epochs_done;
             let started = Instant::now();
@@ -282,10 +333,11 @@ impl Trainer {
             let mut clipped = Tensor::zeros([], (Kind::Int64, self.device));
             let mut seen = 0i64;
             for (step, index) in batches.iter().enumerate() {
-                if let Some(reason) = self.budget_exhausted()? {
-                    self.state.stopped = Some(reason);
+                if budget == Some(0) {
+                    self.state.stopped = Some(self.budget_message()?);
                     break;
                 }
+                budget = budget.map(|b| b - 1);
                 if let Some(sigma) = self.config.noise_multiplier {
                     let settings = DpSettings {
                         noise_multiplier: sigma,
@@ -322,9 +374,12 @@ impl Trainer {
                 self.state.steps_done += 1;
                 bar.inc(1);
                 if step % 50 == 49 {
-                    let eps = match self.epsilon()? {
-                        Some(e) => format!(" eps {e:.2}"),
-                        None => String::new(),
+                    // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
+                    let live = self.config.accountant == crate::config::AccountantKind::Rdp;
+                    let eps = match (self.epsilon_shown(live)?, live) {
+                        (Some(e), true) => format!(" eps {e:.2}"),
+                        (Some(e), false) => format!(" eps {e:.2} (epoch start)"),
+                        _ => String::new(),
                     };
                     let seen = seen.max(1) as f64;
                     bar.set_message(format!(

@@ -1,0 +1,95 @@
+//! The privacy accountant of a run: the history of DP-SGD steps, from which either the RDP
+//! accountant (Opacus's) or the tighter PLD accountant computes ε. The history is part of every
+//! checkpoint, so a resumed run continues its ε.
+
+use super::{pld, rdp, validate, validate_delta};
+use crate::config::AccountantKind;
+use crate::error::Result;
+use serde::{Deserialize, Serialize};
+
+/// `steps` identical steps at noise multiplier σ and sampling rate q.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct StepBlock {
+    pub noise_multiplier: f64,
+    pub sample_rate: f64,
+    pub steps: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Accountant {
+    /// RDP orders (Opacus's defaults).
+    pub orders: Vec<f64>,
+    pub history: Vec<StepBlock>,
+}
+
+impl Default for Accountant {
+    fn default() -> Self {
+        Accountant {
+            orders: rdp::default_orders(),
+            history: Vec::new(),
+        }
+    }
+}
+
+impl Accountant {
+    /// Records `steps` more steps; consecutive steps with the same (σ, q) share one block.
+    pub fn step(&mut self, noise_multiplier: f64, sample_rate: f64, steps: u64) -> Result<()> {
+        validate(sample_rate, noise_multiplier, steps)?;
+        match self.history.last_mut() {
+            Some(b) if b.noise_multiplier == noise_multiplier && b.sample_rate == sample_rate => {
+                b.steps += steps
+            }
+            _ => self.history.push(StepBlock {
+                noise_multiplier,
+                sample_rate,
+                steps,
+            }),
+        }
+        Ok(())
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.history.iter().map(|b| b.steps).sum()
+    }
+
+    /// Total RDP at every order: the sum over steps (composition).
+    pub fn rdp(&self) -> Vec<f64> {
+        self.orders
+            .iter()
+            .map(|&alpha| {
+                self.history
+                    .iter()
+                    .map(|b| {
+                        b.steps as f64 * rdp::rdp_one_step(b.sample_rate, b.noise_multiplier, alpha)
+                    })
+                    .sum()
+            })
+            .collect()
+    }
+
+    /// RDP: (ε, optimal order) at δ; (0, NaN) before any step.
+    pub fn epsilon_rdp(&self, delta: f64) -> Result<(f64, f64)> {
+        validate_delta(delta)?;
+        if self.history.is_empty() {
+            return Ok((0.0, f64::NAN));
+        }
+        Ok(rdp::epsilon_from_rdp(&self.orders, &self.rdp(), delta))
+    }
+
+    /// PLD: ε at δ, an upper bound (add-or-remove adjacency); 0 before any step.
+    pub fn epsilon_pld(&self, delta: f64) -> Result<f64> {
+        validate_delta(delta)?;
+        if self.history.is_empty() {
+            return Ok(0.0);
+        }
+        pld::epsilon_for_blocks(&self.history, delta)
+    }
+
+    /// ε with the chosen accountant, and the optimal RDP order where there is one.
+    pub fn epsilon(&self, kind: AccountantKind, delta: f64) -> Result<(f64, Option<f64>)> {
+        match kind {
+            AccountantKind::Rdp => self.epsilon_rdp(delta).map(|(e, a)| (e, Some(a))),
+            AccountantKind::Pld => self.epsilon_pld(delta).map(|e| (e, None)),
+        }
+    }
+}
