@@ -73,6 +73,14 @@ fn source(
     }
 }
 
+/// Fetches `src` expecting failure; checks that nothing (download, partial folder) stays behind
+/// and returns the error text.
+fn fails_cleanly(src: &Source, data: &Path) -> String {
+    let err = fetch(src, data, false, false).unwrap_err().to_string();
+    assert!(listing(data).is_empty(), "left behind: {:?}", listing(data));
+    err
+}
+
 /// Every entry of `dir`, to check that nothing half-written stays behind.
 fn listing(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -140,17 +148,10 @@ fn corrupted_download_is_rejected_and_nothing_is_written() {
         "snli_1.0/",
         "snli_1.0",
     );
-    let err = fetch(&src, data.path(), false, false)
-        .unwrap_err()
-        .to_string();
+    let err = fails_cleanly(&src, data.path());
     assert!(
         err.contains("SHA-256") && err.contains(&expected) && err.contains("nothing was written"),
         "{err}"
-    );
-    assert!(
-        listing(data.path()).is_empty(),
-        "{:?}",
-        listing(data.path())
     );
 }
 
@@ -172,17 +173,10 @@ fn unverifiable_broken_archive_leaves_nothing_half_written() {
         "data/names/",
         "names",
     );
-    let err = fetch(&src, data.path(), false, false)
-        .unwrap_err()
-        .to_string();
+    let err = fails_cleanly(&src, data.path());
     assert!(
         err.contains("data.zip") && err.contains("not a valid .zip"),
         "{err}"
-    );
-    assert!(
-        listing(data.path()).is_empty(),
-        "{:?}",
-        listing(data.path())
     );
 
     // The intact archive unpacks the names folder only.
@@ -213,11 +207,8 @@ fn http_errors_and_path_traversal_are_clear() {
         "x/",
         "x",
     );
-    let err = fetch(&src, data.path(), false, false)
-        .unwrap_err()
-        .to_string();
+    let err = fails_cleanly(&src, data.path());
     assert!(err.contains("HTTP status 404"), "{err}");
-    assert!(listing(data.path()).is_empty());
 
     let mut raw = tar::Builder::new(Vec::new());
     let mut header = tar::Header::new_gnu();
@@ -237,15 +228,8 @@ fn http_errors_and_path_traversal_are_clear() {
         "x/",
         "x",
     );
-    let err = fetch(&src, data.path(), false, false)
-        .unwrap_err()
-        .to_string();
+    let err = fails_cleanly(&src, data.path());
     assert!(err.contains("escapes its folder"), "{err}");
-    assert!(
-        listing(data.path()).is_empty(),
-        "{:?}",
-        listing(data.path())
-    );
 }
 
 #[test]
