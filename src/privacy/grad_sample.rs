@@ -151,31 +151,27 @@ impl PerSample {
     }
 }
 
-/// The k x k patches of `x` [B, C, H, W] (zero padding, stride) as rows [B, L, C k k], in
-/// `im2col`'s (channel, row, column) order transposed. Built from k² strided views of the
-/// channels-last input copied in one `stack`, so that every copied run is a whole channel vector
-/// (LibTorch's CPU im2col, and the same views in NCHW, copy runs of a few pixels and were 1.5-3x
-/// slower here).
+/// The k x k patches of `x` [B, C, H, W] (zero padding, stride) as [B, C k k, L], laid out as
+/// `im2col` lays them out, built from k² strided views copied in one `stack` (LibTorch's CPU
+/// im2col is several times slower).
 pub fn unfold_patches(x: &Tensor, kernel: i64, padding: i64, stride: i64) -> Tensor {
     let size = x.size();
     let (b, c, h, w) = (size[0], size[1], size[2], size[3]);
-    let nhwc = x.permute([0, 2, 3, 1]);
     let padded = if padding > 0 {
-        nhwc.constant_pad_nd([0, 0, padding, padding, padding, padding])
+        x.constant_pad_nd([padding, padding, padding, padding])
     } else {
-        nhwc
+        x.shallow_clone()
     };
     let out_h = (h + 2 * padding - kernel) / stride + 1;
     let out_w = (w + 2 * padding - kernel) / stride + 1;
     let mut views = Vec::with_capacity((kernel * kernel) as usize);
     for kh in 0..kernel {
         for kw in 0..kernel {
-            let rows = padded.slice(1, kh, kh + stride * (out_h - 1) + 1, stride);
-            views.push(rows.slice(2, kw, kw + stride * (out_w - 1) + 1, stride));
+            let rows = padded.slice(2, kh, kh + stride * (out_h - 1) + 1, stride);
+            views.push(rows.slice(3, kw, kw + stride * (out_w - 1) + 1, stride));
         }
     }
-    // [B, H', W', C, k²] -> [B, L, C k²]
-    Tensor::stack(&views, 4).reshape([b, out_h * out_w, c * kernel * kernel])
+    Tensor::stack(&views, 2).reshape([b, c * kernel * kernel, out_h * out_w])
 }
 
 /// Sums over every dimension but 0 and `keep`.
@@ -248,7 +244,7 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
             } => {
                 let size = weight.size();
                 let (out_channels, kernel) = (size[0], size[2]);
-                let a = unfold_patches(input, kernel, *padding, *stride);
+                let a = unfold_patches(input, kernel, *padding, *stride).transpose(1, 2);
                 let b = grad.reshape([batch, out_channels, -1]).transpose(1, 2);
                 if let Some(bias) = bias {
                     out.push((
