@@ -287,20 +287,3 @@ fn ghost_and_instantiated_norms_agree_on_both_sides_of_the_cost_rule() {
     assert!(ghost_is_cheaper(4, 3, 40, 30) && !ghost_is_cheaper(4, 50, 4, 6));
     assert!(ghost_is_cheaper(1 << 20, 50, 4096, 4096), "memory guard");
 }
-
-#[test]
-fn unfold_patches_equals_im2col() {
-    use dpcomp::privacy::grad_sample::unfold_patches;
-    let x = Tensor::randn([2, 3, 9, 7], (Kind::Double, Device::Cpu));
-    for (kernel, padding, stride) in [(3, 1, 1), (3, 1, 2), (1, 0, 2), (3, 0, 1)] {
-        let ours = unfold_patches(&x, kernel, padding, stride);
-        let reference = x.im2col(
-            [kernel, kernel],
-            [1, 1],
-            [padding, padding],
-            [stride, stride],
-        );
-        assert_eq!(ours.size(), reference.size());
-        assert!(ours.equal(&reference), "k {kernel} p {padding} s {stride}");
-    }
-}

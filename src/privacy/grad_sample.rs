@@ -151,29 +151,6 @@ impl PerSample {
     }
 }
 
-/// The k x k patches of `x` [B, C, H, W] (zero padding, stride) as [B, C k k, L], laid out as
-/// `im2col` lays them out, built from k² strided views copied in one `stack` (LibTorch's CPU
-/// im2col is several times slower).
-pub fn unfold_patches(x: &Tensor, kernel: i64, padding: i64, stride: i64) -> Tensor {
-    let size = x.size();
-    let (b, c, h, w) = (size[0], size[1], size[2], size[3]);
-    let padded = if padding > 0 {
-        x.constant_pad_nd([padding, padding, padding, padding])
-    } else {
-        x.shallow_clone()
-    };
-    let out_h = (h + 2 * padding - kernel) / stride + 1;
-    let out_w = (w + 2 * padding - kernel) / stride + 1;
-    let mut views = Vec::with_capacity((kernel * kernel) as usize);
-    for kh in 0..kernel {
-        for kw in 0..kernel {
-            let rows = padded.slice(2, kh, kh + stride * (out_h - 1) + 1, stride);
-            views.push(rows.slice(3, kw, kw + stride * (out_w - 1) + 1, stride));
-        }
-    }
-    Tensor::stack(&views, 2).reshape([b, c * kernel * kernel, out_h * out_w])
-}
-
 /// Sums over every dimension but 0 and `keep`.
 fn sum_except(x: &Tensor, keep: i64) -> Tensor {
     let dims: Vec<i64> = (1..x.dim() as i64).filter(|&d| d != keep).collect();
@@ -244,7 +221,14 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
             } => {
                 let size = weight.size();
                 let (out_channels, kernel) = (size[0], size[2]);
-                let a = unfold_patches(input, kernel, *padding, *stride).transpose(1, 2);
+                let a = input
+                    .im2col(
+                        [kernel, kernel],
+                        [1, 1],
+                        [*padding, *padding],
+                        [*stride, *stride],
+                    )
+                    .transpose(1, 2);
                 let b = grad.reshape([batch, out_channels, -1]).transpose(1, 2);
                 if let Some(bias) = bias {
                     out.push((
