@@ -17,14 +17,15 @@ use std::path::PathBuf;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
+/// What every benchmark takes: the task, its batch, the device, how many steps.
 #[derive(Debug, clap::Args)]
-pub struct TrainBenchArgs {
+pub struct BenchSetup {
     #[arg(long, value_enum)]
     pub task: Task,
     /// Default: the paper's batch size for the task.
     #[arg(long)]
     pub batch_size: Option<i64>,
-    /// Timed steps.
+    /// Timed steps (of each kind).
     #[arg(long, default_value_t = 20)]
     pub steps: usize,
     /// Untimed steps first.
@@ -38,11 +39,17 @@ pub struct TrainBenchArgs {
     /// BERT folder for --task snli (architecture from its config.json; weights do not matter).
     #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
     pub bert_dir: PathBuf,
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct TrainBenchArgs {
+    #[command(flatten)]
+    pub setup: BenchSetup,
     /// Write the batch as safetensors (features and `labels`).
     #[arg(long)]
     pub batch_out: Option<PathBuf>,
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// A deterministic synthetic batch with the task's shapes (seeded, so every run times the same
@@ -86,28 +93,13 @@ pub fn synthetic_batch(
 
 #[derive(Debug, clap::Args)]
 pub struct DpBenchArgs {
-    #[arg(long, value_enum)]
-    pub task: Task,
-    #[arg(long)]
-    pub batch_size: Option<i64>,
-    /// Timed steps of each kind.
-    #[arg(long, default_value_t = 20)]
-    pub steps: usize,
-    #[arg(long, default_value_t = 2)]
-    pub warmup: usize,
+    #[command(flatten)]
+    pub setup: BenchSetup,
     /// Alternating rounds the timed steps are split into.
     #[arg(long, default_value_t = 4)]
     pub rounds: usize,
-    #[arg(long)]
-    pub seq_len: Option<i64>,
     #[arg(long, default_value_t = 0.8)]
     pub noise_multiplier: f64,
-    #[arg(long, value_enum, default_value = "auto")]
-    pub device: DeviceChoice,
-    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
-    pub bert_dir: PathBuf,
-    #[arg(long)]
-    pub json: bool,
 }
 
 fn batch_to_device(batch: &Batch, device: Device) -> Batch {
@@ -192,13 +184,45 @@ fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
+/// A benchmark's model, batch and settings.
+struct Prepared {
+    device: Device,
+    defaults: TrainConfig,
+    batch_size: i64,
+    seq_len: i64,
+    model: Box<dyn Model>,
+    batch: Batch,
+}
+
+impl BenchSetup {
+    fn prepare(&self) -> Result<Prepared> {
+        let device = self.device.device()?;
+        let defaults = TrainConfig::paper_defaults(self.task);
+        let batch_size = self.batch_size.unwrap_or(defaults.batch_size as i64);
+        let (model, vocab) = bench_model(self.task, device, &self.bert_dir)?;
+        let seq_len = self.seq_len.unwrap_or(default_seq_len(self.task));
+        let batch = synthetic_batch(self.task, batch_size, seq_len, classes(self.task), vocab);
+        Ok(Prepared {
+            device,
+            defaults,
+            batch_size,
+            seq_len,
+            model,
+            batch,
+        })
+    }
+}
+
 pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
-    let device = args.device.device()?;
-    let defaults = TrainConfig::paper_defaults(args.task);
-    let batch_size = args.batch_size.unwrap_or(defaults.batch_size as i64);
-    let (model, vocab) = bench_model(args.task, device, &args.bert_dir)?;
-    let seq_len = args.seq_len.unwrap_or(default_seq_len(args.task));
-    let batch = synthetic_batch(args.task, batch_size, seq_len, classes(args.task), vocab);
+    let setup = &args.setup;
+    let Prepared {
+        device,
+        defaults,
+        batch_size,
+        seq_len,
+        model,
+        batch,
+    } = setup.prepare()?;
     let data = crate::data::Dataset {
         features: batch.features,
         labels: batch.labels,
@@ -250,13 +274,13 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     reset_peak_rss();
     dp_step(&mut sgd)?;
     let dp_peak = peak_rss();
-    for _ in 0..args.warmup {
+    for _ in 0..setup.warmup {
         plain_step(&mut sgd);
         dp_step(&mut sgd)?;
     }
     sync();
     let rounds = args.rounds.max(1);
-    let per_round = (args.steps / rounds).max(1);
+    let per_round = (setup.steps / rounds).max(1);
     let (mut plain_total, mut dp_total) = (0.0, 0.0);
     for _ in 0..rounds {
         let start = Instant::now();
@@ -274,11 +298,11 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     }
     let steps = (rounds * per_round) as f64;
     let (plain, dp) = (plain_total / steps, dp_total / steps);
-    if args.json {
+    if setup.json {
         println!(
             "{}",
             serde_json::json!({
-                "task": args.task, "batch_size": batch_size, "seq_len": seq_len, "steps": rounds * per_round,
+                "task": setup.task, "batch_size": batch_size, "seq_len": seq_len, "steps": rounds * per_round,
                 "device": format!("{device:?}"), "noise_multiplier": args.noise_multiplier,
                 "max_grad_norm": defaults.max_grad_norm,
                 "nonprivate_mean_step_seconds": plain, "dp_mean_step_seconds": dp,
@@ -295,7 +319,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         };
         println!(
             "{} batch {}: non-private {:.2} ms, DP {:.2} ms, ratio {:.3}; peak RSS {} / {}",
-            args.task,
+            setup.task,
             batch_size,
             plain * 1e3,
             dp * 1e3,
@@ -308,12 +332,15 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
 }
 
 pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
-    let device = args.device.device()?;
-    let defaults = TrainConfig::paper_defaults(args.task);
-    let batch_size = args.batch_size.unwrap_or(defaults.batch_size as i64);
-    let (model, vocab) = bench_model(args.task, device, &args.bert_dir)?;
-    let seq_len = args.seq_len.unwrap_or(default_seq_len(args.task));
-    let batch = synthetic_batch(args.task, batch_size, seq_len, classes(args.task), vocab);
+    let setup = &args.setup;
+    let Prepared {
+        device,
+        defaults,
+        batch_size,
+        seq_len,
+        model,
+        batch,
+    } = setup.prepare()?;
     if let Some(path) = &args.batch_out {
         save_batch(&batch, path)?;
     }
@@ -325,7 +352,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             tch::Cuda::synchronize(i as i64);
         }
     };
-    for _ in 0..args.warmup {
+    for _ in 0..setup.warmup {
         let _ = train_step(
             model.as_ref(),
             &params,
@@ -335,8 +362,8 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
         );
     }
     sync();
-    let mut times = Vec::with_capacity(args.steps);
-    for _ in 0..args.steps {
+    let mut times = Vec::with_capacity(setup.steps);
+    for _ in 0..setup.steps {
         let start = Instant::now();
         let (loss, _) = train_step(
             model.as_ref(),
@@ -353,11 +380,11 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
-    if args.json {
+    if setup.json {
         println!(
             "{}",
             serde_json::json!({
-                "task": args.task, "batch_size": batch_size, "seq_len": seq_len, "steps": args.steps,
+                "task": setup.task, "batch_size": batch_size, "seq_len": seq_len, "steps": setup.steps,
                 "device": format!("{device:?}"), "trainable_parameters": model.trainable_parameter_count(),
                 "mean_step_seconds": mean, "median_step_seconds": median, "threads": tch::get_num_threads(),
             })
@@ -365,11 +392,11 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
     } else {
         println!(
             "{} batch {}: mean step {:.2} ms, median {:.2} ms over {} steps on {:?}",
-            args.task,
+            setup.task,
             batch_size,
             mean * 1e3,
             median * 1e3,
-            args.steps,
+            setup.steps,
             device
         );
     }
