@@ -35,16 +35,22 @@ pub enum PerSample {
 /// regardless of cost: 2^28 f32 values are 1 GiB.
 pub const MAX_INSTANTIATED: i64 = 1 << 28;
 
+/// Instantiated gradients are written once and read twice (norm, weighted sum); each of those
+/// B in out memory passes is counted as this many multiply-adds when comparing costs.
+pub const MEMORY_WEIGHT: i64 = 24;
+
 /// Whether a layer whose per-sample gradients are g_i = Σ_t b_it a_itᵀ (T steps, `input` x
 /// `output` weights, `batch` examples) should use the ghost norm.
 ///
-/// Instantiating costs B T in out multiply-adds, after which the clipped sum is a cheap weighted
-/// sum of the stored g_i (B in out). The ghost norm costs B T² (in + out) and the clipped sum
-/// then needs the full contraction (B T in out). So the ghost norm is cheaper when
-/// T² (in + out) < in out — always for T = 1 (||a_i||² ||b_i||²), for long sequences only with
-/// wide layers — and is also used when the instantiated tensor would exceed `MAX_INSTANTIATED`.
+/// Instantiating costs B T in out multiply-adds plus three passes over the B in out stored
+/// gradients (write, norm, weighted sum); the ghost norm costs B T² (in + out) and the clipped
+/// sum then needs the full contraction (B T in out). So the ghost norm is cheaper when
+/// T² (in + out) < MEMORY_WEIGHT in out: always for T = 1 (||a_i||² ||b_i||²) and for the LSTM's
+/// short sequences, not for convolutions' many positions. It is also used when the instantiated
+/// tensor would exceed `MAX_INSTANTIATED`.
 pub fn ghost_is_cheaper(batch: i64, steps: i64, input: i64, output: i64) -> bool {
-    steps * steps * (input + output) < input * output || batch * input * output > MAX_INSTANTIATED
+    steps * steps * (input + output) < MEMORY_WEIGHT * input * output
+        || batch * input * output > MAX_INSTANTIATED
 }
 
 /// The per-sample gradient recipe for g_i = Σ_t b_it a_itᵀ (a [B, T, in], b [B, T, out]),
