@@ -333,3 +333,72 @@ fn target_epsilon_with_the_pld_accountant() {
         - 1;
     assert!(steps > rdp_steps, "{steps} vs {rdp_steps}");
 }
+
+#[test]
+fn cli_dp_run_reports_the_epsilon_that_dpcomp_epsilon_prints() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let bin = env!("CARGO_BIN_EXE_dpcomp");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let status = std::process::Command::new(bin)
+        .args([
+            "train",
+            "--task",
+            "surnames",
+            "--epochs",
+            "2",
+            "--limit-train",
+            "320",
+            "--limit-test",
+            "200",
+        ])
+        .args([
+            "--noise-multiplier",
+            "1.1",
+            "--accountant",
+            "prv",
+            "--device",
+            "cpu",
+            "--quiet",
+        ])
+        .args([
+            "--data-dir",
+            &root.display().to_string(),
+            "--out",
+            &out.display().to_string(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let config = TrainConfig::from_toml_file(&out.join("config.toml")).unwrap();
+    assert_eq!(config.accountant, dpcomp::config::AccountantKind::Pld);
+    // 320 examples / 32 = 10 steps an epoch: q = 0.1, 20 steps, delta 8e-5 (the Surnames default).
+    let printed = std::process::Command::new(bin)
+        .args([
+            "epsilon",
+            "--sample-rate",
+            "0.1",
+            "--noise-multiplier",
+            "1.1",
+            "--steps",
+            "20",
+            "--delta",
+            "8e-5",
+        ])
+        .args(["--accountant", "pld", "--json"])
+        .output()
+        .unwrap();
+    let printed: serde_json::Value = serde_json::from_slice(&printed.stdout).unwrap();
+    assert_eq!(
+        summary["epsilon"], printed["epsilon"],
+        "{summary} vs {printed}"
+    );
+    let lines = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert_eq!(last["epsilon"], printed["epsilon"]);
+    assert!(last["clipped_fraction"].as_f64().is_some());
+}
