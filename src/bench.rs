@@ -184,6 +184,13 @@ fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
+/// Waits for queued CUDA work, so that wall-clock timings cover it (no-op on the CPU).
+fn synchronize(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
 /// A benchmark's model, batch and settings.
 struct Prepared {
     device: Device,
@@ -239,11 +246,6 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         physical_batch: None,
         mode: crate::config::GradSampleMode::Tape,
     };
-    let sync = || {
-        if let Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
-        }
-    };
     let plain_step = |sgd: &mut Sgd| {
         let (loss, _) = train_step(
             model.as_ref(),
@@ -278,7 +280,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         plain_step(&mut sgd);
         dp_step(&mut sgd)?;
     }
-    sync();
+    synchronize(device);
     let rounds = args.rounds.max(1);
     let per_round = (setup.steps / rounds).max(1);
     let (mut plain_total, mut dp_total) = (0.0, 0.0);
@@ -287,13 +289,13 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         for _ in 0..per_round {
             plain_step(&mut sgd);
         }
-        sync();
+        synchronize(device);
         plain_total += start.elapsed().as_secs_f64();
         let start = Instant::now();
         for _ in 0..per_round {
             dp_step(&mut sgd)?;
         }
-        sync();
+        synchronize(device);
         dp_total += start.elapsed().as_secs_f64();
     }
     let steps = (rounds * per_round) as f64;
@@ -347,11 +349,6 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
     let batch = batch_to_device(&batch, device);
     let params = model.trainable_variables();
     let mut sgd = Sgd::new(defaults.lr, 0.0);
-    let sync = || {
-        if let Device::Cuda(i) = device {
-            tch::Cuda::synchronize(i as i64);
-        }
-    };
     for _ in 0..setup.warmup {
         let _ = train_step(
             model.as_ref(),
@@ -361,7 +358,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             defaults.max_grad_norm,
         );
     }
-    sync();
+    synchronize(device);
     let mut times = Vec::with_capacity(setup.steps);
     for _ in 0..setup.steps {
         let start = Instant::now();
@@ -373,7 +370,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             defaults.max_grad_norm,
         );
         let _ = loss.double_value(&[]);
-        sync();
+        synchronize(device);
         times.push(start.elapsed().as_secs_f64());
     }
     let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
