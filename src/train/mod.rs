@@ -203,17 +203,6 @@ impl Trainer {
         })
     }
 
-    /// One SGD step on `batch`. Returns (summed loss, correct predictions) as device tensors.
-    pub fn step(&mut self, batch: &Batch) -> (Tensor, Tensor) {
-        train_step(
-            self.model.as_ref(),
-            &self.params,
-            &mut self.optimizer,
-            batch,
-            self.config.max_grad_norm,
-        )
-    }
-
     /// Sampling rate q of one DP step: 1 / (steps per epoch), as Opacus sets it.
     pub fn sample_rate(&self) -> f64 {
         1.0 / self.steps_per_epoch() as f64
@@ -366,7 +355,13 @@ impl Trainer {
                     }
                 } else {
                     let batch = self.data.train.batch(index, self.device, true);
-                    let (loss, right) = self.step(&batch);
+                    let (loss, right) = train_step(
+                        self.model.as_ref(),
+                        &self.params,
+                        &mut self.optimizer,
+                        &batch,
+                        self.config.max_grad_norm,
+                    );
                     loss_sum += loss;
                     correct += right;
                 }
