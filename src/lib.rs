@@ -1,6 +1,7 @@
 //! dpcomp: differentially private deep learning with gradient compression, on LibTorch.
 //!
 //! See the README's architecture section for how the modules fit together.
+pub mod allocator;
 pub mod bench;
 pub mod cli;
 pub mod config;

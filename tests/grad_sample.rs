@@ -8,7 +8,7 @@ mod common;
 use dpcomp::data::Features;
 use dpcomp::models::{BertClassifier, BertConfig, CifarCnn, Model, ResNet18, SurnamesLstm};
 use dpcomp::nn::Ctx;
-use dpcomp::privacy::grad_sample::{clip_and_sum, per_sample_gradients, PerSample};
+use dpcomp::privacy::grad_sample::{clip_and_sum, patches, per_sample_gradients, PerSample};
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -286,4 +286,35 @@ fn ghost_and_instantiated_norms_agree_on_both_sides_of_the_cost_rule() {
     }
     assert!(ghost_is_cheaper(4, 3, 40, 30) && !ghost_is_cheaper(4, 50, 4, 6));
     assert!(ghost_is_cheaper(1 << 20, 50, 4096, 4096), "memory guard");
+}
+
+#[test]
+fn patches_equal_libtorch_im2col() {
+    tch::manual_seed(7);
+    for (channels, size, kernel, stride, padding) in [
+        (3, 32, 3, 1, 1),
+        (64, 8, 3, 2, 1),
+        (64, 8, 1, 2, 0),
+        (5, 7, 3, 2, 0),
+        (2, 9, 5, 1, 2),
+    ] {
+        let x = Tensor::randn([4, channels, size, size], (Kind::Double, Device::Cpu));
+        let ours = patches(&x, kernel, stride, padding);
+        let theirs = x.im2col(
+            [kernel, kernel],
+            [1, 1],
+            [padding, padding],
+            [stride, stride],
+        );
+        assert_eq!(
+            ours.size(),
+            theirs.size(),
+            "shape for {channels}x{size} k{kernel} s{stride} p{padding}"
+        );
+        assert_eq!(
+            (ours - theirs).abs().max().double_value(&[]),
+            0.0,
+            "values for {channels}x{size} k{kernel} s{stride} p{padding}"
+        );
+    }
 }
