@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod bench;
 pub mod cli;
+pub mod compress;
 pub mod config;
 pub mod data;
 pub mod error;

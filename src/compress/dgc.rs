@@ -1,0 +1,152 @@
+//! Deep Gradient Compression (Lin et al. 2018), as the paper uses it: per layer, send the
+//! largest-magnitude elements of the accumulated update so that the message is `rate` times
+//! smaller than dense fp32, with their low-order mantissa bits removed; keep everything unsent
+//! (including the removed bits) as a residual that joins the next step's update (error feedback).
+//!
+//! Options from the original DGC, off unless set: momentum correction (`momentum`: accumulate
+//! u <- m u + g, v <- v + u and sparsify v, so momentum is applied before sparsification; use it
+//! with the optimiser's momentum at 0), momentum-factor masking (`masking`: zero u where v was
+//! sent), and the exponential sparsity warm-up (`warmup_epochs` W: rate min(R, 4^(e+1)) in epoch
+//! e < W, i.e. density 25%, 6.25%, 1.56%, ... as in DGC's 75%, 93.75%, 98.4%, ... schedule).
+//! Top-k by a sampled threshold (`topk = sampled`, the default; exact by construction, see
+//! `topk.rs`) or LibTorch's exact selection (`topk = exact`).
+//!
+//! A tensor is sent dense (at `value_bits`) when its sparse encoding would not be smaller: then
+//! the rate cannot be gained on it (rate 1 sends everything dense, exactly).
+
+use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, IndexBits};
+use super::topk::{largest, TopK};
+use super::{Compressor, Message, Payload};
+use tch::{Device, Kind, Tensor};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DgcOptions {
+    pub rate: f64,
+    pub value_bits: u32,
+    pub index_bits: IndexBits,
+    pub momentum: f64,
+    pub masking: bool,
+    pub warmup_epochs: usize,
+    pub topk: TopK,
+}
+
+pub struct Dgc {
+    options: DgcOptions,
+    /// Accumulated unsent update per parameter (v in DGC's notation).
+    residuals: Vec<Tensor>,
+    /// Momentum-correction buffers u (empty without momentum correction).
+    momenta: Vec<Tensor>,
+    epoch: usize,
+}
+
+impl Dgc {
+    pub fn new(shapes: &[Vec<i64>], device: Device, options: DgcOptions) -> Self {
+        let zeros = || -> Vec<Tensor> {
+            shapes
+                .iter()
+                .map(|s| Tensor::zeros(s.as_slice(), (Kind::Float, device)))
+                .collect()
+        };
+        Dgc {
+            momenta: if options.momentum > 0.0 {
+                zeros()
+            } else {
+                Vec::new()
+            },
+            residuals: zeros(),
+            options,
+            epoch: 0,
+        }
+    }
+
+    /// The rate in force this epoch (DGC's exponential warm-up, then `rate`).
+    pub fn current_rate(&self) -> f64 {
+        if self.epoch < self.options.warmup_epochs {
+            self.options.rate.min(4f64.powi(self.epoch as i32 + 1))
+        } else {
+            self.options.rate
+        }
+    }
+
+    pub fn residuals(&self) -> &[Tensor] {
+        &self.residuals
+    }
+}
+
+impl Compressor for Dgc {
+    fn compress(&mut self, update: &[Tensor]) -> Message {
+        let rate = self.current_rate();
+        let o = self.options.clone();
+        let payloads = tch::no_grad(|| {
+            update
+                .iter()
+                .enumerate()
+                .map(|(i, g)| {
+                    let g = g.to_kind(Kind::Float);
+                    let v = &mut self.residuals[i];
+                    if o.momentum > 0.0 {
+                        let u = &mut self.momenta[i];
+                        let _ = u.g_mul_scalar_(o.momentum).g_add_(&g);
+                        let _ = v.g_add_(u);
+                    } else {
+                        let _ = v.g_add_(&g);
+                    }
+                    let n = v.numel() as i64;
+                    let shape = v.size();
+                    let index_bits = o.index_bits.width(n);
+                    let k = sparse_budget(n, rate, o.value_bits, index_bits);
+                    if rate <= 1.0 || !sparse_is_cheaper(k, n, o.value_bits, index_bits) {
+                        let values = truncate_mantissa(v, o.value_bits);
+                        let _ = v.g_sub_(&values);
+                        if let Some(u) = self.momenta.get_mut(i).filter(|_| o.masking) {
+                            let _ = u.zero_();
+                        }
+                        return Payload::Dense {
+                            values,
+                            value_bits: o.value_bits,
+                        };
+                    }
+                    let flat = v.view([-1]);
+                    let (indices, kept) = largest(&flat, k, o.topk);
+                    let values = truncate_mantissa(&kept, o.value_bits);
+                    let _ = flat.shallow_clone().index_add_(0, &indices, &values.neg());
+                    if let Some(u) = self.momenta.get_mut(i).filter(|_| o.masking) {
+                        let _ = u.view([-1]).index_fill_(0, &indices, 0.0);
+                    }
+                    Payload::Sparse {
+                        indices,
+                        values,
+                        shape,
+                        value_bits: o.value_bits,
+                        index_bits,
+                    }
+                })
+                .collect()
+        });
+        Message::new(payloads)
+    }
+
+    fn decompress(&mut self, message: &Message) -> Vec<Tensor> {
+        message.payloads.iter().map(Payload::to_dense).collect()
+    }
+
+    fn start_epoch(&mut self, epoch: usize) {
+        self.epoch = epoch;
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut state: Vec<(String, Tensor)> = self
+            .residuals
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("residual.{i}"), t.shallow_clone()))
+            .collect();
+        state.extend(
+            self.momenta
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (format!("momentum.{i}"), t.shallow_clone())),
+        );
+        state
+    }
+}

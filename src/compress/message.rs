@@ -1,0 +1,108 @@
+//! What goes on the wire, and exactly how many bits it takes.
+//!
+//! Encodings (the paper counts upstream bandwidth per client, sparse tensors in COO format):
+//! - dense: every value at `value_bits` (32 for fp32; fewer after DGC's low-order-bit removal);
+//! - sparse COO: per kept element one value (`value_bits`) and one index (`index_bits`: 32, or the
+//!   smallest width that addresses the tensor, `encoding::min_index_bits`);
+//! - low rank (PowerSGD): the factors P [n, r] and Q [m, r] in fp32, 32 (n + m) r bits;
+//! plus `flag_bits` for per-message flags (Denoise's velocity/acceleration bit).
+
+use tch::Tensor;
+
+/// One tensor's encoding. Values are stored as the receiver will read them (already truncated).
+pub enum Payload {
+    Dense {
+        /// The values, in the parameter's shape.
+        values: Tensor,
+        value_bits: u32,
+    },
+    Sparse {
+        /// Flat positions (int64 on the device) of the kept elements.
+        indices: Tensor,
+        values: Tensor,
+        /// The parameter's shape (the receiver scatters into a zero tensor of this shape).
+        shape: Vec<i64>,
+        value_bits: u32,
+        index_bits: u32,
+    },
+    LowRank {
+        /// [rows, r], orthonormal columns.
+        p: Tensor,
+        /// [cols, r].
+        q: Tensor,
+        /// The parameter's shape; P Qᵀ flattened row-major, first numel entries.
+        shape: Vec<i64>,
+    },
+}
+
+impl Payload {
+    /// Exact size of this payload on the wire.
+    pub fn wire_bits(&self) -> u64 {
+        match self {
+            Payload::Dense { values, value_bits } => values.numel() as u64 * *value_bits as u64,
+            Payload::Sparse {
+                indices,
+                value_bits,
+                index_bits,
+                ..
+            } => indices.numel() as u64 * (*value_bits + *index_bits) as u64,
+            Payload::LowRank { p, q, .. } => 32 * (p.numel() + q.numel()) as u64,
+        }
+    }
+
+    /// The tensor the receiver reconstructs.
+    pub fn to_dense(&self) -> Tensor {
+        match self {
+            Payload::Dense { values, .. } => values.shallow_clone(),
+            Payload::Sparse {
+                indices,
+                values,
+                shape,
+                ..
+            } => {
+                let numel: i64 = shape.iter().product();
+                Tensor::zeros([numel], (values.kind(), values.device()))
+                    .index_put_(&[Some(indices)], values, false)
+                    .view(shape.as_slice())
+            }
+            Payload::LowRank { p, q, shape } => {
+                let numel: i64 = shape.iter().product();
+                p.mm(&q.tr())
+                    .reshape([-1])
+                    .narrow(0, 0, numel)
+                    .view(shape.as_slice())
+            }
+        }
+    }
+
+    /// Number of values sent (kept elements, or factor entries).
+    pub fn sent_values(&self) -> i64 {
+        match self {
+            Payload::Dense { values, .. } => values.numel() as i64,
+            Payload::Sparse { indices, .. } => indices.numel() as i64,
+            Payload::LowRank { p, q, .. } => (p.numel() + q.numel()) as i64,
+        }
+    }
+}
+
+/// One worker's message for one step: payloads (one per parameter, or one for the whole model
+/// for model-wise sparsification) and one-bit flags (Denoise: one per payload, true when it
+/// carries a velocity, false for an acceleration). Flags stay 0-d bool tensors on the device, so
+/// choosing them needs no host synchronisation; each costs one bit.
+pub struct Message {
+    pub payloads: Vec<Payload>,
+    pub flags: Vec<Tensor>,
+}
+
+impl Message {
+    pub fn new(payloads: Vec<Payload>) -> Self {
+        Message {
+            payloads,
+            flags: Vec::new(),
+        }
+    }
+
+    pub fn wire_bits(&self) -> u64 {
+        self.payloads.iter().map(Payload::wire_bits).sum::<u64>() + self.flags.len() as u64
+    }
+}

@@ -1,0 +1,307 @@
+//! Which compressor a run uses and its settings: `--compressor`, `--rate`, `--rank` and
+//! `--compressor-option key=value` (repeatable; in TOML `compressor_options = ["key=value"]`).
+//! Unknown keys and bad values are errors that list what each compressor accepts.
+
+use super::denoise::{Denoise, DenoiseOptions, Scope};
+use super::dgc::{Dgc, DgcOptions};
+use super::encoding::IndexBits;
+use super::identity::Identity;
+use super::powersgd::{MatrixShape, PowerSgd, PowerSgdOptions};
+use super::topk::TopK;
+use super::Compressor;
+use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use tch::Device;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressorKind {
+    /// Dense fp32, the uncompressed baseline.
+    #[default]
+    Identity,
+    /// Deep Gradient Compression: layer-wise top-k, error feedback, optional bit removal.
+    Dgc,
+    /// PowerSGD: rank-r approximation by one warm-started power iteration, error feedback.
+    Powersgd,
+    /// The paper's Denoise: top-k of velocity or acceleration, whichever loses less.
+    Denoise,
+}
+
+impl CompressorKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CompressorKind::Identity => "identity",
+            CompressorKind::Dgc => "dgc",
+            CompressorKind::Powersgd => "powersgd",
+            CompressorKind::Denoise => "denoise",
+        }
+    }
+
+    /// Option keys this compressor accepts, for error messages and `--help`.
+    pub fn keys(self) -> &'static [&'static str] {
+        match self {
+            CompressorKind::Identity => &[],
+            CompressorKind::Dgc => &[
+                "value_bits",
+                "index_bits",
+                "momentum",
+                "masking",
+                "warmup_epochs",
+                "topk",
+                "sample_ratio",
+            ],
+            CompressorKind::Powersgd => &["shape", "min_rate", "epsilon", "warm_start", "seed"],
+            CompressorKind::Denoise => &[
+                "beta",
+                "decay",
+                "scope",
+                "value_bits",
+                "index_bits",
+                "topk",
+                "sample_ratio",
+                "clip",
+            ],
+        }
+    }
+}
+
+impl std::fmt::Display for CompressorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A compressor and its settings, as a run's configuration holds them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompressorSpec {
+    pub kind: CompressorKind,
+    /// Target ratio dense fp32 bits / message bits for the sparsifiers (DGC, Denoise); 1 = dense.
+    pub rate: f64,
+    /// PowerSGD's rank.
+    pub rank: i64,
+    pub options: BTreeMap<String, String>,
+}
+
+impl CompressorSpec {
+    /// Parses `key=value` strings; checks every key against `kind` and every value's type.
+    pub fn new(kind: CompressorKind, rate: f64, rank: i64, options: &[String]) -> Result<Self> {
+        if !(rate.is_finite() && rate >= 1.0) {
+            return Err(Error::bad_value(
+                "rate",
+                format!("{rate}: expected a compression rate >= 1 (1 = dense)"),
+            ));
+        }
+        if rank < 1 {
+            return Err(Error::bad_value(
+                "rank",
+                format!("{rank}: expected a rank >= 1"),
+            ));
+        }
+        let mut map = BTreeMap::new();
+        for option in options {
+            let Some((key, value)) = option.split_once('=') else {
+                return Err(Error::bad_value(
+                    "compressor_options",
+                    format!("{option:?}: expected key=value"),
+                ));
+            };
+            let (key, value) = (key.trim().to_string(), value.trim().to_string());
+            if !kind.keys().contains(&key.as_str()) {
+                return Err(Error::bad_value(
+                    "compressor_options",
+                    format!(
+                        "{key:?} is not an option of {kind}; it accepts: {}",
+                        if kind.keys().is_empty() {
+                            "none".to_string()
+                        } else {
+                            kind.keys().join(", ")
+                        }
+                    ),
+                ));
+            }
+            map.insert(key, value);
+        }
+        let spec = CompressorSpec {
+            kind,
+            rate,
+            rank,
+            options: map,
+        };
+        // Parse once now so that bad values fail before training starts.
+        match kind {
+            CompressorKind::Identity => {}
+            CompressorKind::Dgc => {
+                spec.dgc_options()?;
+            }
+            CompressorKind::Powersgd => {
+                spec.powersgd_options()?;
+            }
+            CompressorKind::Denoise => {
+                spec.denoise_options()?;
+            }
+        }
+        Ok(spec)
+    }
+
+    /// The compressor for parameters of `shapes` on `device`, its state allocated there.
+    pub fn build(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Compressor>> {
+        Ok(match self.kind {
+            CompressorKind::Identity => Box::new(Identity),
+            CompressorKind::Dgc => Box::new(Dgc::new(shapes, device, self.dgc_options()?)),
+            CompressorKind::Powersgd => {
+                Box::new(PowerSgd::new(shapes, device, self.powersgd_options()?))
+            }
+            CompressorKind::Denoise => {
+                Box::new(Denoise::new(shapes, device, self.denoise_options()?))
+            }
+        })
+    }
+
+    /// A short label for tables: "identity", "dgc x256", "powersgd r16", "denoise x16".
+    pub fn label(&self) -> String {
+        match self.kind {
+            CompressorKind::Identity => "identity".to_string(),
+            CompressorKind::Powersgd => format!("powersgd r{}", self.rank),
+            k => format!("{k} x{}", self.rate),
+        }
+    }
+
+    fn get<T: std::str::FromStr>(&self, key: &str, default: T, expected: &str) -> Result<T> {
+        match self.options.get(key) {
+            None => Ok(default),
+            Some(v) => v.parse().map_err(|_| {
+                Error::bad_value(
+                    format!("compressor option {key}"),
+                    format!("{v:?}: expected {expected}"),
+                )
+            }),
+        }
+    }
+
+    fn value_bits(&self) -> Result<u32> {
+        let bits: u32 = self.get("value_bits", 32, "an integer from 9 to 32")?;
+        if !(9..=32).contains(&bits) {
+            return Err(Error::bad_value(
+                "compressor option value_bits",
+                format!("{bits}: expected 9..=32 (sign + 8 exponent bits + kept mantissa bits)"),
+            ));
+        }
+        Ok(bits)
+    }
+
+    fn index_bits(&self) -> Result<IndexBits> {
+        match self.options.get("index_bits").map(String::as_str) {
+            None | Some("32") => Ok(IndexBits::Fixed32),
+            Some("min") => Ok(IndexBits::Minimal),
+            Some(v) => Err(Error::bad_value(
+                "compressor option index_bits",
+                format!("{v:?}: expected 32 or min"),
+            )),
+        }
+    }
+
+    fn topk(&self) -> Result<TopK> {
+        let ratio: f64 = self.get("sample_ratio", 0.01, "a number in (0, 1]")?;
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(Error::bad_value(
+                "compressor option sample_ratio",
+                format!("{ratio}: expected a number in (0, 1]"),
+            ));
+        }
+        match self.options.get("topk").map(String::as_str) {
+            None | Some("sampled") => Ok(TopK::Sampled { ratio }),
+            Some("exact") => Ok(TopK::Exact),
+            Some(v) => Err(Error::bad_value(
+                "compressor option topk",
+                format!("{v:?}: expected sampled or exact"),
+            )),
+        }
+    }
+
+    fn unit(&self, key: &str, default: f64, upper_open: bool) -> Result<f64> {
+        let v: f64 = self.get(key, default, "a number in [0, 1)")?;
+        let ok = v >= 0.0 && if upper_open { v < 1.0 } else { v <= 1.0 };
+        if !ok {
+            return Err(Error::bad_value(
+                format!("compressor option {key}"),
+                format!(
+                    "{v}: expected a number in [0, 1{}",
+                    if upper_open { ")" } else { "]" }
+                ),
+            ));
+        }
+        Ok(v)
+    }
+
+    pub fn dgc_options(&self) -> Result<DgcOptions> {
+        Ok(DgcOptions {
+            rate: self.rate,
+            value_bits: self.value_bits()?,
+            index_bits: self.index_bits()?,
+            momentum: self.unit("momentum", 0.0, true)?,
+            masking: self.get("masking", true, "true or false")?,
+            warmup_epochs: self.get("warmup_epochs", 0, "a whole number of epochs")?,
+            topk: self.topk()?,
+        })
+    }
+
+    pub fn powersgd_options(&self) -> Result<PowerSgdOptions> {
+        let shape = match self.options.get("shape").map(String::as_str) {
+            None | Some("square") => MatrixShape::NearSquare,
+            Some("rows") => MatrixShape::Rows,
+            Some(v) => {
+                return Err(Error::bad_value(
+                    "compressor option shape",
+                    format!("{v:?}: expected square (the paper) or rows (PyTorch's [rows, -1])"),
+                ))
+            }
+        };
+        let min_rate: f64 = self.get("min_rate", 2.0, "a number >= 0")?;
+        let epsilon: f64 = self.get("epsilon", 1e-8, "a number >= 0")?;
+        if !(min_rate >= 0.0 && epsilon >= 0.0) {
+            return Err(Error::bad_value(
+                "compressor option min_rate/epsilon",
+                format!("{min_rate}/{epsilon}: expected numbers >= 0"),
+            ));
+        }
+        Ok(PowerSgdOptions {
+            rank: self.rank,
+            shape,
+            min_rate,
+            epsilon,
+            warm_start: self.get("warm_start", true, "true or false")?,
+            seed: self.get("seed", 0, "an integer")?,
+        })
+    }
+
+    pub fn denoise_options(&self) -> Result<DenoiseOptions> {
+        let scope = match self.options.get("scope").map(String::as_str) {
+            None | Some("layer") => Scope::Layer,
+            Some("model") => Scope::Model,
+            Some(v) => {
+                return Err(Error::bad_value(
+                    "compressor option scope",
+                    format!("{v:?}: expected layer or model"),
+                ))
+            }
+        };
+        let clip: f64 = self.get("clip", f64::INFINITY, "a positive number (inf: off)")?;
+        if !(clip > 0.0) {
+            return Err(Error::bad_value(
+                "compressor option clip",
+                format!("{clip}: expected a positive number (inf: off)"),
+            ));
+        }
+        Ok(DenoiseOptions {
+            rate: self.rate,
+            beta: self.unit("beta", 0.9, true)?,
+            decay: self.unit("decay", 0.5, false)?,
+            scope,
+            value_bits: self.value_bits()?,
+            index_bits: self.index_bits()?,
+            topk: self.topk()?,
+            clip,
+        })
+    }
+}

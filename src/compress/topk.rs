@@ -1,0 +1,75 @@
+//! The k largest-magnitude elements of a flat tensor: exactly (LibTorch's `topk`), or through a
+//! threshold estimated on a random sample (DGC, Lin et al. 2018, section 3.1 / its reference
+//! implementation), which on large tensors replaces a selection over every element by one
+//! comparison pass and a selection over the few survivors.
+//!
+//! The sampled path is still exact: every element at or above the threshold is a candidate; when
+//! there are at least k candidates, the k largest candidates are the k largest elements (all
+//! non-candidates are smaller than every candidate). When the sample's threshold lets fewer than k
+//! through, the threshold is halved up to `RETRIES` times and then the exact path runs.
+
+use tch::{Kind, Tensor};
+
+/// Halvings of the sampled threshold before falling back to the exact top-k.
+pub const RETRIES: usize = 3;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TopK {
+    Exact,
+    /// Threshold from a uniform sample of `ratio` of the elements (at least `MIN_SAMPLE`).
+    Sampled {
+        ratio: f64,
+    },
+}
+
+/// Smallest sample the sampled threshold uses.
+pub const MIN_SAMPLE: i64 = 1024;
+
+/// Below this size the exact selection is used regardless (sampling would not save work).
+pub const SAMPLING_FROM: i64 = 1 << 15;
+
+/// Positions (int64) and values of the k largest |x| of the flat tensor `x`, positions ascending.
+pub fn largest(x: &Tensor, k: i64, mode: TopK) -> (Tensor, Tensor) {
+    let n = x.numel() as i64;
+    assert!(x.dim() == 1 && k >= 1 && k <= n, "largest: k {k} of {n}");
+    let indices = match mode {
+        TopK::Sampled { ratio } if n >= SAMPLING_FROM && k * 4 < n => {
+            sampled(x, k, ratio).unwrap_or_else(|| exact(x, k))
+        }
+        _ => exact(x, k),
+    };
+    let indices = indices.sort(0, false).0;
+    let values = x.index_select(0, &indices);
+    (indices, values)
+}
+
+fn exact(x: &Tensor, k: i64) -> Tensor {
+    if k == x.numel() as i64 {
+        return Tensor::arange(k, (Kind::Int64, x.device()));
+    }
+    x.abs().topk(k, 0, true, false).1
+}
+
+fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
+    let n = x.numel() as i64;
+    let magnitude = x.abs();
+    let samples = ((ratio * n as f64).ceil() as i64).max(MIN_SAMPLE).min(n);
+    let picks = Tensor::randint(n, [samples], (Kind::Int64, x.device()));
+    let sample = magnitude.index_select(0, &picks);
+    // The sample's k·s/n-th largest value estimates the k-th largest of x.
+    let sample_k = ((k as f64 * samples as f64 / n as f64).ceil() as i64).clamp(1, samples);
+    let mut threshold = sample.topk(sample_k, 0, true, false).0.min();
+    for _ in 0..=RETRIES {
+        let candidates = magnitude.ge_tensor(&threshold).nonzero().view([-1]);
+        let found = candidates.size()[0];
+        if found >= k {
+            let best = magnitude
+                .index_select(0, &candidates)
+                .topk(k, 0, true, false)
+                .1;
+            return Some(candidates.index_select(0, &best));
+        }
+        threshold = threshold * 0.5;
+    }
+    None
+}

@@ -1,0 +1,436 @@
+//! Compressors: exactness where they promise it, error-feedback invariants, Denoise's
+//! sender/receiver agreement, and wire bits against counts done by hand.
+
+use dpcomp::compress::encoding::{min_index_bits, truncate_mantissa};
+use dpcomp::compress::powersgd::orthogonalize;
+use dpcomp::compress::topk::{largest, TopK};
+use dpcomp::compress::{Compressor, CompressorKind, CompressorSpec, Denoise, Dgc};
+use tch::{Device, Kind, Tensor};
+
+fn spec(kind: CompressorKind, rate: f64, rank: i64, options: &[&str]) -> CompressorSpec {
+    let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
+    CompressorSpec::new(kind, rate, rank, &options).unwrap()
+}
+
+fn shapes_of(update: &[Tensor]) -> Vec<Vec<i64>> {
+    update.iter().map(Tensor::size).collect()
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+/// A model-like update: a conv weight, a matrix, a bias (seeded).
+fn update(seed: i64) -> Vec<Tensor> {
+    tch::manual_seed(seed);
+    let opts = (Kind::Float, Device::Cpu);
+    vec![
+        Tensor::randn([16, 3, 3, 3], opts),
+        Tensor::randn([40, 70], opts),
+        Tensor::randn([40], opts),
+    ]
+}
+
+#[test]
+fn identity_dgc_rate_1_and_full_rank_powersgd_reproduce_the_input() {
+    let input = update(1);
+    let shapes = shapes_of(&input);
+    let cases = [
+        spec(CompressorKind::Identity, 1.0, 1, &[]),
+        spec(CompressorKind::Dgc, 1.0, 1, &[]),
+        // Full rank, and min_rate 0 so that every matrix is factorised rather than sent dense.
+        spec(
+            CompressorKind::Powersgd,
+            1.0,
+            100,
+            &["min_rate=0", "epsilon=0"],
+        ),
+        spec(
+            CompressorKind::Powersgd,
+            1.0,
+            100,
+            &["min_rate=0", "shape=rows"],
+        ),
+    ];
+    for case in cases {
+        let mut c = case.build(&shapes, Device::Cpu).unwrap();
+        for step in 0..3 {
+            let message = c.compress(&input);
+            let out = c.decompress(&message);
+            for (a, b) in input.iter().zip(&out) {
+                // f32 Gram-Schmidt over up to 53 columns of a random (ill-conditioned) matrix loses
+                // orthogonality at about 1e-4 relative (PyTorch's does the same).
+                let tol = if case.kind == CompressorKind::Powersgd {
+                    1e-3 * a.abs().max().double_value(&[])
+                } else {
+                    0.0
+                };
+                assert!(
+                    max_abs(a, b) <= tol,
+                    "{} step {step}: differs by {}",
+                    case.label(),
+                    max_abs(a, b)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn powersgd_is_exact_on_matrices_of_rank_at_most_r() {
+    tch::manual_seed(2);
+    let opts = (Kind::Float, Device::Cpu);
+    for (rank, n, m) in [(1, 30, 50), (4, 64, 48), (16, 100, 80)] {
+        let low_rank = Tensor::randn([n, rank], opts).mm(&Tensor::randn([rank, m], opts));
+        let input = vec![low_rank.shallow_clone()];
+        let mut c = spec(
+            CompressorKind::Powersgd,
+            1.0,
+            rank,
+            &["shape=rows", "min_rate=0"],
+        )
+        .build(&shapes_of(&input), Device::Cpu)
+        .unwrap();
+        let out = {
+            let m = c.compress(&input);
+            c.decompress(&m)
+        };
+        let scale = low_rank.abs().max().double_value(&[]);
+        assert!(
+            max_abs(&out[0], &low_rank) <= 1e-4 * scale,
+            "rank {rank} {n}x{m}: {}",
+            max_abs(&out[0], &low_rank)
+        );
+    }
+}
+
+#[test]
+fn gram_schmidt_gives_orthonormal_columns() {
+    tch::manual_seed(3);
+    let mut p = Tensor::randn([50, 6], (Kind::Float, Device::Cpu));
+    orthogonalize(&mut p, 1e-8);
+    let gram = p.tr().mm(&p);
+    assert!(max_abs(&gram, &Tensor::eye(6, (Kind::Float, Device::Cpu))) < 1e-5);
+}
+
+#[test]
+fn top_k_keeps_exactly_the_k_largest_in_both_modes() {
+    tch::manual_seed(4);
+    for n in [10i64, 1000, 100_000, 1 << 20] {
+        let x = Tensor::randn([n], (Kind::Float, Device::Cpu));
+        for k in [1, n / 100 + 1, n / 7 + 1] {
+            let sorted = x.abs().sort(0, true).0;
+            let kth = sorted.double_value(&[k - 1]);
+            let next = if k < n {
+                sorted.double_value(&[k])
+            } else {
+                -1.0
+            };
+            for mode in [TopK::Exact, TopK::Sampled { ratio: 0.01 }] {
+                let (idx, values) = largest(&x, k, mode);
+                assert_eq!(idx.size(), [k], "n {n} k {k} {mode:?}");
+                assert_eq!(idx.unique_dim(0, true, false, false).0.size()[0], k);
+                let smallest_kept = values.abs().min().double_value(&[]);
+                assert!(
+                    smallest_kept >= kth && smallest_kept > next,
+                    "n {n} k {k} {mode:?}"
+                );
+                assert_eq!(max_abs(&values, &x.index_select(0, &idx)), 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn error_feedback_sent_plus_residual_equals_input_plus_old_residual() {
+    let cases = [
+        spec(CompressorKind::Dgc, 16.0, 1, &[]),
+        spec(
+            CompressorKind::Dgc,
+            256.0,
+            1,
+            &["value_bits=16", "index_bits=min"],
+        ),
+        spec(
+            CompressorKind::Dgc,
+            64.0,
+            1,
+            &["topk=exact", "value_bits=12"],
+        ),
+    ];
+    for case in cases {
+        let shapes = shapes_of(&update(0));
+        let mut dgc = Dgc::new(&shapes, Device::Cpu, case.dgc_options().unwrap());
+        for step in 0..5 {
+            let input = update(10 + step);
+            let old: Vec<Tensor> = dgc.residuals().iter().map(Tensor::copy).collect();
+            let sent = {
+                let m = dgc.compress(&input);
+                dgc.decompress(&m)
+            };
+            for i in 0..input.len() {
+                let lhs = &sent[i] + &dgc.residuals()[i];
+                let rhs = &input[i] + &old[i];
+                assert!(
+                    max_abs(&lhs, &rhs) < 1e-6,
+                    "{} step {step} layer {i}",
+                    case.label()
+                );
+            }
+        }
+    }
+    // PowerSGD: P Qᵀ + new error = input + old error.
+    let shapes = shapes_of(&update(0));
+    let mut c = spec(CompressorKind::Powersgd, 1.0, 2, &[])
+        .build(&shapes, Device::Cpu)
+        .unwrap();
+    for step in 0..5 {
+        let input = update(20 + step);
+        let old: std::collections::HashMap<String, Tensor> =
+            c.state().into_iter().map(|(k, t)| (k, t.copy())).collect();
+        let sent = {
+            let m = c.compress(&input);
+            c.decompress(&m)
+        };
+        let new: std::collections::HashMap<String, Tensor> = c.state().into_iter().collect();
+        // Layer 1 ([40, 70], 2800 values) is factorised as a 53 x 53 matrix (9 zeros of padding).
+        let as_matrix = |t: &Tensor| t.reshape([-1]).constant_pad_nd([0, 9]).view([53, 53]);
+        let lhs = as_matrix(&sent[1]) + &new["error.1"];
+        let rhs = as_matrix(&input[1]) + &old["error.1"];
+        assert!(max_abs(&lhs, &rhs) < 1e-5, "powersgd step {step}");
+        // The bias is a vector: sent dense and exactly.
+        assert_eq!(max_abs(&sent[2], &input[2]), 0.0);
+    }
+}
+
+#[test]
+fn dgc_momentum_correction_and_masking() {
+    let shapes = vec![vec![1000i64]];
+    let options = spec(CompressorKind::Dgc, 32.0, 1, &["momentum=0.9"])
+        .dgc_options()
+        .unwrap();
+    let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
+    tch::manual_seed(5);
+    let g = Tensor::randn([1000], (Kind::Float, Device::Cpu));
+    let message = dgc.compress(&[g.shallow_clone()]);
+    let state: std::collections::HashMap<String, Tensor> = dgc.state().into_iter().collect();
+    let sent = dgc.decompress(&message)[0].shallow_clone();
+    let kept = sent.ne(0.0);
+    // First step: u = g, v = g; the sent positions are cleared in both u (masking) and v.
+    assert_eq!(
+        kept.sum(Kind::Int64).int64_value(&[]),
+        32 * 1000 / (32 * 64)
+    ); // k = 15
+    let masked = state["momentum.0"].masked_select(&kept);
+    assert_eq!(masked.abs().max().double_value(&[]), 0.0);
+    let unsent = kept.logical_not();
+    assert_eq!(
+        max_abs(
+            &state["momentum.0"].masked_select(&unsent),
+            &g.masked_select(&unsent)
+        ),
+        0.0
+    );
+    assert_eq!(
+        max_abs(
+            &state["residual.0"].masked_select(&unsent),
+            &g.masked_select(&unsent)
+        ),
+        0.0
+    );
+}
+
+#[test]
+fn dgc_warmup_rates_grow_exponentially_to_the_target() {
+    let shapes = vec![vec![100_000i64]];
+    let options = spec(CompressorKind::Dgc, 256.0, 1, &["warmup_epochs=4"])
+        .dgc_options()
+        .unwrap();
+    let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
+    let rates: Vec<f64> = (0..6)
+        .map(|e| {
+            dgc.start_epoch(e);
+            dgc.current_rate()
+        })
+        .collect();
+    assert_eq!(rates, [4.0, 16.0, 64.0, 256.0, 256.0, 256.0]);
+}
+
+#[test]
+fn denoise_receiver_velocity_equals_the_senders_mirror_after_every_step() {
+    for scope in ["layer", "model"] {
+        for rate in [1.0, 16.0, 256.0] {
+            let shapes = shapes_of(&update(0));
+            let s = spec(
+                CompressorKind::Denoise,
+                rate,
+                1,
+                &[&format!("scope={scope}")],
+            );
+            let mut d = Denoise::new(&shapes, Device::Cpu, s.denoise_options().unwrap());
+            let mut chose_acceleration = false;
+            for step in 0..8 {
+                // Slowly varying gradients, so that accelerations are sometimes cheaper.
+                let input: Vec<Tensor> = update(0)
+                    .iter()
+                    .zip(update(100 + step))
+                    .map(|(a, b)| a + b * 0.05)
+                    .collect();
+                let message = d.compress(&input);
+                assert_eq!(message.flags.len(), if scope == "layer" { 3 } else { 1 });
+                chose_acceleration |= message.flags.iter().any(|f| !f.int64_value(&[]) != 0);
+                let out = d.decompress(&message);
+                for (r, m) in d.receiver_velocity().iter().zip(d.sender_mirror()) {
+                    assert_eq!(max_abs(r, &m), 0.0, "{scope} rate {rate} step {step}");
+                }
+                let flat: Vec<Tensor> = out.iter().map(|t| t.reshape([-1])).collect();
+                let joined = Tensor::cat(&flat, 0);
+                let received = Tensor::cat(&d.receiver_velocity(), 0);
+                assert_eq!(max_abs(&joined, &received), 0.0);
+            }
+            if rate > 1.0 {
+                assert!(
+                    chose_acceleration,
+                    "{scope} rate {rate}: never sent an acceleration"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn denoise_at_rate_1_is_the_exponential_average() {
+    let shapes = shapes_of(&update(0));
+    let s = spec(CompressorKind::Denoise, 1.0, 1, &["beta=0.8", "decay=0.5"]);
+    let mut d = Denoise::new(&shapes, Device::Cpu, s.denoise_options().unwrap());
+    let mut average: Vec<Tensor> = shapes
+        .iter()
+        .map(|s| Tensor::zeros(s.as_slice(), (Kind::Float, Device::Cpu)))
+        .collect();
+    for step in 0..4 {
+        let input = update(30 + step);
+        let out = {
+            let m = d.compress(&input);
+            d.decompress(&m)
+        };
+        for (a, (o, g)) in average.iter_mut().zip(out.iter().zip(&input)) {
+            *a = &*a * 0.8 + g * 0.2;
+            assert!(max_abs(a, o) < 1e-6);
+        }
+    }
+}
+
+#[test]
+fn wire_bits_equal_hand_counts() {
+    let opts = (Kind::Float, Device::Cpu);
+    let input = vec![Tensor::ones([100, 10], opts), Tensor::ones([10], opts)];
+    let shapes = shapes_of(&input);
+    let bits = |s: CompressorSpec| {
+        let mut c = s.build(&shapes, Device::Cpu).unwrap();
+        c.compress(&input).wire_bits()
+    };
+    // Dense fp32: 1010 values x 32 bits.
+    assert_eq!(bits(spec(CompressorKind::Identity, 1.0, 1, &[])), 32_320);
+    // DGC x16, 32-bit values and indices: k = floor(32*1000 / (16*64)) = 31 -> 31*64 bits; the
+    // bias keeps k = max(1, floor(320/1024)) = 1 element, 64 bits < 320 dense.
+    assert_eq!(bits(spec(CompressorKind::Dgc, 16.0, 1, &[])), 31 * 64 + 64);
+    // Minimal indices: 10 bits for 1000 positions -> k = floor(32000 / (16*42)) = 47; the bias
+    // needs 4 bits -> k = 1, 36 bits.
+    assert_eq!(min_index_bits(1000), 10);
+    assert_eq!(min_index_bits(10), 4);
+    assert_eq!(
+        bits(spec(CompressorKind::Dgc, 16.0, 1, &["index_bits=min"])),
+        47 * 42 + 36
+    );
+    // 16-bit values and minimal indices: k = floor(32000 / (16*26)) = 76 -> 76*26; bias 20 bits.
+    assert_eq!(
+        bits(spec(
+            CompressorKind::Dgc,
+            16.0,
+            1,
+            &["index_bits=min", "value_bits=16"]
+        )),
+        76 * 26 + 20
+    );
+    // DGC x1.5: the matrix keeps floor(32000/(1.5*64)) = 333 -> 21312 bits < 32000; the bias
+    // keeps k = 3 -> 192 bits, no smaller than its 10 x 16... at 32 bits: 320 -> sparse.
+    assert_eq!(
+        bits(spec(CompressorKind::Dgc, 1.5, 1, &[])),
+        333 * 64 + 3 * 64
+    );
+    // PowerSGD rank 2, near-square: 1000 values -> 32 x 32 (24 zeros padding); (32+32)*2*2 <
+    // 1024, so P and Q go: 32 * (64 + 64) bits; the bias is a vector, dense: 320 bits.
+    assert_eq!(
+        bits(spec(CompressorKind::Powersgd, 1.0, 2, &[])),
+        32 * 128 + 320
+    );
+    // PowerSGD rows: 100 x 10 rank 2: (110)*2*2 = 440 < 1000 -> 32*220 bits + 320.
+    assert_eq!(
+        bits(spec(CompressorKind::Powersgd, 1.0, 2, &["shape=rows"])),
+        32 * 220 + 320
+    );
+    // PowerSGD rank 8 rows: (110)*8*2 = 1760 >= 1000 -> dense: 32320 bits.
+    assert_eq!(
+        bits(spec(CompressorKind::Powersgd, 1.0, 8, &["shape=rows"])),
+        32_320
+    );
+    // Denoise layer-wise x16: as DGC x16 plus one flag bit per parameter.
+    assert_eq!(
+        bits(spec(CompressorKind::Denoise, 16.0, 1, &[])),
+        31 * 64 + 64 + 2
+    );
+    // Denoise model-wise x16: one top-k over 1010 values: k = floor(32320/1024) = 31, one flag.
+    assert_eq!(
+        bits(spec(CompressorKind::Denoise, 16.0, 1, &["scope=model"])),
+        31 * 64 + 1
+    );
+}
+
+#[test]
+fn low_order_bit_removal_truncates_toward_zero() {
+    let x = Tensor::from_slice(&[1.0f32 + 2f32.powi(-10), -3.1415927, 0.0, 1e-30]);
+    // 16 bits: bfloat16's 7 mantissa bits.
+    let t = truncate_mantissa(&x, 16);
+    let expected = [
+        1.0f32,
+        -3.140625,
+        0.0,
+        f32::from_bits(1e-30f32.to_bits() & 0xFFFF_0000),
+    ];
+    for (i, e) in expected.iter().enumerate() {
+        assert_eq!(t.double_value(&[i as i64]) as f32, *e, "element {i}");
+    }
+    // Never larger in magnitude.
+    let r = Tensor::randn([10_000], (Kind::Float, Device::Cpu));
+    for bits in [9, 12, 20, 31] {
+        let t = truncate_mantissa(&r, bits);
+        assert!(t.abs().le_tensor(&r.abs()).all().int64_value(&[]) == 1);
+        assert!(max_abs(&t, &r) <= r.abs().max().double_value(&[]) * 2f64.powi(-(bits as i32 - 9)));
+    }
+    assert_eq!(max_abs(&truncate_mantissa(&r, 32), &r), 0.0);
+}
+
+#[test]
+fn bad_options_are_clear_errors() {
+    let err = |kind, rate, rank, o: &[&str]| {
+        let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+        CompressorSpec::new(kind, rate, rank, &o)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err(CompressorKind::Dgc, 16.0, 1, &["rank=3"]);
+    assert!(
+        e.contains("\"rank\" is not an option of dgc") && e.contains("value_bits"),
+        "{e}"
+    );
+    let e = err(CompressorKind::Dgc, 16.0, 1, &["value_bits=40"]);
+    assert!(e.contains("value_bits") && e.contains("9..=32"), "{e}");
+    let e = err(CompressorKind::Dgc, 0.5, 1, &[]);
+    assert!(e.contains("rate") && e.contains(">= 1"), "{e}");
+    let e = err(CompressorKind::Powersgd, 1.0, 0, &[]);
+    assert!(e.contains("rank"), "{e}");
+    let e = err(CompressorKind::Denoise, 16.0, 1, &["scope=global"]);
+    assert!(e.contains("layer or model"), "{e}");
+    let e = err(CompressorKind::Identity, 1.0, 1, &["beta"]);
+    assert!(e.contains("key=value"), "{e}");
+}
