@@ -12,6 +12,7 @@ use crate::models::{BertClassifier, BertConfig, Model};
 use crate::tasks;
 use crate::train::sgd::Sgd;
 use crate::train::train_step;
+use crate::train::update::Updater;
 use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -238,7 +239,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     let index = Tensor::arange(batch_size, (Kind::Int64, Device::Cpu));
     let plain_batch = data.batch(&index, device, true);
     let params = model.trainable_variables();
-    let mut sgd = Sgd::new(defaults.lr, 0.0);
+    let mut sgd = Updater::plain(Sgd::new(defaults.lr, 0.0));
     let settings = crate::train::private::DpSettings {
         noise_multiplier: args.noise_multiplier,
         max_norm: defaults.max_grad_norm,
@@ -246,7 +247,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         physical_batch: None,
         mode: crate::config::GradSampleMode::Tape,
     };
-    let plain_step = |sgd: &mut Sgd| {
+    let plain_step = |sgd: &mut Updater| {
         let (loss, _) = train_step(
             model.as_ref(),
             &params,
@@ -256,7 +257,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         );
         let _ = loss.double_value(&[]);
     };
-    let dp_step = |sgd: &mut Sgd| -> Result<()> {
+    let dp_step = |sgd: &mut Updater| -> Result<()> {
         let totals = crate::train::private::dp_step(
             model.as_ref(),
             &params,
@@ -348,7 +349,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
     }
     let batch = batch_to_device(&batch, device);
     let params = model.trainable_variables();
-    let mut sgd = Sgd::new(defaults.lr, 0.0);
+    let mut sgd = Updater::plain(Sgd::new(defaults.lr, 0.0));
     for _ in 0..setup.warmup {
         let _ = train_step(
             model.as_ref(),

@@ -133,6 +133,26 @@ pub struct TrainConfig {
     /// still added once per logical step.
     pub physical_batch_size: Option<usize>,
     pub grad_sample: GradSampleMode,
+    /// Gradient compressor applied after clipping and noise (issue 4).
+    #[serde(default)]
+    pub compressor: crate::compress::CompressorKind,
+    /// Compression rate of the sparsifiers: dense fp32 bits / message bits (1 = dense).
+    #[serde(default = "one")]
+    pub rate: f64,
+    /// PowerSGD's rank.
+    #[serde(default = "one_i64")]
+    pub rank: i64,
+    /// `key=value` settings of the compressor (see `dpcomp train --help`).
+    #[serde(default)]
+    pub compressor_options: Vec<String>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn one_i64() -> i64 {
+    1
 }
 
 impl TrainConfig {
@@ -171,7 +191,21 @@ impl TrainConfig {
             accountant: AccountantKind::Rdp,
             physical_batch_size: None,
             grad_sample: GradSampleMode::Tape,
+            compressor: crate::compress::CompressorKind::Identity,
+            rate: 1.0,
+            rank: 1,
+            compressor_options: Vec::new(),
         }
+    }
+
+    /// The compressor settings, checked.
+    pub fn compressor_spec(&self) -> Result<crate::compress::CompressorSpec> {
+        crate::compress::CompressorSpec::new(
+            self.compressor,
+            self.rate,
+            self.rank,
+            &self.compressor_options,
+        )
     }
 
     /// Whether this run trains with DP-SGD.
@@ -240,6 +274,16 @@ impl TrainConfig {
             return Err(Error::bad_value(
                 "physical_batch_size",
                 "0: expected at least 1",
+            ));
+        }
+        let spec = self.compressor_spec()?;
+        if spec.kind == crate::compress::CompressorKind::Dgc
+            && spec.dgc_options()?.momentum > 0.0
+            && self.momentum > 0.0
+        {
+            return Err(Error::bad_value(
+                "momentum",
+                "DGC's momentum correction applies the momentum before compression; set the optimiser's --momentum to 0",
             ));
         }
         if self.limit_train == Some(0) || self.limit_test == Some(0) {
@@ -320,6 +364,22 @@ pub struct TrainOverrides {
     /// Per-sample gradients from the tape (fast) or per-example autograd (oracle).
     #[arg(long, value_enum)]
     pub grad_sample: Option<GradSampleMode>,
+    /// Gradient compressor, applied after clipping and noise [default: identity].
+    #[arg(long, value_enum)]
+    pub compressor: Option<crate::compress::CompressorKind>,
+    /// DGC/Denoise: dense fp32 bits / message bits (the paper: 1, 16, 256) [default: 1].
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
+    #[arg(long)]
+    pub rank: Option<i64>,
+    /// Compressor setting key=value, repeatable. dgc: value_bits (9-32), index_bits (32|min),
+    /// momentum, masking, warmup_epochs, topk (sampled|exact), sample_ratio. powersgd: shape
+    /// (square|rows), min_rate, epsilon, warm_start, seed. denoise: beta, decay, scope
+    /// (layer|model), value_bits, index_bits, topk, sample_ratio, clip.
+    #[arg(long = "compressor-option", value_name = "KEY=VALUE")]
+    #[serde(alias = "compressor_option")]
+    pub compressor_options: Option<Vec<String>>,
 }
 
 impl TrainOverrides {
@@ -353,6 +413,10 @@ impl TrainOverrides {
             accountant: self.accountant.or(base.accountant),
             physical_batch_size: self.physical_batch_size.or(base.physical_batch_size),
             grad_sample: self.grad_sample.or(base.grad_sample),
+            compressor: self.compressor.or(base.compressor),
+            rate: self.rate.or(base.rate),
+            rank: self.rank.or(base.rank),
+            compressor_options: self.compressor_options.or(base.compressor_options),
         }
     }
 
@@ -381,6 +445,10 @@ impl TrainOverrides {
             sampling,
             accountant,
             grad_sample,
+            compressor,
+            rate,
+            rank,
+            compressor_options,
         );
         set_optional!(
             limit_train,

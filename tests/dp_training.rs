@@ -10,6 +10,7 @@ use dpcomp::models::{Model, SurnamesLstm};
 use dpcomp::privacy::noise::noisy_mean;
 use dpcomp::train::private::{dp_step, DpSettings};
 use dpcomp::train::sgd::Sgd;
+use dpcomp::train::update::Updater;
 use dpcomp::train::{checkpoint, train_step, Trainer};
 use tch::{Device, Kind, Tensor};
 
@@ -92,8 +93,8 @@ fn sigma_zero_and_infinite_c_is_plain_sgd() {
     let (a, b) = (model(3), model(3));
     let pa = a.trainable_variables();
     let pb = b.trainable_variables();
-    let mut sgd_a = Sgd::new(0.5, 0.0);
-    let mut sgd_b = Sgd::new(0.5, 0.0);
+    let mut sgd_a = Updater::plain(Sgd::new(0.5, 0.0));
+    let mut sgd_b = Updater::plain(Sgd::new(0.5, 0.0));
     dp_step(
         &a,
         &pa,
@@ -120,7 +121,7 @@ fn oracle_mode_and_physical_batches_give_the_same_step() {
     let run = |mode, physical| {
         let m = model(5);
         let params = m.trainable_variables();
-        let mut sgd = Sgd::new(0.7, 0.0);
+        let mut sgd = Updater::plain(Sgd::new(0.7, 0.0));
         tch::manual_seed(77); // the same noise draw in every run
         let totals = dp_step(
             &m,
@@ -158,7 +159,7 @@ fn empty_poisson_batch_adds_noise_only() {
     let params = m.trainable_variables();
     let before = weights(&m);
     let empty = Tensor::zeros([0], (Kind::Int64, Device::Cpu));
-    let mut sgd = Sgd::new(1.0, 0.0);
+    let mut sgd = Updater::plain(Sgd::new(1.0, 0.0));
     let totals = dp_step(
         &m,
         &params,

@@ -1,6 +1,7 @@
 //! A run's checkpoint, written after every epoch: `checkpoint/model.safetensors` (all weights),
-//! `checkpoint/optimizer.safetensors` (momentum buffers, when any) and `checkpoint/state.json`
-//! (epochs done, steps, wall time). Written to `checkpoint.tmp/` and renamed into place, so a run
+//! `checkpoint/optimizer.safetensors` (momentum buffers, when any),
+//! `checkpoint/compressor.safetensors` (residuals, velocities, PowerSGD's Q, when any) and
+//! `checkpoint/state.json` (epochs done, steps, wall time, accountant, upstream bits). Written to `checkpoint.tmp/` and renamed into place, so a run
 //! killed while saving keeps its previous checkpoint.
 //!
 //! Randomness needs no saved generator state: every epoch reseeds LibTorch from (seed, epoch), so
@@ -23,6 +24,9 @@ pub struct TrainState {
     /// Why training stopped before its last epoch (the privacy budget).
     #[serde(default)]
     pub stopped: Option<String>,
+    /// Upstream bits sent so far (all messages of all steps).
+    #[serde(default)]
+    pub upstream_bits: u64,
 }
 
 pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
@@ -55,6 +59,7 @@ pub fn save(
     run_dir: &Path,
     vs: &nn::VarStore,
     momentum: &[(String, Tensor)],
+    compressor: &[(String, Tensor)],
     state: &TrainState,
 ) -> Result<()> {
     let dir = checkpoint_dir(run_dir);
@@ -65,6 +70,9 @@ pub fn save(
     vs.save(tmp.join("model.safetensors"))?;
     if !momentum.is_empty() {
         Tensor::write_safetensors(momentum, tmp.join("optimizer.safetensors"))?;
+    }
+    if !compressor.is_empty() {
+        Tensor::write_safetensors(compressor, tmp.join("compressor.safetensors"))?;
     }
     let json = serde_json::to_string_pretty(state).expect("state serialises");
     std::fs::write(tmp.join("state.json"), json)
@@ -94,7 +102,16 @@ pub fn read_state(dir: &Path) -> Result<TrainState> {
 
 /// Momentum buffers by variable name (empty when the run has none).
 pub fn read_momentum(dir: &Path) -> Result<HashMap<String, Tensor>> {
-    let path = dir.join("optimizer.safetensors");
+    read_optional(&dir.join("optimizer.safetensors"))
+}
+
+/// The compressor's state tensors by name (empty when it keeps none).
+pub fn read_compressor(dir: &Path) -> Result<HashMap<String, Tensor>> {
+    read_optional(&dir.join("compressor.safetensors"))
+}
+
+fn read_optional(path: &Path) -> Result<HashMap<String, Tensor>> {
+    let path = path.to_path_buf();
     if !path.is_file() {
         return Ok(HashMap::new());
     }

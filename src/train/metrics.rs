@@ -1,4 +1,5 @@
-//! `metrics.jsonl`: one JSON object per epoch; `summary.json` at the end of a run.
+//! `metrics.jsonl`: one JSON object per epoch; `upstream.csv`: the wire bits of every step;
+//! `summary.json` at the end of a run.
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,12 @@ pub struct EpochMetrics {
     /// Share of the epoch's examples whose gradient norm exceeded C (DP runs).
     #[serde(default)]
     pub clipped_fraction: Option<f64>,
+    /// Upstream bits this worker sent in this epoch's messages (`upstream.csv` has every step).
+    #[serde(default)]
+    pub upstream_bits: u64,
+    /// Cumulative upstream gigabits (10^9 bits) since the run started, as the paper's figures.
+    #[serde(default)]
+    pub upstream_gigabits: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -39,6 +46,10 @@ pub struct Summary {
     pub sample_rate: Option<f64>,
     pub sampling: Option<String>,
     pub stopped: Option<String>,
+    /// The compressor ("identity", "dgc x256", "powersgd r1", ...) and the upstream gigabits
+    /// one worker sent over the whole run.
+    pub compressor: String,
+    pub upstream_gigabits: f64,
 }
 
 /// Mean of the last `min(10, n)` test accuracies.
@@ -87,4 +98,47 @@ pub fn read_and_truncate(path: &Path, epochs_done: usize) -> Result<Vec<EpochMet
     }
     std::fs::write(path, out).map_err(|e| Error::io(path, e))?;
     Ok(history)
+}
+
+/// Appends `step,epoch,bits` lines (a header first when the file is new).
+pub fn append_upstream(path: &Path, rows: &[(u64, usize, u64)]) -> Result<()> {
+    let new = !path.exists();
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let mut text = String::new();
+    if new {
+        text.push_str("step,epoch,upstream_bits\n");
+    }
+    for (step, epoch, bits) in rows {
+        text.push_str(&format!("{step},{epoch},{bits}\n"));
+    }
+    file.write_all(text.as_bytes())
+        .map_err(|e| Error::io(path, e))
+}
+
+/// Keeps the header and the rows of steps up to `steps_done` (a killed run may have written
+/// rows after its last checkpoint).
+pub fn truncate_upstream(path: &Path, steps_done: u64) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let mut out = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let keep = i == 0
+            || line
+                .split(',')
+                .next()
+                .and_then(|s| s.parse::<u64>().ok())
+                .is_some_and(|step| step <= steps_done);
+        if keep {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    std::fs::write(path, out).map_err(|e| Error::io(path, e))
 }

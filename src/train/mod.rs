@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod metrics;
 pub mod private;
 pub mod sgd;
+pub mod update;
 
 use crate::config::{Sampling, TrainConfig};
 use crate::data::sampler;
@@ -27,6 +28,7 @@ use sgd::{clip_global_norm, Sgd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::{Device, Kind, Reduction, Tensor};
+use update::Updater;
 
 /// The LibTorch seed of epoch `epoch` (0-based) of a run seeded with `seed`: every epoch starts
 /// from its own seed, so resuming at an epoch boundary replays the same random draws.
@@ -78,12 +80,12 @@ pub fn evaluate(
 }
 
 /// One non-private SGD step: forward -> mean cross-entropy -> backward -> global gradient norm
-/// clipped to `max_grad_norm` -> SGD update. Returns (summed loss, correct predictions) as tensors
-/// on the model's device, without a host sync.
+/// clipped to `max_grad_norm` -> compress -> decompress -> SGD update (`updater`). Returns
+/// (summed loss, correct predictions) as tensors on the model's device, without a host sync.
 pub fn train_step(
     model: &dyn Model,
     params: &[(String, Tensor)],
-    optimizer: &mut Sgd,
+    updater: &mut Updater,
     batch: &Batch,
     max_grad_norm: f64,
 ) -> (Tensor, Tensor) {
@@ -97,7 +99,7 @@ pub fn train_step(
     let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
     let _ = clip_global_norm(&grads, max_grad_norm);
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-    optimizer.step(&tensors, &grads);
+    updater.apply(&tensors, &grads);
     let correct = logits
         .argmax(-1, false)
         .eq_tensor(&batch.labels)
@@ -111,7 +113,8 @@ pub struct Trainer {
     pub device: Device,
     pub data: TaskData,
     pub model: Box<dyn Model>,
-    pub optimizer: Sgd,
+    /// Compressor and optimiser: what happens to each step's final gradient.
+    pub updater: Updater,
     /// Trainable variables, sorted by name.
     pub params: Vec<(String, Tensor)>,
     pub run_dir: PathBuf,
@@ -164,7 +167,7 @@ impl Trainer {
         checkpoint::load_weights(trainer.model.var_store(), &dir.join("model.safetensors"))?;
         let momentum = checkpoint::read_momentum(&dir)?;
         if !momentum.is_empty() {
-            trainer.optimizer.buffers = trainer
+            trainer.updater.optimizer.buffers = trainer
                 .params
                 .iter()
                 .map(|(name, p)| {
@@ -180,17 +183,28 @@ impl Trainer {
                 })
                 .collect::<Result<_>>()?;
         }
+        let compressor_state = checkpoint::read_compressor(&dir)?;
+        if !trainer.updater.compressor.state().is_empty() {
+            trainer
+                .updater
+                .compressor
+                .load_state(compressor_state)
+                .map_err(|e| Error::bad_file(dir.join("compressor.safetensors"), e.to_string()))?;
+        }
         trainer.state = checkpoint::read_state(&dir)?;
         trainer.history =
             metrics::read_and_truncate(&run_dir.join("metrics.jsonl"), trainer.state.epochs_done)?;
+        metrics::truncate_upstream(&run_dir.join("upstream.csv"), trainer.state.steps_done)?;
         Ok(trainer)
     }
 
     fn build(config: TrainConfig, run_dir: &Path) -> Result<Self> {
         let (device, data, model) = tasks::prepare(&config)?;
         let params = model.trainable_variables();
+        let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
+        let compressor = config.compressor_spec()?.build(&shapes, device)?;
         Ok(Trainer {
-            optimizer: Sgd::new(config.lr, config.momentum),
+            updater: Updater::new(Sgd::new(config.lr, config.momentum), compressor),
             config,
             device,
             data,
@@ -315,7 +329,9 @@ impl Trainer {
             let epoch = self.state.epochs_done;
             let started = Instant::now();
             tch::manual_seed(epoch_seed(self.config.seed, epoch));
+            self.updater.compressor.start_epoch(epoch);
             let batches = self.epoch_batches();
+            let mut upstream: Vec<(u64, usize, u64)> = Vec::with_capacity(batches.len());
             let bar = self.progress_bar(epoch, batches.len() as u64);
             let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
             let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
@@ -341,7 +357,7 @@ impl Trainer {
                     let totals = dp_step(
                         self.model.as_ref(),
                         &self.params,
-                        &mut self.optimizer,
+                        &mut self.updater,
                         &self.data.train,
                         index,
                         self.device,
@@ -358,7 +374,7 @@ impl Trainer {
                     let (loss, right) = train_step(
                         self.model.as_ref(),
                         &self.params,
-                        &mut self.optimizer,
+                        &mut self.updater,
                         &batch,
                         self.config.max_grad_norm,
                     );
@@ -367,6 +383,8 @@ impl Trainer {
                 }
                 seen += index.size()[0];
                 self.state.steps_done += 1;
+                self.state.upstream_bits += self.updater.last_bits;
+                upstream.push((self.state.steps_done, epoch + 1, self.updater.last_bits));
                 bar.inc(1);
                 if step % 50 == 49 {
                     // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
@@ -378,9 +396,10 @@ impl Trainer {
                     };
                     let seen = seen.max(1) as f64;
                     bar.set_message(format!(
-                        "loss {:.4} acc {:.2}%{eps} {:.0} ex/s",
+                        "loss {:.4} acc {:.2}%{eps} up {:.3} Gb {:.0} ex/s",
                         loss_sum.double_value(&[]) / seen,
                         100.0 * correct.int64_value(&[]) as f64 / seen,
+                        self.state.upstream_bits as f64 / 1e9,
                         seen / started.elapsed().as_secs_f64()
                     ));
                 }
@@ -408,6 +427,8 @@ impl Trainer {
                 wall_seconds: self.state.wall_seconds,
                 epsilon: self.epsilon()?,
                 clipped_fraction: self.config.private().then(|| per_example(&clipped)),
+                upstream_bits: upstream.iter().map(|r| r.2).sum(),
+                upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
             };
             bar.finish_and_clear();
             if self.progress {
@@ -415,18 +436,20 @@ impl Trainer {
                     .epsilon
                     .map_or(String::new(), |e| format!("  epsilon {e:.3}"));
                 eprintln!(
-                    "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%{eps}  {:.0} ex/s  {:.1}s",
+                    "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%{eps}  upstream {:.4} Gb  {:.0} ex/s  {:.1}s",
                     m.epoch,
                     self.config.epochs,
                     m.train_loss,
                     100.0 * m.train_accuracy,
                     m.test_loss,
                     100.0 * m.test_accuracy,
+                    m.upstream_gigabits,
                     m.examples_per_second,
                     m.epoch_seconds
                 );
             }
             metrics::append(&self.run_dir.join("metrics.jsonl"), &m)?;
+            metrics::append_upstream(&self.run_dir.join("upstream.csv"), &upstream)?;
             self.history.push(m);
             self.save_checkpoint()?;
         }
@@ -450,6 +473,8 @@ impl Trainer {
                 }
             }),
             stopped: self.state.stopped.clone(),
+            compressor: self.config.compressor_spec()?.label(),
+            upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
         };
         let path = self.run_dir.join("summary.json");
         std::fs::write(
@@ -464,13 +489,14 @@ impl Trainer {
         let momentum: Vec<(String, Tensor)> = self
             .params
             .iter()
-            .zip(&self.optimizer.buffers)
+            .zip(&self.updater.optimizer.buffers)
             .map(|((name, _), b)| (name.clone(), b.shallow_clone()))
             .collect();
         checkpoint::save(
             &self.run_dir,
             self.model.var_store(),
             &momentum,
+            &self.updater.compressor.state(),
             &self.state,
         )
     }

@@ -1,9 +1,9 @@
 //! One DP-SGD step (Abadi et al. 2016, Algorithm 1) as the paper runs it through Opacus:
 //! per-sample gradients -> each clipped to norm C -> summed -> N(0, σ²C²) added once -> divided
-//! by the expected batch size -> SGD. A logical batch larger than `physical_batch` examples is
+//! by the expected batch size -> compress -> decompress -> SGD (`Updater`). A logical batch larger than `physical_batch` examples is
 //! processed in chunks whose clipped sums accumulate before the single noise draw.
 
-use super::sgd::Sgd;
+use super::update::Updater;
 use crate::config::GradSampleMode;
 use crate::data::{Batch, Dataset};
 use crate::error::{Error, Result};
@@ -126,7 +126,7 @@ fn clipped_sums_oracle(
 pub fn dp_step(
     model: &dyn Model,
     params: &[(String, Tensor)],
-    optimizer: &mut Sgd,
+    updater: &mut Updater,
     data: &Dataset,
     index: &Tensor,
     device: Device,
@@ -171,7 +171,7 @@ pub fn dp_step(
             .collect()
     });
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-    optimizer.step(&tensors, &grads);
+    updater.apply(&tensors, &grads);
     let [loss_sum, correct, clipped] = totals;
     Ok(StepTotals {
         loss_sum,
