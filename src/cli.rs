@@ -125,6 +125,9 @@ pub enum BenchCommand {
     Train(bench::TrainBenchArgs),
     /// Non-private versus DP-SGD step time and peak memory, side by side.
     Dp(bench::DpBenchArgs),
+    /// A compressor's compress + decompress time against the model's backward pass, and its
+    /// wire bits against dense fp32.
+    Compress(bench::compress::CompressBenchArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -166,6 +169,9 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::Dp(args),
         } => bench::dp_bench(args),
+        Command::Bench {
+            command: BenchCommand::Compress(args),
+        } => bench::compress::compress_bench(args),
     }
 }
 

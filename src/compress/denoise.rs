@@ -114,7 +114,9 @@ impl Denoise {
         }
     }
 
-    /// Sparsifies `x` at the budget: (payload, x - sent).
+    /// Sparsifies `x` at the budget: the payload and ||x - sent||² (0-d, f64). For a sparse
+    /// payload the error is ||x||² - Σ_kept x_i² + Σ_kept (x_i - t_i)² (t: truncated values), so
+    /// no error tensor is formed for the candidate that is not chosen.
     fn sparsify(&self, x: &Tensor) -> (Payload, Tensor) {
         let o = &self.options;
         let n = x.numel() as i64;
@@ -122,28 +124,27 @@ impl Denoise {
         let k = sparse_budget(n, o.rate, o.value_bits, index_bits);
         if o.rate <= 1.0 || !sparse_is_cheaper(k, n, o.value_bits, index_bits) {
             let values = truncate_mantissa(x, o.value_bits);
-            let error = x - &values;
-            return (
-                Payload::Dense {
-                    values,
-                    value_bits: o.value_bits,
-                },
-                error,
-            );
+            let error = (x - &values).square().sum(Kind::Double);
+            let payload = Payload::Dense {
+                values,
+                value_bits: o.value_bits,
+            };
+            return (payload, error);
         }
         let (indices, kept) = largest(x, k, o.topk);
         let values = truncate_mantissa(&kept, o.value_bits);
-        let error = x.index_add(0, &indices, &values.neg());
-        (
-            Payload::Sparse {
-                indices,
-                values,
-                shape: vec![n],
-                value_bits: o.value_bits,
-                index_bits,
-            },
-            error,
-        )
+        // ||x||² from one fused norm pass (no squared temporary of x's size).
+        let total = x.norm().to_kind(Kind::Double).square();
+        let error =
+            total - kept.square().sum(Kind::Double) + (&kept - &values).square().sum(Kind::Double);
+        let payload = Payload::Sparse {
+            indices,
+            values,
+            shape: vec![n],
+            value_bits: o.value_bits,
+            index_bits,
+        };
+        (payload, error)
     }
 }
 
@@ -184,10 +185,38 @@ fn choose(flag: &Tensor, a: Payload, b: Payload) -> Payload {
     }
 }
 
-/// The receiver's velocity after a message: replaced by a velocity (flag true), or plus an
-/// acceleration (flag false).
-fn receive(velocity: &Tensor, flag: &Tensor, sent: &Tensor) -> Tensor {
-    sent.where_self(flag, &(velocity + sent))
+/// `x - sent`, in place on `x` (flat).
+fn subtract_sent(x: &mut Tensor, payload: &Payload) {
+    match payload {
+        Payload::Sparse {
+            indices, values, ..
+        } => {
+            let _ = x.index_add_(0, indices, &values.neg());
+        }
+        other => {
+            let _ = x.g_sub_(&other.to_dense().view([-1]));
+        }
+    }
+}
+
+/// A velocity (flat) after a message: replaced by a sent velocity (flag true), or plus a sent
+/// acceleration (flag false). In place; sparse payloads touch only their k positions besides
+/// one scaling pass.
+fn receive(velocity: &mut Tensor, flag: &Tensor, payload: &Payload) {
+    match payload {
+        Payload::Sparse {
+            indices, values, ..
+        } => {
+            let keep = flag.logical_not().to_kind(velocity.kind());
+            let _ = velocity.g_mul_(&keep);
+            let _ = velocity.index_add_(0, indices, values);
+        }
+        other => {
+            let sent = other.to_dense().view([-1]);
+            let updated = sent.where_self(flag, &(&*velocity + &sent));
+            velocity.copy_(&updated);
+        }
+    }
 }
 
 impl Compressor for Denoise {
@@ -198,21 +227,27 @@ impl Compressor for Denoise {
             let mut payloads = Vec::new();
             let mut flags = Vec::new();
             for (i, g) in incoming.iter().enumerate() {
+                // v_t = v_{t-1} + (1 - β)(g - v_{t-1}); a = v_t - v_{t-1}; candidates a + r and
+                // v_t + r.
                 let seg = &self.segments[i];
-                let velocity = &seg.velocity * beta + g * (1.0 - beta);
-                let acceleration = &velocity - &seg.velocity;
-                let (as_velocity, error_v) = self.sparsify(&(&velocity + &seg.residual));
-                let (as_acceleration, error_a) = self.sparsify(&(&acceleration + &seg.residual));
-                let flag = error_v
-                    .square()
-                    .sum(Kind::Float)
-                    .le_tensor(&error_a.square().sum(Kind::Float));
-                let residual = error_v.where_self(&flag, &error_a) * decay;
-                let payload = choose(&flag, as_velocity, as_acceleration);
+                let velocity = seg.velocity.lerp(g, 1.0 - beta);
+                let mut as_acceleration = &velocity - &seg.velocity;
+                let _ = as_acceleration.g_add_(&seg.residual);
+                let as_velocity = &velocity + &seg.residual;
+                let (velocity_payload, velocity_error) = self.sparsify(&as_velocity);
+                let (acceleration_payload, acceleration_error) = self.sparsify(&as_acceleration);
+                let flag = velocity_error.le_tensor(&acceleration_error);
+                let payload = choose(&flag, velocity_payload, acceleration_payload);
+                // The chosen candidate, in one fused pass: a + r + flag v_{t-1} (= v_t + r when
+                // the velocity was chosen).
+                let mut residual = as_acceleration;
+                let _ = residual.addcmul_(&seg.velocity, &flag.to_kind(Kind::Float));
+                subtract_sent(&mut residual, &payload);
+                let _ = residual.g_mul_scalar_(decay);
                 let seg = &mut self.segments[i];
-                seg.mirror = receive(&seg.mirror, &flag, &payload.to_dense());
                 seg.velocity = velocity;
                 seg.residual = residual;
+                receive(&mut seg.mirror, &flag, &payload);
                 payloads.push(payload);
                 flags.push(flag);
             }
@@ -228,7 +263,7 @@ impl Compressor for Denoise {
                 .zip(&message.payloads)
                 .zip(&message.flags)
             {
-                seg.received = receive(&seg.received, flag, &payload.to_dense());
+                receive(&mut seg.received, flag, payload);
             }
             let flat: Vec<Tensor> = match self.options.scope {
                 Scope::Layer => self
@@ -241,6 +276,7 @@ impl Compressor for Denoise {
                     self.segments[0].received.split_with_sizes(&sizes, 0)
                 }
             };
+            // Views of the receiver's velocity: read by the optimiser before the next message.
             flat.iter()
                 .zip(&self.shapes)
                 .map(|(t, shape)| t.view(shape.as_slice()))

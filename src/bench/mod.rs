@@ -5,6 +5,9 @@
 //!   `benches/train_vs_pytorch.py` times eager PyTorch on the very same tensors in the same run.
 //! - `dpcomp bench dp`: the non-private step and the DP-SGD step (per-sample clipping and noise)
 //!   in alternating rounds of the same run, their ratio, and each one's peak memory.
+//! - `dpcomp bench compress` (`compress.rs`): a compressor's overhead against the backward pass.
+
+pub mod compress;
 
 use crate::config::{DeviceChoice, Task, TrainConfig};
 use crate::data::{Batch, Features};
@@ -103,7 +106,7 @@ pub struct DpBenchArgs {
     pub noise_multiplier: f64,
 }
 
-fn batch_to_device(batch: &Batch, device: Device) -> Batch {
+pub(crate) fn batch_to_device(batch: &Batch, device: Device) -> Batch {
     Batch {
         features: batch.features.to_device(device),
         labels: batch.labels.to_device(device),
@@ -186,14 +189,14 @@ fn reset_peak_rss() {
 }
 
 /// Waits for queued CUDA work, so that wall-clock timings cover it (no-op on the CPU).
-fn synchronize(device: Device) {
+pub(crate) fn synchronize(device: Device) {
     if let Device::Cuda(i) = device {
         tch::Cuda::synchronize(i as i64);
     }
 }
 
 /// A benchmark's model, batch and settings.
-struct Prepared {
+pub(crate) struct Prepared {
     device: Device,
     defaults: TrainConfig,
     batch_size: i64,
@@ -203,7 +206,7 @@ struct Prepared {
 }
 
 impl BenchSetup {
-    fn prepare(&self) -> Result<Prepared> {
+    pub(crate) fn prepare(&self) -> Result<Prepared> {
         let device = self.device.device()?;
         let defaults = TrainConfig::paper_defaults(self.task);
         let batch_size = self.batch_size.unwrap_or(defaults.batch_size as i64);

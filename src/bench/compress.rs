@@ -1,0 +1,148 @@
+//! `dpcomp bench compress`: a compressor's compress + decompress time per step on the task
+//! model's real gradients, against the same model's backward pass timed in the same run, and its
+//! wire bits against dense fp32.
+//!
+//! The gradients are the model's own (one forward/backward on the seeded synthetic batch); every
+//! timed step compresses them plus fresh Gaussian noise of the DP scale σ C / B (what a DP step
+//! hands the compressor), drawn before the timer starts. Rounds alternate backward passes and
+//! compressor steps, so both see the same machine load.
+
+use super::{synchronize, BenchSetup, Prepared};
+use crate::compress::{dense_fp32_bits, CompressorKind, CompressorSpec};
+use crate::nn::Ctx;
+use anyhow::Result;
+use std::time::Instant;
+use tch::{Reduction, Tensor};
+
+#[derive(Debug, clap::Args)]
+pub struct CompressBenchArgs {
+    #[command(flatten)]
+    pub setup: BenchSetup,
+    #[arg(long, value_enum)]
+    pub compressor: CompressorKind,
+    /// DGC/Denoise rate (dense fp32 bits / message bits).
+    #[arg(long, default_value_t = 1.0)]
+    pub rate: f64,
+    /// PowerSGD rank.
+    #[arg(long, default_value_t = 1)]
+    pub rank: i64,
+    /// Compressor setting key=value, repeatable (as for `dpcomp train`).
+    #[arg(long = "compressor-option", value_name = "KEY=VALUE")]
+    pub compressor_options: Vec<String>,
+    /// Alternating rounds the timed steps are split into.
+    #[arg(long, default_value_t = 4)]
+    pub rounds: usize,
+    /// Noise added to the gradients before each compression: σ C / batch per coordinate.
+    #[arg(long, default_value_t = 0.8)]
+    pub noise_multiplier: f64,
+}
+
+pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
+    let setup = &args.setup;
+    let Prepared {
+        device,
+        defaults,
+        batch_size,
+        model,
+        batch,
+        ..
+    } = setup.prepare()?;
+    let batch = super::batch_to_device(&batch, device);
+    let spec = CompressorSpec::new(
+        args.compressor,
+        args.rate,
+        args.rank,
+        &args.compressor_options,
+    )?;
+    let params = model.trainable_variables();
+    let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
+    let mut compressor = spec.build(&shapes, device)?;
+
+    // One backward pass of the model (forward untimed): its gradients and its time.
+    let backward = || -> (Vec<Tensor>, f64) {
+        for (_, p) in &params {
+            p.shallow_clone().zero_grad();
+        }
+        let mut ctx = Ctx::train();
+        let logits = model.forward(&batch.features, &mut ctx);
+        let loss =
+            logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0);
+        synchronize(device);
+        let start = Instant::now();
+        ctx.backward(&loss);
+        synchronize(device);
+        let seconds = start.elapsed().as_secs_f64();
+        (
+            params.iter().map(|(_, p)| p.grad().copy()).collect(),
+            seconds,
+        )
+    };
+    let (gradients, _) = backward();
+    let noise_std = args.noise_multiplier * defaults.max_grad_norm / batch_size as f64;
+    let noisy = || -> Vec<Tensor> {
+        gradients
+            .iter()
+            .map(|g| g + g.randn_like() * noise_std)
+            .collect()
+    };
+    let mut step = |update: &[Tensor]| -> (f64, u64) {
+        synchronize(device);
+        let start = Instant::now();
+        let message = compressor.compress(update);
+        let received = compressor.decompress(&message);
+        synchronize(device);
+        let seconds = start.elapsed().as_secs_f64();
+        drop(received);
+        (seconds, message.wire_bits())
+    };
+    for _ in 0..setup.warmup {
+        let _ = backward();
+        let _ = step(&noisy());
+    }
+    let rounds = args.rounds.max(1);
+    let per_round = (setup.steps / rounds).max(1);
+    let (mut compress_total, mut backward_total, mut bits_total) = (0.0, 0.0, 0u64);
+    for _ in 0..rounds {
+        for _ in 0..per_round {
+            backward_total += backward().1;
+        }
+        for _ in 0..per_round {
+            let update = noisy();
+            let (seconds, bits) = step(&update);
+            compress_total += seconds;
+            bits_total += bits;
+        }
+    }
+    let steps = rounds * per_round;
+    let compress = compress_total / steps as f64;
+    let backward_mean = backward_total / steps as f64;
+    let dense = dense_fp32_bits(&gradients);
+    let bits = bits_total / steps as u64;
+    if setup.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "task": setup.task, "batch_size": batch_size, "device": format!("{device:?}"),
+                "compressor": spec.label(), "options": spec.options, "steps": steps,
+                "mean_compress_decompress_seconds": compress,
+                "mean_backward_seconds": backward_mean,
+                "ratio_compress_over_backward": compress / backward_mean,
+                "wire_bits_per_step": bits, "dense_fp32_bits_per_step": dense,
+                "achieved_rate": dense as f64 / bits as f64,
+                "layer_shapes": shapes, "threads": tch::get_num_threads(),
+            })
+        );
+    } else {
+        println!(
+            "{} {}: compress+decompress {:.2} ms, backward {:.2} ms, ratio {:.3}; {} bits/step = dense / {:.1}",
+            setup.task,
+            spec.label(),
+            compress * 1e3,
+            backward_mean * 1e3,
+            compress / backward_mean,
+            bits,
+            dense as f64 / bits as f64
+        );
+    }
+    Ok(())
+}
