@@ -294,6 +294,50 @@ fn config_file_then_flags_then_errors() {
     .to_string();
     assert!(err.contains("lr") && err.contains("positive"), "{err}");
 
+    // Compressor settings from a file, flags on top; bad ones fail before training.
+    std::fs::write(
+        &file,
+        "task = \"surnames\"\ncompressor = \"dgc\"\nrate = 256.0\ncompressor_options = [\"value_bits=16\"]\n",
+    )
+    .unwrap();
+    let config = TrainOverrides {
+        compressor_options: Some(vec!["value_bits=12".into(), "index_bits=min".into()]),
+        ..Default::default()
+    }
+    .or(TrainOverrides::from_toml_file(&file).unwrap())
+    .resolve()
+    .unwrap();
+    let spec = config.compressor_spec().unwrap();
+    assert_eq!(spec.label(), "dgc x256");
+    assert_eq!(spec.dgc_options().unwrap().value_bits, 12);
+    let err = TrainOverrides {
+        task: Some(Task::Surnames),
+        compressor: Some(dpcomp::compress::CompressorKind::Powersgd),
+        compressor_options: Some(vec!["rate=3".into()]),
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("\"rate\" is not an option of powersgd") && err.contains("min_rate"),
+        "{err}"
+    );
+    let err = TrainOverrides {
+        task: Some(Task::Surnames),
+        compressor: Some(dpcomp::compress::CompressorKind::Dgc),
+        momentum: Some(0.9),
+        compressor_options: Some(vec!["momentum=0.9".into()]),
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("momentum") && err.contains("before compression"),
+        "{err}"
+    );
+
     // An existing run is never overwritten without --resume.
     let Some(root) = require_shared_data() else {
         return;

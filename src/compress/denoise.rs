@@ -4,14 +4,25 @@
 //! - sender and receiver each keep a velocity, an exponential average of past mean gradients:
 //!   v_t = β v_{t-1} + (1 - β) g_t (`beta`; the coefficient is not in the text);
 //! - acceleration = the change in velocity, a_t = v_t - v_{t-1};
-//! - both candidates, velocity and acceleration, each plus the residual r, are top-k sparsified at
-//!   the budget `rate` gives (as DGC's), and the one with the smaller sparsification error
-//!   ||x - topk(x)|| is sent, with a 1-bit flag (ties: velocity);
-//! - the residual is the chosen candidate's unsent part, decayed: r <- `decay` (x - topk(x))
-//!   (the factor is not in the text);
+//! - the candidates are the velocity v_t and the acceleration plus the residual, a_t + r; each
+//!   is top-k sparsified at the budget `rate` gives (as DGC's), and the one with the smaller
+//!   sparsification error ||x - topk(x)|| is sent, with a 1-bit flag (ties: velocity);
+//! - the residual is what the receiver's velocity still lacks after the message, decayed:
+//!   r <- `decay` (v_t - v̂_t), fed into the next acceleration. Our reading: the text says only
+//!   that a residual is accumulated, decayed and fed into the next message. Taking the
+//!   unsent part of the chosen candidate instead (classic error feedback) lets the receiver's
+//!   velocity drift away as a random walk of the lost (1 - decay) share whenever accelerations
+//!   are sent (measured: Surnames under DP diverged, train loss 100 -> 2600 in 5 epochs); with the
+//!   receiver's gap, gap_t = (1 - decay) gap_{t-1} + sparsification error, bounded for any
+//!   decay in (0, 1], and decay = 1 sends exactly the change v_t - v̂_{t-1} the receiver needs;
+//!   the two errors compared are then the receiver's remaining gap under each choice;
 //! - the receiver replaces its velocity with a sent velocity, or adds a sent acceleration, and
 //!   uses its velocity as the update. The sender mirrors the receiver's velocity, so
 //!   `receiver_velocity() == sender_mirror()` after every step (tested).
+//!
+//! Defaults β = 0.9, decay = 0.9 from a sweep on Surnames (σ 0.8, C 3, rate 16, 3 epochs, mean
+//! test accuracy of the 3 epochs): β 0.9 with decay 0.9 31.9%, 1.0 31.6%, 0.5 27.8%; β 0.5 with
+//! decay 1.0 24.8%, β 0 (no averaging) 22.0%; DGC x16 on the same run 31.8%.
 //!
 //! `scope = layer` chooses per parameter (one flag each); `scope = model` runs one top-k over all
 //! parameters concatenated (one flag). `clip` (off by default) bounds the global norm of the
@@ -185,20 +196,6 @@ fn choose(flag: &Tensor, a: Payload, b: Payload) -> Payload {
     }
 }
 
-/// `x - sent`, in place on `x` (flat).
-fn subtract_sent(x: &mut Tensor, payload: &Payload) {
-    match payload {
-        Payload::Sparse {
-            indices, values, ..
-        } => {
-            let _ = x.index_add_(0, indices, &values.neg());
-        }
-        other => {
-            let _ = x.g_sub_(&other.to_dense().view([-1]));
-        }
-    }
-}
-
 /// A velocity (flat) after a message: replaced by a sent velocity (flag true), or plus a sent
 /// acceleration (flag false). In place; sparse payloads touch only their k positions besides
 /// one scaling pass.
@@ -227,27 +224,22 @@ impl Compressor for Denoise {
             let mut payloads = Vec::new();
             let mut flags = Vec::new();
             for (i, g) in incoming.iter().enumerate() {
-                // v_t = v_{t-1} + (1 - β)(g - v_{t-1}); a = v_t - v_{t-1}; candidates a + r and
-                // v_t + r.
+                // v_t = v_{t-1} + (1 - β)(g - v_{t-1}); a = v_t - v_{t-1}; candidates v_t and
+                // a + r, r = decay (v_{t-1} - v̂_{t-1}) (what the receiver lacked, decayed).
                 let seg = &self.segments[i];
                 let velocity = seg.velocity.lerp(g, 1.0 - beta);
                 let mut as_acceleration = &velocity - &seg.velocity;
                 let _ = as_acceleration.g_add_(&seg.residual);
-                let as_velocity = &velocity + &seg.residual;
-                let (velocity_payload, velocity_error) = self.sparsify(&as_velocity);
+                let (velocity_payload, velocity_error) = self.sparsify(&velocity);
                 let (acceleration_payload, acceleration_error) = self.sparsify(&as_acceleration);
                 let flag = velocity_error.le_tensor(&acceleration_error);
                 let payload = choose(&flag, velocity_payload, acceleration_payload);
-                // The chosen candidate, in one fused pass: a + r + flag v_{t-1} (= v_t + r when
-                // the velocity was chosen).
-                let mut residual = as_acceleration;
-                let _ = residual.addcmul_(&seg.velocity, &flag.to_kind(Kind::Float));
-                subtract_sent(&mut residual, &payload);
-                let _ = residual.g_mul_scalar_(decay);
                 let seg = &mut self.segments[i];
+                receive(&mut seg.mirror, &flag, &payload);
+                let mut residual = &velocity - &seg.mirror;
+                let _ = residual.g_mul_scalar_(decay);
                 seg.velocity = velocity;
                 seg.residual = residual;
-                receive(&mut seg.mirror, &flag, &payload);
                 payloads.push(payload);
                 flags.push(flag);
             }

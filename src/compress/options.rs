@@ -296,7 +296,7 @@ impl CompressorSpec {
         Ok(DenoiseOptions {
             rate: self.rate,
             beta: self.unit("beta", 0.9, true)?,
-            decay: self.unit("decay", 0.5, false)?,
+            decay: self.unit("decay", 0.9, false)?,
             scope,
             value_bits: self.value_bits()?,
             index_bits: self.index_bits()?,
