@@ -33,6 +33,9 @@ pub enum Command {
         #[command(subcommand)]
         command: DataCommand,
     },
+    /// Run every cell of an experiment file (skipping finished cells, resuming interrupted
+    /// ones) and write its results table.
+    Grid(GridArgs),
     /// Privacy budget of DP-SGD: epsilon for (q, sigma, steps, delta), or the sigma for a target
     /// epsilon.
     Epsilon(EpsilonArgs),
@@ -41,6 +44,27 @@ pub enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GridArgs {
+    /// The experiment file (experiments/*.toml).
+    pub experiment: PathBuf,
+    /// Which of the file's profiles: cpu (fits a 2-core CPU) or full (the paper's settings).
+    #[arg(long, default_value = "cpu")]
+    pub profile: String,
+    /// Run only the cells whose axis has this value (repeatable), e.g. --only rate=16.
+    #[arg(long, value_name = "AXIS=VALUE")]
+    pub only: Vec<String>,
+    /// Folder under which runs/<experiment>/<profile>/<cell>/ are written.
+    #[arg(long, default_value = "runs")]
+    pub runs: PathBuf,
+    /// Also copy the results table to this folder as <experiment>.<profile>.{csv,md}.
+    #[arg(long)]
+    pub results_dir: Option<PathBuf>,
+    /// List the cells and their state without running anything.
+    #[arg(long)]
+    pub list: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -163,6 +187,7 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Epsilon(args) => epsilon_command(args),
+        Command::Grid(args) => grid_command(args),
         Command::Bench {
             command: BenchCommand::Train(args),
         } => bench::train_bench(args),
@@ -301,5 +326,36 @@ fn epsilon_command(args: EpsilonArgs) -> Result<()> {
     } else {
         println!("epsilon {epsilon:.4}{order} at delta {}", args.delta);
     }
+    Ok(())
+}
+
+fn grid_command(args: GridArgs) -> Result<()> {
+    let experiment = crate::grid::Experiment::from_file(&args.experiment)?;
+    let only = crate::grid::parse_only(&args.only)?;
+    if args.list {
+        let root = args.runs.join(&experiment.name).join(&args.profile);
+        for cell in experiment.cells(&args.profile, &only)? {
+            let state = crate::grid::cell_state(&root.join(&cell.name), &cell.config)?;
+            println!("{}  {:?}  epochs {}", cell.name, state, cell.config.epochs);
+        }
+        return Ok(());
+    }
+    let rows = crate::grid::run(&experiment, &args.profile, &only, &args.runs, true)?;
+    let root = args.runs.join(&experiment.name).join(&args.profile);
+    if let Some(dir) = &args.results_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        for ext in ["csv", "md"] {
+            let from = root.join(format!("results.{ext}"));
+            let to = dir.join(format!("{}.{}.{ext}", experiment.name, args.profile));
+            std::fs::copy(&from, &to)
+                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        }
+    }
+    println!(
+        "{}: {} finished cells; table in {}",
+        experiment.name,
+        rows.len(),
+        root.join("results.md").display()
+    );
     Ok(())
 }

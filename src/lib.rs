@@ -8,6 +8,7 @@ pub mod compress;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod grid;
 pub mod models;
 pub mod nn;
 pub mod privacy;

@@ -1,0 +1,357 @@
+//! Experiments as data: `experiments/<name>.toml` describes a grid of training runs (one figure
+//! group of `../shared/papers/dp-and-gradient-compression.txt`), and `dpcomp grid` runs every
+//! cell, skipping finished ones and resuming interrupted ones, then writes the results table.
+//!
+//! ```toml
+//! name = "surnames_dgc"
+//! description = "Surnames x DGC: accuracy vs epsilon vs upstream bandwidth"
+//! [base]                       # settings of every cell (any `dpcomp train` setting)
+//! task = "surnames"
+//! compressor = "dgc"
+//! [grid]                       # axes: every combination is one cell
+//! noise_multiplier = [0.0, 0.4, 0.8]
+//! rate = [1.0, 16.0, 256.0]
+//! [profiles.full]              # the paper's settings (a GPU)
+//! epochs = 100
+//! [profiles.cpu]               # what fits a 2-core CPU in 30 minutes, same code path
+//! epochs = 10
+//! ```
+//!
+//! A cell's settings are `base`, then the profile, then its grid values (later wins), resolved
+//! like `dpcomp train --config` (paper defaults first). Runs go to
+//! `<runs>/<name>/<profile>/<cell>/`, the table to `<runs>/<name>/<profile>/results.{csv,md}`.
+
+use crate::config::{TrainConfig, TrainOverrides};
+use crate::error::{Error, Result};
+use crate::train::metrics::Summary;
+use crate::train::{checkpoint, Trainer};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub base: toml::Table,
+    /// Axis name -> values; cells are the cartesian product, in file order of axes.
+    #[serde(default)]
+    pub grid: toml::Table,
+    #[serde(default)]
+    pub profiles: BTreeMap<String, toml::Table>,
+}
+
+/// One run of a grid: its name (axis=value pairs), its values and its resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Cell {
+    pub name: String,
+    pub values: Vec<(String, toml::Value)>,
+    pub config: TrainConfig,
+}
+
+/// What a finished cell reports (one row of the results table).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Row {
+    pub cell: String,
+    pub task: String,
+    pub noise_multiplier: f64,
+    /// ε at the configuration's δ; `None` = ∞ (σ = 0).
+    pub epsilon: Option<f64>,
+    pub delta: f64,
+    pub compressor: String,
+    pub rate: f64,
+    pub rank: i64,
+    pub upstream_gigabits: f64,
+    pub final_accuracy: f64,
+    pub epochs: usize,
+    pub wall_seconds: f64,
+}
+
+impl Experiment {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let experiment: Experiment =
+            toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
+        for (axis, values) in &experiment.grid {
+            let ok = values.as_array().is_some_and(|a| !a.is_empty());
+            if !ok {
+                return Err(Error::bad_file(
+                    path,
+                    format!("grid.{axis}: expected a non-empty array of values"),
+                ));
+            }
+        }
+        Ok(experiment)
+    }
+
+    /// Every cell of `profile`, in order, with `only` (axis, value) filters applied.
+    pub fn cells(&self, profile: &str, only: &[(String, String)]) -> Result<Vec<Cell>> {
+        let overrides = self.profiles.get(profile).ok_or_else(|| {
+            Error::bad_value(
+                "--profile",
+                format!(
+                    "{profile}: experiment {} has profiles {}",
+                    self.name,
+                    self.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        for (axis, _) in only {
+            if !self.grid.contains_key(axis) {
+                return Err(Error::bad_value(
+                    "--only",
+                    format!(
+                        "{axis} is not an axis of {}; axes: {}",
+                        self.name,
+                        self.grid.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+        }
+        let mut combos: Vec<Vec<(String, toml::Value)>> = vec![Vec::new()];
+        for (axis, values) in &self.grid {
+            let values = values.as_array().expect("checked in from_file");
+            combos = combos
+                .into_iter()
+                .flat_map(|prefix| {
+                    values.iter().map(move |v| {
+                        let mut next = prefix.clone();
+                        next.push((axis.clone(), v.clone()));
+                        next
+                    })
+                })
+                .collect();
+        }
+        let mut cells = Vec::new();
+        for values in combos {
+            let keep = only.iter().all(|(axis, wanted)| {
+                values
+                    .iter()
+                    .any(|(a, v)| a == axis && same_value(v, wanted))
+            });
+            if !keep {
+                continue;
+            }
+            let mut table = self.base.clone();
+            table.extend(overrides.clone());
+            table.extend(values.iter().cloned());
+            let name = cell_name(&values);
+            let settings: TrainOverrides = toml::Value::Table(table)
+                .try_into()
+                .map_err(|e| Error::bad_value(format!("{} cell {name}", self.name), e.to_string()))?;
+            let config = settings
+                .resolve()
+                .map_err(|e| Error::bad_value(format!("{} cell {name}", self.name), e.to_string()))?;
+            cells.push(Cell {
+                name,
+                values,
+                config,
+            });
+        }
+        Ok(cells)
+    }
+}
+
+/// Whether a grid value equals the text given to `--only` (numbers compare numerically).
+fn same_value(value: &toml::Value, text: &str) -> bool {
+    match value {
+        toml::Value::Float(f) => text.parse::<f64>().is_ok_and(|t| t == *f),
+        toml::Value::Integer(i) => text.parse::<f64>().is_ok_and(|t| t == *i as f64),
+        toml::Value::String(s) => s == text,
+        other => other.to_string() == text,
+    }
+}
+
+/// "noise_multiplier-0.8_rate-16": axis-value pairs, safe as a folder name.
+pub fn cell_name(values: &[(String, toml::Value)]) -> String {
+    if values.is_empty() {
+        return "single".to_string();
+    }
+    values
+        .iter()
+        .map(|(axis, v)| {
+            let text = match v {
+                toml::Value::Float(f) => format!("{f}"),
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let text: String = text
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+                .collect();
+            format!("{axis}-{text}")
+        })
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+/// Where a finished, interrupted or new cell stands.
+#[derive(Debug, PartialEq)]
+pub enum CellState {
+    Finished,
+    Interrupted { epochs_done: usize },
+    New,
+}
+
+pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
+    let Some(found) = checkpoint::find(dir) else {
+        return Ok(CellState::New);
+    };
+    let saved = TrainConfig::from_toml_file(&dir.join("config.toml"))?;
+    let mut comparable = saved.clone();
+    comparable.epochs = config.epochs;
+    if &comparable != config {
+        return Err(Error::bad_value(
+            "grid",
+            format!(
+                "{} holds a run with other settings than this cell's (experiment file changed?); move it away to rerun",
+                dir.display()
+            ),
+        ));
+    }
+    let state = checkpoint::read_state(&found)?;
+    if state.epochs_done >= config.epochs || state.stopped.is_some() {
+        if dir.join("summary.json").is_file() {
+            return Ok(CellState::Finished);
+        }
+    }
+    Ok(CellState::Interrupted {
+        epochs_done: state.epochs_done,
+    })
+}
+
+/// Runs every cell (skipping finished ones, resuming interrupted ones), then writes the results
+/// table. Returns the rows of all finished cells.
+pub fn run(
+    experiment: &Experiment,
+    profile: &str,
+    only: &[(String, String)],
+    runs_root: &Path,
+    progress: bool,
+) -> Result<Vec<Row>> {
+    let cells = experiment.cells(profile, only)?;
+    let root = runs_root.join(&experiment.name).join(profile);
+    std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+    let started = Instant::now();
+    for (i, cell) in cells.iter().enumerate() {
+        let dir = root.join(&cell.name);
+        let state = cell_state(&dir, &cell.config)?;
+        if progress {
+            eprintln!(
+                "[{}/{}] {} {}: {}  ({:.0} s so far)",
+                i + 1,
+                cells.len(),
+                experiment.name,
+                cell.name,
+                match &state {
+                    CellState::Finished => "finished, skipped".to_string(),
+                    CellState::Interrupted { epochs_done } =>
+                        format!("resuming after epoch {epochs_done}"),
+                    CellState::New => "starting".to_string(),
+                },
+                started.elapsed().as_secs_f64()
+            );
+        }
+        let mut trainer = match state {
+            CellState::Finished => continue,
+            CellState::Interrupted { .. } => Trainer::resume(&dir, Some(cell.config.epochs))?,
+            CellState::New => Trainer::new(cell.config.clone(), &dir)?,
+        };
+        trainer.progress = progress;
+        trainer.run()?;
+    }
+    let rows = collect(&root, &cells)?;
+    write_tables(&root, experiment, profile, &rows)?;
+    Ok(rows)
+}
+
+/// The rows of the cells that have finished.
+pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for cell in cells {
+        let path = root.join(&cell.name).join("summary.json");
+        if !path.is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let summary: Summary =
+            serde_json::from_str(&text).map_err(|e| Error::bad_file(&path, e.to_string()))?;
+        let c = &cell.config;
+        rows.push(Row {
+            cell: cell.name.clone(),
+            task: c.task.to_string(),
+            noise_multiplier: c.noise_multiplier.unwrap_or(0.0),
+            epsilon: summary.epsilon.filter(|e| e.is_finite()),
+            delta: c.delta,
+            compressor: summary.compressor.clone(),
+            rate: c.rate,
+            rank: c.rank,
+            upstream_gigabits: summary.upstream_gigabits,
+            final_accuracy: summary.final_accuracy,
+            epochs: summary.epochs,
+            wall_seconds: summary.wall_seconds,
+        });
+    }
+    Ok(rows)
+}
+
+fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row]) -> Result<()> {
+    let mut csv = String::from(
+        "cell,task,noise_multiplier,epsilon,delta,compressor,rate,rank,upstream_gigabits,final_accuracy,epochs,wall_seconds\n",
+    );
+    for r in rows {
+        csv.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            r.cell,
+            r.task,
+            r.noise_multiplier,
+            r.epsilon.map_or("inf".to_string(), |e| format!("{e}")),
+            r.delta,
+            r.compressor,
+            r.rate,
+            r.rank,
+            r.upstream_gigabits,
+            r.final_accuracy,
+            r.epochs,
+            r.wall_seconds
+        ));
+    }
+    let mut md = format!(
+        "# {} ({profile} profile)\n\n{}\n\nFinal accuracy = mean test accuracy of the last min(10, epochs) epochs; upstream = gigabits one worker sent over the run.\n\n| task | σ | ε | compressor | upstream Gb | final accuracy | epochs | wall |\n|---|---|---|---|---|---|---|---|\n",
+        experiment.name, experiment.description
+    );
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {:.4} | {:.2}% | {} | {:.0} s |\n",
+            r.task,
+            r.noise_multiplier,
+            r.epsilon.map_or("∞".to_string(), |e| format!("{e:.2}")),
+            r.compressor,
+            r.upstream_gigabits,
+            100.0 * r.final_accuracy,
+            r.epochs,
+            r.wall_seconds
+        ));
+    }
+    for (name, text) in [("results.csv", csv), ("results.md", md)] {
+        let path = root.join(name);
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+    }
+    Ok(())
+}
+
+/// `key=value` → (key, value).
+pub fn parse_only(items: &[String]) -> Result<Vec<(String, String)>> {
+    items
+        .iter()
+        .map(|item| {
+            item.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| Error::bad_value("--only", format!("{item:?}: expected axis=value")))
+        })
+        .collect()
+}
