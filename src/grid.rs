@@ -140,12 +140,12 @@ impl Experiment {
             table.extend(overrides.clone());
             table.extend(values.iter().cloned());
             let name = cell_name(&values);
-            let settings: TrainOverrides = toml::Value::Table(table)
-                .try_into()
-                .map_err(|e| Error::bad_value(format!("{} cell {name}", self.name), e.to_string()))?;
-            let config = settings
-                .resolve()
-                .map_err(|e| Error::bad_value(format!("{} cell {name}", self.name), e.to_string()))?;
+            let settings: TrainOverrides = toml::Value::Table(table).try_into().map_err(|e| {
+                Error::bad_value(format!("{} cell {name}", self.name), e.to_string())
+            })?;
+            let config = settings.resolve().map_err(|e| {
+                Error::bad_value(format!("{} cell {name}", self.name), e.to_string())
+            })?;
             cells.push(Cell {
                 name,
                 values,
@@ -181,7 +181,13 @@ pub fn cell_name(values: &[(String, toml::Value)]) -> String {
             };
             let text: String = text
                 .chars()
-                .map(|c| if c.is_ascii_alphanumeric() || c == '.' || c == '-' { c } else { '_' })
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
                 .collect();
             format!("{axis}-{text}")
         })

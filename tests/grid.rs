@@ -1,0 +1,137 @@
+//! `dpcomp grid`: the CIFAR-100 experiment end to end on tiny files in the official layout
+//! (no CIFAR-100 here), its results table, ε against the accountant's formula, and skipping /
+//! resuming cells.
+
+mod common;
+
+use dpcomp::grid::{cell_state, CellState, Experiment};
+use dpcomp::privacy::calibrate::epsilon_for;
+
+#[test]
+fn cifar100_grid_runs_end_to_end_on_tiny_files() {
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data/cifar-100-binary");
+    std::fs::create_dir_all(&data).unwrap();
+    let records = |n: u8| {
+        (0..n)
+            .map(|i| (vec![i % 20, i % 100], i.wrapping_mul(37)))
+            .collect::<Vec<_>>()
+    };
+    common::write_cifar_file(&data.join("train.bin"), &records(8));
+    common::write_cifar_file(&data.join("test.bin"), &records(4));
+
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/cifar100_dgc.toml");
+    let mut experiment = Experiment::from_file(&path).unwrap();
+    let data_dir = dir.path().join("data").display().to_string();
+    experiment.base.insert("data_dir".into(), data_dir.into());
+    experiment.base.insert("device".into(), "cpu".into());
+    experiment.base.insert("batch_size".into(), 4.into());
+    let runs = dir.path().join("runs");
+    let rows = dpcomp::grid::run(&experiment, "cpu", &[], &runs, false).unwrap();
+
+    // The paper's grid: σ 0, 0.4, 0.8 x DGC rates 1, 16, 256.
+    assert_eq!(rows.len(), 9);
+    let epochs = 3; // the cpu profile
+    let steps_per_epoch = 2; // 8 images, batch 4
+    for r in &rows {
+        assert_eq!(r.epochs, epochs);
+        assert!((0.0..=1.0).contains(&r.final_accuracy));
+        if r.noise_multiplier == 0.0 {
+            assert_eq!(r.epsilon, None, "{}: σ = 0 is ε = ∞", r.cell);
+        } else {
+            // What `dpcomp epsilon --sample-rate 0.5 --noise-multiplier σ --steps 6 --delta 1e-5`
+            // prints.
+            let expected = epsilon_for(
+                r.noise_multiplier,
+                1.0 / steps_per_epoch as f64,
+                (epochs * steps_per_epoch) as u64,
+                1e-5,
+            )
+            .unwrap();
+            assert_eq!(r.epsilon, Some(expected), "{}", r.cell);
+        }
+        // 11,373,732 parameters; rate 1 sends them dense every step.
+        let dense = 11_373_732.0 * 32.0 * (epochs * steps_per_epoch) as f64 / 1e9;
+        let rate = dense / r.upstream_gigabits;
+        assert!(
+            (rate / r.rate - 1.0).abs() < 0.01,
+            "{}: rate {rate}",
+            r.cell
+        );
+    }
+    let root = runs.join("cifar100_dgc/cpu");
+    let table = std::fs::read_to_string(root.join("results.md")).unwrap();
+    assert_eq!(table.matches("| cifar100 |").count(), 9, "{table}");
+    let csv = std::fs::read_to_string(root.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 10);
+
+    // Finished cells are skipped; a cell whose summary is missing is resumed (nothing left to
+    // train: it only writes its summary again), with unchanged weights.
+    let cells = experiment.cells("cpu", &[]).unwrap();
+    let first = root.join(&cells[0].name);
+    assert_eq!(
+        cell_state(&first, &cells[0].config).unwrap(),
+        CellState::Finished
+    );
+    let weights = std::fs::read(first.join("checkpoint/model.safetensors")).unwrap();
+    std::fs::remove_file(first.join("summary.json")).unwrap();
+    assert_eq!(
+        cell_state(&first, &cells[0].config).unwrap(),
+        CellState::Interrupted { epochs_done: 3 }
+    );
+    let only = vec![
+        ("rate".to_string(), "1".to_string()),
+        ("noise_multiplier".to_string(), "0".to_string()),
+    ];
+    let again = dpcomp::grid::run(&experiment, "cpu", &only, &runs, false).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].cell, cells[0].name);
+    assert_eq!(
+        std::fs::read(first.join("checkpoint/model.safetensors")).unwrap(),
+        weights
+    );
+
+    // A cell folder with other settings is refused rather than silently mixed.
+    let mut changed = experiment.clone();
+    changed.base.insert("lr".into(), 0.5.into());
+    let err = dpcomp::grid::run(&changed, "cpu", &only, &runs, false)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("other settings"), "{err}");
+    // Unknown profile and axis are clear errors.
+    let err = experiment.cells("gpu", &[]).unwrap_err().to_string();
+    assert!(err.contains("cpu") && err.contains("full"), "{err}");
+    let err = experiment
+        .cells("cpu", &[("sigma".into(), "0".into())])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("noise_multiplier"), "{err}");
+}
+
+#[test]
+fn every_experiment_file_resolves_in_both_profiles() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let experiment = Experiment::from_file(&path).unwrap();
+        for profile in ["cpu", "full"] {
+            let cells = experiment.cells(profile, &[]).unwrap();
+            assert!(!cells.is_empty(), "{}", path.display());
+            for c in &cells {
+                assert!(
+                    c.config.noise_multiplier.is_some(),
+                    "{}: every cell clips per sample",
+                    c.name
+                );
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen >= 8);
+}
