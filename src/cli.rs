@@ -36,6 +36,8 @@ pub enum Command {
     /// Run every cell of an experiment file (skipping finished cells, resuming interrupted
     /// ones) and write its results table.
     Grid(GridArgs),
+    /// The paper's figures (PNG and SVG) from the runs of one grid: runs/<experiment>/<profile>.
+    Plot(PlotArgs),
     /// Privacy budget of DP-SGD: epsilon for (q, sigma, steps, delta), or the sigma for a target
     /// epsilon.
     Epsilon(EpsilonArgs),
@@ -65,6 +67,18 @@ pub struct GridArgs {
     /// List the cells and their state without running anything.
     #[arg(long)]
     pub list: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PlotArgs {
+    /// A grid's run folder, runs/<experiment>/<profile>.
+    pub runs: PathBuf,
+    /// Where the figures go (default: <runs>/figures).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Title prefix of every figure (default: the folder's experiment name).
+    #[arg(long)]
+    pub title: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -188,6 +202,24 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Command::Epsilon(args) => epsilon_command(args),
         Command::Grid(args) => grid_command(args),
+        Command::Plot(args) => {
+            let out = args
+                .out
+                .clone()
+                .unwrap_or_else(|| args.runs.join("figures"));
+            let title = args.title.clone().unwrap_or_else(|| {
+                let profile = args.runs.file_name().unwrap_or_default().to_string_lossy();
+                let parent = args.runs.parent().and_then(|p| p.file_name());
+                format!(
+                    "{} ({profile})",
+                    parent.unwrap_or_default().to_string_lossy()
+                )
+            });
+            for path in crate::plot::plot(&args.runs, &out, &title)? {
+                println!("{}", path.display());
+            }
+            Ok(())
+        }
         Command::Bench {
             command: BenchCommand::Train(args),
         } => bench::train_bench(args),

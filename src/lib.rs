@@ -11,6 +11,7 @@ pub mod error;
 pub mod grid;
 pub mod models;
 pub mod nn;
+pub mod plot;
 pub mod privacy;
 pub mod tasks;
 pub mod train;

@@ -67,6 +67,22 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
     let csv = std::fs::read_to_string(root.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 10);
 
+    // The figures, from the logs: PNG and SVG of each.
+    let figures = dpcomp::plot::plot(&root, &dir.path().join("figures"), "cifar100_dgc").unwrap();
+    assert_eq!(figures.len(), 8);
+    for f in &figures {
+        let bytes = std::fs::read(f).unwrap();
+        if f.extension().unwrap() == "png" {
+            assert_eq!(&bytes[1..4], b"PNG", "{}", f.display());
+        } else {
+            assert!(
+                String::from_utf8_lossy(&bytes).contains("<svg"),
+                "{}",
+                f.display()
+            );
+        }
+    }
+
     // Finished cells are skipped; a cell whose summary is missing is resumed (nothing left to
     // train: it only writes its summary again), with unchanged weights.
     let cells = experiment.cells("cpu", &[]).unwrap();

@@ -1,0 +1,437 @@
+//! `dpcomp plot runs/<experiment>/<profile>`: the paper's figures, regenerated from the run logs
+//! (`summary.json`, `metrics.jsonl`, `config.toml` of every cell), as PNG and SVG.
+//!
+//! 1. `accuracy_by_epsilon`: final accuracy grouped by ε (one group per noise multiplier), one bar
+//!    per compression setting (the paper's Figures 3.1-3.4 top);
+//! 2. `accuracy_by_bandwidth`: grouped by upstream gigabits (one group per compression setting),
+//!    one bar per noise multiplier (bottom);
+//! 3. `accuracy_per_epoch` and `accuracy_per_epoch_smoothed`: test accuracy per epoch, raw and
+//!    smoothed by a mean filter over `smoothing_width(epochs)` epochs without padding at the ends
+//!    (the paper's Figures B.1/B.2: width 20 over 100 epochs).
+//!
+//! Colours are fixed per compression setting and per noise multiplier, so the same setting has
+//! the same colour in every figure. Text uses the bundled DejaVu Sans (`assets/fonts`).
+
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::train::metrics::{read_and_truncate, Summary};
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+
+const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
+const SIZE: (u32, u32) = (900, 540);
+
+/// One finished cell as the figures need it.
+#[derive(Debug, Clone)]
+pub struct CellLog {
+    pub name: String,
+    pub config: TrainConfig,
+    pub summary: Summary,
+    /// Test accuracy after every epoch.
+    pub accuracies: Vec<f64>,
+}
+
+/// Every cell folder below `root` with a `summary.json`, sorted by (σ, compression setting).
+pub fn read_cells(root: &Path) -> Result<Vec<CellLog>> {
+    let mut cells = Vec::new();
+    let entries = std::fs::read_dir(root).map_err(|e| Error::io(root, e))?;
+    for entry in entries {
+        let dir = entry.map_err(|e| Error::io(root, e))?.path();
+        let summary_path = dir.join("summary.json");
+        if !summary_path.is_file() {
+            continue;
+        }
+        let text =
+            std::fs::read_to_string(&summary_path).map_err(|e| Error::io(&summary_path, e))?;
+        let summary: Summary = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(&summary_path, e.to_string()))?;
+        let config = TrainConfig::from_toml_file(&dir.join("config.toml"))?;
+        let accuracies = read_and_truncate(&dir.join("metrics.jsonl"), usize::MAX)?
+            .iter()
+            .map(|m| m.test_accuracy)
+            .collect();
+        cells.push(CellLog {
+            name: dir
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            config,
+            summary,
+            accuracies,
+        });
+    }
+    if cells.is_empty() {
+        return Err(Error::bad_value(
+            "plot",
+            format!(
+                "{} has no finished runs (folders with summary.json)",
+                root.display()
+            ),
+        ));
+    }
+    cells.sort_by(|a, b| {
+        sigma(a)
+            .total_cmp(&sigma(b))
+            .then(setting_order(a).total_cmp(&setting_order(b)))
+    });
+    Ok(cells)
+}
+
+fn sigma(c: &CellLog) -> f64 {
+    c.config.noise_multiplier.unwrap_or(0.0)
+}
+
+/// Compression settings ordered from none to most: identity/rate 1 first, then rising rates;
+/// PowerSGD by falling rank.
+fn setting_order(c: &CellLog) -> f64 {
+    use crate::compress::CompressorKind as K;
+    match c.config.compressor {
+        K::Identity => 0.0,
+        K::Dgc | K::Denoise => c.config.rate,
+        K::Powersgd => 1e6 / c.config.rank as f64,
+    }
+}
+
+fn setting_label(c: &CellLog) -> String {
+    c.summary.compressor.clone()
+}
+
+/// Width of the mean filter for `epochs` epochs: the paper's 20, or a quarter of the epochs when
+/// there are fewer than 80 (so that short CPU runs still show a curve), at least 1.
+pub fn smoothing_width(epochs: usize) -> usize {
+    if epochs >= 80 {
+        20
+    } else {
+        (epochs / 4).max(1)
+    }
+}
+
+/// Mean filter of `width` without padding: element i is the mean of values[i .. i + width].
+pub fn mean_filter(values: &[f64], width: usize) -> Vec<f64> {
+    if width == 0 || values.len() < width {
+        return Vec::new();
+    }
+    values
+        .windows(width)
+        .map(|w| w.iter().sum::<f64>() / width as f64)
+        .collect()
+}
+
+/// A fixed colour per position in a fixed ordering (compression settings, noise levels).
+fn colour(i: usize) -> RGBColor {
+    const COLOURS: [RGBColor; 8] = [
+        RGBColor(31, 119, 180),
+        RGBColor(255, 127, 14),
+        RGBColor(44, 160, 44),
+        RGBColor(214, 39, 40),
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(127, 127, 127),
+    ];
+    COLOURS[i % COLOURS.len()]
+}
+
+fn unique<T: PartialEq + Clone>(items: impl Iterator<Item = T>) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for item in items {
+        if !out.contains(&item) {
+            out.push(item);
+        }
+    }
+    out
+}
+
+/// Grouped bars: `groups` (label under each group), each with one bar per series; `value(g, s)`
+/// in percent, `None` for a missing cell.
+struct Bars<'a> {
+    title: &'a str,
+    x_desc: &'a str,
+    groups: &'a [String],
+    series: &'a [(String, RGBColor)],
+    value: &'a dyn Fn(usize, usize) -> Option<f64>,
+}
+
+/// Lines of (epoch, accuracy %) per series.
+struct Lines<'a> {
+    title: &'a str,
+    series: &'a [(String, RGBColor, Vec<(f64, f64)>)],
+    epochs: usize,
+}
+
+enum Figure<'a> {
+    Bars(Bars<'a>),
+    Lines(Lines<'a>),
+}
+
+/// Draws `figure` to `path`: SVG for `.svg`, PNG otherwise.
+fn render(path: &Path, figure: &Figure) -> Result<()> {
+    let result = if path.extension().is_some_and(|e| e == "svg") {
+        draw(SVGBackend::new(path, SIZE).into_drawing_area(), figure)
+    } else {
+        draw(BitMapBackend::new(path, SIZE).into_drawing_area(), figure)
+    };
+    result.map_err(|e| Error::bad_file(path, format!("drawing the figure: {e}")))
+}
+
+fn draw<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    figure: &Figure,
+) -> std::result::Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{e:?}");
+    root.fill(&WHITE).map_err(e)?;
+    match figure {
+        Figure::Bars(f) => {
+            let n = f.groups.len();
+            let mut chart = ChartBuilder::on(&root)
+                .caption(f.title, ("sans-serif", 22))
+                .margin(12)
+                .x_label_area_size(45)
+                .y_label_area_size(60)
+                .build_cartesian_2d(0f64..n as f64, 0f64..100f64)
+                .map_err(e)?;
+            let labels = f.groups.to_vec();
+            chart
+                .configure_mesh()
+                .disable_x_mesh()
+                .x_labels(2 * n + 1)
+                .x_label_formatter(&move |x| {
+                    let i = x.floor();
+                    if (x - i - 0.5).abs() < 1e-6 && (i as usize) < labels.len() {
+                        labels[i as usize].clone()
+                    } else {
+                        String::new()
+                    }
+                })
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .x_desc(f.x_desc)
+                .y_desc("test accuracy (%)")
+                .label_style(("sans-serif", 15))
+                .axis_desc_style(("sans-serif", 17))
+                .draw()
+                .map_err(e)?;
+            let width = 0.8 / f.series.len() as f64;
+            for (s, (label, colour)) in f.series.iter().enumerate() {
+                let colour = *colour;
+                let bars: Vec<Rectangle<(f64, f64)>> = (0..n)
+                    .filter_map(|g| {
+                        (f.value)(g, s).map(|v| {
+                            let x0 = g as f64 + 0.1 + s as f64 * width;
+                            Rectangle::new([(x0, 0.0), (x0 + width * 0.92, v)], colour.filled())
+                        })
+                    })
+                    .collect();
+                chart
+                    .draw_series(bars)
+                    .map_err(e)?
+                    .label(label.clone())
+                    .legend(move |(x, y)| {
+                        Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled())
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .label_font(("sans-serif", 15))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
+        }
+        Figure::Lines(f) => {
+            let mut chart = ChartBuilder::on(&root)
+                .caption(f.title, ("sans-serif", 22))
+                .margin(12)
+                .x_label_area_size(45)
+                .y_label_area_size(60)
+                .build_cartesian_2d(1f64..f.epochs.max(2) as f64, 0f64..100f64)
+                .map_err(e)?;
+            chart
+                .configure_mesh()
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .x_desc("epoch")
+                .y_desc("test accuracy (%)")
+                .label_style(("sans-serif", 15))
+                .axis_desc_style(("sans-serif", 17))
+                .draw()
+                .map_err(e)?;
+            for (label, colour, points) in f.series {
+                let colour = *colour;
+                chart
+                    .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
+                    .map_err(e)?
+                    .label(label.clone())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
+                    });
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::LowerRight)
+                .label_font(("sans-serif", 13))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
+        }
+    }
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+/// Draws every figure of the cells below `root` into `out` (PNG and SVG); returns the files.
+pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
+    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let cells = read_cells(root)?;
+    let sigmas = unique(cells.iter().map(sigma).map(f64::to_bits));
+    let sigmas: Vec<f64> = sigmas.into_iter().map(f64::from_bits).collect();
+    let settings = unique(cells.iter().map(setting_label));
+    let find = |g_sigma: f64, setting: &str| {
+        cells
+            .iter()
+            .find(|c| sigma(c) == g_sigma && setting_label(c) == setting)
+    };
+    let setting_colours: Vec<(String, RGBColor)> = settings
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.clone(), colour(i)))
+        .collect();
+    let sigma_colours: Vec<(String, RGBColor)> = sigmas
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("σ = {s}"), colour(4 + i)))
+        .collect();
+    let epsilon_label = |s: f64| {
+        let eps = cells
+            .iter()
+            .find(|c| sigma(c) == s)
+            .and_then(|c| c.summary.epsilon)
+            .filter(|e| e.is_finite());
+        match eps {
+            Some(e) => format!("ε = {e:.2} (σ = {s})"),
+            None => format!("ε = ∞ (σ = {s})"),
+        }
+    };
+    let bandwidth_label = |setting: &str| {
+        let gb = cells
+            .iter()
+            .find(|c| setting_label(c) == setting)
+            .map_or(f64::NAN, |c| c.summary.upstream_gigabits);
+        format!("{setting}: {gb:.3} Gb")
+    };
+    let mut written = Vec::new();
+    for ext in ["png", "svg"] {
+        let path = out.join(format!("accuracy_by_epsilon.{ext}"));
+        let groups: Vec<String> = sigmas.iter().map(|&s| epsilon_label(s)).collect();
+        render(
+            &path,
+            &Figure::Bars(Bars {
+                title: &format!("{title}: accuracy by privacy budget"),
+                x_desc: "privacy budget ε (δ of the task), grouped by noise multiplier σ",
+                groups: &groups,
+                series: &setting_colours,
+                value: &|g, s| {
+                    find(sigmas[g], &settings[s]).map(|c| 100.0 * c.summary.final_accuracy)
+                },
+            }),
+        )?;
+        written.push(path);
+
+        let path = out.join(format!("accuracy_by_bandwidth.{ext}"));
+        let groups: Vec<String> = settings.iter().map(|s| bandwidth_label(s)).collect();
+        render(
+            &path,
+            &Figure::Bars(Bars {
+                title: &format!("{title}: accuracy by upstream bandwidth"),
+                x_desc:
+                    "upstream bandwidth per worker over the run (gigabits), grouped by compression",
+                groups: &groups,
+                series: &sigma_colours,
+                value: &|g, s| {
+                    find(sigmas[s], &settings[g]).map(|c| 100.0 * c.summary.final_accuracy)
+                },
+            }),
+        )?;
+        written.push(path);
+
+        let epochs = cells.iter().map(|c| c.accuracies.len()).max().unwrap_or(1);
+        let width = smoothing_width(epochs);
+        for smoothed in [false, true] {
+            let series: Vec<(String, RGBColor, Vec<(f64, f64)>)> = cells
+                .iter()
+                .map(|c| {
+                    let i = settings
+                        .iter()
+                        .position(|s| *s == setting_label(c))
+                        .unwrap_or(0);
+                    let j = sigmas.iter().position(|&s| s == sigma(c)).unwrap_or(0);
+                    // Hue by compression setting, lighter for more noise.
+                    let base = colour(i);
+                    let mix = 1.0 - 0.3 * j as f64;
+                    let colour = RGBColor(
+                        (base.0 as f64 * mix + 255.0 * (1.0 - mix)) as u8,
+                        (base.1 as f64 * mix + 255.0 * (1.0 - mix)) as u8,
+                        (base.2 as f64 * mix + 255.0 * (1.0 - mix)) as u8,
+                    );
+                    let values = if smoothed {
+                        mean_filter(&c.accuracies, width)
+                    } else {
+                        c.accuracies.clone()
+                    };
+                    // A smoothed point is placed at the centre of its window.
+                    let offset = if smoothed {
+                        (width as f64 - 1.0) / 2.0
+                    } else {
+                        0.0
+                    };
+                    let points = values
+                        .iter()
+                        .enumerate()
+                        .map(|(e, a)| (e as f64 + 1.0 + offset, 100.0 * a))
+                        .collect();
+                    (
+                        format!("{}, σ = {}", setting_label(c), sigma(c)),
+                        colour,
+                        points,
+                    )
+                })
+                .collect();
+            let (name, what) = if smoothed {
+                (
+                    "accuracy_per_epoch_smoothed",
+                    format!("mean filter of {width} epochs"),
+                )
+            } else {
+                ("accuracy_per_epoch", "raw".to_string())
+            };
+            let path = out.join(format!("{name}.{ext}"));
+            render(
+                &path,
+                &Figure::Lines(Lines {
+                    title: &format!("{title}: test accuracy per epoch ({what})"),
+                    series: &series,
+                    epochs,
+                }),
+            )?;
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_filter_has_no_padding() {
+        assert_eq!(mean_filter(&[1.0, 2.0, 3.0, 4.0], 2), vec![1.5, 2.5, 3.5]);
+        assert_eq!(mean_filter(&[1.0, 2.0], 3), Vec::<f64>::new());
+        assert_eq!(smoothing_width(100), 20);
+        assert_eq!(smoothing_width(15), 3);
+        assert_eq!(smoothing_width(2), 1);
+    }
+}
