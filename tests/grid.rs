@@ -11,15 +11,7 @@ use dpcomp::privacy::calibrate::epsilon_for;
 fn cifar100_grid_runs_end_to_end_on_tiny_files() {
     let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data/cifar-100-binary");
-    std::fs::create_dir_all(&data).unwrap();
-    let records = |n: u8| {
-        (0..n)
-            .map(|i| (vec![i % 20, i % 100], i.wrapping_mul(37)))
-            .collect::<Vec<_>>()
-    };
-    common::write_cifar_file(&data.join("train.bin"), &records(8));
-    common::write_cifar_file(&data.join("test.bin"), &records(4));
+    common::write_tiny_cifar100(&dir.path().join("data"), 8, 4);
 
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/cifar100_dgc.toml");

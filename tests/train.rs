@@ -368,15 +368,7 @@ fn config_file_then_flags_then_errors() {
 fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
     let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data/cifar-100-binary");
-    std::fs::create_dir_all(&data).unwrap();
-    let records = |n: u8| {
-        (0..n)
-            .map(|i| (vec![i % 20, i % 100], i.wrapping_mul(37)))
-            .collect::<Vec<_>>()
-    };
-    common::write_cifar_file(&data.join("train.bin"), &records(12));
-    common::write_cifar_file(&data.join("test.bin"), &records(5));
+    common::write_tiny_cifar100(&dir.path().join("data"), 12, 5);
     let mut c = TrainConfig::paper_defaults(Task::Cifar100);
     c.epochs = 2;
     c.batch_size = 4;

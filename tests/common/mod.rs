@@ -43,6 +43,20 @@ pub fn write_cifar_file(path: &std::path::Path, records: &[(Vec<u8>, u8)]) {
     std::fs::write(path, bytes).unwrap();
 }
 
+/// Tiny CIFAR-100 files in the official layout under `root/cifar-100-binary` (coarse and fine
+/// labels, one fill byte per image): `train` and `test` records.
+pub fn write_tiny_cifar100(root: &std::path::Path, train: u8, test: u8) {
+    let data = root.join("cifar-100-binary");
+    std::fs::create_dir_all(&data).unwrap();
+    let records = |n: u8| {
+        (0..n)
+            .map(|i| (vec![i % 20, i % 100], i.wrapping_mul(37)))
+            .collect::<Vec<_>>()
+    };
+    write_cifar_file(&data.join("train.bin"), &records(train));
+    write_cifar_file(&data.join("test.bin"), &records(test));
+}
+
 /// Converts every variable of `vs` to f64 in place (layers hold shallow handles to the same
 /// tensors, so they compute in f64 afterwards).
 pub fn to_double(vs: &tch::nn::VarStore) {
