@@ -220,10 +220,9 @@ pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
         ));
     }
     let state = checkpoint::read_state(&found)?;
-    if state.epochs_done >= config.epochs || state.stopped.is_some() {
-        if dir.join("summary.json").is_file() {
-            return Ok(CellState::Finished);
-        }
+    let trained = state.epochs_done >= config.epochs || state.stopped.is_some();
+    if trained && dir.join("summary.json").is_file() {
+        return Ok(CellState::Finished);
     }
     Ok(CellState::Interrupted {
         epochs_done: state.epochs_done,

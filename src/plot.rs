@@ -153,10 +153,13 @@ struct Bars<'a> {
     value: &'a dyn Fn(usize, usize) -> Option<f64>,
 }
 
+/// A named, coloured line of (epoch, accuracy %) points.
+type Line = (String, RGBColor, Vec<(f64, f64)>);
+
 /// Lines of (epoch, accuracy %) per series.
 struct Lines<'a> {
     title: &'a str,
-    series: &'a [(String, RGBColor, Vec<(f64, f64)>)],
+    series: &'a [Line],
     epochs: usize,
 }
 
@@ -360,7 +363,7 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
         let epochs = cells.iter().map(|c| c.accuracies.len()).max().unwrap_or(1);
         let width = smoothing_width(epochs);
         for smoothed in [false, true] {
-            let series: Vec<(String, RGBColor, Vec<(f64, f64)>)> = cells
+            let series: Vec<Line> = cells
                 .iter()
                 .map(|c| {
                     let i = settings

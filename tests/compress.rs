@@ -388,12 +388,12 @@ fn wire_bits_equal_hand_counts() {
 
 #[test]
 fn low_order_bit_removal_truncates_toward_zero() {
-    let x = Tensor::from_slice(&[1.0f32 + 2f32.powi(-10), -3.1415927, 0.0, 1e-30]);
+    let x = Tensor::from_slice(&[1.0f32 + 2f32.powi(-10), -3.3333333, 0.0, 1e-30]);
     // 16 bits: bfloat16's 7 mantissa bits.
     let t = truncate_mantissa(&x, 16);
     let expected = [
         1.0f32,
-        -3.140625,
+        -3.328125,
         0.0,
         f32::from_bits(1e-30f32.to_bits() & 0xFFFF_0000),
     ];

@@ -5,7 +5,8 @@
 //! - sparse COO: per kept element one value (`value_bits`) and one index (`index_bits`: 32, or the
 //!   smallest width that addresses the tensor, `encoding::min_index_bits`);
 //! - low rank (PowerSGD): the factors P [n, r] and Q [m, r] in fp32, 32 (n + m) r bits;
-//! plus `flag_bits` for per-message flags (Denoise's velocity/acceleration bit).
+//!
+//! plus one bit per flag (Denoise's velocity/acceleration bit).
 
 use tch::Tensor;
 

@@ -75,7 +75,7 @@ fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
                 .1;
             return Some(candidates.index_select(0, &best));
         }
-        threshold = threshold * 0.5;
+        threshold *= 0.5;
     }
     None
 }
