@@ -17,6 +17,10 @@
 //! epochs = 10
 //! ```
 //!
+//! An axis value may also be a table of settings with a `label` (e.g. `variant = [{ label =
+//! "dgc", compressor = "dgc" }, { label = "denoise", compressor = "denoise" }]`): its settings
+//! apply together and the label names the cell.
+//!
 //! A cell's settings are `base`, then the profile, then its grid values (later wins), resolved
 //! like `dpcomp train --config` (paper defaults first). Runs go to
 //! `<runs>/<name>/<profile>/<cell>/`, the table to `<runs>/<name>/<profile>/results.{csv,md}`.
@@ -77,11 +81,19 @@ impl Experiment {
         let experiment: Experiment =
             toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
         for (axis, values) in &experiment.grid {
-            let ok = values.as_array().is_some_and(|a| !a.is_empty());
-            if !ok {
+            let Some(values) = values.as_array().filter(|a| !a.is_empty()) else {
                 return Err(Error::bad_file(
                     path,
                     format!("grid.{axis}: expected a non-empty array of values"),
+                ));
+            };
+            let unlabelled = values
+                .iter()
+                .any(|v| v.as_table().is_some_and(|t| !t.contains_key("label")));
+            if unlabelled {
+                return Err(Error::bad_file(
+                    path,
+                    format!("grid.{axis}: a table of settings needs a label (its cells' name)"),
                 ));
             }
         }
@@ -138,7 +150,20 @@ impl Experiment {
             }
             let mut table = self.base.clone();
             table.extend(overrides.clone());
-            table.extend(values.iter().cloned());
+            for (axis, value) in &values {
+                match value {
+                    // A table is a bundle of settings named by its `label`.
+                    toml::Value::Table(bundle) => table.extend(
+                        bundle
+                            .iter()
+                            .filter(|(k, _)| k.as_str() != "label")
+                            .map(|(k, v)| (k.clone(), v.clone())),
+                    ),
+                    v => {
+                        table.insert(axis.clone(), v.clone());
+                    }
+                }
+            }
             let name = cell_name(&values);
             let settings: TrainOverrides = toml::Value::Table(table).try_into().map_err(|e| {
                 Error::bad_value(format!("{} cell {name}", self.name), e.to_string())
@@ -162,6 +187,7 @@ fn same_value(value: &toml::Value, text: &str) -> bool {
         toml::Value::Float(f) => text.parse::<f64>().is_ok_and(|t| t == *f),
         toml::Value::Integer(i) => text.parse::<f64>().is_ok_and(|t| t == *i as f64),
         toml::Value::String(s) => s == text,
+        toml::Value::Table(t) => t.get("label").and_then(|l| l.as_str()) == Some(text),
         other => other.to_string() == text,
     }
 }
@@ -176,6 +202,11 @@ pub fn cell_name(values: &[(String, toml::Value)]) -> String {
         .map(|(axis, v)| {
             let text = match v {
                 toml::Value::Float(f) => format!("{f}"),
+                toml::Value::Table(t) => t
+                    .get("label")
+                    .and_then(|l| l.as_str())
+                    .unwrap_or("unlabelled")
+                    .to_string(),
                 toml::Value::String(s) => s.clone(),
                 other => other.to_string(),
             };

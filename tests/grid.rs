@@ -143,3 +143,42 @@ fn every_experiment_file_resolves_in_both_profiles() {
     }
     assert!(seen >= 8);
 }
+
+#[test]
+fn table_valued_axes_bundle_settings_under_a_label() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/surnames_denoise.toml");
+    let experiment = Experiment::from_file(&path).unwrap();
+    assert_eq!(experiment.cells("cpu", &[]).unwrap().len(), 18);
+    let only = vec![
+        ("variant".to_string(), "denoise-model".to_string()),
+        ("rate".to_string(), "256".to_string()),
+        ("noise_multiplier".to_string(), "0.8".to_string()),
+    ];
+    let cells = experiment.cells("cpu", &only).unwrap();
+    assert_eq!(cells.len(), 1);
+    let c = &cells[0];
+    assert_eq!(
+        c.name,
+        "noise_multiplier-0.8_rate-256_variant-denoise-model"
+    );
+    assert_eq!(
+        c.config.compressor,
+        dpcomp::compress::CompressorKind::Denoise
+    );
+    assert_eq!(c.config.compressor_options, vec!["scope=model".to_string()]);
+    assert_eq!(
+        (c.config.rate, c.config.noise_multiplier, c.config.epochs),
+        (256.0, Some(0.8), 15)
+    );
+    // A bundle without a label cannot name its cells.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "name = \"x\"\n[base]\ntask = \"surnames\"\n[grid]\nvariant = [{ compressor = \"dgc\" }]\n[profiles.cpu]\n",
+    )
+    .unwrap();
+    let err = Experiment::from_file(&bad).unwrap_err().to_string();
+    assert!(err.contains("bad.toml") && err.contains("label"), "{err}");
+}
