@@ -323,7 +323,7 @@ pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
             noise_multiplier: c.noise_multiplier.unwrap_or(0.0),
             epsilon: summary.epsilon.filter(|e| e.is_finite()),
             delta: c.delta,
-            compressor: summary.compressor.clone(),
+            compressor: c.compressor_spec()?.label(),
             rate: c.rate,
             rank: c.rank,
             upstream_gigabits: summary.upstream_gigabits,

@@ -94,7 +94,9 @@ fn setting_order(c: &CellLog) -> f64 {
 }
 
 fn setting_label(c: &CellLog) -> String {
-    c.summary.compressor.clone()
+    c.config
+        .compressor_spec()
+        .map_or_else(|_| c.summary.compressor.clone(), |s| s.label())
 }
 
 /// Width of the mean filter for `epochs` epochs: the paper's 20, or a quarter of the epochs when

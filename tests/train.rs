@@ -308,7 +308,7 @@ fn config_file_then_flags_then_errors() {
     .resolve()
     .unwrap();
     let spec = config.compressor_spec().unwrap();
-    assert_eq!(spec.label(), "dgc x256");
+    assert_eq!(spec.label(), "dgc x256 (index_bits=min, value_bits=12)");
     assert_eq!(spec.dgc_options().unwrap().value_bits, 12);
     let err = TrainOverrides {
         task: Some(Task::Surnames),

@@ -158,13 +158,23 @@ impl CompressorSpec {
         })
     }
 
-    /// A short label for tables: "identity", "dgc x256", "powersgd r16", "denoise x16".
+    /// A short label for tables: "identity", "dgc x256", "powersgd r16", "denoise x16", with the
+    /// options that were set: "denoise x16 (scope=model)".
     pub fn label(&self) -> String {
-        match self.kind {
+        let base = match self.kind {
             CompressorKind::Identity => "identity".to_string(),
             CompressorKind::Powersgd => format!("powersgd r{}", self.rank),
             k => format!("{k} x{}", self.rate),
+        };
+        if self.options.is_empty() {
+            return base;
         }
+        let options: Vec<String> = self
+            .options
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!("{base} ({})", options.join(", "))
     }
 
     fn get<T: std::str::FromStr>(&self, key: &str, default: T, expected: &str) -> Result<T> {
