@@ -75,15 +75,6 @@ impl Payload {
             }
         }
     }
-
-    /// Number of values sent (kept elements, or factor entries).
-    pub fn sent_values(&self) -> i64 {
-        match self {
-            Payload::Dense { values, .. } => values.numel() as i64,
-            Payload::Sparse { indices, .. } => indices.numel() as i64,
-            Payload::LowRank { p, q, .. } => (p.numel() + q.numel()) as i64,
-        }
-    }
 }
 
 /// One worker's message for one step: payloads (one per parameter, or one for the whole model

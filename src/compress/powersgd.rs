@@ -110,11 +110,6 @@ impl PowerSgd {
             .collect();
         PowerSgd { options, layers }
     }
-
-    /// Whether parameter `i` is sent as low-rank factors.
-    pub fn is_compressed(&self, i: usize) -> bool {
-        self.layers[i].dims.is_some()
-    }
 }
 
 /// N(0, 1) values of `shape` from (seed, layer), reproducible and independent of the global
