@@ -145,6 +145,24 @@ pub struct TrainConfig {
     /// `key=value` settings of the compressor (see `dpcomp train --help`).
     #[serde(default)]
     pub compressor_options: Vec<String>,
+    /// Measure the gradient error (`analysis::gradient_error`) at the end of these epochs
+    /// (1-based; 0 = before training); written to the run's grad_error.jsonl.
+    #[serde(default)]
+    pub grad_error_epochs: Vec<usize>,
+    /// Fixed batches per gradient-error measurement.
+    #[serde(default = "four")]
+    pub grad_error_batches: usize,
+    /// Noise draws per batch in a gradient-error measurement (bias²/variance split).
+    #[serde(default = "eight")]
+    pub grad_error_draws: usize,
+}
+
+fn four() -> usize {
+    4
+}
+
+fn eight() -> usize {
+    8
 }
 
 fn one() -> f64 {
@@ -195,6 +213,9 @@ impl TrainConfig {
             rate: 1.0,
             rank: 1,
             compressor_options: Vec::new(),
+            grad_error_epochs: Vec::new(),
+            grad_error_batches: four(),
+            grad_error_draws: eight(),
         }
     }
 
@@ -244,6 +265,8 @@ impl TrainConfig {
             ));
         }
         positive("max_seq_len", self.max_seq_len as f64)?;
+        positive("grad_error_batches", self.grad_error_batches as f64)?;
+        positive("grad_error_draws", self.grad_error_draws as f64)?;
         if let Some(sigma) = self.noise_multiplier {
             if !(sigma >= 0.0 && sigma.is_finite()) {
                 return Err(Error::bad_value(
@@ -380,6 +403,17 @@ pub struct TrainOverrides {
     #[arg(long = "compressor-option", value_name = "KEY=VALUE")]
     #[serde(alias = "compressor_option")]
     pub compressor_options: Option<Vec<String>>,
+    /// Measure the gradient error after these epochs (comma-separated, 0 = before training):
+    /// clip / noise / compress error against the true mean gradient, bias² and variance, in
+    /// grad_error.jsonl.
+    #[arg(long, value_delimiter = ',')]
+    pub grad_error_epochs: Option<Vec<usize>>,
+    /// Fixed batches per gradient-error measurement [default: 4].
+    #[arg(long)]
+    pub grad_error_batches: Option<usize>,
+    /// Noise draws per batch per gradient-error measurement [default: 8].
+    #[arg(long)]
+    pub grad_error_draws: Option<usize>,
 }
 
 impl TrainOverrides {
@@ -417,6 +451,9 @@ impl TrainOverrides {
             rate: self.rate.or(base.rate),
             rank: self.rank.or(base.rank),
             compressor_options: self.compressor_options.or(base.compressor_options),
+            grad_error_epochs: self.grad_error_epochs.or(base.grad_error_epochs),
+            grad_error_batches: self.grad_error_batches.or(base.grad_error_batches),
+            grad_error_draws: self.grad_error_draws.or(base.grad_error_draws),
         }
     }
 
@@ -449,6 +486,9 @@ impl TrainOverrides {
             rate,
             rank,
             compressor_options,
+            grad_error_epochs,
+            grad_error_batches,
+            grad_error_draws,
         );
         set_optional!(
             limit_train,

@@ -2,6 +2,7 @@
 //!
 //! See the README's architecture section for how the modules fit together.
 pub mod allocator;
+pub mod analysis;
 pub mod bench;
 pub mod cli;
 pub mod compress;

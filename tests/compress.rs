@@ -434,3 +434,38 @@ fn bad_options_are_clear_errors() {
     let e = err(CompressorKind::Identity, 1.0, 1, &["beta"]);
     assert!(e.contains("key=value"), "{e}");
 }
+
+/// Model-wise DGC (`scope=model`) ranks all parameters together: with one layer 100x larger
+/// than the others, every sent element comes from it; k is the budget of the whole model; and
+/// sent + new residual = input + old residual over the flattened model.
+#[test]
+fn model_wise_dgc_ranks_the_whole_update_and_keeps_error_feedback() {
+    let options = spec(CompressorKind::Dgc, 64.0, 1, &["scope=model"])
+        .dgc_options()
+        .unwrap();
+    let mut input = update(3);
+    input[1] = &input[1] * 100.0;
+    let shapes = shapes_of(&input);
+    let n: i64 = shapes.iter().map(|s| s.iter().product::<i64>()).sum();
+    let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
+    let flat =
+        |ts: &[Tensor]| Tensor::cat(&ts.iter().map(|t| t.reshape([-1])).collect::<Vec<_>>(), 0);
+    for step in 0..3 {
+        let old = dgc.residuals()[0].copy();
+        let message = dgc.compress(&input);
+        assert_eq!(message.payloads.len(), 1, "one message for the model");
+        let sent = dgc.decompress(&message);
+        assert_eq!(shapes_of(&sent), shapes);
+        let k = dpcomp::compress::encoding::sparse_budget(n, 64.0, 32, 32);
+        let nonzero = flat(&sent).ne(0.0).sum(Kind::Int64).int64_value(&[]);
+        assert_eq!(nonzero, k, "step {step}: k of the whole model");
+        if step == 0 {
+            let others = sent[0].ne(0.0).sum(Kind::Int64).int64_value(&[])
+                + sent[2].ne(0.0).sum(Kind::Int64).int64_value(&[]);
+            assert_eq!(others, 0, "the small layers lose to the large one");
+        }
+        let lhs = flat(&sent) + &dgc.residuals()[0];
+        let rhs = flat(&input) + old;
+        assert!(max_abs(&lhs, &rhs) < 1e-4, "step {step}");
+    }
+}

@@ -30,14 +30,8 @@
 
 use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, IndexBits};
 use super::topk::{largest, TopK};
-use super::{Compressor, Message, Payload};
+use super::{Compressor, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    Layer,
-    Model,
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DenoiseOptions {

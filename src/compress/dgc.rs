@@ -11,12 +11,15 @@
 //! Top-k by a sampled threshold (`topk = sampled`, the default; exact by construction, see
 //! `topk.rs`) or LibTorch's exact selection (`topk = exact`).
 //!
+//! `scope = model` ranks the whole update as one vector (the paper's "model-wise sparsification",
+//! the plain baseline of its Denoise comparison): residual and momentum are then one flat tensor.
+//!
 //! A tensor is sent dense (at `value_bits`) when its sparse encoding would not be smaller: then
 //! the rate cannot be gained on it (rate 1 sends everything dense, exactly).
 
 use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, IndexBits};
 use super::topk::{largest, TopK};
-use super::{Compressor, Message, Payload};
+use super::{Compressor, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -28,11 +31,15 @@ pub struct DgcOptions {
     pub masking: bool,
     pub warmup_epochs: usize,
     pub topk: TopK,
+    pub scope: Scope,
 }
 
 pub struct Dgc {
     options: DgcOptions,
-    /// Accumulated unsent update per parameter (v in DGC's notation).
+    /// The parameters' shapes (to split a model-wise message).
+    shapes: Vec<Vec<i64>>,
+    /// Accumulated unsent update per parameter, or one flat tensor model-wise (v in DGC's
+    /// notation).
     residuals: Vec<Tensor>,
     /// Momentum-correction buffers u (empty without momentum correction).
     momenta: Vec<Tensor>,
@@ -41,8 +48,12 @@ pub struct Dgc {
 
 impl Dgc {
     pub fn new(shapes: &[Vec<i64>], device: Device, options: DgcOptions) -> Self {
+        let segments: Vec<Vec<i64>> = match options.scope {
+            Scope::Layer => shapes.to_vec(),
+            Scope::Model => vec![vec![shapes.iter().map(|s| s.iter().product::<i64>()).sum()]],
+        };
         let zeros = || -> Vec<Tensor> {
-            shapes
+            segments
                 .iter()
                 .map(|s| Tensor::zeros(s.as_slice(), (Kind::Float, device)))
                 .collect()
@@ -54,6 +65,7 @@ impl Dgc {
                 Vec::new()
             },
             residuals: zeros(),
+            shapes: shapes.to_vec(),
             options,
             epoch: 0,
         }
@@ -77,19 +89,28 @@ impl Compressor for Dgc {
     fn compress(&mut self, update: &[Tensor]) -> Message {
         let rate = self.current_rate();
         let o = self.options.clone();
+        let segments: Vec<Tensor> = match o.scope {
+            Scope::Layer => update.iter().map(|g| g.to_kind(Kind::Float)).collect(),
+            Scope::Model => {
+                let flat: Vec<Tensor> = update
+                    .iter()
+                    .map(|g| g.to_kind(Kind::Float).reshape([-1]))
+                    .collect();
+                vec![Tensor::cat(&flat, 0)]
+            }
+        };
         let payloads = tch::no_grad(|| {
-            update
+            segments
                 .iter()
                 .enumerate()
                 .map(|(i, g)| {
-                    let g = g.to_kind(Kind::Float);
                     let v = &mut self.residuals[i];
                     if o.momentum > 0.0 {
                         let u = &mut self.momenta[i];
-                        let _ = u.g_mul_scalar_(o.momentum).g_add_(&g);
+                        let _ = u.g_mul_scalar_(o.momentum).g_add_(g);
                         let _ = v.g_add_(u);
                     } else {
-                        let _ = v.g_add_(&g);
+                        let _ = v.g_add_(g);
                     }
                     let n = v.numel() as i64;
                     let shape = v.size();
@@ -127,7 +148,19 @@ impl Compressor for Dgc {
     }
 
     fn decompress(&mut self, message: &Message) -> Vec<Tensor> {
-        message.payloads.iter().map(Payload::to_dense).collect()
+        match self.options.scope {
+            Scope::Layer => message.payloads.iter().map(Payload::to_dense).collect(),
+            Scope::Model => {
+                let sizes: Vec<i64> = self.shapes.iter().map(|s| s.iter().product()).collect();
+                message.payloads[0]
+                    .to_dense()
+                    .split_with_sizes(&sizes, 0)
+                    .iter()
+                    .zip(&self.shapes)
+                    .map(|(t, shape)| t.view(shape.as_slice()))
+                    .collect()
+            }
+        }
     }
 
     fn start_epoch(&mut self, epoch: usize) {

@@ -29,6 +29,15 @@ use crate::error::Result;
 use std::collections::HashMap;
 use tch::Tensor;
 
+/// What a sparsifier's top-k ranks together: each parameter tensor on its own (layer-wise, DGC's
+/// way) or all parameters as one vector (model-wise: the k largest of the whole update, so a
+/// layer may send nothing in a step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Layer,
+    Model,
+}
+
 /// One worker's compressor (sender) together with the receiver's side of it.
 pub trait Compressor {
     /// The message for this step's update, one tensor per trainable parameter (in a fixed order).

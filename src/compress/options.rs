@@ -2,13 +2,13 @@
 //! `--compressor-option key=value` (repeatable; in TOML `compressor_options = ["key=value"]`).
 //! Unknown keys and bad values are errors that list what each compressor accepts.
 
-use super::denoise::{Denoise, DenoiseOptions, Scope};
+use super::denoise::{Denoise, DenoiseOptions};
 use super::dgc::{Dgc, DgcOptions};
 use super::encoding::IndexBits;
 use super::identity::Identity;
 use super::powersgd::{MatrixShape, PowerSgd, PowerSgdOptions};
 use super::topk::TopK;
-use super::Compressor;
+use super::{Compressor, Scope};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -50,6 +50,7 @@ impl CompressorKind {
                 "warmup_epochs",
                 "topk",
                 "sample_ratio",
+                "scope",
             ],
             CompressorKind::Powersgd => &["shape", "min_rate", "epsilon", "warm_start", "seed"],
             CompressorKind::Denoise => &[
@@ -253,7 +254,20 @@ impl CompressorSpec {
             masking: self.get("masking", true, "true or false")?,
             warmup_epochs: self.get("warmup_epochs", 0, "a whole number of epochs")?,
             topk: self.topk()?,
+            scope: self.scope()?,
         })
+    }
+
+    /// `scope=layer|model` of the sparsifiers (layer-wise by default).
+    fn scope(&self) -> Result<Scope> {
+        match self.options.get("scope").map(String::as_str) {
+            None | Some("layer") => Ok(Scope::Layer),
+            Some("model") => Ok(Scope::Model),
+            Some(v) => Err(Error::bad_value(
+                "compressor option scope",
+                format!("{v:?}: expected layer or model"),
+            )),
+        }
     }
 
     pub fn powersgd_options(&self) -> Result<PowerSgdOptions> {
@@ -286,16 +300,7 @@ impl CompressorSpec {
     }
 
     pub fn denoise_options(&self) -> Result<DenoiseOptions> {
-        let scope = match self.options.get("scope").map(String::as_str) {
-            None | Some("layer") => Scope::Layer,
-            Some("model") => Scope::Model,
-            Some(v) => {
-                return Err(Error::bad_value(
-                    "compressor option scope",
-                    format!("{v:?}: expected layer or model"),
-                ))
-            }
-        };
+        let scope = self.scope()?;
         let clip: f64 = self.get("clip", f64::INFINITY, "a positive number (inf: off)")?;
         if !(clip > 0.0) {
             return Err(Error::bad_value(

@@ -12,6 +12,7 @@ pub mod private;
 pub mod sgd;
 pub mod update;
 
+use crate::analysis::{fixed_batches, gradient_error};
 use crate::config::{Sampling, TrainConfig};
 use crate::data::sampler;
 use crate::data::{Batch, Dataset, TaskData};
@@ -195,6 +196,7 @@ impl Trainer {
         trainer.history =
             metrics::read_and_truncate(&run_dir.join("metrics.jsonl"), trainer.state.epochs_done)?;
         metrics::truncate_upstream(&run_dir.join("upstream.csv"), trainer.state.steps_done)?;
+        gradient_error::truncate(run_dir, trainer.state.epochs_done)?;
         Ok(trainer)
     }
 
@@ -306,6 +308,74 @@ impl Trainer {
         }
     }
 
+    /// Measures the gradient error at the current weights and compressor state on the fixed
+    /// batches (`analysis::gradient_error`; batches of the expected batch size, σ and C of the
+    /// run, a fresh copy of the compressor state), labelled with the epochs done so far.
+    pub fn measure_gradient_error(&self) -> Result<gradient_error::GradientErrorRecord> {
+        let n = self.data.train.len();
+        let batch_size = if self.config.private() && self.config.sampling == Sampling::Poisson {
+            (self.sample_rate() * n as f64).round().max(1.0) as usize
+        } else {
+            self.config.batch_size
+        };
+        let batches = fixed_batches(n, batch_size, self.config.grad_error_batches);
+        let max_norm = self.config.max_grad_norm;
+        let mechanism = match self.config.noise_multiplier {
+            Some(noise_multiplier) => gradient_error::Mechanism::PerSample {
+                noise_multiplier,
+                max_norm,
+            },
+            None => gradient_error::Mechanism::GlobalClip { max_norm },
+        };
+        let spec = self.config.compressor_spec()?;
+        let shapes: Vec<Vec<i64>> = self.params.iter().map(|(_, p)| p.size()).collect();
+        let source = gradient_error::CompressorSource {
+            spec: &spec,
+            shapes: &shapes,
+            state: self.updater.compressor.state(),
+            epoch: self.state.epochs_done,
+            device: self.device,
+        };
+        let measured = gradient_error::measure(
+            self.model.as_ref(),
+            &self.params,
+            &self.data.train,
+            self.device,
+            mechanism,
+            &source,
+            &batches,
+            self.config.grad_error_draws,
+        )?;
+        Ok(gradient_error::GradientErrorRecord {
+            epoch: self.state.epochs_done,
+            steps: self.state.steps_done,
+            noise_multiplier: self.config.noise_multiplier.unwrap_or(0.0),
+            max_norm,
+            batch_size: measured.batch_size,
+            batches: batches.len(),
+            draws: self.config.grad_error_draws,
+            parameters: measured.parameters,
+            median_norm: measured.median_norm,
+            mean_gradient_norm: measured.mean_gradient_norm,
+            compressor: spec.label(),
+            stages: measured.stages,
+        })
+    }
+
+    /// Measures and logs the gradient error when the configuration asks for it after
+    /// `epochs_done` epochs.
+    fn gradient_error_if_due(&self) -> Result<()> {
+        if self
+            .config
+            .grad_error_epochs
+            .contains(&self.state.epochs_done)
+        {
+            let record = self.measure_gradient_error()?;
+            gradient_error::append(&self.run_dir, &record)?;
+        }
+        Ok(())
+    }
+
     /// One epoch's batches: Poisson-sampled under DP (unless --sampling shuffle), else shuffled.
     fn epoch_batches(&self) -> Vec<Tensor> {
         let n = self.data.train.len();
@@ -325,6 +395,12 @@ impl Trainer {
             self.state.accountant = Some(Accountant::default());
         }
         let mut budget = self.steps_within_budget()?;
+        if self.state.epochs_done == 0 && self.state.steps_done == 0 {
+            gradient_error::truncate(&self.run_dir, 0)?;
+            if gradient_error::read(&self.run_dir)?.is_empty() {
+                self.gradient_error_if_due()?;
+            }
+        }
         while self.state.epochs_done < self.config.epochs && self.state.stopped.is_none() {
             let epoch = self.state.epochs_done;
             let started = Instant::now();
@@ -451,6 +527,7 @@ impl Trainer {
             metrics::append(&self.run_dir.join("metrics.jsonl"), &m)?;
             metrics::append_upstream(&self.run_dir.join("upstream.csv"), &upstream)?;
             self.history.push(m);
+            self.gradient_error_if_due()?;
             self.save_checkpoint()?;
         }
         if let (Some(reason), true) = (&self.state.stopped, self.progress) {

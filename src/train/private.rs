@@ -9,7 +9,7 @@ use crate::data::{Batch, Dataset};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
-use crate::privacy::grad_sample::{clip_and_sum, per_sample_gradients};
+use crate::privacy::grad_sample::{clip_and_sum, per_sample_gradients, PerSample};
 use crate::privacy::noise::noisy_mean;
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
@@ -32,27 +32,26 @@ pub struct StepTotals {
     pub clipped: Tensor,
 }
 
-/// Clipped gradient sums in the order of `params`, plus (loss sum, correct, clipped count).
-fn clipped_sums_tape(
+/// The per-sample gradient recipes of `batch` in the order of `params`, from one private forward
+/// pass (`dropout` on in training, off for measurements), with the logits and the summed loss.
+/// A trainable parameter missing from the tape is an error: it would escape clipping.
+pub fn per_sample_in_order(
     model: &dyn Model,
     params: &[(String, Tensor)],
     batch: &Batch,
-    max_norm: f64,
-) -> Result<(Vec<Tensor>, [Tensor; 3])> {
-    let mut ctx = Ctx::private(true);
+    dropout: bool,
+) -> Result<(Vec<(Tensor, PerSample)>, Tensor, Tensor)> {
+    let mut ctx = Ctx::private(dropout);
     let logits = model.forward(&batch.features, &mut ctx);
     let losses =
         logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
     let loss_sum = losses.sum(losses.kind());
     let tape = ctx.take_tape().expect("private context has a tape");
-    let per_sample = per_sample_gradients(tape, &loss_sum)?;
-    let clipped = clip_and_sum(&per_sample, max_norm);
-    let mut by_ptr: HashMap<usize, Tensor> = clipped
-        .grads
+    let mut by_ptr: HashMap<usize, (Tensor, PerSample)> = per_sample_gradients(tape, &loss_sum)?
         .into_iter()
-        .map(|(p, g)| (p.data_ptr() as usize, g))
+        .map(|(p, r)| (p.data_ptr() as usize, (p, r)))
         .collect();
-    let sums = params
+    let ordered = params
         .iter()
         .map(|(name, p)| {
             by_ptr.remove(&(p.data_ptr() as usize)).ok_or_else(|| {
@@ -60,6 +59,19 @@ fn clipped_sums_tape(
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    Ok((ordered, logits, loss_sum))
+}
+
+/// Clipped gradient sums in the order of `params`, plus (loss sum, correct, clipped count).
+fn clipped_sums_tape(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    batch: &Batch,
+    max_norm: f64,
+) -> Result<(Vec<Tensor>, [Tensor; 3])> {
+    let (per_sample, logits, loss_sum) = per_sample_in_order(model, params, batch, true)?;
+    let clipped = clip_and_sum(&per_sample, max_norm);
+    let sums = clipped.grads.into_iter().map(|(_, g)| g).collect();
     let correct = logits
         .argmax(-1, false)
         .eq_tensor(&batch.labels)

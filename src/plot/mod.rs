@@ -12,13 +12,16 @@
 //! Colours are fixed per compression setting and per noise multiplier, so the same setting has
 //! the same colour in every figure. Text uses the bundled DejaVu Sans (`assets/fonts`).
 
+pub mod analysis;
+
+use crate::analysis::gradient_error::{self, GradientErrorRecord};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::train::metrics::{read_and_truncate, Summary};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
-const FONT: &[u8] = include_bytes!("../assets/fonts/DejaVuSans.ttf");
+pub(crate) const FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 const SIZE: (u32, u32) = (900, 540);
 
 /// One finished cell as the figures need it.
@@ -29,6 +32,8 @@ pub struct CellLog {
     pub summary: Summary,
     /// Test accuracy after every epoch.
     pub accuracies: Vec<f64>,
+    /// Gradient-error measurements (`grad_error.jsonl`; empty when none were taken).
+    pub grad_errors: Vec<GradientErrorRecord>,
 }
 
 /// Every cell folder below `root` with a `summary.json`, sorted by (σ, compression setting).
@@ -59,6 +64,7 @@ pub fn read_cells(root: &Path) -> Result<Vec<CellLog>> {
             config,
             summary,
             accuracies,
+            grad_errors: gradient_error::read(&dir)?,
         });
     }
     if cells.is_empty() {
@@ -78,7 +84,7 @@ pub fn read_cells(root: &Path) -> Result<Vec<CellLog>> {
     Ok(cells)
 }
 
-fn sigma(c: &CellLog) -> f64 {
+pub(crate) fn sigma(c: &CellLog) -> f64 {
     c.config.noise_multiplier.unwrap_or(0.0)
 }
 
@@ -93,7 +99,7 @@ fn setting_order(c: &CellLog) -> f64 {
     }
 }
 
-fn setting_label(c: &CellLog) -> String {
+pub(crate) fn setting_label(c: &CellLog) -> String {
     c.config
         .compressor_spec()
         .map_or_else(|_| c.summary.compressor.clone(), |s| s.label())
@@ -121,7 +127,7 @@ pub fn mean_filter(values: &[f64], width: usize) -> Vec<f64> {
 }
 
 /// A fixed colour per position in a fixed ordering (compression settings, noise levels).
-fn colour(i: usize) -> RGBColor {
+pub(crate) fn colour(i: usize) -> RGBColor {
     const COLOURS: [RGBColor; 8] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
@@ -170,14 +176,35 @@ enum Figure<'a> {
     Lines(Lines<'a>),
 }
 
-/// Draws `figure` to `path`: SVG for `.svg`, PNG otherwise.
-fn render(path: &Path, figure: &Figure) -> Result<()> {
+/// Something that draws itself on any plotters backend.
+pub(crate) trait Drawing {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, plotters::coord::Shift>,
+    ) -> std::result::Result<(), String>;
+}
+
+impl Drawing for Figure<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, plotters::coord::Shift>,
+    ) -> std::result::Result<(), String> {
+        draw(root, self)
+    }
+}
+
+/// Draws `figure` to `path` at `size` pixels: SVG for `.svg`, PNG otherwise.
+pub(crate) fn render_with(path: &Path, size: (u32, u32), figure: &impl Drawing) -> Result<()> {
     let result = if path.extension().is_some_and(|e| e == "svg") {
-        draw(SVGBackend::new(path, SIZE).into_drawing_area(), figure)
+        figure.draw(SVGBackend::new(path, size).into_drawing_area())
     } else {
-        draw(BitMapBackend::new(path, SIZE).into_drawing_area(), figure)
+        figure.draw(BitMapBackend::new(path, size).into_drawing_area())
     };
     result.map_err(|e| Error::bad_file(path, format!("drawing the figure: {e}")))
+}
+
+fn render(path: &Path, figure: &Figure) -> Result<()> {
+    render_with(path, SIZE, figure)
 }
 
 fn draw<DB: DrawingBackend>(
@@ -424,6 +451,9 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
             written.push(path);
         }
     }
+    written.extend(analysis::gradient_error_figures(
+        &cells, &settings, &sigmas, out, title,
+    )?);
     Ok(written)
 }
 

@@ -1,0 +1,305 @@
+//! Gradient error (the paper's Figures 3.6-3.9 and appendices C-E): on fixed batches, the squared
+//! distance between the true mean gradient ḡ = (1/B) Σ_i g_i (unclipped, noiseless) and the
+//! gradient after each stage of the pipeline, cumulatively:
+//!
+//! - `clip`: ĝ_clip = (1/B) Σ_i c_i g_i, c_i = min(1, C / ||g_i||) (per-sample clipping under DP;
+//!   without DP, the mean gradient clipped to global norm C, as the non-private step does);
+//! - `noise`: ĝ_noise = ĝ_clip + N(0, σ² C² I) / B (the Gaussian mechanism; zero without DP);
+//! - `compress`: what the receiver decompresses from the message of ĝ_noise, sent by a fresh copy
+//!   of the run's compressor state (residuals, velocities, warm-start factors as they are at that
+//!   point of training), so error feedback and Denoise's averaging count as they do in training.
+//!
+//! Each stage is drawn `draws` times (noise draws; the compress stage reuses the noise stage's
+//! draws, paired) and its mean squared error E||ĝ - ḡ||² is split into bias² = ||E ĝ - ḡ||² and
+//! variance = E||ĝ - E ĝ||² (unbiased estimates from the draws, so error = bias² + variance up to
+//! rounding; a bias² far below variance / draws can come out slightly negative and is reported
+//! as measured), then averaged over the fixed batches. The divisor is the batch's size B (a fixed
+//! batch has no Poisson size to divide by).
+//!
+//! Results go to the run's `grad_error.jsonl`, one line per measured epoch.
+
+use super::{flatten, squared_norm, unflatten, BatchGradients, NOISE_SEED};
+use crate::compress::{Compressor, CompressorSpec};
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::models::Model;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use tch::{Device, Kind, Tensor};
+
+/// The run file the measurements are appended to.
+pub const FILE: &str = "grad_error.jsonl";
+
+/// The privacy mechanism whose error is measured.
+#[derive(Debug, Clone, Copy)]
+pub enum Mechanism {
+    /// DP-SGD: per-sample clipping to C and N(0, σ²C²) on the sum (σ = 0: clipping only).
+    PerSample {
+        noise_multiplier: f64,
+        max_norm: f64,
+    },
+    /// Non-private training: the mean gradient clipped to global norm C.
+    GlobalClip { max_norm: f64 },
+}
+
+/// Mean squared error of one stage against the true mean gradient, and its split.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StageError {
+    /// "clip", "noise" or "compress".
+    pub stage: String,
+    pub error: f64,
+    pub bias2: f64,
+    pub variance: f64,
+}
+
+/// One measurement, as a line of `grad_error.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GradientErrorRecord {
+    /// Epochs trained before the measurement (0: the initial weights).
+    pub epoch: usize,
+    pub steps: u64,
+    /// σ (0 without DP).
+    pub noise_multiplier: f64,
+    pub max_norm: f64,
+    pub batch_size: i64,
+    pub batches: usize,
+    pub draws: usize,
+    /// m, trainable scalars.
+    pub parameters: i64,
+    /// Median per-sample gradient norm (mean over the batches).
+    pub median_norm: f64,
+    /// ||ḡ|| (mean over the batches).
+    pub mean_gradient_norm: f64,
+    pub compressor: String,
+    pub stages: Vec<StageError>,
+}
+
+impl GradientErrorRecord {
+    pub fn stage(&self, name: &str) -> Option<&StageError> {
+        self.stages.iter().find(|s| s.stage == name)
+    }
+}
+
+/// Running moments of draws of an estimate (Welford): mean vector, Σ||x - mean||², and the sum
+/// of squared errors against the reference.
+struct Moments {
+    count: usize,
+    mean: Tensor,
+    m2: f64,
+    squared_error: f64,
+}
+
+impl Moments {
+    fn new(reference: &Tensor) -> Self {
+        Moments {
+            count: 0,
+            mean: reference.zeros_like(),
+            m2: 0.0,
+            squared_error: 0.0,
+        }
+    }
+
+    fn add(&mut self, x: &Tensor, reference: &Tensor) {
+        self.count += 1;
+        let before = x - &self.mean;
+        self.mean += &before / self.count as f64;
+        let after = x - &self.mean;
+        self.m2 += (before * after).sum(Kind::Double).double_value(&[]);
+        self.squared_error += squared_norm(&(x - reference));
+    }
+
+    /// (error, bias², variance) with the unbiased estimators over R draws: variance
+    /// Σ||x - x̄||² / (R - 1), bias² ||x̄ - ḡ||² - variance / R (||x̄ - ḡ||² alone overstates the
+    /// bias by variance / R), so that error = mean ||x - ḡ||² = bias² + variance exactly. One
+    /// draw (a deterministic stage) has no variance.
+    fn finish(&self, reference: &Tensor) -> [f64; 3] {
+        let r = self.count.max(1) as f64;
+        let variance = if self.count > 1 {
+            (self.m2 / (r - 1.0)).max(0.0)
+        } else {
+            0.0
+        };
+        let error = self.squared_error / r;
+        let bias2 = squared_norm(&(&self.mean - reference)) - variance / r;
+        [error, bias2, variance]
+    }
+}
+
+/// Where the compress stage's fresh compressors come from: the run's spec and shapes, the
+/// state to start from, and the epoch (for schedules such as DGC's warm-up).
+pub struct CompressorSource<'a> {
+    pub spec: &'a CompressorSpec,
+    pub shapes: &'a [Vec<i64>],
+    pub state: Vec<(String, Tensor)>,
+    pub epoch: usize,
+    pub device: Device,
+}
+
+impl CompressorSource<'_> {
+    /// A new compressor holding a copy of the state (`load_state` copies, so the run's own
+    /// tensors are never written).
+    fn fresh(&self) -> Result<Box<dyn Compressor>> {
+        let mut compressor = self.spec.build(self.shapes, self.device)?;
+        let state: HashMap<String, Tensor> = self
+            .state
+            .iter()
+            .map(|(k, t)| (k.clone(), t.shallow_clone()))
+            .collect();
+        if !state.is_empty() {
+            compressor.load_state(state)?;
+        }
+        compressor.start_epoch(self.epoch);
+        Ok(compressor)
+    }
+}
+
+/// Stage errors and norms averaged over the fixed batches.
+pub struct Measured {
+    pub stages: Vec<StageError>,
+    pub median_norm: f64,
+    pub mean_gradient_norm: f64,
+    pub parameters: i64,
+    pub batch_size: i64,
+}
+
+/// Measures the three stages on `batches` of `data` at the model's current weights.
+#[allow(clippy::too_many_arguments)]
+pub fn measure(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    data: &Dataset,
+    device: Device,
+    mechanism: Mechanism,
+    compressor: &CompressorSource,
+    batches: &[Tensor],
+    draws: usize,
+) -> Result<Measured> {
+    if batches.is_empty() || draws == 0 {
+        return Err(Error::bad_value(
+            "gradient error",
+            "needs at least one batch and one draw",
+        ));
+    }
+    tch::manual_seed(NOISE_SEED);
+    let names = ["clip", "noise", "compress"];
+    let mut totals = [[0.0f64; 3]; 3];
+    let (mut median_norm, mut mean_norm) = (0.0, 0.0);
+    let (mut parameters, mut batch_size) = (0, 0);
+    for index in batches {
+        let gradients = BatchGradients::new(model, params, data, index, device)?;
+        let reference = &gradients.mean;
+        let b = gradients.batch_size as f64;
+        median_norm += gradients.median_norm();
+        mean_norm += squared_norm(reference).sqrt();
+        parameters = gradients.parameters();
+        batch_size = gradients.batch_size;
+        let (clipped, noise_std) = match mechanism {
+            Mechanism::PerSample {
+                noise_multiplier,
+                max_norm,
+            } => (
+                gradients.weighted_mean(&gradients.clip_factors(max_norm)),
+                noise_multiplier * max_norm / b,
+            ),
+            Mechanism::GlobalClip { max_norm } => {
+                let norm = squared_norm(reference).sqrt();
+                (reference * (max_norm / (norm + 1e-6)).min(1.0), 0.0)
+            }
+        };
+        let mut moments = [
+            Moments::new(reference),
+            Moments::new(reference),
+            Moments::new(reference),
+        ];
+        moments[0].add(&clipped, reference);
+        for _ in 0..draws {
+            let noisy = if noise_std > 0.0 {
+                &clipped + clipped.randn_like() * noise_std
+            } else {
+                clipped.shallow_clone()
+            };
+            moments[1].add(&noisy, reference);
+            let mut sender = compressor.fresh()?;
+            let received = tch::no_grad(|| {
+                let message = sender.compress(&unflatten(&noisy, compressor.shapes));
+                flatten(&sender.decompress(&message))
+            });
+            moments[2].add(&received, reference);
+        }
+        for (total, m) in totals.iter_mut().zip(&moments) {
+            for (t, v) in total.iter_mut().zip(m.finish(reference)) {
+                *t += v;
+            }
+        }
+    }
+    let n = batches.len() as f64;
+    Ok(Measured {
+        stages: names
+            .iter()
+            .zip(totals)
+            .map(|(name, [error, bias2, variance])| StageError {
+                stage: name.to_string(),
+                error: error / n,
+                bias2: bias2 / n,
+                variance: variance / n,
+            })
+            .collect(),
+        median_norm: median_norm / n,
+        mean_gradient_norm: mean_norm / n,
+        parameters,
+        batch_size,
+    })
+}
+
+/// Appends `record` to `<run>/grad_error.jsonl`.
+pub fn append(run_dir: &Path, record: &GradientErrorRecord) -> Result<()> {
+    let path = run_dir.join(FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| Error::io(&path, e))?;
+    let line = serde_json::to_string(record).expect("record serialises");
+    writeln!(file, "{line}").map_err(|e| Error::io(&path, e))
+}
+
+/// The records of `<run>/grad_error.jsonl` (none when the file does not exist).
+pub fn read(run_dir: &Path) -> Result<Vec<GradientErrorRecord>> {
+    let path = run_dir.join(FILE);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return Ok(Vec::new());
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::bad_file(&path, format!("line {}: {e}", i + 1)))
+        })
+        .collect()
+}
+
+/// Replaces `<run>/grad_error.jsonl` with `records`.
+pub fn write(run_dir: &Path, records: &[GradientErrorRecord]) -> Result<()> {
+    let path = run_dir.join(FILE);
+    let text: String = records
+        .iter()
+        .map(|r| serde_json::to_string(r).expect("record serialises") + "\n")
+        .collect();
+    std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
+}
+
+/// Keeps only the records of epochs <= `epochs_done` (a resumed run measures later ones again).
+pub fn truncate(run_dir: &Path, epochs_done: usize) -> Result<()> {
+    let records = read(run_dir)?;
+    if records.iter().all(|r| r.epoch <= epochs_done) {
+        return Ok(());
+    }
+    let kept: Vec<GradientErrorRecord> = records
+        .into_iter()
+        .filter(|r| r.epoch <= epochs_done)
+        .collect();
+    write(run_dir, &kept)
+}

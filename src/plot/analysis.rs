@@ -1,0 +1,436 @@
+//! The analysis figures (PNG and SVG):
+//!
+//! 4. `accuracy_vs_gradient_error`: each cell's final accuracy against its gradient error (the
+//!    error after compression at the last measured epoch), log x axis (the paper's Figure 3.6);
+//! 5. `gradient_error_bias_variance`: per noise multiplier (one panel each) and compression
+//!    setting, three stacked bars — after clipping, after noise, after compression — split into
+//!    bias² and variance (Figures 3.8-3.9);
+//! 6. `clipping_sigma<σ>`: the clipping sweep's measured error and both models against C, log-log,
+//!    with the minimisers and the median norm marked (Figures 3.10-3.11).
+//!
+//! Colours: the compression settings keep the colours of figures 1-3; bias² is orange and
+//! variance blue, as in the paper.
+
+use super::{colour, render_with, CellLog, Drawing, FONT};
+use crate::analysis::clipping::ClippingSweep;
+use crate::analysis::gradient_error::GradientErrorRecord;
+use crate::error::Result;
+use plotters::prelude::*;
+use std::path::{Path, PathBuf};
+
+const BIAS: RGBColor = RGBColor(255, 127, 14);
+const VARIANCE: RGBColor = RGBColor(31, 119, 180);
+const STAGES: [&str; 3] = ["clip", "noise", "compress"];
+
+type DrawResult = std::result::Result<(), String>;
+
+/// A cell with its last measurement, compression-setting index and noise-level index.
+type Measured<'a> = (&'a CellLog, &'a GradientErrorRecord, usize, usize);
+
+struct Scatter<'a> {
+    measured: &'a [Measured<'a>],
+    settings: &'a [String],
+    sigmas: &'a [f64],
+    title: &'a str,
+}
+
+impl Drawing for Scatter<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, plotters::coord::Shift>,
+    ) -> DrawResult {
+        scatter(root, self.measured, self.settings, self.sigmas, self.title)
+    }
+}
+
+struct BiasVariance<'a> {
+    measured: &'a [Measured<'a>],
+    settings: &'a [String],
+    sigmas: &'a [f64],
+    title: &'a str,
+}
+
+impl Drawing for BiasVariance<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, plotters::coord::Shift>,
+    ) -> DrawResult {
+        bias_variance(root, self.measured, self.settings, self.sigmas, self.title)
+    }
+}
+
+struct Clipping<'a>(&'a ClippingSweep);
+
+impl Drawing for Clipping<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, plotters::coord::Shift>,
+    ) -> DrawResult {
+        clipping(root, self.0)
+    }
+}
+
+fn err<E: std::fmt::Debug>(e: E) -> String {
+    format!("{e:?}")
+}
+
+/// The cell's last gradient-error measurement.
+fn last_record(c: &CellLog) -> Option<&GradientErrorRecord> {
+    c.grad_errors.iter().max_by_key(|r| r.epoch)
+}
+
+/// Figures 4 and 5 for the cells that have gradient-error measurements; none when no cell has.
+pub fn gradient_error_figures(
+    cells: &[CellLog],
+    settings: &[String],
+    sigmas: &[f64],
+    out: &Path,
+    title: &str,
+) -> Result<Vec<PathBuf>> {
+    let measured: Vec<Measured> = cells
+        .iter()
+        .filter_map(|c| {
+            let r = last_record(c)?;
+            let s = settings
+                .iter()
+                .position(|s| *s == super::setting_label(c))?;
+            let j = sigmas.iter().position(|&x| x == super::sigma(c))?;
+            Some((c, r, s, j))
+        })
+        .collect();
+    if measured.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut written = Vec::new();
+    for ext in ["png", "svg"] {
+        let path = out.join(format!("accuracy_vs_gradient_error.{ext}"));
+        let figure = Scatter {
+            measured: &measured,
+            settings,
+            sigmas,
+            title,
+        };
+        render_with(&path, (900, 540), &figure)?;
+        written.push(path);
+        let path = out.join(format!("gradient_error_bias_variance.{ext}"));
+        let height = 60 + 280 * sigmas.len() as u32;
+        let figure = BiasVariance {
+            measured: &measured,
+            settings,
+            sigmas,
+            title,
+        };
+        render_with(&path, (1000, height), &figure)?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn compress_error(r: &GradientErrorRecord) -> f64 {
+    r.stage("compress").map_or(f64::NAN, |s| s.error)
+}
+
+fn scatter<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    measured: &[Measured],
+    settings: &[String],
+    sigmas: &[f64],
+    title: &str,
+) -> DrawResult {
+    root.fill(&WHITE).map_err(err)?;
+    let errors: Vec<f64> = measured
+        .iter()
+        .map(|m| compress_error(m.1))
+        .filter(|e| e.is_finite() && *e > 0.0)
+        .collect();
+    let lo = errors.iter().copied().fold(f64::INFINITY, f64::min) / 2.0;
+    let hi = errors.iter().copied().fold(0.0, f64::max) * 2.0;
+    let (lo, hi) = if lo.is_finite() && hi > lo {
+        (lo, hi)
+    } else {
+        (1e-6, 1.0)
+    };
+    let epoch = measured.iter().map(|m| m.1.epoch).max().unwrap_or(0);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("{title}: accuracy vs gradient error (epoch {epoch})"),
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d((lo..hi).log_scale(), 0f64..100f64)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|x| format!("{x:.0e}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .x_desc("gradient error E||ĝ − ḡ||² after compression (squared gradient units, log)")
+        .y_desc("final test accuracy (%)")
+        .label_style(("sans-serif", 15))
+        .axis_desc_style(("sans-serif", 17))
+        .draw()
+        .map_err(err)?;
+    for (s, label) in settings.iter().enumerate() {
+        let c = colour(s);
+        let points: Vec<(f64, f64, usize)> = measured
+            .iter()
+            .filter(|m| m.2 == s)
+            .map(|m| (compress_error(m.1), 100.0 * m.0.summary.final_accuracy, m.3))
+            .filter(|p| p.0.is_finite() && p.0 > 0.0)
+            .collect();
+        chart
+            .draw_series(points.iter().map(|&(x, y, j)| marker(x, y, j, c)))
+            .map_err(err)?
+            .label(label.clone())
+            .legend(move |(x, y)| Circle::new((x + 7, y), 5, c.filled()));
+    }
+    for (j, s) in sigmas.iter().enumerate() {
+        let grey = RGBColor(90, 90, 90);
+        chart
+            .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
+            .map_err(err)?
+            .label(format!("σ = {s}"))
+            .legend(move |(x, y)| legend_marker(x + 7, y, j, grey));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
+
+/// A point's marker: circle, triangle or cross by noise level.
+fn marker<DB: DrawingBackend>(
+    x: f64,
+    y: f64,
+    j: usize,
+    c: RGBColor,
+) -> DynElement<'static, DB, (f64, f64)> {
+    match j % 3 {
+        0 => Circle::new((x, y), 6, c.filled()).into_dyn(),
+        1 => TriangleMarker::new((x, y), 7, c.filled()).into_dyn(),
+        _ => Cross::new((x, y), 6, c.stroke_width(3)).into_dyn(),
+    }
+}
+
+fn legend_marker<DB: DrawingBackend>(
+    x: i32,
+    y: i32,
+    j: usize,
+    c: RGBColor,
+) -> DynElement<'static, DB, (i32, i32)> {
+    match j % 3 {
+        0 => Circle::new((x, y), 5, c.filled()).into_dyn(),
+        1 => TriangleMarker::new((x, y), 6, c.filled()).into_dyn(),
+        _ => Cross::new((x, y), 5, c.stroke_width(3)).into_dyn(),
+    }
+}
+
+fn bias_variance<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    measured: &[Measured],
+    settings: &[String],
+    sigmas: &[f64],
+    title: &str,
+) -> DrawResult {
+    root.fill(&WHITE).map_err(err)?;
+    let root = root
+        .titled(
+            &format!("{title}: gradient error split into bias² and variance"),
+            ("sans-serif", 22),
+        )
+        .map_err(err)?;
+    let panels = root.split_evenly((sigmas.len(), 1));
+    let n = settings.len();
+    for (j, (panel, sigma)) in panels.iter().zip(sigmas).enumerate() {
+        let in_panel: Vec<_> = measured.iter().filter(|m| m.3 == j).collect();
+        let top = in_panel
+            .iter()
+            .flat_map(|m| m.1.stages.iter().map(|s| s.bias2.max(0.0) + s.variance))
+            .fold(0.0, f64::max)
+            .max(1e-12)
+            * 1.1;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("σ = {sigma}: bars per setting = after clip | noise | compress"),
+                ("sans-serif", 16),
+            )
+            .margin(8)
+            .x_label_area_size(35)
+            .y_label_area_size(80)
+            .build_cartesian_2d(0f64..n as f64, 0f64..top)
+            .map_err(err)?;
+        let labels = settings.to_vec();
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(2 * n + 1)
+            .x_label_formatter(&move |x| {
+                let i = x.floor();
+                if (x - i - 0.5).abs() < 1e-6 && (i as usize) < labels.len() {
+                    labels[i as usize].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .y_label_formatter(&|y| format!("{y:.2e}"))
+            .y_desc("squared error")
+            .label_style(("sans-serif", 13))
+            .axis_desc_style(("sans-serif", 14))
+            .draw()
+            .map_err(err)?;
+        let width = 0.8 / 3.0;
+        let mut bias_bars = Vec::new();
+        let mut variance_bars = Vec::new();
+        for m in &in_panel {
+            for (k, stage) in STAGES.iter().enumerate() {
+                let Some(s) = m.1.stage(stage) else { continue };
+                let x0 = m.2 as f64 + 0.1 + k as f64 * width;
+                let x1 = x0 + width * 0.9;
+                // A bias² estimate below zero (bias far under the noise) is drawn as none.
+                let bias2 = s.bias2.max(0.0);
+                bias_bars.push(Rectangle::new([(x0, 0.0), (x1, bias2)], BIAS.filled()));
+                variance_bars.push(Rectangle::new(
+                    [(x0, bias2), (x1, bias2 + s.variance)],
+                    VARIANCE.filled(),
+                ));
+            }
+        }
+        chart
+            .draw_series(bias_bars)
+            .map_err(err)?
+            .label("bias²")
+            .legend(|(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], BIAS.filled()));
+        chart
+            .draw_series(variance_bars)
+            .map_err(err)?
+            .label("variance")
+            .legend(|(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], VARIANCE.filled()));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(("sans-serif", 13))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(err)
+}
+
+/// Figure 6, one file pair per sweep (noise multiplier).
+pub fn clipping_figures(sweeps: &[ClippingSweep], out: &Path) -> Result<Vec<PathBuf>> {
+    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    std::fs::create_dir_all(out).map_err(|e| crate::error::Error::io(out, e))?;
+    let mut written = Vec::new();
+    for sweep in sweeps {
+        for ext in ["png", "svg"] {
+            let path = out.join(format!(
+                "clipping_sigma{}.{ext}",
+                sweep.model.noise_multiplier
+            ));
+            render_with(&path, (900, 560), &Clipping(sweep))?;
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
+
+fn clipping<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    sweep: &ClippingSweep,
+) -> DrawResult {
+    root.fill(&WHITE).map_err(err)?;
+    let xs: Vec<f64> = sweep.points.iter().map(|p| p.max_norm).collect();
+    let ys: Vec<f64> = sweep
+        .points
+        .iter()
+        .flat_map(|p| [p.measured, p.model_median, p.model_mean])
+        .filter(|v| *v > 0.0 && v.is_finite())
+        .collect();
+    let (x_lo, x_hi) = (xs[0], xs[xs.len() - 1]);
+    let y_lo = ys.iter().copied().fold(f64::INFINITY, f64::min) / 2.0;
+    let y_hi = ys.iter().copied().fold(0.0, f64::max) * 2.0;
+    let m = &sweep.model;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "{}: gradient error vs clipping radius (σ = {}, B = {}, m = {}, epoch {})",
+                sweep.task, m.noise_multiplier, m.batch_size, m.parameters, sweep.epoch
+            ),
+            ("sans-serif", 19),
+        )
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(70)
+        .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_label_formatter(&|x| format!("{x:.1e}"))
+        .y_label_formatter(&|y| format!("{y:.0e}"))
+        .x_desc("clipping radius C (gradient norm units, log)")
+        .y_desc("E||ĝ(C) − ḡ||² (log)")
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 16))
+        .draw()
+        .map_err(err)?;
+    let curves: [(
+        &str,
+        RGBColor,
+        fn(&crate::analysis::clipping::ClippingPoint) -> f64,
+    ); 3] = [
+        ("measured", colour(0), |p| p.measured),
+        ("model, median norm only", colour(1), |p| p.model_median),
+        ("model, median + mean-gradient norm", colour(2), |p| {
+            p.model_mean
+        }),
+    ];
+    for (label, c, value) in curves {
+        let points: Vec<(f64, f64)> = sweep
+            .points
+            .iter()
+            .map(|p| (p.max_norm, value(p)))
+            .filter(|p| p.1 > 0.0)
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points, c.stroke_width(2)))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+    }
+    let marks = [
+        ("measured minimum", colour(0), sweep.measured_minimiser),
+        ("model (median) C*", colour(1), sweep.model_median_minimiser),
+        ("model (mean) C*", colour(2), sweep.model_mean_minimiser),
+        ("median norm G", RGBColor(90, 90, 90), m.median_norm),
+    ];
+    for (label, c, x) in marks {
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(x, y_lo), (x, y_hi)],
+                6,
+                4,
+                c.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label(format!("{label} = {x:.3}"))
+            .legend(move |(px, py)| {
+                PathElement::new(vec![(px, py), (px + 16, py)], c.stroke_width(1))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", 13))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)
+}
