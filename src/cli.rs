@@ -41,6 +41,9 @@ pub enum Command {
     /// Privacy budget of DP-SGD: epsilon for (q, sigma, steps, delta), or the sigma for a target
     /// epsilon.
     Epsilon(EpsilonArgs),
+    /// DP-SGD for convex losses (hinge, q-norm hinge, logistic) on tabular data: gradient
+    /// perturbation calibrated by Theorem 11 (or the RDP accountant), or non-private SGD.
+    Convex(ConvexArgs),
     /// The paper's analyses: gradient error of finished runs, clipping-radius sweeps.
     Analyze {
         #[command(subcommand)]
@@ -160,6 +163,42 @@ pub enum DataCommand {
         #[arg(long)]
         sha256: Option<String>,
     },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ConvexArgs {
+    /// breast_cancer (../shared/data), csv:PATH (features..., label 0/1 or -1/+1), or
+    /// synthetic:N:D (separable with margin, hinge optimum 0 known).
+    #[arg(long, default_value = "breast_cancer")]
+    pub data: String,
+    /// hinge, qhinge:Q (1 < Q <= 2), logistic or least_squares.
+    #[arg(long, default_value = "hinge")]
+    pub loss: String,
+    #[arg(long, value_enum, default_value = "gradient")]
+    pub algorithm: crate::convex::Algorithm,
+    #[arg(long, value_enum, default_value = "theorem11")]
+    pub calibration: crate::convex::Calibration,
+    #[arg(long, default_value_t = 1.0)]
+    pub epsilon: f64,
+    /// Default 1/n² (the paper's choice).
+    #[arg(long)]
+    pub delta: Option<f64>,
+    /// R of the domain B(0, R).
+    #[arg(long, default_value_t = 1.0)]
+    pub radius: f64,
+    /// T (default: Theorem 12's).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// η (default: Theorem 12's).
+    #[arg(long)]
+    pub step_size: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Data folder (default: $DPCOMP_DATA, else data/).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -287,6 +326,7 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Convex(args) => convex_command(args),
         Command::Analyze {
             command: AnalyzeCommand::GradientError(args),
         } => gradient_error_command(args),
@@ -603,5 +643,91 @@ fn clipping_command(args: ClippingArgs) -> Result<()> {
     for path in crate::plot::analysis::clipping_figures(&sweeps, &args.out)? {
         println!("{}", path.display());
     }
+    Ok(())
+}
+
+/// The tabular data named by `--data`.
+pub fn convex_data(
+    spec: &str,
+    data_dir: Option<&std::path::Path>,
+) -> Result<crate::convex::data::Tabular> {
+    use crate::convex::data;
+    if spec == "breast_cancer" {
+        return Ok(data::breast_cancer(&data::data_dir_or_default(data_dir))?);
+    }
+    if let Some(path) = spec.strip_prefix("csv:") {
+        return Ok(data::read_csv(std::path::Path::new(path), path)?);
+    }
+    if let Some(rest) = spec.strip_prefix("synthetic:") {
+        let parts: Vec<&str> = rest.split(':').collect();
+        if let [n, d] = parts.as_slice() {
+            if let (Ok(n), Ok(d)) = (n.parse::<usize>(), d.parse::<i64>()) {
+                if n >= 10 && d >= 1 {
+                    return Ok(data::synthetic(n, d, 4.0, 0));
+                }
+            }
+        }
+    }
+    Err(Error::bad_value(
+        "--data",
+        format!("{spec:?}: expected breast_cancer, csv:PATH or synthetic:N:D (N >= 10)"),
+    )
+    .into())
+}
+
+fn convex_command(args: ConvexArgs) -> Result<()> {
+    use crate::convex::{self, loss::Loss, ConvexSettings};
+    let data = convex_data(&args.data, args.data_dir.as_deref())?;
+    let settings = ConvexSettings {
+        loss: Loss::parse(&args.loss)?,
+        algorithm: args.algorithm,
+        calibration: args.calibration,
+        epsilon: args.epsilon,
+        delta: args.delta,
+        radius: args.radius,
+        steps: args.steps,
+        step_size: args.step_size,
+        seed: args.seed,
+    };
+    let report = convex::run(&data, &settings)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} ({} train examples, d {}), {} loss (alpha {}, L {:.4}, M {:.4}), {:?}, R {}, T {}, eta {:.5}",
+        report.data,
+        report.examples,
+        report.dim,
+        report.loss,
+        report.alpha,
+        report.holder_constant,
+        report.gradient_bound_at_zero,
+        report.algorithm,
+        report.radius,
+        report.steps,
+        report.step_size
+    );
+    if let (Some(eps), Some(delta), Some(sigma)) = (report.epsilon, report.delta, report.sigma) {
+        let beta = report
+            .beta
+            .map_or(String::new(), |b| format!(", beta {b:.3e}"));
+        let lambda = report
+            .lambda
+            .map_or(String::new(), |l| format!(", lambda {l:.2}"));
+        println!(
+            "privacy: epsilon {eps}, delta {delta:.3e}, sigma {sigma:.4}{beta}{lambda}; RDP accountant epsilon of this noise {:.4}",
+            report.accountant_epsilon.unwrap_or(f64::NAN)
+        );
+    }
+    println!(
+        "train risk {:.4} (accuracy {:.2}%), test risk {:.4} (accuracy {:.2}%), excess empirical risk {:.4} (reference min {:.4})",
+        report.train_risk,
+        100.0 * report.train_accuracy,
+        report.test_risk,
+        100.0 * report.test_accuracy,
+        report.excess_empirical_risk,
+        report.reference_risk
+    );
     Ok(())
 }

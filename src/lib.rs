@@ -7,6 +7,7 @@ pub mod bench;
 pub mod cli;
 pub mod compress;
 pub mod config;
+pub mod convex;
 pub mod data;
 pub mod error;
 pub mod grid;

@@ -2,7 +2,7 @@
 //!
 //! 4. `accuracy_vs_gradient_error`: each cell's final accuracy against its gradient error (the
 //!    error after compression at the last measured epoch), log x axis (the paper's Figure 3.6);
-//! 5. `gradient_error_bias_variance`: per noise multiplier (one panel each) and compression
+//! 5. `gradient_error_bias_variance_epoch<e>`, one per measured epoch: per noise multiplier (one panel each) and compression
 //!    setting, three stacked bars — after clipping, after noise, after compression — split into
 //!    bias² and variance (Figures 3.8-3.9);
 //! 6. `clipping_sigma<σ>`: the clipping sweep's measured error and both models against C, log-log,
@@ -87,41 +87,61 @@ pub fn gradient_error_figures(
     out: &Path,
     title: &str,
 ) -> Result<Vec<PathBuf>> {
-    let measured: Vec<Measured> = cells
+    let index = |c: &CellLog| {
+        let s = settings
+            .iter()
+            .position(|s| *s == super::setting_label(c))?;
+        let j = sigmas.iter().position(|&x| x == super::sigma(c))?;
+        Some((s, j))
+    };
+    let last: Vec<Measured> = cells
         .iter()
         .filter_map(|c| {
-            let r = last_record(c)?;
-            let s = settings
-                .iter()
-                .position(|s| *s == super::setting_label(c))?;
-            let j = sigmas.iter().position(|&x| x == super::sigma(c))?;
-            Some((c, r, s, j))
+            let (s, j) = index(c)?;
+            Some((c, last_record(c)?, s, j))
         })
         .collect();
-    if measured.is_empty() {
+    if last.is_empty() {
         return Ok(Vec::new());
     }
+    let mut epochs: Vec<usize> = cells
+        .iter()
+        .flat_map(|c| c.grad_errors.iter().map(|r| r.epoch))
+        .collect();
+    epochs.sort_unstable();
+    epochs.dedup();
     let mut written = Vec::new();
     for ext in ["png", "svg"] {
         let path = out.join(format!("accuracy_vs_gradient_error.{ext}"));
         let figure = Scatter {
-            measured: &measured,
+            measured: &last,
             settings,
             sigmas,
             title,
         };
         render_with(&path, (900, 540), &figure)?;
         written.push(path);
-        let path = out.join(format!("gradient_error_bias_variance.{ext}"));
-        let height = 60 + 280 * sigmas.len() as u32;
-        let figure = BiasVariance {
-            measured: &measured,
-            settings,
-            sigmas,
-            title,
-        };
-        render_with(&path, (1000, height), &figure)?;
-        written.push(path);
+        for &epoch in &epochs {
+            let at_epoch: Vec<Measured> = cells
+                .iter()
+                .filter_map(|c| {
+                    let (s, j) = index(c)?;
+                    let r = c.grad_errors.iter().find(|r| r.epoch == epoch)?;
+                    Some((c, r, s, j))
+                })
+                .collect();
+            let path = out.join(format!("gradient_error_bias_variance_epoch{epoch}.{ext}"));
+            let height = 60 + 280 * sigmas.len() as u32;
+            let title = format!("{title}, after epoch {epoch}");
+            let figure = BiasVariance {
+                measured: &at_epoch,
+                settings,
+                sigmas,
+                title: &title,
+            };
+            render_with(&path, (1000, height), &figure)?;
+            written.push(path);
+        }
     }
     Ok(written)
 }
@@ -380,16 +400,15 @@ fn clipping<DB: DrawingBackend>(
         .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(err)?;
-    let curves: [(
-        &str,
-        RGBColor,
-        fn(&crate::analysis::clipping::ClippingPoint) -> f64,
-    ); 3] = [
-        ("measured", colour(0), |p| p.measured),
+    // The models first, the measurement on top with a marker per radius (the mean-informed
+    // model often lies right on it).
+    type Curve = fn(&crate::analysis::clipping::ClippingPoint) -> f64;
+    let curves: [(&str, RGBColor, Curve); 3] = [
         ("model, median norm only", colour(1), |p| p.model_median),
         ("model, median + mean-gradient norm", colour(2), |p| {
             p.model_mean
         }),
+        ("measured", colour(0), |p| p.measured),
     ];
     for (label, c, value) in curves {
         let points: Vec<(f64, f64)> = sweep
@@ -398,11 +417,24 @@ fn clipping<DB: DrawingBackend>(
             .map(|p| (p.max_norm, value(p)))
             .filter(|p| p.1 > 0.0)
             .collect();
+        let measured = label == "measured";
+        let width = if measured { 1 } else { 3 };
         chart
-            .draw_series(LineSeries::new(points, c.stroke_width(2)))
+            .draw_series(LineSeries::new(points.clone(), c.stroke_width(width)))
             .map_err(err)?
             .label(label)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(width))
+            });
+        if measured {
+            chart
+                .draw_series(
+                    points
+                        .iter()
+                        .map(|&(x, y)| Circle::new((x, y), 3, c.filled())),
+                )
+                .map_err(err)?;
+        }
     }
     let marks = [
         ("measured minimum", colour(0), sweep.measured_minimiser),

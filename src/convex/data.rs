@@ -1,0 +1,188 @@
+//! Tabular binary-classification data for the convex algorithms: features [n, d] (f64) and labels
+//! ±1, split 80/20 with a fixed seed, standardised with the training part's mean and standard
+//! deviation, then every row projected into the unit ball (x / max(1, ||x||)). The projection
+//! makes X = max ||x|| <= 1 a bound that holds for any dataset, not one read off this one (a
+//! data-dependent bound would itself leak), so the constants L and M of `loss.rs` are public.
+
+use crate::error::{Error, Result};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use std::path::Path;
+use tch::{Kind, Tensor};
+
+/// Every feature row has norm at most this after loading: the X of the losses' constants.
+pub const FEATURE_NORM_BOUND: f64 = 1.0;
+
+/// The split seed: the same 80/20 split on every run.
+pub const SPLIT_SEED: u64 = 20_261_130;
+
+pub struct Tabular {
+    pub name: String,
+    pub x_train: Tensor,
+    pub y_train: Tensor,
+    pub x_test: Tensor,
+    pub y_test: Tensor,
+}
+
+impl Tabular {
+    pub fn train_len(&self) -> usize {
+        self.y_train.size()[0] as usize
+    }
+
+    pub fn dim(&self) -> i64 {
+        self.x_train.size()[1]
+    }
+
+    /// X = max_i ||x_i|| over the training rows (<= 1 after the projection).
+    pub fn max_norm(&self) -> f64 {
+        self.x_train
+            .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
+            .max()
+            .double_value(&[])
+    }
+}
+
+/// A CSV of numeric features with the label in the last column (0/1 or -1/+1; 0 maps to -1). A
+/// first line that is not all numbers, or whose column count differs from the rest (scikit-learn's
+/// `569,30,malignant,benign` header), is skipped.
+pub fn read_csv(path: &Path, name: &str) -> Result<Tabular> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let parse = |line: &str| -> Option<Vec<f64>> {
+        line.split(',')
+            .map(|f| f.trim().parse::<f64>().ok())
+            .collect()
+    };
+    let columns = lines
+        .get(1)
+        .or(lines.first())
+        .map(|l| l.split(',').count())
+        .unwrap_or(0);
+    let mut rows: Vec<Vec<f64>> = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        match parse(line) {
+            Some(row) if row.len() == columns => rows.push(row),
+            _ if i == 0 => continue,
+            _ => {
+                return Err(Error::bad_file(
+                    path,
+                    format!(
+                        "line {}: expected {columns} numbers separated by commas",
+                        i + 1
+                    ),
+                ))
+            }
+        }
+    }
+    if rows.len() < 10 || columns < 2 {
+        return Err(Error::bad_file(
+            path,
+            format!(
+                "{} rows of {columns} columns: expected at least 10 rows of features + label",
+                rows.len()
+            ),
+        ));
+    }
+    let d = columns - 1;
+    let mut labels = Vec::with_capacity(rows.len());
+    let mut features = Vec::with_capacity(rows.len() * d);
+    for (i, row) in rows.iter().enumerate() {
+        let label = match row[d] {
+            v if v == 1.0 => 1.0,
+            v if v == 0.0 || v == -1.0 => -1.0,
+            v => {
+                return Err(Error::bad_file(
+                    path,
+                    format!("row {}: label {v}, expected 0/1 or -1/+1", i + 1),
+                ))
+            }
+        };
+        labels.push(label);
+        features.extend_from_slice(&row[..d]);
+    }
+    let x = Tensor::from_slice(&features).view([rows.len() as i64, d as i64]);
+    let y = Tensor::from_slice(&labels);
+    Ok(split_and_scale(name, &x, &y))
+}
+
+/// The Wisconsin breast-cancer table in `data_dir/breast_cancer/breast_cancer.csv` (569 rows,
+/// 30 features; label 1 benign -> +1, 0 malignant -> -1).
+pub fn breast_cancer(data_dir: &Path) -> Result<Tabular> {
+    let path = data_dir.join("breast_cancer").join("breast_cancer.csv");
+    let data = read_csv(&path, "breast_cancer")?;
+    if data.dim() != 30 || data.train_len() + data.y_test.size()[0] as usize != 569 {
+        return Err(Error::bad_file(
+            &path,
+            "expected scikit-learn's 569 rows of 30 features and a label",
+        ));
+    }
+    Ok(data)
+}
+
+/// `--data-dir`, else $DPCOMP_DATA, else data/ (as the other datasets).
+pub fn data_dir_or_default(data_dir: Option<&Path>) -> std::path::PathBuf {
+    crate::data::data_dir(data_dir)
+}
+
+/// Linearly separable data with margin whose optimum is known: x uniform in the unit ball of
+/// R^d, w* = `scale` u for a random unit u, y = sign(w*ᵀx), keeping only rows with
+/// |w*ᵀx| >= 1. Every margin of w* is then >= 1, so the hinge and q-norm hinge risks are 0 at w*
+/// (their minimum), for any radius R >= ||w*|| = `scale`.
+pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Tabular {
+    tch::manual_seed(seed as i64);
+    let opts = (Kind::Double, tch::Device::Cpu);
+    let u = Tensor::randn([d], opts);
+    let w_star = &u / u.norm() * scale;
+    let mut xs = Vec::new();
+    let mut kept = 0i64;
+    while kept < n as i64 {
+        let g = Tensor::randn([4 * n as i64, d], opts);
+        let radius = Tensor::rand([4 * n as i64, 1], opts).pow_tensor_scalar(1.0 / d as f64);
+        let x = &g / g.norm_scalaropt_dim(2.0, [1i64].as_slice(), true) * radius;
+        let keep = x.mv(&w_star).abs().ge(1.0).nonzero().squeeze_dim(1);
+        kept += keep.size()[0];
+        xs.push(x.index_select(0, &keep));
+    }
+    let x = Tensor::cat(&xs, 0).narrow(0, 0, n as i64);
+    let y = x.mv(&w_star).sign();
+    let (train, test) = split_index(n);
+    Tabular {
+        name: format!("synthetic(n {n}, d {d}, |w*| {scale})"),
+        x_train: x.index_select(0, &train),
+        y_train: y.index_select(0, &train),
+        x_test: x.index_select(0, &test),
+        y_test: y.index_select(0, &test),
+    }
+}
+
+/// Fixed 80/20 split of 0..n.
+fn split_index(n: usize) -> (Tensor, Tensor) {
+    let mut order: Vec<i64> = (0..n as i64).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(SPLIT_SEED));
+    let cut = (n * 4) / 5;
+    (
+        Tensor::from_slice(&order[..cut]),
+        Tensor::from_slice(&order[cut..]),
+    )
+}
+
+fn split_and_scale(name: &str, x: &Tensor, y: &Tensor) -> Tabular {
+    let (train, test) = split_index(y.size()[0] as usize);
+    let (x_train, x_test) = (x.index_select(0, &train), x.index_select(0, &test));
+    let mean = x_train.mean_dim(0, true, Kind::Double);
+    let std = x_train.std_dim(0, false, true).clamp_min(1e-12);
+    let scale = |x: &Tensor| {
+        let z = (x - &mean) / &std;
+        let norms = z
+            .norm_scalaropt_dim(2.0, [1i64].as_slice(), true)
+            .clamp_min(1.0);
+        z / norms
+    };
+    Tabular {
+        name: name.to_string(),
+        x_train: scale(&x_train),
+        y_train: y.index_select(0, &train),
+        x_test: scale(&x_test),
+        y_test: y.index_select(0, &test),
+    }
+}

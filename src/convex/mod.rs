@@ -1,0 +1,232 @@
+//! Differentially private SGD for convex losses with α-Hölder continuous gradients
+//! (`../shared/papers/dp-sgd-non-smooth-losses.txt`): the losses and their constants (`loss`),
+//! tabular data (`data`), SGD with projection and noise (`sgd`), and the privacy calibration of
+//! gradient perturbation (`gradient_privacy`, Theorem 11).
+//!
+//! `run` trains one model and reports train/test risk and accuracy, the excess empirical risk
+//! against a long full-batch reference solve, and the privacy parameters used.
+//!
+//! Step size and step count, unless given, follow the paper's Theorem 12 (bounded domain):
+//! T = n for α >= 1/2 and T = n^((2 - α)/(1 + α)) below; η = 1 / (T max{a, b}) with
+//! a = sqrt(log(n) log(n/γ) log(1/γ) / n) and b = sqrt(d log(1/δ)) log(1/γ)^(1/4) / (n ε)
+//! (the minimiser of 1/(Tη) + η T (a² + b²) up to a factor; γ = 0.1, the confidence level).
+
+pub mod data;
+pub mod gradient_privacy;
+pub mod loss;
+pub mod sgd;
+
+use crate::config::AccountantKind;
+use crate::error::{Error, Result};
+use crate::privacy::calibrate;
+use data::Tabular;
+use gradient_privacy::GradientPrivacyProblem;
+use loss::Loss;
+use serde::Serialize;
+use sgd::SgdSettings;
+use tch::{Kind, Tensor};
+
+/// Confidence level γ in the step-size rule.
+pub const GAMMA: f64 = 0.1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Algorithm {
+    /// Algorithm 2: Gaussian noise on every stochastic gradient, projection onto B(0, R).
+    Gradient,
+    /// The same SGD without noise (the baseline).
+    Nonprivate,
+}
+
+/// How gradient perturbation's σ is chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Calibration {
+    /// Theorem 11: β search, λ and σ from the paper's closed form.
+    Theorem11,
+    /// The smallest σ for which the project's RDP accountant reports ε <= target (sampling rate
+    /// 1/n, T steps, noise multiplier σ / Δ).
+    Accountant,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConvexSettings {
+    pub loss: Loss,
+    pub algorithm: Algorithm,
+    pub calibration: Calibration,
+    pub epsilon: f64,
+    /// δ; `None`: 1/n² (the paper's choice).
+    pub delta: Option<f64>,
+    pub radius: f64,
+    pub steps: Option<u64>,
+    pub step_size: Option<f64>,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ConvexReport {
+    pub data: String,
+    pub loss: String,
+    pub algorithm: Algorithm,
+    pub examples: usize,
+    pub dim: i64,
+    pub alpha: f64,
+    /// L, for features of norm <= 1 (the bound the data loaders enforce).
+    pub holder_constant: f64,
+    /// M = sup ||∇f(0; z)||.
+    pub gradient_bound_at_zero: f64,
+    /// max ||x_i|| over the training rows (<= 1; informational).
+    pub max_feature_norm: f64,
+    pub radius: f64,
+    pub steps: u64,
+    pub step_size: f64,
+    pub epsilon: Option<f64>,
+    pub delta: Option<f64>,
+    pub calibration: Option<Calibration>,
+    pub sigma: Option<f64>,
+    pub beta: Option<f64>,
+    pub lambda: Option<f64>,
+    /// ε of the same noise by the project's RDP accountant.
+    pub accountant_epsilon: Option<f64>,
+    pub train_risk: f64,
+    pub test_risk: f64,
+    pub train_accuracy: f64,
+    pub test_accuracy: f64,
+    /// min over B(0, R) of the training risk (long full-batch solve).
+    pub reference_risk: f64,
+    pub excess_empirical_risk: f64,
+}
+
+/// T and η of Theorem 12 for n examples in d dimensions.
+pub fn paper_schedule(alpha: f64, n: usize, d: i64, epsilon: f64, delta: f64) -> (u64, f64) {
+    let nf = n as f64;
+    let steps = if alpha >= 0.5 {
+        nf
+    } else {
+        nf.powf((2.0 - alpha) / (1.0 + alpha))
+    }
+    .ceil() as u64;
+    let log_g = (1.0 / GAMMA).ln();
+    let a = (nf.ln() * (nf / GAMMA).ln() * log_g / nf).sqrt();
+    let b = (d as f64 * (1.0 / delta).ln()).sqrt() * log_g.powf(0.25) / (nf * epsilon);
+    (steps, 1.0 / (steps as f64 * a.max(b)))
+}
+
+fn risk_and_accuracy(loss: Loss, w: &Tensor, x: &Tensor, y: &Tensor) -> (f64, f64) {
+    let risk = loss.values(w, x, y).mean(Kind::Double).double_value(&[]);
+    let predictions = x.mv(w).sign();
+    let accuracy = predictions
+        .eq_tensor(y)
+        .to_kind(Kind::Double)
+        .mean(Kind::Double)
+        .double_value(&[]);
+    (risk, accuracy)
+}
+
+/// Trains and evaluates one model.
+pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
+    let n = data.train_len();
+    let d = data.dim();
+    let loss = settings.loss;
+    if !(settings.radius > 0.0 && settings.radius.is_finite()) {
+        return Err(Error::bad_value(
+            "--radius",
+            format!("{}: expected a positive radius", settings.radius),
+        ));
+    }
+    let delta = settings.delta.unwrap_or(1.0 / (n as f64 * n as f64));
+    // The constants use the public bound ||x|| <= 1 that `data` enforces by projection, not the
+    // data's own maximum (which would leak); the latter is reported alongside.
+    let holder = loss.holder_constant(data::FEATURE_NORM_BOUND);
+    let m = loss.gradient_bound_at_zero(data::FEATURE_NORM_BOUND);
+    let (paper_steps, paper_eta) = paper_schedule(loss.alpha(), n, d, settings.epsilon, delta);
+    let steps = settings.steps.unwrap_or(paper_steps);
+    let step_size = settings.step_size.unwrap_or(paper_eta);
+    let private = settings.algorithm == Algorithm::Gradient;
+    let (sigma, beta, lambda) = if private {
+        let problem = GradientPrivacyProblem {
+            examples: n,
+            steps,
+            epsilon: settings.epsilon,
+            delta,
+            gradient_bound: m + holder * settings.radius.powf(loss.alpha()),
+        };
+        match settings.calibration {
+            Calibration::Theorem11 => {
+                let c = problem.calibrate()?;
+                (Some(c.sigma), Some(c.beta), Some(c.lambda))
+            }
+            Calibration::Accountant => {
+                let multiplier = calibrate::noise_multiplier_for(
+                    AccountantKind::Rdp,
+                    settings.epsilon,
+                    1.0 / n as f64,
+                    steps,
+                    delta,
+                )?;
+                (Some(multiplier * 2.0 * problem.gradient_bound), None, None)
+            }
+        }
+    } else {
+        (None, None, None)
+    };
+    let gradient_bound = m + holder * settings.radius.powf(loss.alpha());
+    let accountant_epsilon = match sigma {
+        Some(s) => Some(calibrate::epsilon_for(
+            s / (2.0 * gradient_bound),
+            1.0 / n as f64,
+            steps,
+            delta,
+        )?),
+        None => None,
+    };
+    let w = sgd::average_iterate(
+        loss,
+        &data.x_train,
+        &data.y_train,
+        &SgdSettings {
+            steps,
+            step_size,
+            radius: Some(settings.radius),
+            gradient_noise: sigma.unwrap_or(0.0),
+            seed: settings.seed,
+        },
+    );
+    let (train_risk, train_accuracy) = risk_and_accuracy(loss, &w, &data.x_train, &data.y_train);
+    let (test_risk, test_accuracy) = risk_and_accuracy(loss, &w, &data.x_test, &data.y_test);
+    let (_, reference_risk) = sgd::empirical_minimiser(
+        loss,
+        &data.x_train,
+        &data.y_train,
+        Some(settings.radius),
+        3000,
+        settings.radius,
+    );
+    Ok(ConvexReport {
+        data: data.name.clone(),
+        loss: loss.name(),
+        algorithm: settings.algorithm,
+        examples: n,
+        dim: d,
+        alpha: loss.alpha(),
+        holder_constant: holder,
+        gradient_bound_at_zero: m,
+        max_feature_norm: data.max_norm(),
+        radius: settings.radius,
+        steps,
+        step_size,
+        epsilon: private.then_some(settings.epsilon),
+        delta: private.then_some(delta),
+        calibration: private.then_some(settings.calibration),
+        sigma,
+        beta,
+        lambda,
+        accountant_epsilon,
+        train_risk,
+        test_risk,
+        train_accuracy,
+        test_accuracy,
+        reference_risk,
+        excess_empirical_risk: train_risk - reference_risk,
+    })
+}

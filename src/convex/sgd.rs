@@ -1,0 +1,103 @@
+//! SGD for the convex losses as the paper runs it (`../shared/papers/dp-sgd-non-smooth-losses.txt`,
+//! Algorithms 1 and 2): w_1 = 0; at step t an index i_t drawn uniformly from [n] with
+//! replacement; w_{t+1} = Π(w_t - η (∇f(w_t; z_{i_t}) + b_t)) with Π the projection onto B(0, R)
+//! when a radius is given (identity otherwise) and b_t ~ N(0, σ² I) under gradient perturbation
+//! (zero otherwise); the output is the average of the iterates w_1..w_T.
+//!
+//! Algorithm 1 (output perturbation) adds its noise to that average once; Algorithm 2 (gradient
+//! perturbation) adds it to every step's gradient; non-private SGD adds none. Every draw (indices
+//! and noise) comes from one seeded generator, so a run is reproducible from its seed.
+
+use super::loss::Loss;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Normal};
+use tch::{Kind, Tensor};
+
+/// What SGD runs with.
+#[derive(Debug, Clone, Copy)]
+pub struct SgdSettings {
+    pub steps: u64,
+    pub step_size: f64,
+    /// R of the projection onto B(0, R); `None`: unconstrained.
+    pub radius: Option<f64>,
+    /// σ of the noise added to every step's gradient (0: none).
+    pub gradient_noise: f64,
+    pub seed: u64,
+}
+
+/// Runs SGD on (x [n, d], y [n]) and returns the average iterate (1/T) Σ_{t=1..T} w_t.
+pub fn average_iterate(loss: Loss, x: &Tensor, y: &Tensor, settings: &SgdSettings) -> Tensor {
+    let n = x.size()[0] as usize;
+    let d = x.size()[1];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(settings.seed);
+    let normal = Normal::new(0.0, 1.0).expect("unit normal");
+    let mut w = Tensor::zeros([d], (Kind::Double, x.device()));
+    let mut sum = w.zeros_like();
+    let mut noise = vec![0.0f64; d as usize];
+    for _ in 0..settings.steps {
+        sum += &w;
+        let i = rng.random_range(0..n) as i64;
+        let xi = x.get(i).unsqueeze(0);
+        let yi = y.get(i).unsqueeze(0);
+        let mut g = loss.gradients(&w, &xi, &yi).squeeze_dim(0);
+        if settings.gradient_noise > 0.0 {
+            for v in noise.iter_mut() {
+                *v = normal.sample(&mut rng) * settings.gradient_noise;
+            }
+            g += Tensor::from_slice(&noise).to_device(x.device());
+        }
+        w = &w - g * settings.step_size;
+        if let Some(r) = settings.radius {
+            w = project(&w, r);
+        }
+    }
+    sum / settings.steps.max(1) as f64
+}
+
+/// Π onto B(0, r): w scaled down to norm r when it is longer.
+pub fn project(w: &Tensor, r: f64) -> Tensor {
+    let norm = w.norm().double_value(&[]);
+    if norm > r {
+        w * (r / norm)
+    } else {
+        w.shallow_clone()
+    }
+}
+
+/// `w` plus N(0, σ² I) drawn from the generator seeded with `seed` (output perturbation).
+pub fn perturb(w: &Tensor, sigma: f64, seed: u64) -> Tensor {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let normal = Normal::new(0.0, sigma.max(0.0)).expect("finite sigma");
+    let noise: Vec<f64> = (0..w.numel()).map(|_| normal.sample(&mut rng)).collect();
+    w + Tensor::from_slice(&noise).to_device(w.device())
+}
+
+/// min over B(0, R) (or R^d) of the empirical risk, approximately: full-batch (projected)
+/// subgradient descent with step size `step / sqrt(k)` for `iterations`, keeping the best
+/// iterate. The reference the excess risk is measured against.
+pub fn empirical_minimiser(
+    loss: Loss,
+    x: &Tensor,
+    y: &Tensor,
+    radius: Option<f64>,
+    iterations: usize,
+    step: f64,
+) -> (Tensor, f64) {
+    let d = x.size()[1];
+    let mut w = Tensor::zeros([d], (Kind::Double, x.device()));
+    let risk = |w: &Tensor| loss.values(w, x, y).mean(Kind::Double).double_value(&[]);
+    let (mut best, mut best_risk) = (w.copy(), risk(&w));
+    for k in 1..=iterations {
+        let g = loss.mean_gradient(&w, x, y);
+        w = &w - g * (step / (k as f64).sqrt());
+        if let Some(r) = radius {
+            w = project(&w, r);
+        }
+        let r = risk(&w);
+        if r < best_risk {
+            best = w.copy();
+            best_risk = r;
+        }
+    }
+    (best, best_risk)
+}
