@@ -11,7 +11,7 @@
 //! Colours: the compression settings keep the colours of figures 1-3; bias² is orange and
 //! variance blue, as in the paper.
 
-use super::{colour, render_with, CellLog, Drawing, FONT};
+use super::{colour, group_label, render_with, CellLog, Drawing, FONT};
 use crate::analysis::clipping::ClippingSweep;
 use crate::analysis::gradient_error::GradientErrorRecord;
 use crate::error::Result;
@@ -200,7 +200,7 @@ fn scatter<DB: DrawingBackend>(
             .filter(|p| p.0.is_finite() && p.0 > 0.0)
             .collect();
         chart
-            .draw_series(points.iter().map(|&(x, y, j)| marker(x, y, j, c)))
+            .draw_series(points.iter().map(|&(x, y, j)| marker((x, y), 6, j, c)))
             .map_err(err)?
             .label(label.clone())
             .legend(move |(x, y)| Circle::new((x + 7, y), 5, c.filled()));
@@ -211,7 +211,7 @@ fn scatter<DB: DrawingBackend>(
             .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
             .map_err(err)?
             .label(format!("σ = {s}"))
-            .legend(move |(x, y)| legend_marker(x + 7, y, j, grey));
+            .legend(move |(x, y)| marker((x + 7, y), 5, j, grey));
     }
     chart
         .configure_series_labels()
@@ -224,30 +224,17 @@ fn scatter<DB: DrawingBackend>(
     root.present().map_err(err)
 }
 
-/// A point's marker: circle, triangle or cross by noise level.
-fn marker<DB: DrawingBackend>(
-    x: f64,
-    y: f64,
+/// A marker of `size` pixels at `at`: circle, triangle or cross by noise level `j`.
+fn marker<DB: DrawingBackend, C: Clone + 'static>(
+    at: C,
+    size: i32,
     j: usize,
     c: RGBColor,
-) -> DynElement<'static, DB, (f64, f64)> {
+) -> DynElement<'static, DB, C> {
     match j % 3 {
-        0 => Circle::new((x, y), 6, c.filled()).into_dyn(),
-        1 => TriangleMarker::new((x, y), 7, c.filled()).into_dyn(),
-        _ => Cross::new((x, y), 6, c.stroke_width(3)).into_dyn(),
-    }
-}
-
-fn legend_marker<DB: DrawingBackend>(
-    x: i32,
-    y: i32,
-    j: usize,
-    c: RGBColor,
-) -> DynElement<'static, DB, (i32, i32)> {
-    match j % 3 {
-        0 => Circle::new((x, y), 5, c.filled()).into_dyn(),
-        1 => TriangleMarker::new((x, y), 6, c.filled()).into_dyn(),
-        _ => Cross::new((x, y), 5, c.stroke_width(3)).into_dyn(),
+        0 => Circle::new(at, size, c.filled()).into_dyn(),
+        1 => TriangleMarker::new(at, size + 1, c.filled()).into_dyn(),
+        _ => Cross::new(at, size, c.stroke_width(3)).into_dyn(),
     }
 }
 
@@ -290,14 +277,7 @@ fn bias_variance<DB: DrawingBackend>(
             .configure_mesh()
             .disable_x_mesh()
             .x_labels(2 * n + 1)
-            .x_label_formatter(&move |x| {
-                let i = x.floor();
-                if (x - i - 0.5).abs() < 1e-6 && (i as usize) < labels.len() {
-                    labels[i as usize].clone()
-                } else {
-                    String::new()
-                }
-            })
+            .x_label_formatter(&move |x| group_label(&labels, *x))
             .y_label_formatter(&|y| format!("{y:.2e}"))
             .y_desc("squared error")
             .label_style(("sans-serif", 13))

@@ -141,6 +141,17 @@ pub(crate) fn colour(i: usize) -> RGBColor {
     COLOURS[i % COLOURS.len()]
 }
 
+/// The tick label at x of grouped bars (group i spans [i, i + 1)): its name at the centre, none
+/// elsewhere.
+pub(crate) fn group_label(labels: &[String], x: f64) -> String {
+    let i = x.floor();
+    if (x - i - 0.5).abs() < 1e-6 && (i as usize) < labels.len() {
+        labels[i as usize].clone()
+    } else {
+        String::new()
+    }
+}
+
 fn unique<T: PartialEq + Clone>(items: impl Iterator<Item = T>) -> Vec<T> {
     let mut out: Vec<T> = Vec::new();
     for item in items {
@@ -228,14 +239,7 @@ fn draw<DB: DrawingBackend>(
                 .configure_mesh()
                 .disable_x_mesh()
                 .x_labels(2 * n + 1)
-                .x_label_formatter(&move |x| {
-                    let i = x.floor();
-                    if (x - i - 0.5).abs() < 1e-6 && (i as usize) < labels.len() {
-                        labels[i as usize].clone()
-                    } else {
-                        String::new()
-                    }
-                })
+                .x_label_formatter(&move |x| group_label(&labels, *x))
                 .y_label_formatter(&|y| format!("{y:.0}"))
                 .x_desc(f.x_desc)
                 .y_desc("test accuracy (%)")
