@@ -23,6 +23,7 @@ use crate::compress::{Compressor, CompressorSpec};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::models::Model;
+use crate::train::metrics::nan_if_null;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io::Write;
@@ -49,8 +50,11 @@ pub enum Mechanism {
 pub struct StageError {
     /// "clip", "noise" or "compress".
     pub stage: String,
+    #[serde(deserialize_with = "nan_if_null")]
     pub error: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub bias2: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub variance: f64,
 }
 
@@ -69,8 +73,10 @@ pub struct GradientErrorRecord {
     /// m, trainable scalars.
     pub parameters: i64,
     /// Median per-sample gradient norm (mean over the batches).
+    #[serde(deserialize_with = "nan_if_null")]
     pub median_norm: f64,
     /// ||ḡ|| (mean over the batches).
+    #[serde(deserialize_with = "nan_if_null")]
     pub mean_gradient_norm: f64,
     pub compressor: String,
     pub stages: Vec<StageError>,

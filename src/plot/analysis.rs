@@ -104,13 +104,14 @@ pub fn gradient_error_figures(
     if last.is_empty() {
         return Ok(Vec::new());
     }
+    let mut written = Vec::new();
+    written.push(write_table(cells, out)?);
     let mut epochs: Vec<usize> = cells
         .iter()
         .flat_map(|c| c.grad_errors.iter().map(|r| r.epoch))
         .collect();
     epochs.sort_unstable();
     epochs.dedup();
-    let mut written = Vec::new();
     for ext in ["png", "svg"] {
         let path = out.join(format!("accuracy_vs_gradient_error.{ext}"));
         let figure = Scatter {
@@ -144,6 +145,41 @@ pub fn gradient_error_figures(
         }
     }
     Ok(written)
+}
+
+/// `gradient_error.csv`: every measurement of every cell, one row per stage, next to the
+/// figures (the numbers behind figures 4 and 5).
+fn write_table(cells: &[CellLog], out: &Path) -> Result<PathBuf> {
+    let mut csv = String::from(
+        "cell,noise_multiplier,compressor,final_accuracy,epoch,stage,error,bias2,variance,median_norm,mean_gradient_norm,max_norm,batch_size,batches,draws\n",
+    );
+    for c in cells {
+        for r in &c.grad_errors {
+            for s in &r.stages {
+                csv.push_str(&format!(
+                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                    c.name,
+                    r.noise_multiplier,
+                    r.compressor,
+                    c.summary.final_accuracy,
+                    r.epoch,
+                    s.stage,
+                    s.error,
+                    s.bias2,
+                    s.variance,
+                    r.median_norm,
+                    r.mean_gradient_norm,
+                    r.max_norm,
+                    r.batch_size,
+                    r.batches,
+                    r.draws
+                ));
+            }
+        }
+    }
+    let path = out.join("gradient_error.csv");
+    std::fs::write(&path, csv).map_err(|e| crate::error::Error::io(&path, e))?;
+    Ok(path)
 }
 
 fn compress_error(r: &GradientErrorRecord) -> f64 {
@@ -280,7 +316,7 @@ fn bias_variance<DB: DrawingBackend>(
             .x_label_formatter(&move |x| group_label(&labels, *x))
             .y_label_formatter(&|y| format!("{y:.2e}"))
             .y_desc("squared error")
-            .label_style(("sans-serif", 13))
+            .label_style(("sans-serif", if n > 4 { 10 } else { 13 }))
             .axis_desc_style(("sans-serif", 14))
             .draw()
             .map_err(err)?;
@@ -289,7 +325,9 @@ fn bias_variance<DB: DrawingBackend>(
         let mut variance_bars = Vec::new();
         for m in &in_panel {
             for (k, stage) in STAGES.iter().enumerate() {
-                let Some(s) = m.1.stage(stage) else { continue };
+                let Some(s) = m.1.stage(stage).filter(|s| s.error.is_finite()) else {
+                    continue; // a diverged run has no error to draw
+                };
                 let x0 = m.2 as f64 + 0.1 + k as f64 * width;
                 let x1 = x0 + width * 0.9;
                 // A bias² estimate below zero (bias far under the noise) is drawn as none.

@@ -80,6 +80,7 @@ pub fn read_cells(root: &Path) -> Result<Vec<CellLog>> {
         sigma(a)
             .total_cmp(&sigma(b))
             .then(setting_order(a).total_cmp(&setting_order(b)))
+            .then(setting_label(a).cmp(&setting_label(b)))
     });
     Ok(cells)
 }

@@ -10,12 +10,19 @@ use std::path::Path;
 pub struct EpochMetrics {
     pub epoch: usize,
     pub steps: u64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_loss: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub train_accuracy: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub test_loss: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub test_accuracy: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub examples_per_second: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub epoch_seconds: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,
     /// ε spent after this epoch (DP runs).
     #[serde(default)]
@@ -27,8 +34,14 @@ pub struct EpochMetrics {
     #[serde(default)]
     pub upstream_bits: u64,
     /// Cumulative upstream gigabits (10^9 bits) since the run started, as the paper's figures.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nan_if_null")]
     pub upstream_gigabits: f64,
+}
+
+/// JSON has no NaN: serde_json writes a diverged run's NaN loss as `null`; read it back as NaN
+/// so that the run's logs stay readable (resume, plots, analyses).
+pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -141,4 +154,34 @@ pub fn truncate_upstream(path: &Path, steps_done: u64) -> Result<()> {
         }
     }
     std::fs::write(path, out).map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A diverged epoch (NaN losses) is written as null and read back as NaN.
+    #[test]
+    fn nan_losses_survive_the_log() {
+        let m = EpochMetrics {
+            epoch: 3,
+            steps: 30,
+            train_loss: f64::NAN,
+            train_accuracy: 0.1,
+            test_loss: f64::NAN,
+            test_accuracy: 0.1,
+            examples_per_second: 10.0,
+            epoch_seconds: 1.0,
+            wall_seconds: 3.0,
+            epsilon: Some(2.0),
+            clipped_fraction: Some(1.0),
+            upstream_bits: 7,
+            upstream_gigabits: 1e-8,
+        };
+        let line = serde_json::to_string(&m).unwrap();
+        assert!(line.contains("\"train_loss\":null"), "{line}");
+        let back: EpochMetrics = serde_json::from_str(&line).unwrap();
+        assert!(back.train_loss.is_nan() && back.test_loss.is_nan());
+        assert_eq!(back.test_accuracy, 0.1);
+    }
 }
