@@ -25,7 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Train a task's model; writes config.toml, metrics.jsonl, checkpoints and summary.json.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Report the test accuracy of a run's checkpoint.
     Eval(EvalArgs),
     /// Datasets: download the official archives.
@@ -210,7 +210,7 @@ pub enum AnalyzeCommand {
     /// Gradient error against the clipping radius C: measured on fixed batches and modelled
     /// (analysis::clipping), with both minimisers; writes clipping.{json,csv} and figures.
     /// Diagnostic: reads training data outside the privacy accountant.
-    Clipping(ClippingArgs),
+    Clipping(Box<ClippingArgs>),
 }
 
 #[derive(Debug, clap::Args)]
@@ -269,7 +269,7 @@ pub enum BenchCommand {
 
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Train(args) => train_command(args),
+        Command::Train(args) => train_command(*args),
         Command::Eval(args) => eval_command(args),
         Command::Data {
             command:
@@ -332,7 +332,7 @@ pub fn run(cli: Cli) -> Result<()> {
         } => gradient_error_command(args),
         Command::Analyze {
             command: AnalyzeCommand::Clipping(args),
-        } => clipping_command(args),
+        } => clipping_command(*args),
         Command::Bench {
             command: BenchCommand::Train(args),
         } => bench::train_bench(args),

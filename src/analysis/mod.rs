@@ -68,7 +68,7 @@ impl BatchGradients {
         device: Device,
     ) -> Result<Self> {
         let batch: Batch = data.batch(index, device, false);
-        let (per_sample, _, _) = per_sample_in_order(model, params, &batch, false)?;
+        let per_sample = per_sample_in_order(model, params, &batch, false)?.per_sample;
         let squares: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
         let norms = Tensor::stack(&squares, 0)
             .sum_dim_intlist(0, false, Kind::Float)

@@ -88,7 +88,7 @@ pub fn read_csv(path: &Path, name: &str) -> Result<Tabular> {
     let mut features = Vec::with_capacity(rows.len() * d);
     for (i, row) in rows.iter().enumerate() {
         let label = match row[d] {
-            v if v == 1.0 => 1.0,
+            1.0 => 1.0,
             v if v == 0.0 || v == -1.0 => -1.0,
             v => {
                 return Err(Error::bad_file(

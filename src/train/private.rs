@@ -32,6 +32,15 @@ pub struct StepTotals {
     pub clipped: Tensor,
 }
 
+/// One private forward and backward pass over a batch.
+pub struct PerSampleBatch {
+    /// (parameter, its per-sample gradient recipe), in the order of the trainable parameters.
+    pub per_sample: Vec<(Tensor, PerSample)>,
+    pub logits: Tensor,
+    /// Σ_i loss_i.
+    pub loss_sum: Tensor,
+}
+
 /// The per-sample gradient recipes of `batch` in the order of `params`, from one private forward
 /// pass (`dropout` on in training, off for measurements), with the logits and the summed loss.
 /// A trainable parameter missing from the tape is an error: it would escape clipping.
@@ -40,7 +49,7 @@ pub fn per_sample_in_order(
     params: &[(String, Tensor)],
     batch: &Batch,
     dropout: bool,
-) -> Result<(Vec<(Tensor, PerSample)>, Tensor, Tensor)> {
+) -> Result<PerSampleBatch> {
     let mut ctx = Ctx::private(dropout);
     let logits = model.forward(&batch.features, &mut ctx);
     let losses =
@@ -59,7 +68,11 @@ pub fn per_sample_in_order(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok((ordered, logits, loss_sum))
+    Ok(PerSampleBatch {
+        per_sample: ordered,
+        logits,
+        loss_sum,
+    })
 }
 
 /// Clipped gradient sums in the order of `params`, plus (loss sum, correct, clipped count).
@@ -69,7 +82,11 @@ fn clipped_sums_tape(
     batch: &Batch,
     max_norm: f64,
 ) -> Result<(Vec<Tensor>, [Tensor; 3])> {
-    let (per_sample, logits, loss_sum) = per_sample_in_order(model, params, batch, true)?;
+    let PerSampleBatch {
+        per_sample,
+        logits,
+        loss_sum,
+    } = per_sample_in_order(model, params, batch, true)?;
     let clipped = clip_and_sum(&per_sample, max_norm);
     let sums = clipped.grads.into_iter().map(|(_, g)| g).collect();
     let correct = logits
