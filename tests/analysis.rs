@@ -253,6 +253,14 @@ fn clipping_model_minimisers_and_measured_sweep() {
     }
     assert!(s.measured_minimum <= s.measured_at_median_norm);
     assert!(s.model_median_minimiser < s.model.median_norm);
+    // The sweep file round-trips and figure 6 is drawn from it.
+    let out = tempfile::tempdir().unwrap();
+    dpcomp::analysis::clipping::write(out.path(), &sweeps).unwrap();
+    let read = dpcomp::analysis::clipping::read(out.path()).unwrap();
+    assert_eq!(read.len(), 2);
+    assert_eq!(read[1].points.len(), s.points.len());
+    let figures = dpcomp::plot::analysis::clipping_figures(&read, out.path()).unwrap();
+    assert!(figures.contains(&out.path().join("clipping_sigma0.8.png")));
     // Without noise the error only falls with C, to zero once no example is clipped.
     let quiet = &sweeps[0];
     assert_eq!(quiet.points.last().unwrap().measured, 0.0);
@@ -284,17 +292,17 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
         named.sort_by(|a, b| a.0.cmp(&b.0));
         named
     };
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, grid) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let b = grid.path().join("cell");
     let plain = weights(base, a.path());
-
-    let with = weights(measured, b.path());
+    let with = weights(measured, &b);
     for ((name, x), (_, y)) in plain.iter().zip(&with) {
         assert!(
             x.equal(y),
             "{name} differs when the gradient error is measured"
         );
     }
-    let records = gradient_error::read(b.path()).unwrap();
+    let records = gradient_error::read(&b).unwrap();
     let epochs: Vec<usize> = records.iter().map(|r| r.epoch).collect();
     assert_eq!(epochs, vec![0, 2]);
     assert_eq!(records[1].compressor, "dgc x16");
@@ -305,6 +313,24 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
         !a.path().join(gradient_error::FILE).exists(),
         "no file without measurements"
     );
-    gradient_error::truncate(b.path(), 1).unwrap();
-    assert_eq!(gradient_error::read(b.path()).unwrap().len(), 1);
+    // Figures 4 and 5 and the table come from the log.
+    let out = grid.path().join("figures");
+    let written = dpcomp::plot::plot(grid.path(), &out, "test").unwrap();
+    for name in [
+        "accuracy_vs_gradient_error.png",
+        "gradient_error_bias_variance_epoch0.svg",
+        "gradient_error_bias_variance_epoch2.png",
+        "gradient_error.csv",
+    ] {
+        assert!(written.contains(&out.join(name)), "{name} missing");
+        assert!(std::fs::metadata(out.join(name)).unwrap().len() > 100);
+    }
+    let table = std::fs::read_to_string(out.join("gradient_error.csv")).unwrap();
+    assert_eq!(
+        table.lines().count(),
+        1 + 2 * 3,
+        "header + 2 epochs x 3 stages"
+    );
+    gradient_error::truncate(&b, 1).unwrap();
+    assert_eq!(gradient_error::read(&b).unwrap().len(), 1);
 }

@@ -149,7 +149,20 @@ fn table_valued_axes_bundle_settings_under_a_label() {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/surnames_denoise.toml");
     let experiment = Experiment::from_file(&path).unwrap();
-    assert_eq!(experiment.cells("cpu", &[]).unwrap().len(), 18);
+    // noise 3 x rate 2 x variant 4 (DGC, model-wise top-k, Denoise layer- and model-wise).
+    assert_eq!(experiment.cells("cpu", &[]).unwrap().len(), 24);
+    let model_wise = experiment
+        .cells("cpu", &[("variant".to_string(), "dgc-model".to_string())])
+        .unwrap();
+    assert_eq!(model_wise.len(), 6);
+    assert_eq!(
+        model_wise[0].config.compressor,
+        dpcomp::compress::CompressorKind::Dgc
+    );
+    assert_eq!(
+        model_wise[0].config.compressor_options,
+        vec!["scope=model".to_string()]
+    );
     let only = vec![
         ("variant".to_string(), "denoise-model".to_string()),
         ("rate".to_string(), "256".to_string()),
