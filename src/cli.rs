@@ -41,8 +41,9 @@ pub enum Command {
     /// Privacy budget of DP-SGD: epsilon for (q, sigma, steps, delta), or the sigma for a target
     /// epsilon.
     Epsilon(EpsilonArgs),
-    /// DP-SGD for convex losses (hinge, q-norm hinge, logistic) on tabular data: gradient
-    /// perturbation calibrated by Theorem 11 (or the RDP accountant), or non-private SGD.
+    /// DP-SGD for convex losses (hinge, q-norm hinge, logistic) on tabular data: output
+    /// perturbation (Theorem 7), gradient perturbation (Theorem 11 or the RDP accountant), or
+    /// non-private SGD.
     Convex(ConvexArgs),
     /// The paper's analyses: gradient error of finished runs, clipping-radius sweeps.
     Analyze {
@@ -186,6 +187,9 @@ pub struct ConvexArgs {
     /// R of the domain B(0, R).
     #[arg(long, default_value_t = 1.0)]
     pub radius: f64,
+    /// Output perturbation without projection (Theorem 7(a), unbounded domain).
+    #[arg(long)]
+    pub unbounded: bool,
     /// T (default: Theorem 12's).
     #[arg(long)]
     pub steps: Option<u64>,
@@ -685,6 +689,7 @@ fn convex_command(args: ConvexArgs) -> Result<()> {
         epsilon: args.epsilon,
         delta: args.delta,
         radius: args.radius,
+        unbounded: args.unbounded,
         steps: args.steps,
         step_size: args.step_size,
         seed: args.seed,
@@ -704,7 +709,9 @@ fn convex_command(args: ConvexArgs) -> Result<()> {
         report.holder_constant,
         report.gradient_bound_at_zero,
         report.algorithm,
-        report.radius,
+        report
+            .radius
+            .map_or("unbounded".to_string(), |r| r.to_string()),
         report.steps,
         report.step_size
     );
@@ -715,9 +722,14 @@ fn convex_command(args: ConvexArgs) -> Result<()> {
         let lambda = report
             .lambda
             .map_or(String::new(), |l| format!(", lambda {l:.2}"));
+        let delta_sgd = report
+            .sensitivity
+            .map_or(String::new(), |d| format!(", Delta_SGD {d:.4e}"));
+        let check = report.accountant_epsilon.map_or(String::new(), |e| {
+            format!("; RDP accountant epsilon of this noise {e:.4}")
+        });
         println!(
-            "privacy: epsilon {eps}, delta {delta:.3e}, sigma {sigma:.4}{beta}{lambda}; RDP accountant epsilon of this noise {:.4}",
-            report.accountant_epsilon.unwrap_or(f64::NAN)
+            "privacy: epsilon {eps}, delta {delta:.3e}, sigma {sigma:.4e}{beta}{lambda}{delta_sgd}{check}"
         );
     }
     println!(

@@ -173,6 +173,7 @@ fn gradient_perturbation_approaches_nonprivate_sgd_as_epsilon_grows() {
         epsilon,
         delta: None,
         radius: 4.0,
+        unbounded: false,
         steps: Some(4000),
         step_size: Some(0.05),
         seed: 7,
@@ -193,4 +194,105 @@ fn gradient_perturbation_approaches_nonprivate_sgd_as_epsilon_grows() {
     }
     assert!(gaps[2] < 0.01, "epsilon 1e4: risk gap {}", gaps[2]);
     assert!(gaps[2] < gaps[0], "gaps {gaps:?}");
+    // Output perturbation too: its noise vanishes as ε grows.
+    let mut output_gaps = Vec::new();
+    for epsilon in [0.5, 1e4] {
+        let r = run(&data, &settings(Algorithm::Output, epsilon)).unwrap();
+        assert!(r.sensitivity.unwrap() > 0.0 && r.sigma.unwrap() > 0.0);
+        output_gaps.push((r.train_risk - baseline.train_risk).abs());
+    }
+    assert!(
+        output_gaps[1] < 0.01,
+        "output, epsilon 1e4: {output_gaps:?}"
+    );
+    assert!(
+        output_gaps[1] < output_gaps[0],
+        "output gaps {output_gaps:?}"
+    );
+}
+
+/// The analytic Gaussian mechanism: the returned σ meets δ, a slightly smaller one does not,
+/// and it beats the classic sqrt(2 log(1.25/δ)) Δ / ε where that applies (ε < 1).
+#[test]
+fn analytic_gaussian_sigma_is_tight_and_below_the_classic_bound() {
+    use dpcomp::convex::output_privacy::{analytic_gaussian_sigma, gaussian_delta};
+    for (epsilon, delta, sensitivity) in [(0.5, 1e-5, 1.0), (1.0, 1e-6, 3.0), (8.0, 1e-3, 0.2)] {
+        let sigma = analytic_gaussian_sigma(epsilon, delta, sensitivity).unwrap();
+        assert!(gaussian_delta(epsilon, sigma, sensitivity) <= delta);
+        assert!(gaussian_delta(epsilon, sigma * 0.999, sensitivity) > delta);
+        if epsilon < 1.0 {
+            let classic = (2.0 * (1.25 / delta).ln()).sqrt() * sensitivity / epsilon;
+            assert!(sigma < classic, "{sigma} vs classic {classic}");
+        }
+        // σ scales with the sensitivity.
+        let double = analytic_gaussian_sigma(epsilon, delta, 2.0 * sensitivity).unwrap();
+        assert!((double / sigma - 2.0).abs() < 1e-6);
+    }
+}
+
+/// Theorem 7's Δ_SGD bounds what replacing one example does to SGD's average iterate: on
+/// neighbouring datasets with the same index draws, ||w̄ - w̄'|| <= Δ_SGD(γ) for every seed tried
+/// (the bound holds with probability 1 - γ over the draws), for all four losses and both domains.
+#[test]
+fn theorem7_sensitivity_bounds_the_average_iterate_on_neighbouring_data() {
+    use dpcomp::convex::output_privacy::OutputPrivacyProblem;
+    use dpcomp::convex::sgd::{average_iterate, SgdSettings};
+    let (x, y) = points(60, 5, 4);
+    // The neighbour: example 7 replaced by a far point with the other label.
+    let x2 = x.copy();
+    let y2 = y.copy();
+    let far = Tensor::from_slice(&[0.6, -0.6, 0.4, 0.2, -0.2]);
+    x2.get(7).copy_(&far);
+    y2.get(7).copy_(&(-y.get(7)));
+    for loss in LOSSES {
+        for radius in [Some(2.0), None] {
+            let (steps, step_size) = (600u64, 0.05);
+            let problem = OutputPrivacyProblem {
+                loss,
+                examples: 60,
+                steps,
+                step_size,
+                holder_constant: loss.holder_constant(FEATURE_NORM_BOUND),
+                gradient_bound_at_zero: loss.gradient_bound_at_zero(FEATURE_NORM_BOUND),
+                loss_at_zero: loss.value_at_zero(),
+                radius,
+            };
+            let bound = problem.sensitivity(0.05).unwrap();
+            let mut worst: f64 = 0.0;
+            for seed in 0..10 {
+                let settings = SgdSettings {
+                    steps,
+                    step_size,
+                    radius,
+                    gradient_noise: 0.0,
+                    seed,
+                };
+                let a = average_iterate(loss, &x, &y, &settings);
+                let b = average_iterate(loss, &x2, &y2, &settings);
+                worst = worst.max((a - b).norm().double_value(&[]));
+            }
+            assert!(
+                worst <= bound,
+                "{} radius {radius:?}: ||w - w'|| {worst} > Delta_SGD {bound}",
+                loss.name()
+            );
+            assert!(
+                worst > 0.0,
+                "{}: the replaced example was never drawn",
+                loss.name()
+            );
+        }
+    }
+    // A step size beyond the derivation's limits is refused.
+    let too_big = OutputPrivacyProblem {
+        loss: Loss::Logistic,
+        examples: 60,
+        steps: 10,
+        step_size: 10.0,
+        holder_constant: 0.25,
+        gradient_bound_at_zero: 0.5,
+        loss_at_zero: std::f64::consts::LN_2,
+        radius: None,
+    };
+    assert!(too_big.sensitivity(0.05).is_err());
 }

@@ -94,6 +94,15 @@ impl Loss {
         }
     }
 
+    /// F_0 = sup_z f(0; z): every margin is 0 at w = 0 (least squares: ½ y² = ½).
+    pub fn value_at_zero(&self) -> f64 {
+        match self {
+            Loss::Hinge | Loss::QHinge(_) => 1.0,
+            Loss::Logistic => std::f64::consts::LN_2,
+            Loss::LeastSquares => 0.5,
+        }
+    }
+
     /// Per-example losses f(w; x_i, y_i), [n]; `x` [n, d], `y` [n] of ±1, `w` [d].
     pub fn values(&self, w: &Tensor, x: &Tensor, y: &Tensor) -> Tensor {
         let scores = x.mv(w);

@@ -1,7 +1,8 @@
 //! Differentially private SGD for convex losses with α-Hölder continuous gradients
 //! (`../shared/papers/dp-sgd-non-smooth-losses.txt`): the losses and their constants (`loss`),
-//! tabular data (`data`), SGD with projection and noise (`sgd`), and the privacy calibration of
-//! gradient perturbation (`gradient_privacy`, Theorem 11).
+//! tabular data (`data`), SGD with projection and noise (`sgd`), and the privacy calibrations of
+//! output perturbation (`output_privacy`, Theorem 7) and gradient perturbation
+//! (`gradient_privacy`, Theorem 11).
 //!
 //! `run` trains one model and reports train/test risk and accuracy, the excess empirical risk
 //! against a long full-batch reference solve, and the privacy parameters used.
@@ -14,6 +15,7 @@
 pub mod data;
 pub mod gradient_privacy;
 pub mod loss;
+pub mod output_privacy;
 pub mod sgd;
 
 use crate::config::AccountantKind;
@@ -32,6 +34,8 @@ pub const GAMMA: f64 = 0.1;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Algorithm {
+    /// Algorithm 1: SGD, iterate average, Gaussian noise calibrated to Theorem 7's Δ_SGD.
+    Output,
     /// Algorithm 2: Gaussian noise on every stochastic gradient, projection onto B(0, R).
     Gradient,
     /// The same SGD without noise (the baseline).
@@ -58,6 +62,8 @@ pub struct ConvexSettings {
     /// δ; `None`: 1/n² (the paper's choice).
     pub delta: Option<f64>,
     pub radius: f64,
+    /// Output perturbation on R^d (Theorem 7(a)) instead of B(0, R) (Theorem 7(b)).
+    pub unbounded: bool,
     pub steps: Option<u64>,
     pub step_size: Option<f64>,
     pub seed: u64,
@@ -77,7 +83,8 @@ pub struct ConvexReport {
     pub gradient_bound_at_zero: f64,
     /// max ||x_i|| over the training rows (<= 1; informational).
     pub max_feature_norm: f64,
-    pub radius: f64,
+    /// `None`: unconstrained SGD (output perturbation, Theorem 7(a)).
+    pub radius: Option<f64>,
     pub steps: u64,
     pub step_size: f64,
     pub epsilon: Option<f64>,
@@ -86,6 +93,8 @@ pub struct ConvexReport {
     pub sigma: Option<f64>,
     pub beta: Option<f64>,
     pub lambda: Option<f64>,
+    /// Output perturbation: Δ_SGD(δ/2) of Theorem 7.
+    pub sensitivity: Option<f64>,
     /// ε of the same noise by the project's RDP accountant.
     pub accountant_epsilon: Option<f64>,
     pub train_risk: f64,
@@ -142,8 +151,33 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
     let (paper_steps, paper_eta) = paper_schedule(loss.alpha(), n, d, settings.epsilon, delta);
     let steps = settings.steps.unwrap_or(paper_steps);
     let step_size = settings.step_size.unwrap_or(paper_eta);
-    let private = settings.algorithm == Algorithm::Gradient;
-    let (sigma, beta, lambda) = if private {
+    let private = settings.algorithm != Algorithm::Nonprivate;
+    let radius = (!(settings.unbounded && settings.algorithm == Algorithm::Output))
+        .then_some(settings.radius);
+    let mut sensitivity = None;
+    let (sigma, beta, lambda) = if settings.algorithm == Algorithm::Output {
+        let problem = output_privacy::OutputPrivacyProblem {
+            loss,
+            examples: n,
+            steps,
+            step_size,
+            holder_constant: holder,
+            gradient_bound_at_zero: m,
+            loss_at_zero: loss.value_at_zero(),
+            radius,
+        };
+        let delta_sgd = problem.sensitivity(delta / 2.0)?;
+        sensitivity = Some(delta_sgd);
+        (
+            Some(output_privacy::analytic_gaussian_sigma(
+                settings.epsilon,
+                delta / 2.0,
+                delta_sgd,
+            )?),
+            None,
+            None,
+        )
+    } else if private {
         let problem = GradientPrivacyProblem {
             examples: n,
             steps,
@@ -171,7 +205,7 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
         (None, None, None)
     };
     let gradient_bound = m + holder * settings.radius.powf(loss.alpha());
-    let accountant_epsilon = match sigma {
+    let accountant_epsilon = match sigma.filter(|_| settings.algorithm == Algorithm::Gradient) {
         Some(s) => Some(calibrate::epsilon_for(
             s / (2.0 * gradient_bound),
             1.0 / n as f64,
@@ -180,25 +214,34 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
         )?),
         None => None,
     };
-    let w = sgd::average_iterate(
+    let gradient_noise = match settings.algorithm {
+        Algorithm::Gradient => sigma.unwrap_or(0.0),
+        _ => 0.0,
+    };
+    let average = sgd::average_iterate(
         loss,
         &data.x_train,
         &data.y_train,
         &SgdSettings {
             steps,
             step_size,
-            radius: Some(settings.radius),
-            gradient_noise: sigma.unwrap_or(0.0),
+            radius,
+            gradient_noise,
             seed: settings.seed,
         },
     );
+    let w = match (settings.algorithm, sigma) {
+        // The output noise has its own stream (seed + 1), independent of SGD's draws.
+        (Algorithm::Output, Some(s)) => sgd::perturb(&average, s, settings.seed.wrapping_add(1)),
+        _ => average,
+    };
     let (train_risk, train_accuracy) = risk_and_accuracy(loss, &w, &data.x_train, &data.y_train);
     let (test_risk, test_accuracy) = risk_and_accuracy(loss, &w, &data.x_test, &data.y_test);
     let (_, reference_risk) = sgd::empirical_minimiser(
         loss,
         &data.x_train,
         &data.y_train,
-        Some(settings.radius),
+        radius,
         3000,
         settings.radius,
     );
@@ -212,7 +255,7 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
         holder_constant: holder,
         gradient_bound_at_zero: m,
         max_feature_norm: data.max_norm(),
-        radius: settings.radius,
+        radius,
         steps,
         step_size,
         epsilon: private.then_some(settings.epsilon),
@@ -221,6 +264,7 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
         sigma,
         beta,
         lambda,
+        sensitivity,
         accountant_epsilon,
         train_risk,
         test_risk,
