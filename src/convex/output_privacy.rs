@@ -21,8 +21,8 @@
 //!   (monotonicity alone, d <= L); for α = 1 the step is non-expansive when η <= 2/L and the term
 //!   is 0 (we require η <= 2/L there).
 //! - C_α, the iterate bound ||w_t||² <= C_α t η of SGD from w_1 = 0 (unbounded domain): by
-//!   convexity ⟨w_t, ∇f(w_t)⟩ >= f(w_t) - f(0), so ||w_{t+1}||² <= ||w_t||² + 2η f(0)
-//!   + (η² ||∇f(w_t)||² - 2η f(w_t)). The self-bounding property of nonnegative convex losses
+//!   convexity ⟨w_t, ∇f(w_t)⟩ >= f(w_t) - f(0), so ||w_{t+1}||² <= ||w_t||² + 2η f(0) plus
+//!   the bracket (η² ||∇f(w_t)||² - 2η f(w_t)). The self-bounding property of nonnegative convex losses
 //!   with Hölder gradients, ||∇f(w)|| <= c_{α,1} f(w)^(α/(1+α)) with
 //!   c_{α,1} = (1 + 1/α)^(α/(1+α)) L^(1/(1+α)), bounds the bracket by its maximum over f >= 0,
 //!   2η ((1-α)/(2α)) (η c²_{α,1} α/(1+α))^((1+α)/(1-α)) <= η K_α for η <= 1, so
@@ -111,7 +111,8 @@ impl OutputPrivacyProblem {
     }
 
     fn check(&self) -> Result<()> {
-        if self.examples < 2 || self.steps == 0 || !(self.step_size > 0.0) {
+        if self.examples < 2 || self.steps == 0 || self.step_size.is_nan() || self.step_size <= 0.0
+        {
             return Err(Error::bad_value(
                 "output perturbation",
                 format!(

@@ -27,35 +27,23 @@ type DrawResult = std::result::Result<(), String>;
 /// A cell with its last measurement, compression-setting index and noise-level index.
 type Measured<'a> = (&'a CellLog, &'a GradientErrorRecord, usize, usize);
 
-struct Scatter<'a> {
+/// Figure 4 or 5 over the cells' measurements.
+struct MeasuredFigure<'a> {
+    /// true: figure 4 (scatter); false: figure 5 (bias/variance bars).
+    scatter: bool,
     measured: &'a [Measured<'a>],
     settings: &'a [String],
     sigmas: &'a [f64],
     title: &'a str,
 }
 
-impl Drawing for Scatter<'_> {
+impl Drawing for MeasuredFigure<'_> {
     fn draw<DB: DrawingBackend>(
         &self,
         root: DrawingArea<DB, plotters::coord::Shift>,
     ) -> DrawResult {
-        scatter(root, self.measured, self.settings, self.sigmas, self.title)
-    }
-}
-
-struct BiasVariance<'a> {
-    measured: &'a [Measured<'a>],
-    settings: &'a [String],
-    sigmas: &'a [f64],
-    title: &'a str,
-}
-
-impl Drawing for BiasVariance<'_> {
-    fn draw<DB: DrawingBackend>(
-        &self,
-        root: DrawingArea<DB, plotters::coord::Shift>,
-    ) -> DrawResult {
-        bias_variance(root, self.measured, self.settings, self.sigmas, self.title)
+        let draw = if self.scatter { scatter } else { bias_variance };
+        draw(root, self.measured, self.settings, self.sigmas, self.title)
     }
 }
 
@@ -114,7 +102,8 @@ pub fn gradient_error_figures(
     epochs.dedup();
     for ext in ["png", "svg"] {
         let path = out.join(format!("accuracy_vs_gradient_error.{ext}"));
-        let figure = Scatter {
+        let figure = MeasuredFigure {
+            scatter: true,
             measured: &last,
             settings,
             sigmas,
@@ -134,7 +123,8 @@ pub fn gradient_error_figures(
             let path = out.join(format!("gradient_error_bias_variance_epoch{epoch}.{ext}"));
             let height = 60 + 280 * sigmas.len() as u32;
             let title = format!("{title}, after epoch {epoch}");
-            let figure = BiasVariance {
+            let figure = MeasuredFigure {
+                scatter: false,
                 measured: &at_epoch,
                 settings,
                 sigmas,
