@@ -479,6 +479,9 @@ fn epsilon_command(args: EpsilonArgs) -> Result<()> {
 }
 
 fn grid_command(args: GridArgs) -> Result<()> {
+    if crate::convex::experiment::is_convex(&args.experiment)? {
+        return convex_grid_command(&args);
+    }
     let experiment = crate::grid::Experiment::from_file(&args.experiment)?;
     let only = crate::grid::parse_only(&args.only)?;
     if args.list {
@@ -740,6 +743,53 @@ fn convex_command(args: ConvexArgs) -> Result<()> {
         100.0 * report.test_accuracy,
         report.excess_empirical_risk,
         report.reference_risk
+    );
+    Ok(())
+}
+
+/// `dpcomp grid` on a `kind = "convex"` file: every setting over the profile's seeds, into
+/// runs/<name>/<profile>/ (and --results-dir: <name>.<profile>.{csv,md} and <name>/ figures).
+fn convex_grid_command(args: &GridArgs) -> Result<()> {
+    use crate::convex::experiment::{self, ConvexExperiment};
+    if args.list || !args.only.is_empty() {
+        return Err(Error::bad_value(
+            "--list/--only",
+            "not supported for convex experiments (they run as one sweep)",
+        )
+        .into());
+    }
+    let e = ConvexExperiment::from_file(&args.experiment)?;
+    let out = args.runs.join(&e.name).join(&args.profile);
+    let rows = experiment::run(&e, &args.profile, None, &out, true)?;
+    if let Some(dir) = &args.results_dir {
+        let figures = dir.join(&e.name);
+        std::fs::create_dir_all(&figures)
+            .with_context(|| format!("creating {}", figures.display()))?;
+        for entry in std::fs::read_dir(&out)? {
+            let path = entry?.path();
+            let name = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let to = match name.as_str() {
+                "results.csv" | "results.md" => dir.join(format!(
+                    "{}.{}.{}",
+                    e.name,
+                    args.profile,
+                    &name["results.".len()..]
+                )),
+                _ => figures.join(&name),
+            };
+            std::fs::copy(&path, &to)
+                .with_context(|| format!("copying {} to {}", path.display(), to.display()))?;
+        }
+    }
+    println!(
+        "{}: {} settings; table in {}",
+        e.name,
+        rows.len(),
+        out.join("results.md").display()
     );
     Ok(())
 }

@@ -127,6 +127,12 @@ fn every_experiment_file_resolves_in_both_profiles() {
         if path.extension().is_none_or(|e| e != "toml") {
             continue;
         }
+        if dpcomp::convex::experiment::is_convex(&path).unwrap() {
+            let convex = dpcomp::convex::experiment::ConvexExperiment::from_file(&path).unwrap();
+            assert!(convex.profiles.contains_key("cpu") && convex.profiles.contains_key("full"));
+            assert_eq!(convex.profiles["cpu"].seeds, 20);
+            continue;
+        }
         let experiment = Experiment::from_file(&path).unwrap();
         for profile in ["cpu", "full"] {
             let cells = experiment.cells(profile, &[]).unwrap();

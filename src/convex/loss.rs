@@ -24,7 +24,7 @@
 //! residual is -y.
 
 use crate::error::{Error, Result};
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Loss {
@@ -128,10 +128,15 @@ impl Loss {
 
     /// s_i with ∇f(w; x_i, y_i) = s_i x_i: every loss here is a function of wᵀx.
     fn slopes(&self, w: &Tensor, x: &Tensor, y: &Tensor) -> Tensor {
-        let scores = x.mv(w);
-        let margins = &scores * y;
+        self.slopes_from_scores(&x.mv(w), y)
+    }
+
+    /// The slopes s_i from the scores wᵀx_i (rows may come from different w, as in SGD run for
+    /// several seeds at once).
+    pub fn slopes_from_scores(&self, scores: &Tensor, y: &Tensor) -> Tensor {
+        let margins = scores * y;
         match self {
-            Loss::Hinge => -(margins.lt(1.0).to_kind(Kind::Double).to_kind(x.kind())) * y,
+            Loss::Hinge => -(margins.lt(1.0).to_kind(scores.kind())) * y,
             Loss::QHinge(q) => {
                 -(margins.neg() + 1.0)
                     .clamp_min(0.0)

@@ -13,6 +13,7 @@
 //! (the minimiser of 1/(Tη) + η T (a² + b²) up to a factor; γ = 0.1, the confidence level).
 
 pub mod data;
+pub mod experiment;
 pub mod gradient_privacy;
 pub mod loss;
 pub mod output_privacy;
@@ -31,7 +32,7 @@ use tch::{Kind, Tensor};
 /// Confidence level γ in the step-size rule.
 pub const GAMMA: f64 = 0.1;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Algorithm {
     /// Algorithm 1: SGD, iterate average, Gaussian noise calibrated to Theorem 7's Δ_SGD.
@@ -74,6 +75,7 @@ pub struct ConvexReport {
     pub data: String,
     pub loss: String,
     pub algorithm: Algorithm,
+    pub seed: u64,
     pub examples: usize,
     pub dim: i64,
     pub alpha: f64,
@@ -132,8 +134,21 @@ fn risk_and_accuracy(loss: Loss, w: &Tensor, x: &Tensor, y: &Tensor) -> (f64, f6
     (risk, accuracy)
 }
 
-/// Trains and evaluates one model.
+/// Trains and evaluates one model (seed `settings.seed`).
 pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
+    Ok(run_seeds(data, settings, &[settings.seed])?.remove(0))
+}
+
+/// Trains and evaluates one model per seed, the seeds' SGD runs side by side
+/// (`sgd::average_iterates`); the calibration and the reference solve are shared.
+pub fn run_seeds(
+    data: &Tabular,
+    settings: &ConvexSettings,
+    seeds: &[u64],
+) -> Result<Vec<ConvexReport>> {
+    if seeds.is_empty() {
+        return Err(Error::bad_value("seeds", "expected at least one seed"));
+    }
     let n = data.train_len();
     let d = data.dim();
     let loss = settings.loss;
@@ -218,7 +233,7 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
         Algorithm::Gradient => sigma.unwrap_or(0.0),
         _ => 0.0,
     };
-    let average = sgd::average_iterate(
+    let averages = sgd::average_iterates(
         loss,
         &data.x_train,
         &data.y_train,
@@ -229,14 +244,8 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
             gradient_noise,
             seed: settings.seed,
         },
+        seeds,
     );
-    let w = match (settings.algorithm, sigma) {
-        // The output noise has its own stream (seed + 1), independent of SGD's draws.
-        (Algorithm::Output, Some(s)) => sgd::perturb(&average, s, settings.seed.wrapping_add(1)),
-        _ => average,
-    };
-    let (train_risk, train_accuracy) = risk_and_accuracy(loss, &w, &data.x_train, &data.y_train);
-    let (test_risk, test_accuracy) = risk_and_accuracy(loss, &w, &data.x_test, &data.y_test);
     let (_, reference_risk) = sgd::empirical_minimiser(
         loss,
         &data.x_train,
@@ -245,32 +254,50 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
         3000,
         settings.radius,
     );
-    Ok(ConvexReport {
-        data: data.name.clone(),
-        loss: loss.name(),
-        algorithm: settings.algorithm,
-        examples: n,
-        dim: d,
-        alpha: loss.alpha(),
-        holder_constant: holder,
-        gradient_bound_at_zero: m,
-        max_feature_norm: data.max_norm(),
-        radius,
-        steps,
-        step_size,
-        epsilon: private.then_some(settings.epsilon),
-        delta: private.then_some(delta),
-        calibration: private.then_some(settings.calibration),
-        sigma,
-        beta,
-        lambda,
-        sensitivity,
-        accountant_epsilon,
-        train_risk,
-        test_risk,
-        train_accuracy,
-        test_accuracy,
-        reference_risk,
-        excess_empirical_risk: train_risk - reference_risk,
-    })
+    let reports = seeds
+        .iter()
+        .enumerate()
+        .map(|(k, &seed)| {
+            let average = averages.get(k as i64);
+            let w = match (settings.algorithm, sigma) {
+                // The output noise has its own stream (seed + 1), independent of SGD's draws.
+                (Algorithm::Output, Some(s)) => sgd::perturb(&average, s, seed.wrapping_add(1)),
+                _ => average,
+            };
+            let (train_risk, train_accuracy) =
+                risk_and_accuracy(loss, &w, &data.x_train, &data.y_train);
+            let (test_risk, test_accuracy) =
+                risk_and_accuracy(loss, &w, &data.x_test, &data.y_test);
+            ConvexReport {
+                data: data.name.clone(),
+                loss: loss.name(),
+                algorithm: settings.algorithm,
+                seed,
+                examples: n,
+                dim: d,
+                alpha: loss.alpha(),
+                holder_constant: holder,
+                gradient_bound_at_zero: m,
+                max_feature_norm: data.max_norm(),
+                radius,
+                steps,
+                step_size,
+                epsilon: private.then_some(settings.epsilon),
+                delta: private.then_some(delta),
+                calibration: private.then_some(settings.calibration),
+                sigma,
+                beta,
+                lambda,
+                sensitivity,
+                accountant_epsilon,
+                train_risk,
+                test_risk,
+                train_accuracy,
+                test_accuracy,
+                reference_risk,
+                excess_empirical_risk: train_risk - reference_risk,
+            }
+        })
+        .collect();
+    Ok(reports)
 }

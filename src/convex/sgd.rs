@@ -27,28 +27,54 @@ pub struct SgdSettings {
 
 /// Runs SGD on (x [n, d], y [n]) and returns the average iterate (1/T) Σ_{t=1..T} w_t.
 pub fn average_iterate(loss: Loss, x: &Tensor, y: &Tensor, settings: &SgdSettings) -> Tensor {
+    average_iterates(loss, x, y, settings, &[settings.seed]).get(0)
+}
+
+/// SGD for several seeds at once, one row of a [S, d] weight matrix per seed (each seed's index
+/// and noise draws come from its own generator, in the same order as a single run, so row s
+/// equals `average_iterate` with seed s). Returns the average iterates, [S, d].
+pub fn average_iterates(
+    loss: Loss,
+    x: &Tensor,
+    y: &Tensor,
+    settings: &SgdSettings,
+    seeds: &[u64],
+) -> Tensor {
     let n = x.size()[0] as usize;
     let d = x.size()[1];
-    let mut rng = rand::rngs::StdRng::seed_from_u64(settings.seed);
+    let s = seeds.len() as i64;
+    let mut rngs: Vec<rand::rngs::StdRng> = seeds
+        .iter()
+        .map(|&seed| rand::rngs::StdRng::seed_from_u64(seed))
+        .collect();
     let normal = Normal::new(0.0, 1.0).expect("unit normal");
-    let mut w = Tensor::zeros([d], (Kind::Double, x.device()));
+    let mut w = Tensor::zeros([s, d], (Kind::Double, x.device()));
     let mut sum = w.zeros_like();
-    let mut noise = vec![0.0f64; d as usize];
+    let mut index = vec![0i64; seeds.len()];
+    let mut noise = vec![0.0f64; seeds.len() * d as usize];
     for _ in 0..settings.steps {
         sum += &w;
-        let i = rng.random_range(0..n) as i64;
-        let xi = x.get(i).unsqueeze(0);
-        let yi = y.get(i).unsqueeze(0);
-        let mut g = loss.gradients(&w, &xi, &yi).squeeze_dim(0);
-        if settings.gradient_noise > 0.0 {
-            for v in noise.iter_mut() {
-                *v = normal.sample(&mut rng) * settings.gradient_noise;
+        for (k, rng) in rngs.iter_mut().enumerate() {
+            index[k] = rng.random_range(0..n) as i64;
+            if settings.gradient_noise > 0.0 {
+                for v in noise[k * d as usize..(k + 1) * d as usize].iter_mut() {
+                    *v = normal.sample(rng) * settings.gradient_noise;
+                }
             }
-            g += Tensor::from_slice(&noise).to_device(x.device());
+        }
+        let rows = Tensor::from_slice(&index).to_device(x.device());
+        let (xi, yi) = (x.index_select(0, &rows), y.index_select(0, &rows));
+        let scores = (&xi * &w).sum_dim_intlist(1, false, Kind::Double);
+        let mut g = xi * loss.slopes_from_scores(&scores, &yi).unsqueeze(1);
+        if settings.gradient_noise > 0.0 {
+            g += Tensor::from_slice(&noise)
+                .view([s, d])
+                .to_device(x.device());
         }
         w = &w - g * settings.step_size;
         if let Some(r) = settings.radius {
-            w = project(&w, r);
+            let norms = w.norm_scalaropt_dim(2.0, [1i64].as_slice(), true);
+            w = &w * (r / norms.clamp_min(1e-300)).clamp_max(1.0);
         }
     }
     sum / settings.steps.max(1) as f64

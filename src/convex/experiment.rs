@@ -1,0 +1,446 @@
+//! The convex experiment (`experiments/convex.toml`, `kind = "convex"`, run by `dpcomp grid`):
+//! excess empirical risk and test accuracy against ε for every data set x loss x algorithm, over
+//! many seeds (mean and standard deviation), as a results table and one figure per data set.
+//! The paper (`../shared/papers/dp-sgd-non-smooth-losses.txt`) has no experiments: these are ours.
+//!
+//! Non-private SGD does not depend on ε: it is run once per (data, loss) and drawn as a flat
+//! reference. A setting whose calibration fails (Theorem 11 without a feasible β) is a row
+//! marked infeasible, not a number.
+
+use super::{run_seeds, Algorithm, Calibration, ConvexReport, ConvexSettings};
+use crate::error::{Error, Result};
+use crate::plot::{colour, render_with, Drawing, FONT};
+use plotters::prelude::*;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConvexExperiment {
+    pub name: String,
+    /// Always "convex" (what routes the file here).
+    pub kind: String,
+    #[serde(default)]
+    pub description: String,
+    pub base: Base,
+    pub grid: Grid,
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Base {
+    pub radius: f64,
+    #[serde(default)]
+    pub delta: Option<f64>,
+    #[serde(default)]
+    pub steps: Option<u64>,
+    #[serde(default)]
+    pub step_size: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Grid {
+    /// `breast_cancer`, `csv:PATH`, `synthetic:N:D`.
+    pub data: Vec<String>,
+    pub loss: Vec<String>,
+    pub algorithm: Vec<Algorithm>,
+    pub epsilon: Vec<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub seeds: u64,
+}
+
+/// One row: a setting's mean and spread over the seeds.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub data: String,
+    pub loss: String,
+    pub algorithm: Algorithm,
+    /// `None` for non-private SGD.
+    pub epsilon: Option<f64>,
+    pub seeds: usize,
+    /// Why there is no result (an infeasible calibration).
+    pub infeasible: Option<String>,
+    pub excess_risk: (f64, f64),
+    pub test_accuracy: (f64, f64),
+    pub sigma: Option<f64>,
+    pub steps: u64,
+}
+
+impl ConvexExperiment {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let e: ConvexExperiment =
+            toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
+        if e.kind != "convex" {
+            return Err(Error::bad_file(path, "kind: expected \"convex\""));
+        }
+        Ok(e)
+    }
+}
+
+/// Whether an experiment file is a convex one (`kind = "convex"`).
+pub fn is_convex(path: &Path) -> Result<bool> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
+    Ok(table.get("kind").and_then(|k| k.as_str()) == Some("convex"))
+}
+
+fn mean_sd(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, var.sqrt())
+}
+
+/// Runs every setting of `profile`, writes `results.{csv,md}` and the figures under
+/// `out_dir`, and returns the rows. `data_dir` is where `breast_cancer` is read from.
+pub fn run(
+    experiment: &ConvexExperiment,
+    profile: &str,
+    data_dir: Option<&Path>,
+    out_dir: &Path,
+    progress: bool,
+) -> Result<Vec<Row>> {
+    let profile_settings = experiment.profiles.get(profile).ok_or_else(|| {
+        Error::bad_value(
+            "--profile",
+            format!(
+                "{profile}: experiment {} has profiles {}",
+                experiment.name,
+                experiment
+                    .profiles
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })?;
+    let seeds: Vec<u64> = (0..profile_settings.seeds).collect();
+    let mut rows = Vec::new();
+    for data_spec in &experiment.grid.data {
+        let data = crate::cli::convex_data(data_spec, data_dir)
+            .map_err(|e| Error::bad_value("grid.data", e.to_string()))?;
+        for loss_spec in &experiment.grid.loss {
+            let loss = super::loss::Loss::parse(loss_spec)?;
+            for &algorithm in &experiment.grid.algorithm {
+                let epsilons: Vec<Option<f64>> = if algorithm == Algorithm::Nonprivate {
+                    vec![None]
+                } else {
+                    experiment.grid.epsilon.iter().map(|&e| Some(e)).collect()
+                };
+                for epsilon in epsilons {
+                    let settings = ConvexSettings {
+                        loss,
+                        algorithm,
+                        calibration: Calibration::Theorem11,
+                        epsilon: epsilon.unwrap_or(1.0),
+                        delta: experiment.base.delta,
+                        radius: experiment.base.radius,
+                        unbounded: false,
+                        steps: experiment.base.steps,
+                        step_size: experiment.base.step_size,
+                        seed: 0,
+                    };
+                    let row = match run_seeds(&data, &settings, &seeds) {
+                        Ok(reports) => summarise(data_spec, loss_spec, epsilon, &reports),
+                        Err(e) => Row {
+                            data: data_spec.clone(),
+                            loss: loss_spec.clone(),
+                            algorithm,
+                            epsilon,
+                            seeds: 0,
+                            infeasible: Some(e.to_string()),
+                            excess_risk: (f64::NAN, f64::NAN),
+                            test_accuracy: (f64::NAN, f64::NAN),
+                            sigma: None,
+                            steps: 0,
+                        },
+                    };
+                    if progress {
+                        eprintln!(
+                            "{} {} {:?} epsilon {}: excess risk {:.4} ± {:.4}, test accuracy {:.2}% ± {:.2}{}",
+                            row.data,
+                            row.loss,
+                            row.algorithm,
+                            row.epsilon.map_or("-".into(), |e| e.to_string()),
+                            row.excess_risk.0,
+                            row.excess_risk.1,
+                            100.0 * row.test_accuracy.0,
+                            100.0 * row.test_accuracy.1,
+                            row.infeasible.as_ref().map_or(String::new(), |_| " (infeasible)".into())
+                        );
+                    }
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+    write_tables(experiment, profile, &rows, out_dir)?;
+    figures(experiment, &rows, out_dir)?;
+    Ok(rows)
+}
+
+fn summarise(data: &str, loss: &str, epsilon: Option<f64>, reports: &[ConvexReport]) -> Row {
+    let excess: Vec<f64> = reports.iter().map(|r| r.excess_empirical_risk).collect();
+    let accuracy: Vec<f64> = reports.iter().map(|r| r.test_accuracy).collect();
+    Row {
+        data: data.to_string(),
+        loss: loss.to_string(),
+        algorithm: reports[0].algorithm,
+        epsilon,
+        seeds: reports.len(),
+        infeasible: None,
+        excess_risk: mean_sd(&excess),
+        test_accuracy: mean_sd(&accuracy),
+        sigma: reports[0].sigma,
+        steps: reports[0].steps,
+    }
+}
+
+fn write_tables(
+    experiment: &ConvexExperiment,
+    profile: &str,
+    rows: &[Row],
+    out: &Path,
+) -> Result<()> {
+    let mut csv = String::from(
+        "data,loss,algorithm,epsilon,seeds,steps,sigma,excess_risk_mean,excess_risk_sd,test_accuracy_mean,test_accuracy_sd,infeasible\n",
+    );
+    let mut md = format!(
+        "# {} ({profile} profile)\n\n{}\n\nMean ± standard deviation over seeds; excess empirical risk against a 3,000-step full-batch solve on the same domain.\n\n| data | loss | algorithm | ε | T | σ | excess empirical risk | test accuracy |\n|---|---|---|---|---|---|---|---|\n",
+        experiment.name, experiment.description
+    );
+    for r in rows {
+        let eps = r.epsilon.map_or("-".to_string(), |e| e.to_string());
+        let sigma = r.sigma.map_or(String::new(), |s| format!("{s:.4e}"));
+        csv.push_str(&format!(
+            "{},{},{:?},{},{},{},{},{},{},{},{},{}\n",
+            r.data,
+            r.loss,
+            r.algorithm,
+            eps,
+            r.seeds,
+            r.steps,
+            sigma,
+            r.excess_risk.0,
+            r.excess_risk.1,
+            r.test_accuracy.0,
+            r.test_accuracy.1,
+            r.infeasible.is_some()
+        ));
+        let (risk, acc) = if r.infeasible.is_some() {
+            ("no feasible β".to_string(), String::new())
+        } else {
+            (
+                format!("{:.4} ± {:.4}", r.excess_risk.0, r.excess_risk.1),
+                format!(
+                    "{:.2}% ± {:.2}",
+                    100.0 * r.test_accuracy.0,
+                    100.0 * r.test_accuracy.1
+                ),
+            )
+        };
+        md.push_str(&format!(
+            "| {} | {} | {:?} | {eps} | {} | {sigma} | {risk} | {acc} |\n",
+            r.data, r.loss, r.algorithm, r.steps
+        ));
+    }
+    for (name, text) in [("results.csv", csv), ("results.md", md)] {
+        let path = out.join(name);
+        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
+    }
+    Ok(())
+}
+
+/// One figure per data set: columns = losses; top row excess empirical risk (log), bottom row
+/// test accuracy; a line per algorithm against ε (log), error bars ± one standard deviation,
+/// non-private SGD as a dashed level.
+struct ConvexFigure<'a> {
+    data: &'a str,
+    losses: &'a [String],
+    rows: Vec<&'a Row>,
+}
+
+impl Drawing for ConvexFigure<'_> {
+    fn draw<DB: DrawingBackend>(
+        &self,
+        root: DrawingArea<DB, plotters::coord::Shift>,
+    ) -> std::result::Result<(), String> {
+        let err = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("{e:?}");
+        root.fill(&WHITE).map_err(err)?;
+        let root = root
+            .titled(
+                &format!(
+                    "{}: DP-SGD for convex losses, mean ± sd over seeds",
+                    self.data
+                ),
+                ("sans-serif", 20),
+            )
+            .map_err(err)?;
+        let panels = root.split_evenly((2, self.losses.len()));
+        let epsilons: Vec<f64> = self.rows.iter().filter_map(|r| r.epsilon).collect();
+        let (e_lo, e_hi) = (
+            epsilons.iter().copied().fold(f64::INFINITY, f64::min) / 1.5,
+            epsilons.iter().copied().fold(0.0, f64::max) * 1.5,
+        );
+        for (j, loss) in self.losses.iter().enumerate() {
+            let mine: Vec<&&Row> = self
+                .rows
+                .iter()
+                .filter(|r| &r.loss == loss && r.infeasible.is_none())
+                .collect();
+            for (top, panel) in [(true, &panels[j]), (false, &panels[self.losses.len() + j])] {
+                let value = |r: &Row| if top { r.excess_risk } else { r.test_accuracy };
+                // Both rows on log axes (one chart type); accuracies span a narrow range.
+                let (y_lo, y_hi) = if top {
+                    let hi = mine
+                        .iter()
+                        .map(|r| value(r).0 + value(r).1)
+                        .fold(0.0, f64::max)
+                        .max(1e-3)
+                        * 1.3;
+                    let lo = mine
+                        .iter()
+                        .map(|r| value(r).0)
+                        .filter(|v| *v > 0.0)
+                        .fold(f64::INFINITY, f64::min)
+                        .min(hi / 10.0)
+                        / 2.0;
+                    (lo, hi)
+                } else {
+                    let lo = mine
+                        .iter()
+                        .map(|r| value(r).0 - value(r).1)
+                        .fold(1.0, f64::min)
+                        .max(0.05)
+                        * 0.9;
+                    (lo, 1.0)
+                };
+                let caption = if top {
+                    format!("{loss}: excess empirical risk")
+                } else {
+                    format!("{loss}: test accuracy")
+                };
+                let mut chart = ChartBuilder::on(panel)
+                    .caption(caption, ("sans-serif", 15))
+                    .margin(8)
+                    .x_label_area_size(35)
+                    .y_label_area_size(55)
+                    .build_cartesian_2d((e_lo..e_hi).log_scale(), (y_lo..y_hi).log_scale())
+                    .map_err(err)?;
+                chart
+                    .configure_mesh()
+                    .x_desc("privacy budget ε (log)")
+                    .x_label_formatter(&|x| format!("{x}"))
+                    .y_label_formatter(&|y| {
+                        if top {
+                            format!("{y:.0e}")
+                        } else {
+                            format!("{:.0}%", 100.0 * y)
+                        }
+                    })
+                    .label_style(("sans-serif", 11))
+                    .axis_desc_style(("sans-serif", 12))
+                    .draw()
+                    .map_err(err)?;
+                for (k, algorithm) in [
+                    Algorithm::Output,
+                    Algorithm::Gradient,
+                    Algorithm::Nonprivate,
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    let c = colour(k);
+                    let series: Vec<&&&Row> =
+                        mine.iter().filter(|r| r.algorithm == algorithm).collect();
+                    if series.is_empty() {
+                        continue;
+                    }
+                    let label = format!("{algorithm:?}").to_lowercase();
+                    if algorithm == Algorithm::Nonprivate {
+                        let level = value(series[0]).0.max(y_lo);
+                        chart
+                            .draw_series(DashedLineSeries::new(
+                                vec![(e_lo, level), (e_hi, level)],
+                                6,
+                                4,
+                                c.stroke_width(2),
+                            ))
+                            .map_err(err)?
+                            .label(label)
+                            .legend(move |(x, y)| {
+                                PathElement::new(vec![(x, y), (x + 14, y)], c.stroke_width(2))
+                            });
+                        continue;
+                    }
+                    let points: Vec<(f64, f64)> = series
+                        .iter()
+                        .map(|r| (r.epsilon.unwrap_or(1.0), value(r).0.max(y_lo)))
+                        .collect();
+                    chart
+                        .draw_series(LineSeries::new(points.clone(), c.stroke_width(2)))
+                        .map_err(err)?
+                        .label(label)
+                        .legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 14, y)], c.stroke_width(2))
+                        });
+                    chart
+                        // Error bars: ± one standard deviation.
+                        .draw_series(series.iter().map(|r| {
+                            let (m, sd) = value(r);
+                            let x = r.epsilon.unwrap_or(1.0);
+                            PathElement::new(
+                                vec![(x, (m - sd).max(y_lo)), (x, (m + sd).max(y_lo))],
+                                c.stroke_width(2),
+                            )
+                        }))
+                        .map_err(err)?;
+                }
+                if j == 0 {
+                    chart
+                        .configure_series_labels()
+                        .position(SeriesLabelPosition::LowerLeft)
+                        .label_font(("sans-serif", 11))
+                        .background_style(WHITE.mix(0.85))
+                        .border_style(BLACK)
+                        .draw()
+                        .map_err(err)?;
+                }
+            }
+        }
+        root.present().map_err(err)
+    }
+}
+
+fn figures(experiment: &ConvexExperiment, rows: &[Row], out: &Path) -> Result<Vec<PathBuf>> {
+    let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    let mut written = Vec::new();
+    for data in &experiment.grid.data {
+        let figure = ConvexFigure {
+            data,
+            losses: &experiment.grid.loss,
+            rows: rows.iter().filter(|r| &r.data == data).collect(),
+        };
+        let stem: String = data
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        for ext in ["png", "svg"] {
+            let path = out.join(format!("convex_{stem}.{ext}"));
+            render_with(&path, (1200, 720), &figure)?;
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
