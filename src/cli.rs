@@ -319,7 +319,13 @@ pub fn run(cli: Cli) -> Result<()> {
                 )
             });
             let clipping = args.runs.join(crate::analysis::clipping::FILE);
-            let written = if clipping.is_file() {
+            let convex = args.runs.join("results.csv");
+            let is_convex = std::fs::read_to_string(&convex)
+                .is_ok_and(|t| t.starts_with("data,loss,algorithm,epsilon"));
+            let written = if is_convex {
+                let rows = crate::convex::experiment::read_rows(&convex)?;
+                crate::convex::experiment::figures_of(&rows, &out)?
+            } else if clipping.is_file() {
                 let sweeps = crate::analysis::clipping::read(&args.runs)?;
                 crate::plot::analysis::clipping_figures(&sweeps, &out)?
             } else {

@@ -336,7 +336,12 @@ impl Drawing for ConvexFigure<'_> {
                     .margin(8)
                     .x_label_area_size(35)
                     .y_label_area_size(55)
-                    .build_cartesian_2d((e_lo..e_hi).log_scale(), (y_lo..y_hi).log_scale())
+                    .build_cartesian_2d(
+                        (e_lo..e_hi).log_scale(),
+                        (y_lo..y_hi)
+                            .log_scale()
+                            .with_key_points(ticks(y_lo, y_hi, top)),
+                    )
                     .map_err(err)?;
                 chart
                     .configure_mesh()
@@ -423,13 +428,100 @@ impl Drawing for ConvexFigure<'_> {
     }
 }
 
+/// Tick positions on a log axis: 1, 2, 5 x 10^k within [lo, hi] for the risk, every 10% for
+/// the accuracy (whose range is under a decade, where plotters would label only 100%).
+fn ticks(lo: f64, hi: f64, risk: bool) -> Vec<f64> {
+    if !risk {
+        return (1..=10)
+            .map(|k| k as f64 / 10.0)
+            .filter(|t| *t >= lo && *t <= hi)
+            .collect();
+    }
+    let mut ticks = Vec::new();
+    let mut decade = 10f64.powf(lo.log10().floor());
+    while decade <= hi {
+        for m in [1.0, 2.0, 5.0] {
+            let t = m * decade;
+            if t >= lo && t <= hi {
+                ticks.push(t);
+            }
+        }
+        decade *= 10.0;
+    }
+    ticks
+}
+
+/// The rows of a `results.csv` this module wrote (to redraw the figures without re-running).
+pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bad = |line: usize, what: &str| Error::bad_file(path, format!("line {line}: {what}"));
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != 12 {
+            return Err(bad(i + 1, "expected 12 columns"));
+        }
+        let num = |s: &str| {
+            s.parse::<f64>()
+                .map_err(|_| bad(i + 1, "expected a number"))
+        };
+        let algorithm = match f[2] {
+            "Output" => Algorithm::Output,
+            "Gradient" => Algorithm::Gradient,
+            "Nonprivate" => Algorithm::Nonprivate,
+            other => return Err(bad(i + 1, &format!("unknown algorithm {other}"))),
+        };
+        rows.push(Row {
+            data: f[0].to_string(),
+            loss: f[1].to_string(),
+            algorithm,
+            epsilon: if f[3] == "-" { None } else { Some(num(f[3])?) },
+            seeds: f[4].parse().map_err(|_| bad(i + 1, "seeds"))?,
+            steps: f[5].parse().map_err(|_| bad(i + 1, "steps"))?,
+            sigma: if f[6].is_empty() {
+                None
+            } else {
+                Some(num(f[6])?)
+            },
+            excess_risk: (num(f[7])?, num(f[8])?),
+            test_accuracy: (num(f[9])?, num(f[10])?),
+            infeasible: (f[11] == "true").then(|| "infeasible".to_string()),
+        });
+    }
+    Ok(rows)
+}
+
+/// One figure per data set of `rows`, in the order the data first appear.
+pub fn figures_of(rows: &[Row], out: &Path) -> Result<Vec<PathBuf>> {
+    let mut data: Vec<String> = Vec::new();
+    let mut losses: Vec<String> = Vec::new();
+    for r in rows {
+        if !data.contains(&r.data) {
+            data.push(r.data.clone());
+        }
+        if !losses.contains(&r.loss) {
+            losses.push(r.loss.clone());
+        }
+    }
+    draw_figures(&data, &losses, rows, out)
+}
+
 fn figures(experiment: &ConvexExperiment, rows: &[Row], out: &Path) -> Result<Vec<PathBuf>> {
+    draw_figures(&experiment.grid.data, &experiment.grid.loss, rows, out)
+}
+
+fn draw_figures(
+    data_sets: &[String],
+    losses: &[String],
+    rows: &[Row],
+    out: &Path,
+) -> Result<Vec<PathBuf>> {
     let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
     let mut written = Vec::new();
-    for data in &experiment.grid.data {
+    for data in data_sets {
         let figure = ConvexFigure {
             data,
-            losses: &experiment.grid.loss,
+            losses,
             rows: rows.iter().filter(|r| &r.data == data).collect(),
         };
         let stem: String = data
