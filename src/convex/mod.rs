@@ -7,10 +7,8 @@
 //! `run` trains one model and reports train/test risk and accuracy, the excess empirical risk
 //! against a long full-batch reference solve, and the privacy parameters used.
 //!
-//! Step size and step count, unless given, follow the paper's Theorem 12 (bounded domain):
-//! T = n for α >= 1/2 and T = n^((2 - α)/(1 + α)) below; η = 1 / (T max{a, b}) with
-//! a = sqrt(log(n) log(n/γ) log(1/γ) / n) and b = sqrt(d log(1/δ)) log(1/γ)^(1/4) / (n ε)
-//! (the minimiser of 1/(Tη) + η T (a² + b²) up to a factor; γ = 0.1, the confidence level).
+//! Step size and step count, unless given, are the paper's for each algorithm
+//! (`paper_schedule`: Theorems 9, 10 and 12; γ = 0.1, the confidence level).
 
 pub mod data;
 pub mod experiment;
@@ -108,18 +106,57 @@ pub struct ConvexReport {
     pub excess_empirical_risk: f64,
 }
 
-/// T and η of Theorem 12 for n examples in d dimensions.
-pub fn paper_schedule(alpha: f64, n: usize, d: i64, epsilon: f64, delta: f64) -> (u64, f64) {
+/// T and η as the paper prescribes for n examples in d dimensions (γ = `GAMMA`):
+///
+/// - gradient perturbation and non-private SGD, Theorem 12: T = n for α >= 1/2, n^((2-α)/(1+α))
+///   below; η = 1 / (T max{a, b}), a = sqrt(log(n) log(n/γ) log(1/γ) / n),
+///   b = sqrt(d log(1/δ)) log(1/γ)^(1/4) / (n ε);
+/// - output perturbation on B(0, R), Theorem 10: the same T; η = 1 / (T max{a', b'}),
+///   a' = sqrt(log(n/δ) log(n) log(1/γ) / n), b' = (d log(1/δ))^(1/4) sqrt(log(n/δ))
+///   log(1/γ)^(1/8) / sqrt(n ε);
+/// - output perturbation on R^d, Theorem 9: T = n^((6 - 3α - α²)/((1+α)(3+α))) for
+///   α <= (sqrt(73) - 7)/4, n above; η = n^(1/(3+α)) / (T log(1/γ)^(1/(3+α))).
+pub fn paper_schedule(
+    algorithm: Algorithm,
+    unbounded: bool,
+    alpha: f64,
+    n: usize,
+    d: i64,
+    epsilon: f64,
+    delta: f64,
+) -> (u64, f64) {
     let nf = n as f64;
+    let log_g = (1.0 / GAMMA).ln();
+    if algorithm == Algorithm::Output && unbounded {
+        let exponent = if alpha <= (73f64.sqrt() - 7.0) / 4.0 {
+            (6.0 - 3.0 * alpha - alpha * alpha) / ((1.0 + alpha) * (3.0 + alpha))
+        } else {
+            1.0
+        };
+        let steps = nf.powf(exponent).ceil() as u64;
+        let eta = nf.powf(1.0 / (3.0 + alpha)) / (steps as f64 * log_g.powf(1.0 / (3.0 + alpha)));
+        return (steps, eta);
+    }
     let steps = if alpha >= 0.5 {
         nf
     } else {
         nf.powf((2.0 - alpha) / (1.0 + alpha))
     }
     .ceil() as u64;
-    let log_g = (1.0 / GAMMA).ln();
-    let a = (nf.ln() * (nf / GAMMA).ln() * log_g / nf).sqrt();
-    let b = (d as f64 * (1.0 / delta).ln()).sqrt() * log_g.powf(0.25) / (nf * epsilon);
+    let log_d = (1.0 / delta).ln();
+    let (a, b) = if algorithm == Algorithm::Output {
+        let log_nd = (nf / delta).ln();
+        (
+            (log_nd * nf.ln() * log_g / nf).sqrt(),
+            (d as f64 * log_d).powf(0.25) * log_nd.sqrt() * log_g.powf(0.125)
+                / (nf * epsilon).sqrt(),
+        )
+    } else {
+        (
+            (nf.ln() * (nf / GAMMA).ln() * log_g / nf).sqrt(),
+            (d as f64 * log_d).sqrt() * log_g.powf(0.25) / (nf * epsilon),
+        )
+    };
     (steps, 1.0 / (steps as f64 * a.max(b)))
 }
 
@@ -163,7 +200,15 @@ pub fn run_seeds(
     // data's own maximum (which would leak); the latter is reported alongside.
     let holder = loss.holder_constant(data::FEATURE_NORM_BOUND);
     let m = loss.gradient_bound_at_zero(data::FEATURE_NORM_BOUND);
-    let (paper_steps, paper_eta) = paper_schedule(loss.alpha(), n, d, settings.epsilon, delta);
+    let (paper_steps, paper_eta) = paper_schedule(
+        settings.algorithm,
+        settings.unbounded,
+        loss.alpha(),
+        n,
+        d,
+        settings.epsilon,
+        delta,
+    );
     let steps = settings.steps.unwrap_or(paper_steps);
     let step_size = settings.step_size.unwrap_or(paper_eta);
     let private = settings.algorithm != Algorithm::Nonprivate;
