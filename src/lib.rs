@@ -10,6 +10,7 @@ pub mod config;
 pub mod convex;
 pub mod data;
 pub mod error;
+pub mod fl;
 pub mod grid;
 pub mod models;
 pub mod nn;
