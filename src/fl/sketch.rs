@@ -9,7 +9,7 @@ use super::dct::{dct, idct};
 use crate::error::{Error, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 pub struct ChunkedDct {
     /// n, the update's length.
@@ -88,6 +88,7 @@ impl ChunkedDct {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tch::Kind;
 
     fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
         (a - b).abs().max().double_value(&[])
