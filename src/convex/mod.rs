@@ -214,6 +214,8 @@ pub fn run_seeds(
     let private = settings.algorithm != Algorithm::Nonprivate;
     let radius = (!(settings.unbounded && settings.algorithm == Algorithm::Output))
         .then_some(settings.radius);
+    // G = M + L R^α bounds every gradient on B(0, R); 2 G is a step's replace-one sensitivity.
+    let gradient_bound = m + holder * settings.radius.powf(loss.alpha());
     let mut sensitivity = None;
     let (sigma, beta, lambda) = if settings.algorithm == Algorithm::Output {
         let problem = output_privacy::OutputPrivacyProblem {
@@ -243,7 +245,7 @@ pub fn run_seeds(
             steps,
             epsilon: settings.epsilon,
             delta,
-            gradient_bound: m + holder * settings.radius.powf(loss.alpha()),
+            gradient_bound,
         };
         match settings.calibration {
             Calibration::Theorem11 => {
@@ -258,13 +260,12 @@ pub fn run_seeds(
                     steps,
                     delta,
                 )?;
-                (Some(multiplier * 2.0 * problem.gradient_bound), None, None)
+                (Some(multiplier * 2.0 * gradient_bound), None, None)
             }
         }
     } else {
         (None, None, None)
     };
-    let gradient_bound = m + holder * settings.radius.powf(loss.alpha());
     let accountant_epsilon = match sigma.filter(|_| settings.algorithm == Algorithm::Gradient) {
         Some(s) => Some(calibrate::epsilon_for(
             s / (2.0 * gradient_bound),
