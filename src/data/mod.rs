@@ -3,7 +3,9 @@
 
 pub mod cifar;
 pub mod fetch;
+pub mod idx;
 pub mod names;
+pub mod partition;
 pub mod sampler;
 pub mod snli;
 

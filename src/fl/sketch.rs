@@ -3,13 +3,25 @@
 //! chunks (the last zero-padded), and keep the first m/P coefficients of each chunk's orthonormal
 //! DCT-II. The map is linear, so the server may average compressed updates before it
 //! reconstructs them (and secure aggregation can sum them). FL-FREQ inverts it by zero-filling the
-//! dropped coefficients; FL-CS reconstructs by L1 recovery (not here yet).
+//! dropped coefficients; FL-CS reconstructs by L1 recovery (`owlqn`, through `Measurement`).
 
 use super::dct::{dct, idct};
+use super::owlqn::Measurement;
 use crate::error::{Error, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
+
+/// Which DCT coefficients of a chunk are kept: the first m/P (the paper's choice, low
+/// frequencies) or a shared-seed random subset of that size (the classic compressive-sensing
+/// partial Fourier ensemble), the same for every chunk and round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DctRows {
+    First,
+    Random,
+}
 
 pub struct ChunkedDct {
     /// n, the update's length.
@@ -19,13 +31,25 @@ pub struct ChunkedDct {
     pub chunk_length: i64,
     /// Coefficients kept per chunk (m / P).
     pub kept: i64,
-    permutation: Tensor,
-    inverse: Tensor,
+    pub rows: DctRows,
+    /// The kept coefficients' indices when they are not the first ones.
+    row_index: Option<Tensor>,
+    /// The shared permutation and its inverse; `None` for FL-FREQ, which does not shuffle.
+    permutation: Option<(Tensor, Tensor)>,
 }
 
 impl ChunkedDct {
-    /// Keeps about `ratio` n coefficients in `chunks` chunks; the permutation comes from `seed`.
-    pub fn new(length: i64, ratio: f64, chunks: i64, seed: u64, device: Device) -> Result<Self> {
+    /// Keeps about `ratio` n coefficients in `chunks` chunks. With `shuffle_seed` the update is
+    /// first permuted by the permutation that seed gives every participant; `rows` says which
+    /// coefficients are kept (random rows come from the same seed, or 0 without one).
+    pub fn new(
+        length: i64,
+        ratio: f64,
+        chunks: i64,
+        shuffle_seed: Option<u64>,
+        rows: DctRows,
+        device: Device,
+    ) -> Result<Self> {
         if length < 1 || chunks < 1 || chunks > length || !(ratio > 0.0 && ratio <= 1.0) {
             return Err(Error::bad_value(
                 "--ratio/--chunks",
@@ -36,17 +60,32 @@ impl ChunkedDct {
         }
         let chunk_length = (length + chunks - 1) / chunks;
         let kept = ((ratio * chunk_length as f64).round() as i64).clamp(1, chunk_length);
-        let mut order: Vec<i64> = (0..length).collect();
-        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
-        let permutation = Tensor::from_slice(&order).to_device(device);
-        let inverse = permutation.argsort(0, false);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(shuffle_seed.unwrap_or(0));
+        let permutation = shuffle_seed.map(|_| {
+            let mut order: Vec<i64> = (0..length).collect();
+            order.shuffle(&mut rng);
+            let permutation = Tensor::from_slice(&order).to_device(device);
+            let inverse = permutation.argsort(0, false);
+            (permutation, inverse)
+        });
+        let row_index = match rows {
+            DctRows::First => None,
+            DctRows::Random => {
+                let mut all: Vec<i64> = (0..chunk_length).collect();
+                all.shuffle(&mut rng);
+                let mut chosen = all[..kept as usize].to_vec();
+                chosen.sort();
+                Some(Tensor::from_slice(&chosen).to_device(device))
+            }
+        };
         Ok(ChunkedDct {
             length,
             chunks,
             chunk_length,
             kept,
+            rows,
+            row_index,
             permutation,
-            inverse,
         })
     }
 
@@ -55,9 +94,12 @@ impl ChunkedDct {
         self.chunks * self.kept
     }
 
-    /// The update shuffled and cut into zero-padded chunks, [P, L].
+    /// The update (shuffled when this sketch shuffles) cut into zero-padded chunks, [P, L].
     pub fn shuffle(&self, update: &Tensor) -> Tensor {
-        let shuffled = update.index_select(0, &self.permutation);
+        let shuffled = match &self.permutation {
+            Some((permutation, _)) => update.index_select(0, permutation),
+            None => update.shallow_clone(),
+        };
         let padding = self.chunks * self.chunk_length - self.length;
         shuffled
             .constant_pad_nd([0, padding])
@@ -66,22 +108,53 @@ impl ChunkedDct {
 
     /// The inverse of `shuffle`: chunks [P, L] back to the update's order, [n].
     pub fn unshuffle(&self, chunks: &Tensor) -> Tensor {
-        chunks
-            .reshape([-1])
-            .narrow(0, 0, self.length)
-            .index_select(0, &self.inverse)
+        let flat = chunks.reshape([-1]).narrow(0, 0, self.length);
+        match &self.permutation {
+            Some((_, inverse)) => flat.index_select(0, inverse),
+            None => flat,
+        }
     }
 
-    /// The message: the first `kept` DCT coefficients of every chunk, [P, kept].
+    /// The message: the kept DCT coefficients of every chunk, flattened to [m].
     pub fn compress(&self, update: &Tensor) -> Tensor {
-        dct(&self.shuffle(update)).narrow(1, 0, self.kept)
+        self.apply(&self.shuffle(update)).reshape([-1])
     }
 
-    /// FL-FREQ's inversion: the dropped coefficients taken as zero.
+    /// A message [m] as the measurements of each chunk, [P, kept].
+    pub fn measurements(&self, message: &Tensor) -> Tensor {
+        message.view([self.chunks, self.kept])
+    }
+
+    /// Zero-filling inversion (FL-FREQ's): the dropped coefficients taken as zero. Since the
+    /// kept rows are orthonormal, this is also Aᵀy, the least-norm solution of A s = y.
     pub fn zero_fill(&self, message: &Tensor) -> Tensor {
-        let padding = self.chunk_length - self.kept;
-        let full = message.constant_pad_nd([0, padding]);
-        self.unshuffle(&idct(&full))
+        self.unshuffle(&self.adjoint(&self.measurements(message)))
+    }
+}
+
+/// A chunk's sensing matrix: the kept rows of the orthonormal DCT-II (rows orthonormal, so
+/// ‖A‖ = 1 and A Aᵀ = I).
+impl Measurement for ChunkedDct {
+    fn apply(&self, chunks: &Tensor) -> Tensor {
+        let coefficients = dct(chunks);
+        match &self.row_index {
+            None => coefficients.narrow(1, 0, self.kept),
+            Some(index) => coefficients.index_select(1, index),
+        }
+    }
+
+    fn adjoint(&self, measurements: &Tensor) -> Tensor {
+        let full = match &self.row_index {
+            None => measurements.constant_pad_nd([0, self.chunk_length - self.kept]),
+            Some(index) => {
+                let full = measurements.new_zeros(
+                    [measurements.size()[0], self.chunk_length],
+                    (measurements.kind(), measurements.device()),
+                );
+                full.index_copy(1, index, measurements)
+            }
+        };
+        idct(&full)
     }
 }
 
@@ -98,14 +171,14 @@ mod tests {
     fn shuffling_is_exact_and_compression_is_linear() {
         tch::manual_seed(3);
         let n = 1003;
-        let sketch = ChunkedDct::new(n, 0.1, 4, 42, Device::Cpu).unwrap();
+        let sketch = ChunkedDct::new(n, 0.1, 4, Some(42), DctRows::First, Device::Cpu).unwrap();
         assert_eq!((sketch.chunk_length, sketch.kept), (251, 25));
         assert_eq!(sketch.message_length(), 100);
         let a = Tensor::randn([n], (Kind::Double, Device::Cpu));
         let b = Tensor::randn([n], (Kind::Double, Device::Cpu));
         assert_eq!(max_abs(&sketch.unshuffle(&sketch.shuffle(&a)), &a), 0.0);
         // The same seed gives every participant the same permutation.
-        let again = ChunkedDct::new(n, 0.1, 4, 42, Device::Cpu).unwrap();
+        let again = ChunkedDct::new(n, 0.1, 4, Some(42), DctRows::First, Device::Cpu).unwrap();
         assert!(again.shuffle(&a).equal(&sketch.shuffle(&a)));
         // Aggregating messages equals compressing the aggregate (weights as |D_k| / Σ|D|).
         let (wa, wb) = (0.3, 0.7);
@@ -113,9 +186,33 @@ mod tests {
         let of_messages = sketch.compress(&a) * wa + sketch.compress(&b) * wb;
         assert!(max_abs(&aggregate, &of_messages) < 1e-12);
         // Keeping everything, zero-filling reconstructs exactly.
-        let full = ChunkedDct::new(n, 1.0, 4, 42, Device::Cpu).unwrap();
+        let full = ChunkedDct::new(n, 1.0, 4, Some(42), DctRows::First, Device::Cpu).unwrap();
         assert!(max_abs(&full.zero_fill(&full.compress(&a)), &a) < 1e-10);
-        let bad = ChunkedDct::new(n, 0.0, 4, 42, Device::Cpu);
+        let bad = ChunkedDct::new(n, 0.0, 4, Some(42), DctRows::First, Device::Cpu);
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn partial_dct_rows_are_orthonormal_and_adjoint() {
+        tch::manual_seed(4);
+        let n = 600;
+        for (seed, rows) in [(None, DctRows::First), (Some(7), DctRows::Random)] {
+            let sketch = ChunkedDct::new(n, 0.2, 3, seed, rows, Device::Cpu).unwrap();
+            let s = Tensor::randn([3, 200], (Kind::Double, Device::Cpu));
+            let r = Tensor::randn([3, 40], (Kind::Double, Device::Cpu));
+            // <A s, r> = <s, Aᵀ r> and A Aᵀ = I.
+            let left = (sketch.apply(&s) * &r).sum(Kind::Double).double_value(&[]);
+            let right = (&s * sketch.adjoint(&r))
+                .sum(Kind::Double)
+                .double_value(&[]);
+            assert!((left - right).abs() < 1e-9, "{rows:?}: {left} vs {right}");
+            assert!(max_abs(&sketch.apply(&sketch.adjoint(&r)), &r) < 1e-10);
+            let a = Tensor::randn([n], (Kind::Double, Device::Cpu));
+            assert_eq!(max_abs(&sketch.unshuffle(&sketch.shuffle(&a)), &a), 0.0);
+        }
+        // Without a seed nothing is shuffled: chunk 0 is the update's first 200 entries.
+        let plain = ChunkedDct::new(n, 0.2, 3, None, DctRows::First, Device::Cpu).unwrap();
+        let a = Tensor::randn([n], (Kind::Double, Device::Cpu));
+        assert!(plain.shuffle(&a).get(0).equal(&a.narrow(0, 0, 200)));
     }
 }

@@ -1,0 +1,228 @@
+//! Basis Pursuit Denoising, min_s ½‖A s − y‖² + λ‖s‖₁ (eq. (4) of
+//! `../shared/papers/compression-boosts-dp-fl.txt`), solved for many independent problems at once:
+//! the rows of s [P, L] are FL-CS's chunks, each with its own measurements y [P, M] and λ [P, 1].
+//! Every scalar of the solvers (dot products, step sizes, line-search acceptance) is per row, so
+//! the rows are solved independently, only batched on the tensors' device.
+//!
+//! `owlqn` is the Orthant-Wise Limited-memory Quasi-Newton method of Andrew and Gao (2007,
+//! "Scalable training of L1-regularized log-linear models", Algorithm 1): the L1 term's
+//! pseudo-gradient, the L-BFGS two-loop recursion on the smooth part's curvature pairs, the
+//! direction constrained to the pseudo-gradient's orthant, a backtracking line search whose
+//! points are projected onto the orthant of the current point, and curvature pairs from the
+//! smooth gradients only. `fista` (Beck and Teboulle 2009) is the simple reference it is tested
+//! against.
+
+use std::collections::VecDeque;
+use tch::{Kind, Tensor};
+
+/// A linear measurement operator applied row by row: s [P, L] -> A s [P, M], and its adjoint.
+pub trait Measurement {
+    fn apply(&self, s: &Tensor) -> Tensor;
+    fn adjoint(&self, r: &Tensor) -> Tensor;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OwlqnSettings {
+    /// Curvature pairs kept (L-BFGS memory).
+    pub memory: usize,
+    pub max_iterations: usize,
+    /// Stop when every row's objective decreased by less than this fraction in one iteration.
+    pub tolerance: f64,
+}
+
+impl Default for OwlqnSettings {
+    fn default() -> Self {
+        OwlqnSettings {
+            memory: 10,
+            max_iterations: 100,
+            tolerance: 1e-6,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Solution {
+    /// s [P, L].
+    pub s: Tensor,
+    /// Objective of each row [P].
+    pub objective: Tensor,
+    pub iterations: usize,
+}
+
+/// `a` where `condition` holds, else `b` (elementwise, broadcasting).
+fn select(condition: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+    a.where_self(condition, b)
+}
+
+fn row_dot(a: &Tensor, b: &Tensor) -> Tensor {
+    (a * b).sum_dim_intlist([1i64].as_slice(), true, a.kind())
+}
+
+/// Objective [P, 1] and the smooth part's gradient Aᵀ(A s − y) [P, L].
+fn evaluate(op: &dyn Measurement, s: &Tensor, y: &Tensor, lambda: &Tensor) -> (Tensor, Tensor) {
+    let residual = op.apply(s) - y;
+    let objective = row_dot(&residual, &residual) * 0.5
+        + lambda * s.abs().sum_dim_intlist([1i64].as_slice(), true, s.kind());
+    (objective, op.adjoint(&residual))
+}
+
+/// The objective of every row [P] (for reports and tests).
+pub fn objective(op: &dyn Measurement, s: &Tensor, y: &Tensor, lambda: &Tensor) -> Tensor {
+    evaluate(op, s, y, lambda).0.squeeze_dim(1)
+}
+
+/// The pseudo-gradient of f + λ‖·‖₁ (Andrew and Gao, eq. (4)): the gradient of the smooth part
+/// plus λ sign(s) where s ≠ 0; at s = 0 the one-sided derivative that decreases f, or 0 when
+/// neither side does (0 is then optimal in that coordinate).
+fn pseudo_gradient(s: &Tensor, grad: &Tensor, lambda: &Tensor) -> Tensor {
+    let right = grad + lambda;
+    let left = grad - lambda;
+    let at_zero = select(
+        &right.lt(0.0),
+        &right,
+        &select(&left.gt(0.0), &left, &grad.zeros_like()),
+    );
+    select(&s.ne(0.0), &(grad + lambda * s.sign()), &at_zero)
+}
+
+/// -H g by the L-BFGS two-loop recursion, per row. Pairs with ρ = 0 (no positive curvature in
+/// that row) contribute nothing; the initial scaling is sᵀy / yᵀy of the newest pair.
+fn two_loop(g: &Tensor, pairs: &VecDeque<(Tensor, Tensor, Tensor)>) -> Tensor {
+    let mut q = g.shallow_clone();
+    let mut alphas = Vec::with_capacity(pairs.len());
+    for (s, y, rho) in pairs.iter().rev() {
+        let alpha = rho * row_dot(s, &q);
+        q = q - &alpha * y;
+        alphas.push(alpha);
+    }
+    if let Some((s, y, rho)) = pairs.back() {
+        let yy = row_dot(y, y);
+        let gamma = select(
+            &rho.gt(0.0),
+            &(row_dot(s, y) / yy.clamp_min(1e-300)),
+            &yy.ones_like(),
+        );
+        q = q * gamma;
+    }
+    for ((s, y, rho), alpha) in pairs.iter().zip(alphas.into_iter().rev()) {
+        let beta = rho * row_dot(y, &q);
+        q = q + s * (alpha - beta);
+    }
+    -q
+}
+
+/// OWL-QN from s = 0 on every row (Andrew and Gao 2007, Algorithm 1).
+pub fn owlqn(
+    op: &dyn Measurement,
+    y: &Tensor,
+    lambda: &Tensor,
+    length: i64,
+    settings: &OwlqnSettings,
+) -> Solution {
+    let rows = y.size()[0];
+    let (kind, device) = (y.kind(), y.device());
+    let mut s = Tensor::zeros([rows, length], (kind, device));
+    let (mut f, mut grad) = evaluate(op, &s, y, lambda);
+    let mut pairs: VecDeque<(Tensor, Tensor, Tensor)> = VecDeque::new();
+    let mut iterations = 0;
+    const ARMIJO: f64 = 1e-4;
+    const BACKTRACKS: usize = 40;
+    while iterations < settings.max_iterations {
+        iterations += 1;
+        let pg = pseudo_gradient(&s, &grad, lambda);
+        // Quasi-Newton direction, zeroed where it does not descend along -pg.
+        let direction = two_loop(&pg, &pairs);
+        let direction = select(
+            &(&direction * &pg).lt(0.0),
+            &direction,
+            &direction.zeros_like(),
+        );
+        // The orthant to stay in: the sign of s, or of -pg where s is 0.
+        let orthant = select(&s.ne(0.0), &s.sign(), &(-&pg).sign());
+        // Backtracking, per row: accept the first step whose projected point satisfies Armijo's
+        // condition on the pseudo-gradient; rows that never do keep their point.
+        let mut step = Tensor::ones([rows, 1], (kind, device));
+        let mut accepted = Tensor::zeros([rows, 1], (Kind::Bool, device));
+        let mut s_next = s.shallow_clone();
+        let mut f_next = f.shallow_clone();
+        for _ in 0..BACKTRACKS {
+            let trial = &s + &step * &direction;
+            let trial = select(
+                &(trial.sign() * &orthant).gt(0.0),
+                &trial,
+                &trial.zeros_like(),
+            );
+            let (f_trial, _) = evaluate(op, &trial, y, lambda);
+            let ok = f_trial
+                .le_tensor(&(&f + row_dot(&pg, &(&trial - &s)) * ARMIJO))
+                .logical_and(&accepted.logical_not());
+            s_next = select(&ok, &trial, &s_next);
+            f_next = select(&ok, &f_trial, &f_next);
+            accepted = accepted.logical_or(&ok);
+            if accepted.all().int64_value(&[]) == 1 {
+                break;
+            }
+            step = select(&accepted, &step, &(&step * 0.5));
+        }
+        let (_, grad_next) = evaluate(op, &s_next, y, lambda);
+        let ds = &s_next - &s;
+        let dg = &grad_next - &grad;
+        let curvature = row_dot(&ds, &dg);
+        let rho = select(
+            &curvature.gt(1e-300),
+            &(1.0 / curvature.clamp_min(1e-300)),
+            &curvature.zeros_like(),
+        );
+        pairs.push_back((ds, dg, rho));
+        if pairs.len() > settings.memory {
+            pairs.pop_front();
+        }
+        let decrease = (&f - &f_next) / f.abs().clamp_min(1e-300);
+        s = s_next;
+        grad = grad_next;
+        f = f_next;
+        if decrease.max().double_value(&[]) < settings.tolerance {
+            break;
+        }
+    }
+    Solution {
+        s,
+        objective: f.squeeze_dim(1),
+        iterations,
+    }
+}
+
+/// Soft thresholding: sign(v) max(|v| − τ, 0).
+pub fn soft_threshold(v: &Tensor, tau: &Tensor) -> Tensor {
+    v.sign() * (v.abs() - tau).clamp_min(0.0)
+}
+
+/// FISTA from s = 0 with step 1 / `lipschitz` (an upper bound on ‖AᵀA‖; 1 when A has
+/// orthonormal rows, as a partial DCT does).
+pub fn fista(
+    op: &dyn Measurement,
+    y: &Tensor,
+    lambda: &Tensor,
+    length: i64,
+    lipschitz: f64,
+    iterations: usize,
+) -> Solution {
+    let rows = y.size()[0];
+    let mut s = Tensor::zeros([rows, length], (y.kind(), y.device()));
+    let mut z = s.shallow_clone();
+    let mut t = 1.0f64;
+    for _ in 0..iterations {
+        let grad = op.adjoint(&(op.apply(&z) - y));
+        let s_next = soft_threshold(&(&z - grad / lipschitz), &(lambda / lipschitz));
+        let t_next = (1.0 + (1.0 + 4.0 * t * t).sqrt()) / 2.0;
+        z = &s_next + (&s_next - &s) * ((t - 1.0) / t_next);
+        s = s_next;
+        t = t_next;
+    }
+    let objective = objective(op, &s, y, lambda);
+    Solution {
+        s,
+        objective,
+        iterations,
+    }
+}
