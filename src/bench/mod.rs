@@ -6,8 +6,11 @@
 //! - `dpcomp bench dp`: the non-private step and the DP-SGD step (per-sample clipping and noise)
 //!   in alternating rounds of the same run, their ratio, and each one's peak memory.
 //! - `dpcomp bench compress` (`compress.rs`): a compressor's overhead against the backward pass.
+//! - `dpcomp bench fl-reconstruction` (`fl.rs`): FL-CS's OWL-QN reconstruction against a round of
+//!   client training, and first versus random DCT rows for recovery.
 
 pub mod compress;
+pub mod fl;
 
 use crate::config::{DeviceChoice, Task, TrainConfig};
 use crate::data::{Batch, Features};

@@ -1,6 +1,567 @@
 //! Federated learning with differential privacy and compressive sensing
 //! (`../shared/papers/compression-boosts-dp-fl.txt`, issue 7).
+//!
+//! One round (Algorithm 1, with Algorithm 3's server for FL-CS):
+//!
+//! ```text
+//! server ──w_{t-1}──▶ clients sampled with probability C each (Poisson, what the accountant assumes)
+//!   client k: T_gd local SGD steps ──Δw_k──▶ encode C(Δw_k) [m] (scheme.rs)
+//!             DP: clip the message to norm S (in the domain it is sent in)
+//!   server:   y = Σ_k |D_k| C(Δw_k) / Σ_k |D_k|                          (no DP)
+//!             y = (Σ_k clip_S(C(Δw_k)) + N(0, σ² S² I_m)) / (C N)          (DP: noise on the sum,
+//!                                                         as after secure aggregation; fixed
+//!                                                         denominator, so the sensitivity is S)
+//!   FL-CS:    u = β u + y;  e = e + η u;  s = BPDN(e) (OWL-QN, per chunk);  e = e − C(s);  w += s
+//!             (momentum u and error e of size m, in the compressed domain, as FetchSGD)
+//!   others:   d = Cᵀ y (zero filling);  u = β u + d;  w += η u
+//! ```
+//!
+//! For FL-RND and FL-FREQ, C Cᵀ = I, so error feedback in the compressed domain is identically
+//! zero and is not kept; FL-RND's coordinates change every round, so its momentum lives in the
+//! model's domain (for FL-STD and FL-FREQ both domains give the same result by linearity).
 
+pub mod client;
+pub mod data;
 pub mod dct;
+pub mod experiment;
+pub mod metrics;
+pub mod model;
 pub mod owlqn;
+pub mod scheme;
 pub mod sketch;
+
+use crate::config::{AccountantKind, DeviceChoice};
+use crate::data::partition::Partition;
+use crate::error::{Error, Result};
+use crate::privacy::accountant::Accountant;
+use client::{client_update, LocalTraining};
+use data::{FlData, FlDataset};
+use indicatif::{ProgressBar, ProgressStyle};
+use metrics::Evaluation;
+use owlqn::{Measurement, OwlqnSettings};
+use rand::{Rng, SeedableRng};
+use scheme::{message_bits, Codec, Scheme};
+use serde::{Deserialize, Serialize};
+use sketch::DctRows;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+/// Client-level DP: every client's message is clipped to `clip` (S), and N(0, σ² S²) is added to
+/// the sum of the sampled clients' messages.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FlPrivacy {
+    /// S, in the domain messages are sent in (so it shrinks with the ratio; see `default_clip`).
+    pub clip: f64,
+    /// σ.
+    pub noise_multiplier: f64,
+    pub delta: f64,
+    #[serde(default)]
+    pub accountant: AccountantKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlSettings {
+    pub dataset: FlDataset,
+    pub scheme: Scheme,
+    /// r = m / n (1 for FL-STD).
+    pub ratio: f64,
+    /// P (default ⌈n / 1024⌉).
+    pub chunks: Option<i64>,
+    pub rows: DctRows,
+    /// N.
+    pub clients: usize,
+    /// C, each client's probability of taking part in a round.
+    pub fraction: f64,
+    pub partition: Partition,
+    pub local: LocalTraining,
+    /// T_cl.
+    pub rounds: usize,
+    /// Stop after this many rounds without a better held-out metric (0: never).
+    pub patience: usize,
+    /// η, the server's step on the aggregated update (1: FedAvg).
+    pub server_learning_rate: f64,
+    /// β, the server's momentum (0: none).
+    pub server_momentum: f64,
+    pub privacy: Option<FlPrivacy>,
+    /// FL-CS: λ of each chunk's BPDN as a fraction of ‖Aᵀy‖∞ (above 1 the solution is 0).
+    pub lambda: f64,
+    /// FL-CS: OWL-QN iterations per round.
+    pub owlqn_iterations: usize,
+    /// Test examples evaluated after each round (0: all).
+    pub eval_examples: usize,
+    pub seed: u64,
+    #[serde(default)]
+    pub device: DeviceChoice,
+}
+
+impl FlSettings {
+    /// A dataset's defaults (see `experiments/fl_cs.toml` for the experiment's settings).
+    pub fn defaults(dataset: FlDataset) -> FlSettings {
+        let (clients, fraction, local, rounds) = match dataset {
+            FlDataset::FashionMnist => (
+                1000,
+                0.01,
+                LocalTraining {
+                    steps: 10,
+                    batch: 20,
+                    learning_rate: 0.05,
+                },
+                100,
+            ),
+            FlDataset::BreastCancer => (
+                50,
+                0.2,
+                LocalTraining {
+                    steps: 5,
+                    batch: 0,
+                    learning_rate: 0.5,
+                },
+                100,
+            ),
+        };
+        FlSettings {
+            dataset,
+            scheme: Scheme::Cs,
+            ratio: 0.1,
+            chunks: None,
+            rows: DctRows::First,
+            clients,
+            fraction,
+            partition: Partition::Iid,
+            local,
+            rounds,
+            patience: 0,
+            server_learning_rate: 1.0,
+            server_momentum: 0.0,
+            privacy: None,
+            lambda: 0.01,
+            owlqn_iterations: 50,
+            eval_examples: 0,
+            seed: 0,
+            device: DeviceChoice::Cpu,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if !(self.fraction > 0.0 && self.fraction <= 1.0) {
+            return Err(Error::bad_value(
+                "--fraction",
+                format!("{}: expected 0 < C <= 1", self.fraction),
+            ));
+        }
+        if self.rounds == 0 || self.local.steps == 0 {
+            return Err(Error::bad_value(
+                "--rounds/--local-steps",
+                "expected at least one round and one local step",
+            ));
+        }
+        if self.lambda.is_nan() || self.lambda < 0.0 {
+            return Err(Error::bad_value(
+                "--lambda",
+                format!("{}: expected >= 0", self.lambda),
+            ));
+        }
+        if let Some(p) = &self.privacy {
+            if !(p.clip > 0.0 && p.clip.is_finite()) {
+                return Err(Error::bad_value(
+                    "--clip",
+                    format!("{}: expected a positive, finite S", p.clip),
+                ));
+            }
+            crate::privacy::validate(self.fraction, p.noise_multiplier, self.rounds as u64)?;
+            crate::privacy::validate_delta(p.delta)?;
+        }
+        Ok(())
+    }
+}
+
+/// The clip radius S in the sent domain from S₁, the radius for the whole update: S₁ √r. After
+/// the shared shuffle (FL-CS) or a random subset (FL-RND) the update's energy spreads evenly over
+/// what is kept, so the message's norm is about √r times the update's, and the same share of
+/// clients is clipped at every ratio. (FL-FREQ keeps low frequencies of unshuffled chunks, which
+/// may hold more than r of the energy; it gets the same S, as the paper gives one S per ratio.)
+pub fn default_clip(full_clip: f64, scheme: Scheme, ratio: f64) -> f64 {
+    match scheme {
+        Scheme::Std => full_clip,
+        _ => full_clip * ratio.sqrt(),
+    }
+}
+
+/// S₁, the default clip radius of a whole update: about the median norm of a client's update in
+/// the first rounds of a non-private FL-STD run with the dataset's defaults (`message_norm` in
+/// metrics.jsonl of `dpcomp fl --scheme std`: 1.1 falling to 0.45 over 10 rounds on Fashion-MNIST,
+/// 0.99 falling to 0.28 on breast cancer), so that most clients are clipped early in training and
+/// about half later.
+pub fn default_full_clip(dataset: FlDataset) -> f64 {
+    match dataset {
+        FlDataset::FashionMnist => 0.5,
+        FlDataset::BreastCancer => 0.5,
+    }
+}
+
+/// One round's record in `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RoundMetrics {
+    pub round: usize,
+    pub clients: usize,
+    #[serde(deserialize_with = "crate::train::metrics::nan_if_null")]
+    pub test_loss: f64,
+    pub accuracy: f64,
+    pub balanced_accuracy: f64,
+    pub auroc: Option<f64>,
+    /// Bits the clients sent this round, and since the start.
+    pub upstream_bits: u64,
+    pub upstream_bits_total: u64,
+    pub epsilon: Option<f64>,
+    /// DP runs: the share of this round's clients whose message was longer than S.
+    pub clipped_fraction: Option<f64>,
+    /// Mean norm of the clients' messages before clipping.
+    pub message_norm: f64,
+    pub client_seconds: f64,
+    /// Aggregation, noise and reconstruction.
+    pub server_seconds: f64,
+    pub wall_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FlSummary {
+    pub dataset: String,
+    pub scheme: String,
+    /// Actual r = m / n.
+    pub ratio: f64,
+    pub parameters: i64,
+    pub message_length: i64,
+    pub chunks: Option<i64>,
+    pub clients: usize,
+    pub fraction: f64,
+    pub rounds_run: usize,
+    pub stopped_early: bool,
+    /// Accuracy (Fashion-MNIST) or balanced accuracy (two classes): the paper's tables' metric.
+    pub metric: String,
+    pub best: f64,
+    pub best_round: usize,
+    pub accuracy_at_best: f64,
+    pub balanced_accuracy_at_best: f64,
+    pub auroc_at_best: Option<f64>,
+    /// The paper's cost r n 32 Round C, in bits, at the best round.
+    pub cost_bits: f64,
+    /// What the clients actually sent up to the best round.
+    pub upstream_bits_at_best: u64,
+    pub clip: Option<f64>,
+    pub noise_multiplier: Option<f64>,
+    pub epsilon: Option<f64>,
+    pub delta: Option<f64>,
+    pub mean_server_seconds: f64,
+    pub mean_client_seconds: f64,
+    pub wall_seconds: f64,
+}
+
+/// Runs federated training; writes `config.json`, `metrics.jsonl` and `summary.json` into `out`
+/// when given.
+pub fn run(
+    settings: &FlSettings,
+    data: &FlData,
+    out: Option<&Path>,
+    progress: bool,
+) -> Result<FlSummary> {
+    settings.validate()?;
+    let start = Instant::now();
+    let device = settings.device.device()?;
+    let data = data.to_device(device);
+    tch::manual_seed(settings.seed as i64);
+    let mut global_model = data.model(device);
+    let mut client_model = data.model(device);
+    let mut w = global_model.flat();
+    let n = w.size()[0];
+    let codec = Codec::new(
+        settings.scheme,
+        n,
+        settings.ratio,
+        settings.chunks,
+        settings.rows,
+        settings.seed ^ 0x5eed,
+        device,
+    )?;
+    let m = codec.message_length();
+    let labels: Vec<i64> = Vec::try_from(&data.train_y.to_device(tch::Device::Cpu))?;
+    let shards = settings
+        .partition
+        .split(&labels, settings.clients, settings.seed)?;
+    let eval_count = match settings.eval_examples {
+        0 => data.test_y.size()[0],
+        k => (k as i64).min(data.test_y.size()[0]),
+    };
+    let (test_x, test_y) = (
+        data.test_x.narrow(0, 0, eval_count),
+        data.test_y.narrow(0, 0, eval_count),
+    );
+    if let Some(dir) = out {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let config = serde_json::to_string_pretty(settings).expect("settings serialise");
+        std::fs::write(dir.join("config.json"), config)
+            .map_err(|e| Error::io(dir.join("config.json"), e))?;
+        let _ = std::fs::remove_file(dir.join("metrics.jsonl"));
+    }
+    let binary = data.classes == 2;
+    let metric = if binary {
+        "balanced_accuracy"
+    } else {
+        "accuracy"
+    };
+    let mut accountant = Accountant::default();
+    let mut momentum: Option<Tensor> = None;
+    let mut error = Tensor::zeros([m], (Kind::Float, device));
+    let mut rows: Vec<RoundMetrics> = Vec::new();
+    let mut upstream_total = 0u64;
+    let mut best: Option<(f64, usize)> = None;
+    let owlqn_settings = OwlqnSettings {
+        max_iterations: settings.owlqn_iterations,
+        ..OwlqnSettings::default()
+    };
+    let bar = progress_bar(progress, settings.rounds);
+    let mut stopped_early = false;
+    for round in 1..=settings.rounds {
+        let round_codec = codec.for_round(round, device);
+        // Poisson sampling of clients.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(
+            settings.seed ^ (round as u64).wrapping_mul(0xA24B_AED4_963E_E407),
+        );
+        let sampled: Vec<usize> = (0..settings.clients)
+            .filter(|_| rng.random::<f64>() < settings.fraction)
+            .collect();
+        // Clients.
+        let client_start = Instant::now();
+        let mut sum = Tensor::zeros([m], (Kind::Float, device));
+        let mut weight_total = 0.0;
+        let mut norms = Vec::with_capacity(sampled.len());
+        let mut clipped = 0usize;
+        for &k in &sampled {
+            let update = client_update(
+                &mut client_model,
+                &w,
+                &data.train_x,
+                &data.train_y,
+                &shards[k],
+                &settings.local,
+                settings.seed ^ ((round * settings.clients + k) as u64).wrapping_mul(0x9E37_79B9),
+            );
+            let message = round_codec.encode(&update);
+            let norm = message.norm().double_value(&[]);
+            norms.push(norm);
+            match &settings.privacy {
+                Some(p) => {
+                    if norm > p.clip {
+                        clipped += 1;
+                    }
+                    sum += clip_message(&message, norm, p.clip);
+                }
+                None => {
+                    let weight = shards[k].len() as f64;
+                    sum += message * weight;
+                    weight_total += weight;
+                }
+            }
+        }
+        let client_seconds = client_start.elapsed().as_secs_f64();
+        // Server: aggregate, privatise, decode, step.
+        let server_start = Instant::now();
+        let aggregate = match &settings.privacy {
+            Some(p) => {
+                accountant.step(p.noise_multiplier, settings.fraction, 1)?;
+                private_mean(&sum, p, settings.fraction * settings.clients as f64)
+            }
+            None if weight_total > 0.0 => sum / weight_total,
+            None => sum,
+        };
+        let beta = settings.server_momentum;
+        let step = match settings.scheme {
+            Scheme::Cs => {
+                let sketch = codec.sketch.as_ref().expect("FL-CS has a sketch");
+                let u = match momentum.take() {
+                    Some(u) if beta > 0.0 => u * beta + &aggregate,
+                    _ => aggregate,
+                };
+                error += &u * settings.server_learning_rate;
+                momentum = Some(u);
+                let y = sketch.measurements(&error);
+                let lambda =
+                    sketch.adjoint(&y).abs().amax([1i64].as_slice(), true) * settings.lambda;
+                let solution =
+                    owlqn::owlqn(sketch, &y, &lambda, sketch.chunk_length, &owlqn_settings);
+                let s = sketch.unshuffle(&solution.s);
+                error -= sketch.compress(&s);
+                s
+            }
+            _ => {
+                let d = round_codec.zero_fill(&aggregate);
+                let u = match momentum.take() {
+                    Some(u) if beta > 0.0 => u * beta + d,
+                    _ => d,
+                };
+                let step = &u * settings.server_learning_rate;
+                momentum = Some(u);
+                step
+            }
+        };
+        w += step;
+        let server_seconds = server_start.elapsed().as_secs_f64();
+        // Evaluate.
+        global_model.set_flat(&w);
+        let evaluation = evaluate(&global_model, &test_x, &test_y);
+        let bits = message_bits(m) * sampled.len() as u64;
+        upstream_total += bits;
+        let epsilon = match &settings.privacy {
+            Some(p) => Some(accountant.epsilon(p.accountant, p.delta)?.0),
+            None => None,
+        };
+        let row = RoundMetrics {
+            round,
+            clients: sampled.len(),
+            test_loss: evaluation.loss,
+            accuracy: evaluation.accuracy,
+            balanced_accuracy: evaluation.balanced_accuracy,
+            auroc: evaluation.auroc,
+            upstream_bits: bits,
+            upstream_bits_total: upstream_total,
+            epsilon,
+            clipped_fraction: settings
+                .privacy
+                .map(|_| clipped as f64 / sampled.len().max(1) as f64),
+            message_norm: norms.iter().sum::<f64>() / norms.len().max(1) as f64,
+            client_seconds,
+            server_seconds,
+            wall_seconds: start.elapsed().as_secs_f64(),
+        };
+        if let Some(dir) = out {
+            append_row(&dir.join("metrics.jsonl"), &row)?;
+        }
+        let value = if binary {
+            row.balanced_accuracy
+        } else {
+            row.accuracy
+        };
+        if best.is_none_or(|(b, _)| value > b) {
+            best = Some((value, round));
+        }
+        bar.set_message(format!(
+            "{metric} {value:.4}{}",
+            epsilon.map_or(String::new(), |e| format!(" eps {e:.3}"))
+        ));
+        bar.inc(1);
+        rows.push(row);
+        let best_round = best.map_or(0, |(_, r)| r);
+        if settings.patience > 0 && round - best_round >= settings.patience {
+            stopped_early = round < settings.rounds;
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    let (best_value, best_round) = best.unwrap_or((f64::NAN, 0));
+    let at_best = &rows[best_round.max(1) - 1];
+    let rounds_run = rows.len();
+    let mean =
+        |f: &dyn Fn(&RoundMetrics) -> f64| rows.iter().map(f).sum::<f64>() / rounds_run as f64;
+    let summary = FlSummary {
+        dataset: settings.dataset.name().to_string(),
+        scheme: settings.scheme.name().to_string(),
+        ratio: codec.ratio(),
+        parameters: n,
+        message_length: m,
+        chunks: codec.sketch.as_ref().map(|s| s.chunks),
+        clients: settings.clients,
+        fraction: settings.fraction,
+        rounds_run,
+        stopped_early,
+        metric: metric.to_string(),
+        best: best_value,
+        best_round,
+        accuracy_at_best: at_best.accuracy,
+        balanced_accuracy_at_best: at_best.balanced_accuracy,
+        auroc_at_best: at_best.auroc,
+        cost_bits: codec.ratio() * n as f64 * 32.0 * best_round as f64 * settings.fraction,
+        upstream_bits_at_best: at_best.upstream_bits_total,
+        clip: settings.privacy.map(|p| p.clip),
+        noise_multiplier: settings.privacy.map(|p| p.noise_multiplier),
+        epsilon: rows.last().and_then(|r| r.epsilon),
+        delta: settings.privacy.map(|p| p.delta),
+        mean_server_seconds: mean(&|r| r.server_seconds),
+        mean_client_seconds: mean(&|r| r.client_seconds),
+        wall_seconds: start.elapsed().as_secs_f64(),
+    };
+    if let Some(dir) = out {
+        let text = serde_json::to_string_pretty(&summary).expect("summary serialises");
+        std::fs::write(dir.join("summary.json"), text)
+            .map_err(|e| Error::io(dir.join("summary.json"), e))?;
+    }
+    Ok(summary)
+}
+
+/// A client's message scaled to norm at most S: m min(1, S / ‖m‖), given ‖m‖ = `norm`.
+pub fn clip_message(message: &Tensor, norm: f64, clip: f64) -> Tensor {
+    if norm > clip {
+        message * (clip / norm)
+    } else {
+        message.shallow_clone()
+    }
+}
+
+/// The Gaussian mechanism on the sum of clipped messages, over the expected number of clients
+/// C N (fixed, so one client changes the result by at most S / (C N)): (Σ + N(0, σ² S² I)) / (C N).
+/// The noise is drawn even when no client was sampled.
+pub fn private_mean(clipped_sum: &Tensor, privacy: &FlPrivacy, expected_clients: f64) -> Tensor {
+    crate::privacy::noise::noisy_mean(
+        clipped_sum,
+        privacy.noise_multiplier,
+        privacy.clip,
+        expected_clients,
+    )
+}
+
+/// Test metrics of `model` on (`x`, `y`), in batches of 2,000.
+fn evaluate(model: &model::FlModel, x: &Tensor, y: &Tensor) -> Evaluation {
+    let _guard = tch::no_grad_guard();
+    let count = x.size()[0];
+    let logits: Vec<Tensor> = (0..count)
+        .step_by(2000)
+        .map(|start| model.forward(&x.narrow(0, start, (count - start).min(2000))))
+        .collect();
+    metrics::evaluate(&Tensor::cat(&logits, 0), y)
+}
+
+fn append_row(path: &Path, row: &RoundMetrics) -> Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let line = serde_json::to_string(row).expect("metrics serialise");
+    writeln!(file, "{line}").map_err(|e| Error::io(path, e))
+}
+
+/// The rows of a run's `metrics.jsonl`.
+pub fn read_rows(path: &Path) -> Result<Vec<RoundMetrics>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
+        })
+        .collect()
+}
+
+fn progress_bar(show: bool, rounds: usize) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(rounds as u64);
+    bar.set_style(
+        ProgressStyle::with_template("round [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}

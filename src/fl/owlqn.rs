@@ -92,7 +92,7 @@ fn two_loop(g: &Tensor, pairs: &VecDeque<(Tensor, Tensor, Tensor)>) -> Tensor {
     let mut alphas = Vec::with_capacity(pairs.len());
     for (s, y, rho) in pairs.iter().rev() {
         let alpha = rho * row_dot(s, &q);
-        q = q - &alpha * y;
+        q -= &alpha * y;
         alphas.push(alpha);
     }
     if let Some((s, y, rho)) = pairs.back() {
@@ -102,11 +102,11 @@ fn two_loop(g: &Tensor, pairs: &VecDeque<(Tensor, Tensor, Tensor)>) -> Tensor {
             &(row_dot(s, y) / yy.clamp_min(1e-300)),
             &yy.ones_like(),
         );
-        q = q * gamma;
+        q *= gamma;
     }
     for ((s, y, rho), alpha) in pairs.iter().zip(alphas.into_iter().rev()) {
         let beta = rho * row_dot(y, &q);
-        q = q + s * (alpha - beta);
+        q += s * (alpha - beta);
     }
     -q
 }
@@ -125,6 +125,7 @@ pub fn owlqn(
     let (mut f, mut grad) = evaluate(op, &s, y, lambda);
     let mut pairs: VecDeque<(Tensor, Tensor, Tensor)> = VecDeque::new();
     let mut iterations = 0;
+    let mut stalled_before = false;
     const ARMIJO: f64 = 1e-4;
     const BACKTRACKS: usize = 40;
     while iterations < settings.max_iterations {
@@ -181,8 +182,22 @@ pub fn owlqn(
         s = s_next;
         grad = grad_next;
         f = f_next;
-        if decrease.max().double_value(&[]) < settings.tolerance {
-            break;
+        // A row that made (almost) no progress may be stalled by a stale quasi-Newton model (the
+        // orthant constraint can zero the directions it needs): its memory is dropped (ρ = 0 in
+        // every pair), so its next direction is the steepest-descent one. When every row made
+        // no progress two iterations running, the second without memory, the rows have converged.
+        let stalled = decrease.lt(settings.tolerance);
+        if stalled.all().int64_value(&[]) == 1 {
+            if stalled_before {
+                break;
+            }
+            stalled_before = true;
+        } else {
+            stalled_before = false;
+        }
+        let keep = stalled.logical_not().to_kind(kind);
+        for pair in pairs.iter_mut() {
+            pair.2 = &pair.2 * &keep;
         }
     }
     Solution {

@@ -1,0 +1,103 @@
+//! The federated datasets, in memory as float features and int64 labels, with the model that
+//! goes with each (`model.rs`).
+
+use super::model::FlModel;
+use crate::data::idx;
+use crate::error::Result;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use tch::{Device, Kind, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlDataset {
+    /// Fashion-MNIST (Debian package dataset-fashion-mnist, or <data-dir>/fashion-mnist).
+    FashionMnist,
+    /// The Wisconsin breast-cancer table (<data-dir>/breast_cancer), the stand-in for the
+    /// paper's non-public hospital data.
+    #[value(name = "breast_cancer", alias = "breast-cancer")]
+    #[serde(rename = "breast_cancer", alias = "breast-cancer")]
+    BreastCancer,
+}
+
+impl FlDataset {
+    pub fn name(&self) -> &'static str {
+        match self {
+            FlDataset::FashionMnist => "fashion-mnist",
+            FlDataset::BreastCancer => "breast_cancer",
+        }
+    }
+}
+
+pub struct FlData {
+    pub dataset: FlDataset,
+    pub train_x: Tensor,
+    pub train_y: Tensor,
+    pub test_x: Tensor,
+    pub test_y: Tensor,
+    pub classes: i64,
+}
+
+/// Fashion-MNIST's pixel mean and standard deviation over the training set (of x / 255).
+const FASHION_MEAN: f64 = 0.2860;
+const FASHION_STD: f64 = 0.3530;
+
+impl FlData {
+    /// Reads `dataset` from `data_dir` (see `FlDataset`).
+    pub fn load(dataset: FlDataset, data_dir: &Path) -> Result<FlData> {
+        match dataset {
+            FlDataset::FashionMnist => {
+                let dir = idx::fashion_mnist_dir(data_dir);
+                let train = idx::read_split(&dir, "train")?;
+                let test = idx::read_split(&dir, "t10k")?;
+                let scale =
+                    |x: &Tensor| (x.to_kind(Kind::Float) / 255.0 - FASHION_MEAN) / FASHION_STD;
+                Ok(FlData {
+                    dataset,
+                    train_x: scale(&train.images),
+                    train_y: train.labels,
+                    test_x: scale(&test.images),
+                    test_y: test.labels,
+                    classes: 10,
+                })
+            }
+            FlDataset::BreastCancer => {
+                // Standardised with the training split's statistics (rows also scaled into the
+                // unit ball, as for the convex algorithms); labels -1/+1 -> 0 malignant, 1 benign.
+                let t = crate::convex::data::breast_cancer(data_dir)?;
+                let label = |y: &Tensor| y.gt(0.0).to_kind(Kind::Int64);
+                Ok(FlData {
+                    dataset,
+                    train_x: t.x_train.to_kind(Kind::Float),
+                    train_y: label(&t.y_train),
+                    test_x: t.x_test.to_kind(Kind::Float),
+                    test_y: label(&t.y_test),
+                    classes: 2,
+                })
+            }
+        }
+    }
+
+    /// The model for this dataset (parameters drawn from LibTorch's generator).
+    pub fn model(&self, device: Device) -> FlModel {
+        match self.dataset {
+            FlDataset::FashionMnist => FlModel::fashion_cnn(device),
+            FlDataset::BreastCancer => FlModel::mlp(self.train_x.size()[1], 32, 2, device),
+        }
+    }
+
+    pub fn train_len(&self) -> usize {
+        self.train_y.size()[0] as usize
+    }
+
+    pub fn to_device(&self, device: Device) -> FlData {
+        FlData {
+            dataset: self.dataset,
+            train_x: self.train_x.to_device(device),
+            train_y: self.train_y.to_device(device),
+            test_x: self.test_x.to_device(device),
+            test_y: self.test_y.to_device(device),
+            classes: self.classes,
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! What a client sends (`../shared/papers/compression-boosts-dp-fl.txt`, the schemes of its
+//! tables): FL-STD the whole update; FL-RND m = r n coordinates chosen by a seed shared by all
+//! participants and drawn anew each round; FL-FREQ the first m/P DCT coefficients of each of P
+//! contiguous chunks (low frequencies, no shuffle), inverted by zero filling; FL-CS the same
+//! coefficients of the shuffled update (`sketch::ChunkedDct`), reconstructed on the server by
+//! BPDN (`owlqn`). Every encoding is linear, so the server may sum messages before decoding.
+
+use super::sketch::{ChunkedDct, DctRows};
+use crate::error::{Error, Result};
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+use tch::{Device, Tensor};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheme {
+    Std,
+    Rnd,
+    Freq,
+    Cs,
+}
+
+impl Scheme {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Scheme::Std => "FL-STD",
+            Scheme::Rnd => "FL-RND",
+            Scheme::Freq => "FL-FREQ",
+            Scheme::Cs => "FL-CS",
+        }
+    }
+}
+
+/// The default chunk length of FL-FREQ and FL-CS: P = ⌈n / 1024⌉.
+pub const DEFAULT_CHUNK_LENGTH: i64 = 1024;
+
+pub struct Codec {
+    pub scheme: Scheme,
+    /// n.
+    pub length: i64,
+    /// The DCT sketch of FL-FREQ and FL-CS.
+    pub sketch: Option<ChunkedDct>,
+    /// m of FL-RND.
+    rnd_length: i64,
+    seed: u64,
+}
+
+impl Codec {
+    /// `ratio` is r = m / n (ignored by FL-STD); `chunks` P (default ⌈n / 1024⌉); `seed` the
+    /// seed every participant shares (shuffle, random rows, FL-RND's subsets).
+    pub fn new(
+        scheme: Scheme,
+        length: i64,
+        ratio: f64,
+        chunks: Option<i64>,
+        rows: DctRows,
+        seed: u64,
+        device: Device,
+    ) -> Result<Codec> {
+        if !(ratio > 0.0 && ratio <= 1.0) {
+            return Err(Error::bad_value(
+                "--ratio",
+                format!("{ratio}: expected 0 < r <= 1"),
+            ));
+        }
+        let chunks = chunks.unwrap_or((length + DEFAULT_CHUNK_LENGTH - 1) / DEFAULT_CHUNK_LENGTH);
+        let sketch = match scheme {
+            Scheme::Freq => Some(ChunkedDct::new(length, ratio, chunks, None, rows, device)?),
+            Scheme::Cs => Some(ChunkedDct::new(
+                length,
+                ratio,
+                chunks,
+                Some(seed),
+                rows,
+                device,
+            )?),
+            Scheme::Std | Scheme::Rnd => None,
+        };
+        let rnd_length = ((ratio * length as f64).round() as i64).clamp(1, length);
+        Ok(Codec {
+            scheme,
+            length,
+            sketch,
+            rnd_length,
+            seed,
+        })
+    }
+
+    /// m, the length of every message.
+    pub fn message_length(&self) -> i64 {
+        match (self.scheme, &self.sketch) {
+            (Scheme::Std, _) => self.length,
+            (Scheme::Rnd, _) => self.rnd_length,
+            (_, Some(sketch)) => sketch.message_length(),
+            (_, None) => unreachable!("FL-FREQ and FL-CS always have a sketch"),
+        }
+    }
+
+    /// The actual ratio m / n (the requested one up to rounding per chunk).
+    pub fn ratio(&self) -> f64 {
+        self.message_length() as f64 / self.length as f64
+    }
+
+    /// The encoding of round `round` (FL-RND's coordinates change every round).
+    pub fn for_round(&self, round: usize, device: Device) -> RoundCodec<'_> {
+        let index = (self.scheme == Scheme::Rnd).then(|| {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(
+                self.seed ^ (round as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            );
+            let mut chosen: Vec<i64> =
+                rand::seq::index::sample(&mut rng, self.length as usize, self.rnd_length as usize)
+                    .into_iter()
+                    .map(|i| i as i64)
+                    .collect();
+            chosen.sort();
+            Tensor::from_slice(&chosen).to_device(device)
+        });
+        RoundCodec { codec: self, index }
+    }
+}
+
+pub struct RoundCodec<'a> {
+    codec: &'a Codec,
+    index: Option<Tensor>,
+}
+
+impl RoundCodec<'_> {
+    /// C(Δw): the message [m] a client sends for its update [n].
+    pub fn encode(&self, update: &Tensor) -> Tensor {
+        match (self.codec.scheme, &self.index, &self.codec.sketch) {
+            (Scheme::Std, _, _) => update.shallow_clone(),
+            (Scheme::Rnd, Some(index), _) => update.index_select(0, index),
+            (_, _, Some(sketch)) => sketch.compress(update),
+            _ => unreachable!("FL-RND has an index, FL-FREQ and FL-CS a sketch"),
+        }
+    }
+
+    /// The linear decoding Cᵀ y: zero filling (FL-RND, FL-FREQ; FL-CS's least-norm solution),
+    /// the identity for FL-STD.
+    pub fn zero_fill(&self, message: &Tensor) -> Tensor {
+        match (self.codec.scheme, &self.index, &self.codec.sketch) {
+            (Scheme::Std, _, _) => message.shallow_clone(),
+            (Scheme::Rnd, Some(index), _) => {
+                Tensor::zeros([self.codec.length], (message.kind(), message.device()))
+                    .index_copy(0, index, message)
+            }
+            (_, _, Some(sketch)) => sketch.zero_fill(message),
+            _ => unreachable!("FL-RND has an index, FL-FREQ and FL-CS a sketch"),
+        }
+    }
+}
+
+/// Bits of one message of `m` float32 values (the paper's cost counts 32 bits a value; FL-RND's
+/// coordinates and FL-CS's shuffle come from the shared seed, so no indices are sent).
+pub fn message_bits(m: i64) -> u64 {
+    m as u64 * 32
+}
