@@ -29,6 +29,8 @@ fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
 
 #[test]
 fn owlqn_recovers_sparse_chunks_and_matches_fista() {
+    // Heavy: run alone rather than fight the other tests for the two cores.
+    let _serial = common::serial();
     // 4 chunks of n = 256 with k = 6 spikes, m = 64 random DCT rows (about 2 k ln n).
     let (chunks, length, k) = (4, 256, 6);
     let sketch = ChunkedDct::new(
@@ -78,6 +80,8 @@ fn owlqn_recovers_sparse_chunks_and_matches_fista() {
 
 #[test]
 fn owlqn_matches_fista_on_noisy_measurements() {
+    // Heavy: run alone rather than fight the other tests for the two cores.
+    let _serial = common::serial();
     // BPDN proper: noisy measurements, moderate λ, first-m rows (the paper's), shuffled input.
     let n = 3000;
     let sketch = ChunkedDct::new(n, 0.1, 3, Some(5), DctRows::First, Device::Cpu).unwrap();
@@ -207,6 +211,8 @@ fn dpcomp(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn private_fl_cs_on_breast_cancer_learns_and_reports_the_accountants_epsilon() {
+    // Heavy: run alone rather than fight the other tests for the two cores.
+    let _serial = common::serial();
     let Some(data) = common::require_shared_data() else {
         return;
     };
@@ -276,6 +282,8 @@ fn private_fl_cs_on_breast_cancer_learns_and_reports_the_accountants_epsilon() {
 
 #[test]
 fn fl_std_and_fl_cs_learn_fashion_mnist() {
+    // Heavy: run alone rather than fight the other tests for the two cores.
+    let _serial = common::serial();
     let dir = dpcomp::data::idx::fashion_mnist_dir(std::path::Path::new("data"));
     if !dir.join("train-images-idx3-ubyte.gz").is_file() {
         eprintln!(

@@ -133,6 +133,33 @@ fn every_experiment_file_resolves_in_both_profiles() {
             assert_eq!(convex.profiles["cpu"].seeds, 20);
             continue;
         }
+        if dpcomp::fl::experiment::is_fl(&path).unwrap() {
+            let fl = dpcomp::fl::experiment::FlExperiment::from_file(&path).unwrap();
+            for profile in ["cpu", "full"] {
+                let cells = fl.cells(profile).unwrap();
+                // Per dataset: FL-STD, 3 ratios of RND and FREQ, 3 x 2 row choices of CS; x DP.
+                assert_eq!(cells.len(), 2 * 2 * (1 + 3 + 3 + 6), "{profile}");
+                for (dataset, name, settings) in &cells {
+                    settings.validate().unwrap();
+                    // Private cells reach ε <= 1 after their rounds (σ from the accountant).
+                    if let Some(p) = settings.privacy {
+                        let eps = dpcomp::privacy::calibrate::epsilon_for(
+                            p.noise_multiplier,
+                            settings.fraction,
+                            settings.rounds as u64,
+                            p.delta,
+                        )
+                        .unwrap();
+                        assert!(eps <= 1.0 + 1e-9 && eps > 0.99, "{dataset}/{name}: {eps}");
+                    }
+                }
+            }
+            let cpu = fl.cells("cpu").unwrap();
+            assert!(cpu
+                .iter()
+                .any(|(d, _, s)| d == "fashion-mnist" && s.rounds == 100));
+            continue;
+        }
         let experiment = Experiment::from_file(&path).unwrap();
         for profile in ["cpu", "full"] {
             let cells = experiment.cells(profile, &[]).unwrap();

@@ -79,14 +79,15 @@ pub struct Grid {
     pub accountant: AccountantKind,
     pub lambda: f64,
     pub owlqn_iterations: usize,
+    /// DCT rows of FL-CS: the paper's first ones, random ones, or both (FL-CS runs once each).
     #[serde(default = "first_rows")]
-    pub rows: DctRows,
+    pub rows: Vec<DctRows>,
     #[serde(default)]
     pub seed: u64,
 }
 
-fn first_rows() -> DctRows {
-    DctRows::First
+fn first_rows() -> Vec<DctRows> {
+    vec![DctRows::First]
 }
 
 /// Per-dataset overrides of a profile (a shorter CPU run).
@@ -158,7 +159,6 @@ impl FlExperiment {
             base.server_momentum = d.server_momentum;
             base.lambda = self.grid.lambda;
             base.owlqn_iterations = self.grid.owlqn_iterations;
-            base.rows = self.grid.rows;
             base.seed = self.grid.seed;
             let sigma = if self.grid.dp.contains(&true) {
                 crate::privacy::calibrate::noise_multiplier_for(
@@ -178,22 +178,35 @@ impl FlExperiment {
                     } else {
                         self.grid.ratios.clone()
                     };
-                    for ratio in ratios {
-                        let mut s = base.clone();
-                        s.scheme = scheme;
-                        s.ratio = ratio;
-                        s.privacy = dp.then(|| FlPrivacy {
-                            clip: default_clip(d.full_clip, scheme, ratio),
-                            noise_multiplier: sigma,
-                            delta: self.grid.delta,
-                            accountant: self.grid.accountant,
-                        });
-                        let name = format!(
-                            "{}-r{ratio}{}",
-                            format!("{scheme:?}").to_lowercase(),
-                            if dp { "-dp" } else { "" }
-                        );
-                        cells.push((d.dataset.name().to_string(), name, s));
+                    let rows = if scheme == Scheme::Cs {
+                        self.grid.rows.clone()
+                    } else {
+                        vec![DctRows::First]
+                    };
+                    for &row_choice in &rows {
+                        for &ratio in &ratios {
+                            let mut s = base.clone();
+                            s.scheme = scheme;
+                            s.ratio = ratio;
+                            s.rows = row_choice;
+                            s.privacy = dp.then(|| FlPrivacy {
+                                clip: default_clip(d.full_clip, scheme, ratio),
+                                noise_multiplier: sigma,
+                                delta: self.grid.delta,
+                                accountant: self.grid.accountant,
+                            });
+                            let name = format!(
+                                "{}{}-r{ratio}{}",
+                                format!("{scheme:?}").to_lowercase(),
+                                if row_choice == DctRows::Random {
+                                    "-random"
+                                } else {
+                                    ""
+                                },
+                                if dp { "-dp" } else { "" }
+                            );
+                            cells.push((d.dataset.name().to_string(), name, s));
+                        }
                     }
                 }
             }
@@ -305,12 +318,14 @@ pub fn read_cells(out: &Path) -> Result<Vec<Cell>> {
     Ok(cells)
 }
 
-/// Table order: dataset, no DP before DP, scheme as in the paper, ratio.
+/// Table order: dataset, no DP before DP, scheme as in the paper (FL-CS with random rows last),
+/// ratio.
 fn order_key(c: &Cell) -> (String, bool, usize, u64) {
     let scheme = [Scheme::Std, Scheme::Rnd, Scheme::Freq, Scheme::Cs]
         .iter()
         .position(|s| *s == c.settings.scheme)
-        .unwrap_or(9);
+        .unwrap_or(9)
+        + usize::from(c.settings.rows == DctRows::Random && c.settings.scheme == Scheme::Cs);
     (
         c.dataset.clone(),
         c.settings.privacy.is_some(),
@@ -454,11 +469,12 @@ fn metric_of(cell: &Cell, row: &RoundMetrics) -> f64 {
     }
 }
 
-fn scheme_colour(scheme: Scheme) -> RGBColor {
-    match scheme {
+fn scheme_colour(settings: &FlSettings) -> RGBColor {
+    match settings.scheme {
         Scheme::Std => colour(7),
         Scheme::Rnd => colour(0),
         Scheme::Freq => colour(1),
+        Scheme::Cs if settings.rows == DctRows::Random => colour(4),
         Scheme::Cs => colour(3),
     }
 }
@@ -524,7 +540,7 @@ impl Drawing for RoundsFigure<'_> {
             for cell in self.cells.iter().filter(|c| {
                 c.settings.scheme == Scheme::Std || (c.settings.ratio - ratio).abs() < 1e-12
             }) {
-                let c = scheme_colour(cell.settings.scheme);
+                let c = scheme_colour(&cell.settings);
                 let points: Vec<(f64, f64)> = cell
                     .rounds
                     .iter()
@@ -600,7 +616,7 @@ impl Drawing for CostFigure<'_> {
                 .draw()
                 .map_err(err)?;
             for cell in mine {
-                let c = scheme_colour(cell.settings.scheme);
+                let c = scheme_colour(&cell.settings);
                 // Thinner lines for larger ratios within a scheme.
                 let width = match cell.settings.ratio {
                     r if r <= 0.05 => 3,

@@ -385,12 +385,13 @@ pub fn run(
                 };
                 error += &u * settings.server_learning_rate;
                 momentum = Some(u);
-                let y = sketch.measurements(&error);
+                // Solved in f64: the line search's sufficient-decrease test needs the precision.
+                let y = sketch.measurements(&error).to_kind(Kind::Double);
                 let lambda =
                     sketch.adjoint(&y).abs().amax([1i64].as_slice(), true) * settings.lambda;
                 let solution =
                     owlqn::owlqn(sketch, &y, &lambda, sketch.chunk_length, &owlqn_settings);
-                let s = sketch.unshuffle(&solution.s);
+                let s = sketch.unshuffle(&solution.s.to_kind(Kind::Float));
                 error -= sketch.compress(&s);
                 s
             }
@@ -465,7 +466,10 @@ pub fn run(
         |f: &dyn Fn(&RoundMetrics) -> f64| rows.iter().map(f).sum::<f64>() / rounds_run as f64;
     let summary = FlSummary {
         dataset: settings.dataset.name().to_string(),
-        scheme: settings.scheme.name().to_string(),
+        scheme: match (settings.scheme, settings.rows) {
+            (Scheme::Cs, DctRows::Random) => "FL-CS (random rows)".to_string(),
+            (scheme, _) => scheme.name().to_string(),
+        },
         ratio: codec.ratio(),
         parameters: n,
         message_length: m,

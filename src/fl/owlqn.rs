@@ -47,6 +47,8 @@ pub struct Solution {
     /// Objective of each row [P].
     pub objective: Tensor,
     pub iterations: usize,
+    /// Objective evaluations (each one application of A), line searches included.
+    pub evaluations: usize,
 }
 
 /// `a` where `condition` holds, else `b` (elementwise, broadcasting).
@@ -88,7 +90,8 @@ fn pseudo_gradient(s: &Tensor, grad: &Tensor, lambda: &Tensor) -> Tensor {
 /// -H g by the L-BFGS two-loop recursion, per row. Pairs with ρ = 0 (no positive curvature in
 /// that row) contribute nothing; the initial scaling is sᵀy / yᵀy of the newest pair.
 fn two_loop(g: &Tensor, pairs: &VecDeque<(Tensor, Tensor, Tensor)>) -> Tensor {
-    let mut q = g.shallow_clone();
+    // A copy: the updates below are in place and `g` must stay the pseudo-gradient.
+    let mut q = g.copy();
     let mut alphas = Vec::with_capacity(pairs.len());
     for (s, y, rho) in pairs.iter().rev() {
         let alpha = rho * row_dot(s, &q);
@@ -126,8 +129,9 @@ pub fn owlqn(
     let mut pairs: VecDeque<(Tensor, Tensor, Tensor)> = VecDeque::new();
     let mut iterations = 0;
     let mut stalled_before = false;
+    let mut evaluations = 1;
     const ARMIJO: f64 = 1e-4;
-    const BACKTRACKS: usize = 40;
+    const BACKTRACKS: usize = 30;
     while iterations < settings.max_iterations {
         iterations += 1;
         let pg = pseudo_gradient(&s, &grad, lambda);
@@ -142,8 +146,12 @@ pub fn owlqn(
         let orthant = select(&s.ne(0.0), &s.sign(), &(-&pg).sign());
         // Backtracking, per row: accept the first step whose projected point satisfies Armijo's
         // condition on the pseudo-gradient; rows that never do keep their point.
+        // A row whose predicted decrease -pgᵀd is below the objective's rounding error cannot
+        // pass the test in floating point: it is accepted where it is (no backtracking for it).
+        let rounding = if kind == Kind::Double { 1e-14 } else { 1e-6 };
+        let predicted = -row_dot(&pg, &direction);
+        let mut accepted = predicted.le_tensor(&(f.abs() * rounding));
         let mut step = Tensor::ones([rows, 1], (kind, device));
-        let mut accepted = Tensor::zeros([rows, 1], (Kind::Bool, device));
         let mut s_next = s.shallow_clone();
         let mut f_next = f.shallow_clone();
         for _ in 0..BACKTRACKS {
@@ -154,6 +162,7 @@ pub fn owlqn(
                 &trial.zeros_like(),
             );
             let (f_trial, _) = evaluate(op, &trial, y, lambda);
+            evaluations += 1;
             let ok = f_trial
                 .le_tensor(&(&f + row_dot(&pg, &(&trial - &s)) * ARMIJO))
                 .logical_and(&accepted.logical_not());
@@ -204,6 +213,7 @@ pub fn owlqn(
         s,
         objective: f.squeeze_dim(1),
         iterations,
+        evaluations,
     }
 }
 
@@ -239,5 +249,6 @@ pub fn fista(
         s,
         objective,
         iterations,
+        evaluations: iterations,
     }
 }
