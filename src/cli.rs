@@ -1048,7 +1048,7 @@ fn fl_command(args: FlArgs) -> Result<()> {
         );
     }
     println!(
-        "best {} {:.4} at round {} (accuracy {:.4}{}), cost {:.3} MB (r n 32 round C)",
+        "best {} {:.4} at round {} (accuracy {:.4}{}), cost {:.2} kB (r n 32 round C)",
         summary.metric,
         summary.best,
         summary.best_round,
@@ -1056,7 +1056,7 @@ fn fl_command(args: FlArgs) -> Result<()> {
         summary
             .auroc_at_best
             .map_or(String::new(), |a| format!(", AUROC {a:.4}")),
-        summary.cost_bits / 8e6
+        summary.cost_bits / 8e3
     );
     println!(
         "mean seconds a round: clients {:.3}, server {:.3}; wall {:.1} s",

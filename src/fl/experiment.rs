@@ -336,7 +336,7 @@ fn order_key(c: &Cell) -> (String, bool, usize, u64) {
 
 fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
     let mut csv = String::from(
-        "dataset,scheme,ratio,dp,clip,sigma,epsilon,delta,metric,best,round,accuracy,balanced_accuracy,auroc,cost_mb,upstream_mb,rounds_run,parameters,message_length,server_s,client_s\n",
+        "dataset,scheme,ratio,dp,clip,sigma,epsilon,delta,metric,best,round,accuracy,balanced_accuracy,auroc,cost_kb,upstream_kb,rounds_run,parameters,message_length,server_s,client_s\n",
     );
     let opt = |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
     for c in cells {
@@ -357,8 +357,8 @@ fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
             s.accuracy_at_best,
             s.balanced_accuracy_at_best,
             opt(s.auroc_at_best, 4),
-            s.cost_bits / 8e6,
-            s.upstream_bits_at_best as f64 / 8e6,
+            s.cost_bits / 8e3,
+            s.upstream_bits_at_best as f64 / 8e3,
             s.rounds_run,
             s.parameters,
             s.message_length,
@@ -386,9 +386,9 @@ fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
             current = header.clone();
             md.push_str(&format!("\n### {header}\n\n"));
             if binary {
-                md.push_str("| scheme | r | best balanced accuracy | AUROC | round | cost (MB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|---|\n");
+                md.push_str("| scheme | r | best balanced accuracy | AUROC | round | cost (kB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|---|\n");
             } else {
-                md.push_str("| scheme | r | best accuracy | round | cost (MB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|\n");
+                md.push_str("| scheme | r | best accuracy | round | cost (kB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|\n");
             }
         }
         let dp = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
@@ -398,12 +398,12 @@ fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
             String::new()
         };
         md.push_str(&format!(
-            "| {} | {:.2} | {:.4} |{auroc} {} | {:.3} | {} | {} | {} |\n",
+            "| {} | {:.2} | {:.4} |{auroc} {} | {:.2} | {} | {} | {} |\n",
             s.scheme,
             s.ratio,
             s.best,
             s.best_round,
-            s.cost_bits / 8e6,
+            s.cost_bits / 8e3,
             dp(s.clip, 4),
             dp(s.noise_multiplier, 3),
             dp(s.epsilon, 3),
