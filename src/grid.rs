@@ -102,16 +102,10 @@ impl Experiment {
 
     /// Every cell of `profile`, in order, with `only` (axis, value) filters applied.
     pub fn cells(&self, profile: &str, only: &[(String, String)]) -> Result<Vec<Cell>> {
-        let overrides = self.profiles.get(profile).ok_or_else(|| {
-            Error::bad_value(
-                "--profile",
-                format!(
-                    "{profile}: experiment {} has profiles {}",
-                    self.name,
-                    self.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            )
-        })?;
+        let overrides = self
+            .profiles
+            .get(profile)
+            .ok_or_else(|| unknown_profile(&self.name, profile, self.profiles.keys()))?;
         for (axis, _) in only {
             if !self.grid.contains_key(axis) {
                 return Err(Error::bad_value(
@@ -390,4 +384,31 @@ pub fn parse_only(items: &[String]) -> Result<Vec<(String, String)>> {
                 .ok_or_else(|| Error::bad_value("--only", format!("{item:?}: expected axis=value")))
         })
         .collect()
+}
+
+/// The error for a profile that experiment `name` does not have, listing the ones it has.
+pub fn unknown_profile<'a>(
+    name: &str,
+    profile: &str,
+    known: impl Iterator<Item = &'a String>,
+) -> Error {
+    let known: Vec<&str> = known.map(String::as_str).collect();
+    Error::bad_value(
+        "--profile",
+        format!(
+            "{profile}: experiment {name} has profiles {}",
+            known.join(", ")
+        ),
+    )
+}
+
+/// The `kind` of an experiment file (`"convex"`, `"fl"`), `None` for the deep-learning grids.
+pub fn experiment_kind(path: &Path) -> Result<Option<String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let table: toml::Table =
+        toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
+    Ok(table
+        .get("kind")
+        .and_then(|k| k.as_str())
+        .map(str::to_string))
 }

@@ -87,10 +87,7 @@ impl ConvexExperiment {
 
 /// Whether an experiment file is a convex one (`kind = "convex"`).
 pub fn is_convex(path: &Path) -> Result<bool> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let table: toml::Table =
-        toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
-    Ok(table.get("kind").and_then(|k| k.as_str()) == Some("convex"))
+    Ok(crate::grid::experiment_kind(path)?.as_deref() == Some("convex"))
 }
 
 fn mean_sd(values: &[f64]) -> (f64, f64) {
@@ -110,19 +107,7 @@ pub fn run(
     progress: bool,
 ) -> Result<Vec<Row>> {
     let profile_settings = experiment.profiles.get(profile).ok_or_else(|| {
-        Error::bad_value(
-            "--profile",
-            format!(
-                "{profile}: experiment {} has profiles {}",
-                experiment.name,
-                experiment
-                    .profiles
-                    .keys()
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        )
+        crate::grid::unknown_profile(&experiment.name, profile, experiment.profiles.keys())
     })?;
     let seeds: Vec<u64> = (0..profile_settings.seeds).collect();
     let mut rows = Vec::new();

@@ -129,14 +129,7 @@ impl FlExperiment {
     /// Every cell of `profile`: (dataset folder, cell name, settings), σ calibrated per dataset.
     pub fn cells(&self, profile: &str) -> Result<Vec<(String, String, FlSettings)>> {
         let profile = self.profiles.get(profile).ok_or_else(|| {
-            Error::bad_value(
-                "--profile",
-                format!(
-                    "{profile}: experiment {} has profiles {}",
-                    self.name,
-                    self.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
-                ),
-            )
+            crate::grid::unknown_profile(&self.name, profile, self.profiles.keys())
         })?;
         let mut cells = Vec::new();
         for d in &self.datasets {
@@ -217,10 +210,7 @@ impl FlExperiment {
 
 /// Whether an experiment file is a federated one (`kind = "fl"`).
 pub fn is_fl(path: &Path) -> Result<bool> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let table: toml::Table =
-        toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
-    Ok(table.get("kind").and_then(|k| k.as_str()) == Some("fl"))
+    Ok(crate::grid::experiment_kind(path)?.as_deref() == Some("fl"))
 }
 
 /// A finished cell: its settings, summary and per-round metrics.
