@@ -349,3 +349,95 @@ fn idx_files_with_wrong_counts_are_rejected_with_the_file_name() {
         "{e}"
     );
 }
+
+#[test]
+fn fl_experiment_file_runs_writes_its_table_and_figures_and_skips_finished_cells() {
+    let Some(data) = common::require_shared_data() else {
+        return;
+    };
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tiny_fl.toml");
+    std::fs::write(
+        &file,
+        r#"
+name = "tiny_fl"
+kind = "fl"
+
+[[datasets]]
+dataset = "breast_cancer"
+clients = 20
+fraction = 0.5
+local_steps = 2
+local_batch = 0
+local_lr = 0.5
+rounds = 30
+full_clip = 0.5
+
+[grid]
+schemes = ["std", "cs"]
+ratios = [0.1]
+dp = [false, true]
+target_epsilon = 2.0
+delta = 1e-5
+lambda = 0.01
+owlqn_iterations = 20
+
+[profiles.cpu.breast_cancer]
+rounds = 3
+
+[profiles.full]
+"#,
+    )
+    .unwrap();
+    let runs = dir.path().join("runs");
+    let results = dir.path().join("results");
+    let grid = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+            .args(["grid", file.to_str().unwrap(), "--profile", "cpu", "--runs"])
+            .arg(&runs)
+            .arg("--results-dir")
+            .arg(&results)
+            .env("DPCOMP_DATA", &data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    grid();
+    let csv = std::fs::read_to_string(results.join("tiny_fl.cpu.csv")).unwrap();
+    let lines: Vec<&str> = csv.lines().collect();
+    assert_eq!(lines.len(), 5, "{csv}");
+    assert!(lines[0].starts_with("dataset,scheme,ratio,dp,clip,sigma,epsilon"));
+    // No DP before DP, FL-STD before FL-CS; the private cells report ε <= 2 after 3 rounds.
+    assert!(lines[1].starts_with("breast_cancer,FL-STD,1.0000,false"));
+    assert!(lines[4].starts_with("breast_cancer,FL-CS,0.1"));
+    assert!(lines[4].contains(",true,"));
+    let md = std::fs::read_to_string(results.join("tiny_fl.cpu.md")).unwrap();
+    assert!(
+        md.contains("### breast_cancer with client-level DP"),
+        "{md}"
+    );
+    for figure in [
+        "fl_breast_cancer_rounds.png",
+        "fl_breast_cancer_rounds_dp.svg",
+        "fl_breast_cancer_cost.png",
+    ] {
+        assert!(results.join("tiny_fl").join(figure).is_file(), "{figure}");
+    }
+    let summary = runs.join("tiny_fl/cpu/breast_cancer/cs-r0.1-dp/summary.json");
+    let before = std::fs::metadata(&summary).unwrap().modified().unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert!(s["epsilon"].as_f64().unwrap() <= 2.0 + 1e-9);
+    assert_eq!(s["rounds_run"].as_u64(), Some(3));
+    // A second run finds every cell finished and runs none again.
+    grid();
+    assert_eq!(
+        std::fs::metadata(&summary).unwrap().modified().unwrap(),
+        before
+    );
+}
