@@ -398,14 +398,7 @@ impl Drawing for ConvexFigure<'_> {
                         .map_err(err)?;
                 }
                 if j == 0 {
-                    chart
-                        .configure_series_labels()
-                        .position(SeriesLabelPosition::LowerLeft)
-                        .label_font(("sans-serif", 11))
-                        .background_style(WHITE.mix(0.85))
-                        .border_style(BLACK)
-                        .draw()
-                        .map_err(err)?;
+                    crate::plot::draw_legend(&mut chart, SeriesLabelPosition::LowerLeft, 11)?;
                 }
             }
         }
@@ -502,6 +495,7 @@ fn draw_figures(
     out: &Path,
 ) -> Result<Vec<PathBuf>> {
     let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let mut written = Vec::new();
     for data in data_sets {
         let figure = ConvexFigure {

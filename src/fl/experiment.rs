@@ -406,6 +406,7 @@ fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
 /// Redraws the figures of the cells under `out` (for `dpcomp plot`).
 pub fn figures(cells: &[Cell], out: &Path) -> Result<Vec<PathBuf>> {
     let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let mut written = Vec::new();
     let mut datasets: Vec<String> = cells.iter().map(|c| c.dataset.clone()).collect();
     datasets.dedup();
@@ -544,14 +545,7 @@ impl Drawing for RoundsFigure<'_> {
                         PathElement::new(vec![(x, y), (x + 14, y)], c.stroke_width(2))
                     });
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .label_font(("sans-serif", 11))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(err)?;
+            crate::plot::draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 11)?;
         }
         root.present().map_err(err)
     }
@@ -569,7 +563,11 @@ impl Drawing for CostFigure<'_> {
         root: DrawingArea<DB, plotters::coord::Shift>,
     ) -> std::result::Result<(), String> {
         root.fill(&WHITE).map_err(err)?;
-        let title = format!("{}: accuracy against upstream traffic", self.dataset);
+        let title = format!(
+            "{}: {} against upstream traffic",
+            self.dataset,
+            self.cells[0].summary.metric.replace('_', " ")
+        );
         let root = root.titled(&title, ("sans-serif", 18)).map_err(err)?;
         let megabytes = |r: &RoundMetrics| (r.upstream_bits_total as f64 / 8e6).max(1e-6);
         let all: Vec<f64> = self
@@ -626,14 +624,7 @@ impl Drawing for CostFigure<'_> {
                         PathElement::new(vec![(x, y), (x + 14, y)], c.stroke_width(width))
                     });
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .label_font(("sans-serif", 10))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(err)?;
+            crate::plot::draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 10)?;
         }
         root.present().map_err(err)
     }

@@ -239,14 +239,7 @@ fn scatter<DB: DrawingBackend>(
             .label(format!("σ = {s}"))
             .legend(move |(x, y)| marker((x + 7, y), 5, j, grey));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    crate::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 14)?;
     root.present().map_err(err)
 }
 
@@ -339,14 +332,7 @@ fn bias_variance<DB: DrawingBackend>(
             .map_err(err)?
             .label("variance")
             .legend(|(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], VARIANCE.filled()));
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font(("sans-serif", 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        crate::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 13)?;
     }
     root.present().map_err(err)
 }
@@ -464,13 +450,6 @@ fn clipping<DB: DrawingBackend>(
                 PathElement::new(vec![(px, py), (px + 16, py)], c.stroke_width(1))
             });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 13))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    crate::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft, 13)?;
     root.present().map_err(err)
 }

@@ -189,6 +189,22 @@ enum Figure<'a> {
 }
 
 /// Something that draws itself on any plotters backend.
+/// The legend every figure draws: a framed, slightly transparent white box at `position`.
+pub(crate) fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+    font_size: u32,
+) -> std::result::Result<(), String> {
+    chart
+        .configure_series_labels()
+        .position(position)
+        .label_font(("sans-serif", font_size))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| format!("{e:?}"))
+}
+
 pub(crate) trait Drawing {
     fn draw<DB: DrawingBackend>(
         &self,
@@ -267,14 +283,7 @@ fn draw<DB: DrawingBackend>(
                         Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled())
                     });
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font(("sans-serif", 15))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(e)?;
+            draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 15)?;
         }
         Figure::Lines(f) => {
             let mut chart = ChartBuilder::on(&root)
@@ -304,14 +313,7 @@ fn draw<DB: DrawingBackend>(
                         PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
                     });
             }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::LowerRight)
-                .label_font(("sans-serif", 13))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .draw()
-                .map_err(e)?;
+            draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 13)?;
         }
     }
     root.present().map_err(e)?;
