@@ -14,7 +14,7 @@ use super::{default_clip, read_rows, FlPrivacy, FlSettings, FlSummary, RoundMetr
 use crate::config::AccountantKind;
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};
-use crate::plot::{colour, render_with, Drawing, FONT};
+use crate::plot::{colour, drawing_error as err, render_with, Drawing, FONT};
 use plotters::prelude::*;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -468,10 +468,6 @@ fn scheme_colour(settings: &FlSettings) -> RGBColor {
         Scheme::Cs if settings.rows == DctRows::Random => colour(4),
         Scheme::Cs => colour(3),
     }
-}
-
-fn err<E: std::fmt::Debug>(e: E) -> String {
-    format!("{e:?}")
 }
 
 /// The metric per round, one panel a ratio, every scheme (FL-STD in each as the reference).

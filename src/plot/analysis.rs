@@ -11,7 +11,7 @@
 //! Colours: the compression settings keep the colours of figures 1-3; bias² is orange and
 //! variance blue, as in the paper.
 
-use super::{colour, group_label, render_with, CellLog, Drawing, FONT};
+use super::{colour, drawing_error as err, group_label, render_with, CellLog, Drawing, FONT};
 use crate::analysis::clipping::ClippingSweep;
 use crate::analysis::gradient_error::GradientErrorRecord;
 use crate::error::Result;
@@ -56,10 +56,6 @@ impl Drawing for Clipping<'_> {
     ) -> DrawResult {
         clipping(root, self.0)
     }
-}
-
-fn err<E: std::fmt::Debug>(e: E) -> String {
-    format!("{e:?}")
 }
 
 /// The cell's last gradient-error measurement.

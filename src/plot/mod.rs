@@ -189,6 +189,11 @@ enum Figure<'a> {
 }
 
 /// Something that draws itself on any plotters backend.
+/// A plotters error as the message a figure's drawing returns.
+pub(crate) fn drawing_error<E: std::fmt::Debug>(e: E) -> String {
+    format!("{e:?}")
+}
+
 /// The legend every figure draws: a framed, slightly transparent white box at `position`.
 pub(crate) fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
     chart: &mut ChartContext<'a, DB, CT>,
@@ -202,7 +207,7 @@ pub(crate) fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::Coor
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()
-        .map_err(|e| format!("{e:?}"))
+        .map_err(drawing_error)
 }
 
 pub(crate) trait Drawing {
