@@ -13,6 +13,7 @@
 //! whose iterations are cheap; the question is the sensing matrix, not the solver); the relative
 //! error ‖ŝ − s‖ / ‖s‖ is printed for both row choices, and for a real (dense) client update.
 
+use super::median;
 use crate::fl::client::{client_update, LocalTraining};
 use crate::fl::model::FlModel;
 use crate::fl::owlqn::{fista, owlqn, Measurement, OwlqnSettings};
@@ -72,11 +73,6 @@ pub struct RecoveryRow {
     pub sparsity: i64,
     pub error_first_rows: f64,
     pub error_random_rows: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn relative(a: &Tensor, b: &Tensor) -> f64 {

@@ -381,9 +381,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
         times.push(start.elapsed().as_secs_f64());
     }
     let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
-    let mut sorted = times.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
+    let median = median(times.clone());
     if setup.json {
         println!(
             "{}",
@@ -405,4 +403,10 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The median of timings (the upper one of an even count); NaN when there are none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
