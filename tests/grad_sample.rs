@@ -290,6 +290,8 @@ fn ghost_and_instantiated_norms_agree_on_both_sides_of_the_cost_rule() {
 
 #[test]
 fn patches_equal_libtorch_im2col() {
+    // It reseeds LibTorch's global generator: not while another test of this file draws from it.
+    let _serial = common::serial();
     tch::manual_seed(7);
     for (channels, size, kernel, stride, padding) in [
         (3, 32, 3, 1, 1),

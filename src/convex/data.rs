@@ -6,7 +6,8 @@
 
 use crate::error::{Error, Result};
 use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
 use std::path::Path;
 use tch::{Kind, Tensor};
 
@@ -128,23 +129,34 @@ pub fn data_dir_or_default(data_dir: Option<&Path>) -> std::path::PathBuf {
 /// R^d, w* = `scale` u for a random unit u, y = sign(w*ᵀx), keeping only rows with
 /// |w*ᵀx| >= 1. Every margin of w* is then >= 1, so the hinge and q-norm hinge risks are 0 at w*
 /// (their minimum), for any radius R >= ||w*|| = `scale`.
+///
+/// Every draw comes from a generator of its own seeded with `seed`, never from LibTorch's global
+/// one: another thread drawing from that (a concurrent test, a training run) would otherwise
+/// change the data this seed gives.
 pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Tabular {
-    tch::manual_seed(seed as i64);
-    let opts = (Kind::Double, tch::Device::Cpu);
-    let u = Tensor::randn([d], opts);
-    let w_star = &u / u.norm() * scale;
-    let mut xs = Vec::new();
-    let mut kept = 0i64;
-    while kept < n as i64 {
-        let g = Tensor::randn([4 * n as i64, d], opts);
-        let radius = Tensor::rand([4 * n as i64, 1], opts).pow_tensor_scalar(1.0 / d as f64);
-        let x = &g / g.norm_scalaropt_dim(2.0, [1i64].as_slice(), true) * radius;
-        let keep = x.mv(&w_star).abs().ge(1.0).nonzero().squeeze_dim(1);
-        kept += keep.size()[0];
-        xs.push(x.index_select(0, &keep));
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let dim = d as usize;
+    let gaussian = |rng: &mut rand::rngs::StdRng| -> Vec<f64> {
+        (0..dim).map(|_| rng.sample(StandardNormal)).collect()
+    };
+    let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
+    let u = gaussian(&mut rng);
+    let w_star: Vec<f64> = u.iter().map(|a| a / norm(&u) * scale).collect();
+    let mut rows: Vec<f64> = Vec::with_capacity(n * dim);
+    let mut labels: Vec<f64> = Vec::with_capacity(n);
+    while labels.len() < n {
+        // A direction uniform on the sphere times a radius U^(1/d): uniform in the ball.
+        let g = gaussian(&mut rng);
+        let radius = rng.random::<f64>().powf(1.0 / d as f64) / norm(&g);
+        let x: Vec<f64> = g.iter().map(|a| a * radius).collect();
+        let margin: f64 = x.iter().zip(&w_star).map(|(a, b)| a * b).sum();
+        if margin.abs() >= 1.0 {
+            rows.extend_from_slice(&x);
+            labels.push(margin.signum());
+        }
     }
-    let x = Tensor::cat(&xs, 0).narrow(0, 0, n as i64);
-    let y = x.mv(&w_star).sign();
+    let x = Tensor::from_slice(&rows).view([n as i64, d]);
+    let y = Tensor::from_slice(&labels);
     let (train, test) = split_index(n);
     Tabular {
         name: format!("synthetic(n {n}, d {d}, |w*| {scale})"),
