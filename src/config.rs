@@ -249,7 +249,7 @@ impl TrainConfig {
         positive("batch_size", self.batch_size as f64)?;
         positive("eval_batch_size", self.eval_batch_size as f64)?;
         positive("lr", self.lr)?;
-        if !(self.max_grad_norm > 0.0) {
+        if self.max_grad_norm.is_nan() || self.max_grad_norm <= 0.0 {
             return Err(Error::bad_value(
                 "max_grad_norm",
                 format!(

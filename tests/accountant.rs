@@ -268,3 +268,20 @@ fn pld_calibration_and_mixed_histories() {
         .unwrap()
         .is_infinite());
 }
+
+/// The accountants' argument check refuses NaN, negative and infinite σ and rates outside (0, 1]
+/// with the flag's name (NaN fails every comparison, so each case is tested by name).
+#[test]
+fn accountant_arguments_refuse_nan_and_out_of_range_values() {
+    use dpcomp::privacy::validate;
+    assert!(validate(0.01, 1.0, 100).is_ok());
+    assert!(validate(1.0, 0.0, 1).is_ok());
+    for sigma in [f64::NAN, -1.0, f64::INFINITY] {
+        let err = validate(0.01, sigma, 100).unwrap_err().to_string();
+        assert!(err.contains("--noise-multiplier"), "sigma {sigma}: {err}");
+    }
+    for rate in [f64::NAN, 0.0, -0.1, 1.5] {
+        let err = validate(rate, 1.0, 100).unwrap_err().to_string();
+        assert!(err.contains("--sample-rate"), "rate {rate}: {err}");
+    }
+}

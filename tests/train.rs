@@ -293,6 +293,35 @@ fn config_file_then_flags_then_errors() {
     .unwrap_err()
     .to_string();
     assert!(err.contains("lr") && err.contains("positive"), "{err}");
+    // NaN fails every comparison: a NaN clip or σ must be refused by name, not slip through.
+    for (clip, sigma, field) in [
+        (f64::NAN, 1.0, "max_grad_norm"),
+        (0.0, 1.0, "max_grad_norm"),
+        (1.0, f64::NAN, "noise_multiplier"),
+        (1.0, -0.5, "noise_multiplier"),
+        (1.0, f64::INFINITY, "noise_multiplier"),
+    ] {
+        let err = TrainOverrides {
+            task: Some(Task::Surnames),
+            max_grad_norm: Some(clip),
+            noise_multiplier: Some(sigma),
+            ..Default::default()
+        }
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(field), "clip {clip} sigma {sigma}: {err}");
+    }
+    // C = ∞ (clipping off, the oracle mode) stays allowed.
+    let config = TrainOverrides {
+        task: Some(Task::Surnames),
+        max_grad_norm: Some(f64::INFINITY),
+        noise_multiplier: Some(0.0),
+        ..Default::default()
+    }
+    .resolve()
+    .unwrap();
+    assert!(config.max_grad_norm.is_infinite());
 
     // Compressor settings from a file, flags on top; bad ones fail before training.
     std::fs::write(

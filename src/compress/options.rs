@@ -302,7 +302,8 @@ impl CompressorSpec {
     pub fn denoise_options(&self) -> Result<DenoiseOptions> {
         let scope = self.scope()?;
         let clip: f64 = self.get("clip", f64::INFINITY, "a positive number (inf: off)")?;
-        if !(clip > 0.0) {
+        // NaN fails every comparison: test for it by name.
+        if clip.is_nan() || clip <= 0.0 {
             return Err(Error::bad_value(
                 "compressor option clip",
                 format!("{clip}: expected a positive number (inf: off)"),

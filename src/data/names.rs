@@ -22,8 +22,12 @@ pub fn fold_to_ascii(name: &str) -> String {
         .collect()
 }
 
-/// One name per (non-empty) line of each `<Language>.txt`, classes in file-name order.
-pub fn read_names(dir: &Path) -> Result<(Vec<(String, i64)>, Vec<String>)> {
+/// (surname, class index) pairs.
+pub type LabelledNames = Vec<(String, i64)>;
+
+/// One name per (non-empty) line of each `<Language>.txt`, classes in file-name order; returns
+/// the labelled names and the class names.
+pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
     require_dir(dir, "the names folder with one <Language>.txt per class")?;
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| Error::io(dir, e))?

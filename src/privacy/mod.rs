@@ -18,7 +18,7 @@ pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<(
             format!("{sample_rate}: expected 0 < q <= 1"),
         ));
     }
-    if !(noise_multiplier >= 0.0) || noise_multiplier.is_infinite() {
+    if !noise_multiplier.is_finite() || noise_multiplier < 0.0 {
         return Err(Error::bad_value(
             "--noise-multiplier",
             format!("{noise_multiplier}: expected a finite sigma >= 0"),
