@@ -1,6 +1,9 @@
 //! Compressors: exactness where they promise it, error-feedback invariants, Denoise's
 //! sender/receiver agreement, and wire bits against counts done by hand.
 
+mod common;
+
+use common::Draws;
 use dpcomp::compress::encoding::{min_index_bits, truncate_mantissa};
 use dpcomp::compress::powersgd::orthogonalize;
 use dpcomp::compress::topk::{largest, TopK};
@@ -21,13 +24,12 @@ fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 /// A model-like update: a conv weight, a matrix, a bias (seeded).
-fn update(seed: i64) -> Vec<Tensor> {
-    tch::manual_seed(seed);
-    let opts = (Kind::Float, Device::Cpu);
+fn update(seed: u64) -> Vec<Tensor> {
+    let mut draws = Draws::new(seed);
     vec![
-        Tensor::randn([16, 3, 3, 3], opts),
-        Tensor::randn([40, 70], opts),
-        Tensor::randn([40], opts),
+        draws.randn(&[16, 3, 3, 3], Kind::Float),
+        draws.randn(&[40, 70], Kind::Float),
+        draws.randn(&[40], Kind::Float),
     ]
 }
 
@@ -76,12 +78,72 @@ fn identity_dgc_rate_1_and_full_rank_powersgd_reproduce_the_input() {
     }
 }
 
+/// `warm_start=false` draws a fresh Q every step from (seed, layer, step), not from LibTorch's
+/// global generator: two compressors with one seed send the same messages (as workers must), a
+/// compressor restored from a checkpoint mid-run continues exactly, and another seed differs.
+#[test]
+fn powersgd_fresh_q_is_a_function_of_seed_layer_and_step() {
+    let shapes = shapes_of(&update(0));
+    let build = |seed: &str| {
+        spec(
+            CompressorKind::Powersgd,
+            1.0,
+            2,
+            &["warm_start=false", "min_rate=0", seed],
+        )
+        .build(&shapes, Device::Cpu)
+        .unwrap()
+    };
+    let (mut a, mut b, mut other) = (build("seed=5"), build("seed=5"), build("seed=6"));
+    let low_rank_parts = |m: &dpcomp::compress::Message| -> Vec<Tensor> {
+        m.payloads
+            .iter()
+            .filter_map(|p| match p {
+                dpcomp::compress::Payload::LowRank { q, .. } => Some(q.copy()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut resumed = None;
+    for step in 0..4u64 {
+        let input = update(40 + step);
+        // Another draw from the global generator between steps must not matter.
+        tch::manual_seed(step as i64);
+        let _ = Tensor::randn([100], (Kind::Float, Device::Cpu));
+        if step == 2 {
+            let mut c = build("seed=5");
+            let saved: std::collections::HashMap<String, Tensor> =
+                a.state().into_iter().map(|(k, t)| (k, t.copy())).collect();
+            assert!(saved.contains_key("step"), "the step count is checkpointed");
+            c.load_state(saved).unwrap();
+            resumed = Some(c);
+        }
+        let (qa, qb, qo) = (
+            low_rank_parts(&a.compress(&input)),
+            low_rank_parts(&b.compress(&input)),
+            low_rank_parts(&other.compress(&input)),
+        );
+        assert_eq!(qa.len(), 2, "the conv weight and the matrix are factorised");
+        for (x, y) in qa.iter().zip(&qb) {
+            assert_eq!(max_abs(x, y), 0.0, "step {step}: same seed, same Q");
+        }
+        assert!(max_abs(&qa[1], &qo[1]) > 1e-3, "step {step}: another seed");
+        if let Some(c) = resumed.as_mut() {
+            let qr = low_rank_parts(&c.compress(&input));
+            for (x, y) in qa.iter().zip(&qr) {
+                assert_eq!(max_abs(x, y), 0.0, "step {step}: resumed");
+            }
+        }
+    }
+}
+
 #[test]
 fn powersgd_is_exact_on_matrices_of_rank_at_most_r() {
-    tch::manual_seed(2);
-    let opts = (Kind::Float, Device::Cpu);
+    let mut draws = Draws::new(2);
     for (rank, n, m) in [(1, 30, 50), (4, 64, 48), (16, 100, 80)] {
-        let low_rank = Tensor::randn([n, rank], opts).mm(&Tensor::randn([rank, m], opts));
+        let low_rank = draws
+            .randn(&[n, rank], Kind::Float)
+            .mm(&draws.randn(&[rank, m], Kind::Float));
         let input = vec![low_rank.shallow_clone()];
         let mut c = spec(
             CompressorKind::Powersgd,
@@ -106,8 +168,7 @@ fn powersgd_is_exact_on_matrices_of_rank_at_most_r() {
 
 #[test]
 fn gram_schmidt_gives_orthonormal_columns() {
-    tch::manual_seed(3);
-    let mut p = Tensor::randn([50, 6], (Kind::Float, Device::Cpu));
+    let mut p = Draws::new(3).randn(&[50, 6], Kind::Float);
     orthogonalize(&mut p, 1e-8);
     let gram = p.tr().mm(&p);
     assert!(max_abs(&gram, &Tensor::eye(6, (Kind::Float, Device::Cpu))) < 1e-5);
@@ -115,9 +176,9 @@ fn gram_schmidt_gives_orthonormal_columns() {
 
 #[test]
 fn top_k_keeps_exactly_the_k_largest_in_both_modes() {
-    tch::manual_seed(4);
+    let mut draws = Draws::new(4);
     for n in [10i64, 1000, 100_000, 1 << 20] {
-        let x = Tensor::randn([n], (Kind::Float, Device::Cpu));
+        let x = draws.randn(&[n], Kind::Float);
         for k in [1, n / 100 + 1, n / 7 + 1] {
             let sorted = x.abs().sort(0, true).0;
             let kth = sorted.double_value(&[k - 1]);
@@ -210,8 +271,7 @@ fn dgc_momentum_correction_and_masking() {
         .dgc_options()
         .unwrap();
     let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
-    tch::manual_seed(5);
-    let g = Tensor::randn([1000], (Kind::Float, Device::Cpu));
+    let g = Draws::new(5).randn(&[1000], Kind::Float);
     let message = dgc.compress(&[g.shallow_clone()]);
     let state: std::collections::HashMap<String, Tensor> = dgc.state().into_iter().collect();
     let sent = dgc.decompress(&message)[0].shallow_clone();
@@ -401,7 +461,7 @@ fn low_order_bit_removal_truncates_toward_zero() {
         assert_eq!(t.double_value(&[i as i64]) as f32, *e, "element {i}");
     }
     // Never larger in magnitude.
-    let r = Tensor::randn([10_000], (Kind::Float, Device::Cpu));
+    let r = Draws::new(6).randn(&[10_000], Kind::Float);
     for bits in [9, 12, 20, 31] {
         let t = truncate_mantissa(&r, bits);
         assert!(t.abs().le_tensor(&r.abs()).all().int64_value(&[]) == 1);

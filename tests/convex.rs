@@ -3,6 +3,9 @@
 //! agreeing that ε is met, σ growing as ε shrinks), and gradient perturbation approaching
 //! non-private SGD as ε grows.
 
+mod common;
+
+use common::Draws;
 use dpcomp::convex::data::{self, FEATURE_NORM_BOUND};
 use dpcomp::convex::gradient_privacy::{lemma13_sufficient, GradientPrivacyProblem};
 use dpcomp::convex::loss::Loss;
@@ -19,13 +22,12 @@ const LOSSES: [Loss; 5] = [
 ];
 
 /// Rows in the unit ball and ±1 labels (seeded).
-fn points(n: i64, d: i64, seed: i64) -> (Tensor, Tensor) {
-    tch::manual_seed(seed);
-    let opts = (Kind::Double, tch::Device::Cpu);
-    let x = Tensor::randn([n, d], opts);
+fn points(n: i64, d: i64, seed: u64) -> (Tensor, Tensor) {
+    let mut draws = Draws::new(seed);
+    let x = draws.randn(&[n, d], Kind::Double);
     let norms = x.norm_scalaropt_dim(2.0, [1i64].as_slice(), true);
-    let x = &x / &norms * Tensor::rand([n, 1], opts);
-    let y = Tensor::randn([n], opts).sign();
+    let x = &x / &norms * draws.rand(&[n, 1], Kind::Double);
+    let y = draws.randn(&[n], Kind::Double).sign();
     (x, y)
 }
 
@@ -34,8 +36,7 @@ fn loss_gradients_match_finite_differences() {
     let (x, y) = points(12, 5, 1);
     for loss in LOSSES {
         for seed in 0..3 {
-            tch::manual_seed(100 + seed);
-            let w = Tensor::randn([5], (Kind::Double, tch::Device::Cpu)) * 0.7;
+            let w = Draws::new(100 + seed).randn(&[5], Kind::Double) * 0.7;
             let g = loss.gradients(&w, &x, &y);
             for i in 0..12 {
                 let (xi, yi) = (x.get(i).unsqueeze(0), y.get(i).unsqueeze(0));
@@ -82,10 +83,10 @@ fn holder_inequality_and_gradient_bound_hold_on_random_pairs() {
         assert!(at_zero <= m + 1e-12, "{}: M", loss.name());
         let mut tightest: f64 = 0.0;
         for pair in 0..200 {
-            tch::manual_seed(1000 + pair);
+            let mut draws = Draws::new(1000 + pair);
             let scale = [0.01, 0.3, 3.0][pair as usize % 3];
-            let w = Tensor::randn([6], (Kind::Double, tch::Device::Cpu)) * scale;
-            let v = &w + Tensor::randn([6], (Kind::Double, tch::Device::Cpu)) * scale;
+            let w = draws.randn(&[6], Kind::Double) * scale;
+            let v = &w + draws.randn(&[6], Kind::Double) * scale;
             let distance = (&w - &v).norm().double_value(&[]);
             let lhs = (loss.gradients(&w, &x, &y) - loss.gradients(&v, &x, &y)).norm_scalaropt_dim(
                 2.0,

@@ -77,6 +77,8 @@ struct Layer {
 pub struct PowerSgd {
     options: PowerSgdOptions,
     layers: Vec<Layer>,
+    /// Steps compressed so far (a CPU int64 scalar, checkpointed when Q is redrawn every step).
+    step: Tensor,
 }
 
 impl PowerSgd {
@@ -96,7 +98,7 @@ impl PowerSgd {
                 let (error, q) = match dims {
                     Some((n, m, r)) => (
                         Some(Tensor::zeros([n, m], (Kind::Float, device))),
-                        Some(seeded_normal(generator_seed, i as i64, [m, r], device)),
+                        Some(seeded_normal(generator_seed, i as i64, 0, [m, r], device)),
                     ),
                     None => (None, None),
                 };
@@ -108,16 +110,31 @@ impl PowerSgd {
                 }
             })
             .collect();
-        PowerSgd { options, layers }
+        PowerSgd {
+            options,
+            layers,
+            step: Tensor::zeros([], (Kind::Int64, Device::Cpu)),
+        }
     }
 }
 
-/// N(0, 1) values of `shape` from (seed, layer), reproducible and independent of the global
-/// generator (drawn on the CPU, then moved).
-fn seeded_normal(seed: i64, layer: i64, shape: [i64; 2], device: Device) -> Tensor {
+/// N(0, 1) values of `shape` from (seed, layer, draw), reproducible and independent of the global
+/// generator (drawn on the CPU, then moved). Draw 0 is the initial Q; draw t >= 1 the fresh Q of
+/// step t when warm start is off.
+fn seeded_normal(seed: i64, layer: i64, draw: i64, shape: [i64; 2], device: Device) -> Tensor {
     use rand::SeedableRng;
     use rand_distr::{Distribution, StandardNormal};
-    let mut rng = rand::rngs::StdRng::seed_from_u64((seed as u64) ^ (layer as u64).rotate_left(32));
+    let mut rng = if draw == 0 {
+        // The initial Q's derivation predates redraws; kept so that earlier runs reproduce.
+        rand::rngs::StdRng::seed_from_u64((seed as u64) ^ (layer as u64).rotate_left(32))
+    } else {
+        // (seed, layer, draw) laid side by side in the 32-byte key: distinct for every triple.
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&seed.to_le_bytes());
+        key[8..16].copy_from_slice(&layer.to_le_bytes());
+        key[16..24].copy_from_slice(&draw.to_le_bytes());
+        rand::rngs::StdRng::from_seed(key)
+    };
     let values: Vec<f32> = (0..shape[0] * shape[1])
         .map(|_| StandardNormal.sample(&mut rng))
         .collect();
@@ -127,11 +144,13 @@ fn seeded_normal(seed: i64, layer: i64, shape: [i64; 2], device: Device) -> Tens
 impl Compressor for PowerSgd {
     fn compress(&mut self, update: &[Tensor]) -> Message {
         let o = self.options.clone();
+        let step = self.step.int64_value(&[]) + 1;
         let payloads = tch::no_grad(|| {
             self.layers
                 .iter_mut()
                 .zip(update)
-                .map(|(layer, g)| {
+                .enumerate()
+                .map(|(i, (layer, g))| {
                     let g = g.to_kind(Kind::Float);
                     let Some((n, m, _)) = layer.dims else {
                         return Payload::Dense {
@@ -153,8 +172,10 @@ impl Compressor for PowerSgd {
                     let matrix = padded.view([n, m]) + &*error;
                     let q = layer.q.as_mut().expect("compressed layer has Q");
                     if !o.warm_start {
-                        let fresh = q.randn_like();
-                        q.copy_(&fresh);
+                        // A fresh Q from (seed, layer, step), as PyTorch's hook draws it from a
+                        // generator of its own: the same on every worker and after a resume.
+                        let (m, r) = (q.size()[0], q.size()[1]);
+                        q.copy_(&seeded_normal(o.seed, i as i64, step, [m, r], q.device()));
                     }
                     let mut p = matrix.mm(q);
                     orthogonalize(&mut p, o.epsilon);
@@ -174,6 +195,7 @@ impl Compressor for PowerSgd {
                 })
                 .collect()
         });
+        let _ = self.step.fill_(step);
         Message::new(payloads)
     }
 
@@ -188,6 +210,9 @@ impl Compressor for PowerSgd {
                 state.push((format!("error.{i}"), e.shallow_clone()));
                 state.push((format!("q.{i}"), q.shallow_clone()));
             }
+        }
+        if !self.options.warm_start {
+            state.push(("step".to_string(), self.step.shallow_clone()));
         }
         state
     }

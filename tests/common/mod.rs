@@ -75,3 +75,34 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// Seeded random tensors from a generator of the test's own, never LibTorch's global one: the
+/// tests of a file run in parallel threads, and another test's `tch::manual_seed` or draw landing
+/// between this test's seeding and drawing would change its data (and, near a tolerance, its
+/// verdict) from run to run.
+pub struct Draws(rand::rngs::StdRng);
+
+impl Draws {
+    pub fn new(seed: u64) -> Self {
+        use rand::SeedableRng;
+        Draws(rand::rngs::StdRng::seed_from_u64(seed))
+    }
+
+    /// N(0, 1) values of `shape`, on the CPU.
+    pub fn randn(&mut self, shape: &[i64], kind: tch::Kind) -> tch::Tensor {
+        use rand::Rng;
+        let count: i64 = shape.iter().product();
+        let values: Vec<f64> = (0..count)
+            .map(|_| self.0.sample(rand_distr::StandardNormal))
+            .collect();
+        tch::Tensor::from_slice(&values).view(shape).to_kind(kind)
+    }
+
+    /// U[0, 1) values of `shape`, on the CPU.
+    pub fn rand(&mut self, shape: &[i64], kind: tch::Kind) -> tch::Tensor {
+        use rand::Rng;
+        let count: i64 = shape.iter().product();
+        let values: Vec<f64> = (0..count).map(|_| self.0.random::<f64>()).collect();
+        tch::Tensor::from_slice(&values).view(shape).to_kind(kind)
+    }
+}
