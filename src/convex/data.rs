@@ -141,7 +141,8 @@ pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Tabular {
     };
     let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
     let u = gaussian(&mut rng);
-    let w_star: Vec<f64> = u.iter().map(|a| a / norm(&u) * scale).collect();
+    let u_norm = norm(&u);
+    let w_star: Vec<f64> = u.iter().map(|a| a / u_norm * scale).collect();
     let mut rows: Vec<f64> = Vec::with_capacity(n * dim);
     let mut labels: Vec<f64> = Vec::with_capacity(n);
     while labels.len() < n {
