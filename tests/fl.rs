@@ -175,6 +175,19 @@ fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
             assert!((after - clip).abs() < 1e-12);
         }
     }
+    // A diverged client (∞ or NaN in its message) contributes zeros, not NaN.
+    for bad in [f64::INFINITY, f64::NAN] {
+        let mut message = Tensor::randn([m], OPTS);
+        let _ = message.get(7).fill_(bad);
+        let norm = message.norm().double_value(&[]);
+        assert!(!norm.is_finite());
+        let clipped = clip_message(&message, norm, clip);
+        assert_eq!(
+            clipped.abs().sum(Kind::Double).double_value(&[]),
+            0.0,
+            "{bad}"
+        );
+    }
     // (Σ + N(0, σ² S² I)) / (C N): the noise's standard deviation per coordinate is σ S / (C N),
     // and it is there even when no client was sampled (an all-zero sum).
     let privacy = FlPrivacy {

@@ -352,7 +352,7 @@ pub fn run(
             norms.push(norm);
             match &settings.privacy {
                 Some(p) => {
-                    if norm > p.clip {
+                    if norm.is_nan() || norm > p.clip {
                         clipped += 1;
                     }
                     sum += clip_message(&message, norm, p.clip);
@@ -503,8 +503,13 @@ pub fn run(
 }
 
 /// A client's message scaled to norm at most S: m min(1, S / ‖m‖), given ‖m‖ = `norm`.
+/// A message whose norm is not finite (a client whose local training diverged) is sent as zeros:
+/// scaling would leave NaN (∞ · 0), and one client must not be able to turn the noisy mean into
+/// NaN, whatever its data (the sensitivity stays S).
 pub fn clip_message(message: &Tensor, norm: f64, clip: f64) -> Tensor {
-    if norm > clip {
+    if !norm.is_finite() {
+        message.zeros_like()
+    } else if norm > clip {
         message * (clip / norm)
     } else {
         message.shallow_clone()
