@@ -177,7 +177,7 @@ fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
     }
     // A diverged client (∞ or NaN in its message) contributes zeros, not NaN.
     for bad in [f64::INFINITY, f64::NAN] {
-        let mut message = Tensor::randn([m], OPTS);
+        let message = Tensor::randn([m], OPTS);
         let _ = message.get(7).fill_(bad);
         let norm = message.norm().double_value(&[]);
         assert!(!norm.is_finite());
