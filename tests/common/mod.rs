@@ -90,19 +90,24 @@ impl Draws {
 
     /// N(0, 1) values of `shape`, on the CPU.
     pub fn randn(&mut self, shape: &[i64], kind: tch::Kind) -> tch::Tensor {
-        use rand::Rng;
-        let count: i64 = shape.iter().product();
-        let values: Vec<f64> = (0..count)
-            .map(|_| self.0.sample(rand_distr::StandardNormal))
-            .collect();
-        tch::Tensor::from_slice(&values).view(shape).to_kind(kind)
+        self.tensor(shape, kind, |rng| {
+            rand::Rng::sample(rng, rand_distr::StandardNormal)
+        })
     }
 
     /// U[0, 1) values of `shape`, on the CPU.
     pub fn rand(&mut self, shape: &[i64], kind: tch::Kind) -> tch::Tensor {
-        use rand::Rng;
+        self.tensor(shape, kind, rand::Rng::random::<f64>)
+    }
+
+    fn tensor(
+        &mut self,
+        shape: &[i64],
+        kind: tch::Kind,
+        mut draw: impl FnMut(&mut rand::rngs::StdRng) -> f64,
+    ) -> tch::Tensor {
         let count: i64 = shape.iter().product();
-        let values: Vec<f64> = (0..count).map(|_| self.0.random::<f64>()).collect();
+        let values: Vec<f64> = (0..count).map(|_| draw(&mut self.0)).collect();
         tch::Tensor::from_slice(&values).view(shape).to_kind(kind)
     }
 }
