@@ -596,9 +596,23 @@ fn grid_command(args: GridArgs) -> Result<()> {
     let only = crate::grid::parse_only(&args.only)?;
     if args.list {
         let root = args.runs.join(&experiment.name).join(&args.profile);
-        for cell in experiment.cells(&args.profile, &only)? {
+        let cells = experiment.cells(&args.profile, &only)?;
+        let uploads = crate::grid::upload_estimates(&cells);
+        for (cell, upload) in cells.iter().zip(uploads) {
             let state = crate::grid::cell_state(&root.join(&cell.name), &cell.config)?;
-            println!("{}  {:?}  epochs {}", cell.name, state, cell.config.epochs);
+            let upload = match upload {
+                Ok(u) => format!(
+                    "upload {} steps, {:.4} Gb on the wire, {:.2} in the paper's unit",
+                    u.steps,
+                    u.gigabits(),
+                    u.paper_gib()
+                ),
+                Err(e) => format!("upload not estimated ({e})"),
+            };
+            println!(
+                "{}  {:?}  epochs {}  {upload}",
+                cell.name, state, cell.config.epochs
+            );
         }
         return Ok(());
     }

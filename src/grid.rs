@@ -17,6 +17,10 @@
 //! epochs = 10
 //! ```
 //!
+//! A profile may add or replace axes in its own `grid` table (`[profiles.full.grid]` with
+//! `seed = [0, 1, 2]`: three seeds in the paper-scale runs only); a `seed` axis makes the
+//! results table report mean ± standard deviation over the seeds.
+//!
 //! An axis value may also be a table of settings with a `label` (e.g. `variant = [{ label =
 //! "dgc", compressor = "dgc" }, { label = "denoise", compressor = "denoise" }]`): its settings
 //! apply together and the label names the cell.
@@ -69,7 +73,11 @@ pub struct Row {
     pub compressor: String,
     pub rate: f64,
     pub rank: i64,
+    pub seed: u64,
+    /// Exact wire bits / 10^9.
     pub upstream_gigabits: f64,
+    /// The paper's unit: 64 bits per transmitted element / 8 / 2^30 (its "Gb").
+    pub upstream_paper_gib: f64,
     pub final_accuracy: f64,
     pub epochs: usize,
     pub wall_seconds: f64,
@@ -106,8 +114,9 @@ impl Experiment {
             .profiles
             .get(profile)
             .ok_or_else(|| unknown_profile(&self.name, profile, self.profiles.keys()))?;
+        let profile_axes = overrides.get("grid").and_then(|g| g.as_table());
         for (axis, _) in only {
-            if !self.grid.contains_key(axis) {
+            if !self.grid.contains_key(axis) && !profile_axes.is_some_and(|g| g.contains_key(axis)) {
                 return Err(Error::bad_value(
                     "--only",
                     format!(
@@ -118,8 +127,26 @@ impl Experiment {
                 ));
             }
         }
+        // A profile may add axes or replace an axis's values (`[profiles.full.grid]`, e.g.
+        // seeds only in the full profile); its other keys are settings.
+        let mut overrides = overrides.clone();
+        let mut grid = self.grid.clone();
+        if let Some(extra) = overrides.remove("grid") {
+            let Some(extra) = extra.as_table().filter(|t| {
+                t.values()
+                    .all(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+            }) else {
+                return Err(Error::bad_value(
+                    format!("{} profile {profile}", self.name),
+                    "grid: expected a table of non-empty arrays (axis = [values])",
+                ));
+            };
+            for (axis, values) in extra {
+                grid.insert(axis.clone(), values.clone());
+            }
+        }
         let mut combos: Vec<Vec<(String, toml::Value)>> = vec![Vec::new()];
-        for (axis, values) in &self.grid {
+        for (axis, values) in &grid {
             let values = values.as_array().expect("checked in from_file");
             combos = combos
                 .into_iter()
@@ -228,10 +255,15 @@ pub enum CellState {
     New,
 }
 
+/// Where the cell in `dir` stands. A finished cell may have been committed without its
+/// checkpoint (`experiments/runs/` keeps `config.toml`, `metrics.jsonl`, `summary.json` and
+/// `grad_error.jsonl` of finished cells, so grids resume across machines): a summary that
+/// covers every epoch of a matching configuration is finished too.
 pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
-    let Some(found) = checkpoint::find(dir) else {
+    let found = checkpoint::find(dir);
+    if found.is_none() && !dir.join("summary.json").is_file() {
         return Ok(CellState::New);
-    };
+    }
     let saved = TrainConfig::from_toml_file(&dir.join("config.toml"))?;
     let mut comparable = saved.clone();
     comparable.epochs = config.epochs;
@@ -244,6 +276,24 @@ pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
             ),
         ));
     }
+    let Some(found) = found else {
+        let path = dir.join("summary.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let summary: Summary =
+            serde_json::from_str(&text).map_err(|e| Error::bad_file(&path, e.to_string()))?;
+        if summary.epochs >= config.epochs || summary.stopped.is_some() {
+            return Ok(CellState::Finished);
+        }
+        return Err(Error::bad_value(
+            "grid",
+            format!(
+                "{} has a summary of {} epochs but no checkpoint to continue to {}; move it away to rerun",
+                dir.display(),
+                summary.epochs,
+                config.epochs
+            ),
+        ));
+    };
     let state = checkpoint::read_state(&found)?;
     let trained = state.epochs_done >= config.epochs || state.stopped.is_some();
     if trained && dir.join("summary.json").is_file() {
@@ -320,7 +370,9 @@ pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
             compressor: c.compressor_spec()?.label(),
             rate: c.rate,
             rank: c.rank,
+            seed: c.seed,
             upstream_gigabits: summary.upstream_gigabits,
+            upstream_paper_gib: summary.upstream_paper_gib,
             final_accuracy: summary.final_accuracy,
             epochs: summary.epochs,
             wall_seconds: summary.wall_seconds,
@@ -331,11 +383,11 @@ pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
 
 fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row]) -> Result<()> {
     let mut csv = String::from(
-        "cell,task,noise_multiplier,epsilon,delta,compressor,rate,rank,upstream_gigabits,final_accuracy,epochs,wall_seconds\n",
+        "cell,task,noise_multiplier,epsilon,delta,compressor,rate,rank,seed,upstream_gigabits,upstream_paper_gib,final_accuracy,epochs,wall_seconds\n",
     );
     for r in rows {
         csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
             r.cell,
             r.task,
             r.noise_multiplier,
@@ -344,27 +396,37 @@ fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row
             r.compressor,
             r.rate,
             r.rank,
+            r.seed,
             r.upstream_gigabits,
+            r.upstream_paper_gib,
             r.final_accuracy,
             r.epochs,
             r.wall_seconds
         ));
     }
     let mut md = format!(
-        "# {} ({profile} profile)\n\n{}\n\nFinal accuracy = mean test accuracy of the last min(10, epochs) epochs; upstream = gigabits one worker sent over the run.\n\n| task | σ | ε | compressor | upstream Gb | final accuracy | epochs | wall |\n|---|---|---|---|---|---|---|---|\n",
+        "# {} ({profile} profile)\n\n{}\n\nFinal accuracy = mean test accuracy of the last min(10, epochs) epochs; with several seeds, their mean ± sample standard deviation (n seeds). Upstream = what one worker sent over the run: exact wire bits / 10^9 (Gb), and the paper's unit (64 bits per transmitted element / 8 / 2^30, its \"Gb\").\n\n| task | σ | ε | compressor | upstream Gb | paper's Gb | final accuracy | seeds | epochs | wall per run |\n|---|---|---|---|---|---|---|---|---|---|\n",
         experiment.name, experiment.description
     );
-    for r in rows {
+    for group in seed_groups(rows) {
+        let r = group[0];
+        let accuracy = mean_sd(&group.iter().map(|r| r.final_accuracy).collect::<Vec<_>>());
+        let wall = group.iter().map(|r| r.wall_seconds).sum::<f64>() / group.len() as f64;
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {:.4} | {:.2}% | {} | {:.0} s |\n",
+            "| {} | {} | {} | {} | {:.4} | {:.4} | {} | {} | {} | {:.0} s |\n",
             r.task,
             r.noise_multiplier,
             r.epsilon.map_or("∞".to_string(), |e| format!("{e:.2}")),
             r.compressor,
             r.upstream_gigabits,
-            100.0 * r.final_accuracy,
+            r.upstream_paper_gib,
+            match accuracy.1 {
+                Some(sd) => format!("{:.2} ± {:.2}%", 100.0 * accuracy.0, 100.0 * sd),
+                None => format!("{:.2}%", 100.0 * accuracy.0),
+            },
+            group.len(),
             r.epochs,
-            r.wall_seconds
+            wall
         ));
     }
     for (name, text) in [("results.csv", csv), ("results.md", md)] {
@@ -372,6 +434,67 @@ fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row
         std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
     }
     Ok(())
+}
+
+/// The cell name without its `seed-N` part: cells that differ only in their seed share it.
+pub fn without_seed(cell: &str) -> String {
+    cell.split('_')
+        .filter(|part| !part.starts_with("seed-"))
+        .collect::<Vec<_>>()
+        .join("_")
+}
+
+/// Rows grouped by `without_seed` of their cell, groups in the order of their first row.
+pub fn seed_groups(rows: &[Row]) -> Vec<Vec<&Row>> {
+    let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
+    for r in rows {
+        let key = without_seed(&r.cell);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, g)) => g.push(r),
+            None => groups.push((key, vec![r])),
+        }
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+/// Mean and, for two or more values, the sample standard deviation.
+pub fn mean_sd(values: &[f64]) -> (f64, Option<f64>) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    if values.len() < 2 {
+        return (mean, None);
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, Some(var.sqrt()))
+}
+
+/// What each cell will upload (`train::upload::estimate`), loading each task's data and model once.
+pub fn upload_estimates(cells: &[Cell]) -> Vec<Result<crate::train::upload::Upload>> {
+    let mut known: Vec<(String, i64, Vec<Vec<i64>>)> = Vec::new();
+    cells
+        .iter()
+        .map(|cell| {
+            let c = &cell.config;
+            let key = format!("{}|{:?}|{:?}", c.task, c.limit_train, c.data_dir);
+            if !known.iter().any(|(k, _, _)| *k == key) {
+                let data = crate::tasks::load_data(c)?;
+                let model = crate::tasks::build_model(
+                    c.task,
+                    data.classes.len() as i64,
+                    tch::Device::Cpu,
+                    &c.bert_dir,
+                )?;
+                let shapes = model
+                    .trainable_variables()
+                    .iter()
+                    .map(|(_, t)| t.size())
+                    .collect();
+                known.push((key.clone(), data.train.len(), shapes));
+            }
+            let (_, n, shapes) = known.iter().find(|(k, _, _)| *k == key).expect("added");
+            crate::train::upload::estimate(c, *n, shapes)
+        })
+        .collect()
 }
 
 /// `key=value` → (key, value).

@@ -516,7 +516,13 @@ fn model_wise_dgc_ranks_the_whole_update_and_keeps_error_feedback() {
         assert_eq!(message.payloads.len(), 1, "one message for the model");
         let sent = dgc.decompress(&message);
         assert_eq!(shapes_of(&sent), shapes);
-        let k = dpcomp::compress::encoding::sparse_budget(n, 64.0, 32, 32);
+        let k = dpcomp::compress::encoding::sparse_budget(
+            n,
+            64.0,
+            32,
+            32,
+            dpcomp::compress::encoding::Budget::Bits,
+        );
         let nonzero = flat(&sent).ne(0.0).sum(Kind::Int64).int64_value(&[]);
         assert_eq!(nonzero, k, "step {step}: k of the whole model");
         if step == 0 {

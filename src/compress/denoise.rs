@@ -28,7 +28,7 @@
 //! parameters concatenated (one flag). `clip` (off by default) bounds the global norm of the
 //! incoming gradient: our reading of the "second clipping" the paper's results mention.
 
-use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, IndexBits};
+use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, Budget, IndexBits};
 use super::topk::{largest, TopK};
 use super::{Compressor, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
@@ -43,6 +43,8 @@ pub struct DenoiseOptions {
     pub index_bits: IndexBits,
     pub topk: TopK,
     pub clip: f64,
+    /// What the rate divides (`encoding::Budget`).
+    pub budget: Budget,
 }
 
 /// Per segment (a parameter, or the whole model): flat [numel] tensors.
@@ -126,7 +128,7 @@ impl Denoise {
         let o = &self.options;
         let n = x.numel() as i64;
         let index_bits = o.index_bits.width(n);
-        let k = sparse_budget(n, o.rate, o.value_bits, index_bits);
+        let k = sparse_budget(n, o.rate, o.value_bits, index_bits, o.budget);
         if o.rate <= 1.0 || !sparse_is_cheaper(k, n, o.value_bits, index_bits) {
             let values = truncate_mantissa(x, o.value_bits);
             let error = (x - &values).square().sum(Kind::Double);

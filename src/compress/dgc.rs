@@ -15,9 +15,17 @@
 //! the plain baseline of its Denoise comparison): residual and momentum are then one flat tensor.
 //!
 //! A tensor is sent dense (at `value_bits`) when its sparse encoding would not be smaller: then
-//! the rate cannot be gained on it (rate 1 sends everything dense, exactly).
+//! the rate cannot be gained on it (rate 1 sends everything dense, exactly). With
+//! `dense_vectors=true` every 1-D parameter (biases, norm scales) is sent dense too, as DGC
+//! implementations that compress only weight matrices and kernels do.
+//!
+//! What the rate divides is `budget` (`bits`, the default: the message's wire bits; `elements`:
+//! k = ceil(numel / rate), DGC's `compress_ratio`): see `encoding::Budget` for the derivation
+//! against the paper's bandwidth figures. The warm-up schedule is `warmup=paper` (DGC paper:
+//! rate min(R, 4^(e+1))) or `warmup=reference` (DGC reference implementation: density
+//! R^-(e+1)/(W+1), e < W).
 
-use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, IndexBits};
+use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, Budget, IndexBits};
 use super::topk::{largest, TopK};
 use super::{Compressor, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
@@ -30,8 +38,21 @@ pub struct DgcOptions {
     pub momentum: f64,
     pub masking: bool,
     pub warmup_epochs: usize,
+    pub warmup: Warmup,
     pub topk: TopK,
     pub scope: Scope,
+    pub budget: Budget,
+    pub dense_vectors: bool,
+}
+
+/// DGC's sparsity warm-up over `warmup_epochs` W.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warmup {
+    /// DGC paper (Lin et al. 2018, section 3.3): rate min(R, 4^(e+1)) in epoch e < W, i.e.
+    /// density 25%, 6.25%, 1.56%, ... (its 75%, 93.75%, 98.4375%, ... sparsity).
+    Paper,
+    /// DGC reference implementation: density max(R^-(e+1)/(W+1), 1/R) in epoch e < W.
+    Reference,
 }
 
 pub struct Dgc {
@@ -73,10 +94,16 @@ impl Dgc {
 
     /// The rate in force this epoch (DGC's exponential warm-up, then `rate`).
     pub fn current_rate(&self) -> f64 {
-        if self.epoch < self.options.warmup_epochs {
-            self.options.rate.min(4f64.powi(self.epoch as i32 + 1))
-        } else {
-            self.options.rate
+        let o = &self.options;
+        if self.epoch >= o.warmup_epochs {
+            return o.rate;
+        }
+        match o.warmup {
+            Warmup::Paper => o.rate.min(4f64.powi(self.epoch as i32 + 1)),
+            Warmup::Reference => o
+                .rate
+                .powf((self.epoch + 1) as f64 / (o.warmup_epochs + 1) as f64)
+                .min(o.rate),
         }
     }
 
@@ -115,8 +142,12 @@ impl Compressor for Dgc {
                     let n = v.numel() as i64;
                     let shape = v.size();
                     let index_bits = o.index_bits.width(n);
-                    let k = sparse_budget(n, rate, o.value_bits, index_bits);
-                    if rate <= 1.0 || !sparse_is_cheaper(k, n, o.value_bits, index_bits) {
+                    let k = sparse_budget(n, rate, o.value_bits, index_bits, o.budget);
+                    let vector = o.scope == Scope::Layer && self.shapes[i].len() <= 1;
+                    if rate <= 1.0
+                        || (o.dense_vectors && vector)
+                        || !sparse_is_cheaper(k, n, o.value_bits, index_bits)
+                    {
                         let values = truncate_mantissa(v, o.value_bits);
                         let _ = v.g_sub_(&values);
                         if let Some(u) = self.momenta.get_mut(i).filter(|_| o.masking) {

@@ -3,8 +3,8 @@
 //! Unknown keys and bad values are errors that list what each compressor accepts.
 
 use super::denoise::{Denoise, DenoiseOptions};
-use super::dgc::{Dgc, DgcOptions};
-use super::encoding::IndexBits;
+use super::dgc::{Dgc, DgcOptions, Warmup};
+use super::encoding::{Budget, IndexBits};
 use super::identity::Identity;
 use super::powersgd::{MatrixShape, PowerSgd, PowerSgdOptions};
 use super::topk::TopK;
@@ -48,9 +48,12 @@ impl CompressorKind {
                 "momentum",
                 "masking",
                 "warmup_epochs",
+                "warmup",
                 "topk",
                 "sample_ratio",
                 "scope",
+                "budget",
+                "dense_vectors",
             ],
             CompressorKind::Powersgd => &["shape", "min_rate", "epsilon", "warm_start", "seed"],
             CompressorKind::Denoise => &[
@@ -62,6 +65,7 @@ impl CompressorKind {
                 "topk",
                 "sample_ratio",
                 "clip",
+                "budget",
             ],
         }
     }
@@ -253,9 +257,33 @@ impl CompressorSpec {
             momentum: self.unit("momentum", 0.0, true)?,
             masking: self.get("masking", true, "true or false")?,
             warmup_epochs: self.get("warmup_epochs", 0, "a whole number of epochs")?,
+            warmup: match self.options.get("warmup").map(String::as_str) {
+                None | Some("paper") => Warmup::Paper,
+                Some("reference") => Warmup::Reference,
+                Some(v) => {
+                    return Err(Error::bad_value(
+                        "compressor option warmup",
+                        format!("{v:?}: expected paper (DGC paper's 4^(e+1)) or reference"),
+                    ))
+                }
+            },
             topk: self.topk()?,
             scope: self.scope()?,
+            budget: self.budget()?,
+            dense_vectors: self.get("dense_vectors", false, "true or false")?,
         })
+    }
+
+    /// `budget=bits|elements` of the sparsifiers (`encoding::Budget`; bits by default).
+    fn budget(&self) -> Result<Budget> {
+        match self.options.get("budget").map(String::as_str) {
+            None | Some("bits") => Ok(Budget::Bits),
+            Some("elements") => Ok(Budget::Elements),
+            Some(v) => Err(Error::bad_value(
+                "compressor option budget",
+                format!("{v:?}: expected bits (the wire bits shrink by the rate) or elements (k = numel / rate)"),
+            )),
+        }
     }
 
     /// `scope=layer|model` of the sparsifiers (layer-wise by default).
@@ -318,6 +346,7 @@ impl CompressorSpec {
             index_bits: self.index_bits()?,
             topk: self.topk()?,
             clip,
+            budget: self.budget()?,
         })
     }
 }

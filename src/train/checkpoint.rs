@@ -27,6 +27,9 @@ pub struct TrainState {
     /// Upstream bits sent so far (all messages of all steps).
     #[serde(default)]
     pub upstream_bits: u64,
+    /// The same in the paper's unit (64 bits per transmitted element).
+    #[serde(default)]
+    pub upstream_paper_bits: u64,
 }
 
 pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {

@@ -33,9 +33,13 @@ pub struct EpochMetrics {
     /// Upstream bits this worker sent in this epoch's messages (`upstream.csv` has every step).
     #[serde(default)]
     pub upstream_bits: u64,
-    /// Cumulative upstream gigabits (10^9 bits) since the run started, as the paper's figures.
+    /// Cumulative upstream gigabits (10^9 exact wire bits) since the run started.
     #[serde(default, deserialize_with = "nan_if_null")]
     pub upstream_gigabits: f64,
+    /// Cumulative upstream in the paper's unit since the run started: 64 bits per transmitted
+    /// element / 8 / 2^30 (`compress::message`; the paper's "Gb").
+    #[serde(default, deserialize_with = "nan_if_null")]
+    pub upstream_paper_gib: f64,
 }
 
 /// JSON has no NaN: serde_json writes a diverged run's NaN loss as `null`; read it back as NaN
@@ -60,9 +64,12 @@ pub struct Summary {
     pub sampling: Option<String>,
     pub stopped: Option<String>,
     /// The compressor ("identity", "dgc x256", "powersgd r1", ...) and the upstream gigabits
-    /// one worker sent over the whole run.
+    /// (10^9 exact wire bits) one worker sent over the whole run.
     pub compressor: String,
     pub upstream_gigabits: f64,
+    /// The same upload in the paper's unit (64 bits per element / 8 / 2^30, its "Gb").
+    #[serde(default, deserialize_with = "nan_if_null")]
+    pub upstream_paper_gib: f64,
 }
 
 /// Mean of the last `min(10, n)` test accuracies.
@@ -113,8 +120,11 @@ pub fn read_and_truncate(path: &Path, epochs_done: usize) -> Result<Vec<EpochMet
     Ok(history)
 }
 
-/// Appends `step,epoch,bits` lines (a header first when the file is new).
-pub fn append_upstream(path: &Path, rows: &[(u64, usize, u64)]) -> Result<()> {
+/// One step's row of `upstream.csv`: step, epoch, exact wire bits, bits in the paper's unit.
+pub type UpstreamRow = (u64, usize, u64, u64);
+
+/// Appends `step,epoch,upstream_bits,paper_bits` lines (a header first when the file is new).
+pub fn append_upstream(path: &Path, rows: &[UpstreamRow]) -> Result<()> {
     let new = !path.exists();
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -123,10 +133,10 @@ pub fn append_upstream(path: &Path, rows: &[(u64, usize, u64)]) -> Result<()> {
         .map_err(|e| Error::io(path, e))?;
     let mut text = String::new();
     if new {
-        text.push_str("step,epoch,upstream_bits\n");
+        text.push_str("step,epoch,upstream_bits,paper_bits\n");
     }
-    for (step, epoch, bits) in rows {
-        text.push_str(&format!("{step},{epoch},{bits}\n"));
+    for (step, epoch, bits, paper) in rows {
+        text.push_str(&format!("{step},{epoch},{bits},{paper}\n"));
     }
     file.write_all(text.as_bytes())
         .map_err(|e| Error::io(path, e))
@@ -177,6 +187,7 @@ mod tests {
             clipped_fraction: Some(1.0),
             upstream_bits: 7,
             upstream_gigabits: 1e-8,
+            upstream_paper_gib: 1e-8,
         };
         let line = serde_json::to_string(&m).unwrap();
         assert!(line.contains("\"train_loss\":null"), "{line}");

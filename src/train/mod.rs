@@ -11,8 +11,10 @@ pub mod metrics;
 pub mod private;
 pub mod sgd;
 pub mod update;
+pub mod upload;
 
 use crate::analysis::{fixed_batches, gradient_error};
+use crate::compress::message::paper_gib;
 use crate::config::{Sampling, TrainConfig};
 use crate::data::sampler;
 use crate::data::{Batch, Dataset, TaskData};
@@ -407,7 +409,7 @@ impl Trainer {
             tch::manual_seed(epoch_seed(self.config.seed, epoch));
             self.updater.compressor.start_epoch(epoch);
             let batches = self.epoch_batches();
-            let mut upstream: Vec<(u64, usize, u64)> = Vec::with_capacity(batches.len());
+            let mut upstream: Vec<metrics::UpstreamRow> = Vec::with_capacity(batches.len());
             let bar = self.progress_bar(epoch, batches.len() as u64);
             let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
             let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
@@ -460,7 +462,13 @@ impl Trainer {
                 seen += index.size()[0];
                 self.state.steps_done += 1;
                 self.state.upstream_bits += self.updater.last_bits;
-                upstream.push((self.state.steps_done, epoch + 1, self.updater.last_bits));
+                self.state.upstream_paper_bits += self.updater.last_paper_bits;
+                upstream.push((
+                    self.state.steps_done,
+                    epoch + 1,
+                    self.updater.last_bits,
+                    self.updater.last_paper_bits,
+                ));
                 bar.inc(1);
                 if step % 50 == 49 {
                     // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
@@ -505,6 +513,7 @@ impl Trainer {
                 clipped_fraction: self.config.private().then(|| per_example(&clipped)),
                 upstream_bits: upstream.iter().map(|r| r.2).sum(),
                 upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
+                upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
             };
             bar.finish_and_clear();
             if self.progress {
@@ -512,7 +521,7 @@ impl Trainer {
                     .epsilon
                     .map_or(String::new(), |e| format!("  epsilon {e:.3}"));
                 eprintln!(
-                    "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%{eps}  upstream {:.4} Gb  {:.0} ex/s  {:.1}s",
+                    "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%{eps}  upstream {:.4} Gb ({:.4} in the paper's unit)  {:.0} ex/s  {:.1}s",
                     m.epoch,
                     self.config.epochs,
                     m.train_loss,
@@ -520,6 +529,7 @@ impl Trainer {
                     m.test_loss,
                     100.0 * m.test_accuracy,
                     m.upstream_gigabits,
+                    m.upstream_paper_gib,
                     m.examples_per_second,
                     m.epoch_seconds
                 );
@@ -552,6 +562,7 @@ impl Trainer {
             stopped: self.state.stopped.clone(),
             compressor: self.config.compressor_spec()?.label(),
             upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
+            upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
         };
         let path = self.run_dir.join("summary.json");
         std::fs::write(

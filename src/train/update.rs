@@ -11,6 +11,8 @@ pub struct Updater {
     pub compressor: Box<dyn Compressor>,
     /// Upstream bits of the last step's message.
     pub last_bits: u64,
+    /// The same message in the paper's unit (64 bits per transmitted element, `Message::paper_bits`).
+    pub last_paper_bits: u64,
 }
 
 impl Updater {
@@ -19,6 +21,7 @@ impl Updater {
             optimizer,
             compressor,
             last_bits: 0,
+            last_paper_bits: 0,
         }
     }
 
@@ -32,6 +35,7 @@ impl Updater {
     pub fn apply(&mut self, params: &[Tensor], grads: &[Tensor]) -> u64 {
         let message = self.compressor.compress(grads);
         self.last_bits = message.wire_bits();
+        self.last_paper_bits = message.paper_bits();
         let received = self.compressor.decompress(&message);
         self.optimizer.step(params, &received);
         self.last_bits

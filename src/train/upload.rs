@@ -1,0 +1,66 @@
+//! What a run will upload, computed without training: the compressor of the run's configuration
+//! encodes one random update of the model's shapes for every epoch whose rate can differ (DGC's
+//! warm-up), and the message sizes are multiplied by the steps per epoch (ceil(n / B), the
+//! number `Trainer::steps_per_epoch` runs and Opacus's 1/q). Every built-in message has a size
+//! that depends only on the shapes and the rate, never on the values, so this is exact; a
+//! test checks it against a trained run's `summary.json`.
+
+use crate::compress::message::paper_gib;
+use crate::config::TrainConfig;
+use crate::error::Result;
+use tch::{Device, Kind, Tensor};
+
+/// A run's whole upload in both units.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Upload {
+    pub steps: u64,
+    /// Exact wire bits.
+    pub wire_bits: u64,
+    /// 64 bits per transmitted element, plus flag bits (`compress::Message::paper_bits`).
+    pub paper_bits: u64,
+}
+
+impl Upload {
+    pub fn gigabits(&self) -> f64 {
+        self.wire_bits as f64 / 1e9
+    }
+
+    /// The paper's "Gb": paper bits / 8 / 2^30.
+    pub fn paper_gib(&self) -> f64 {
+        paper_gib(self.paper_bits)
+    }
+}
+
+/// The upload of `config` trained on `train_examples` examples with parameters of `shapes`.
+pub fn estimate(config: &TrainConfig, train_examples: i64, shapes: &[Vec<i64>]) -> Result<Upload> {
+    let spec = config.compressor_spec()?;
+    let mut compressor = spec.build(shapes, Device::Cpu)?;
+    let batch = config.batch_size as i64;
+    let steps_per_epoch = ((train_examples + batch - 1) / batch) as u64;
+    // Epochs after the warm-up all send the same sizes: encode those once.
+    let distinct = match spec.kind {
+        crate::compress::CompressorKind::Dgc => spec.dgc_options()?.warmup_epochs + 1,
+        _ => 1,
+    };
+    let mut total = Upload {
+        steps: 0,
+        wire_bits: 0,
+        paper_bits: 0,
+    };
+    let mut per_step = (0u64, 0u64);
+    for epoch in 0..config.epochs {
+        if epoch < distinct {
+            compressor.start_epoch(epoch);
+            let update: Vec<Tensor> = shapes
+                .iter()
+                .map(|s| Tensor::randn(s.as_slice(), (Kind::Float, Device::Cpu)))
+                .collect();
+            let message = compressor.compress(&update);
+            per_step = (message.wire_bits(), message.paper_bits());
+        }
+        total.steps += steps_per_epoch;
+        total.wire_bits += steps_per_epoch * per_step.0;
+        total.paper_bits += steps_per_epoch * per_step.1;
+    }
+    Ok(total)
+}
