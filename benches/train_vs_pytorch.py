@@ -63,11 +63,11 @@ class CifarCnn(nn.Module):
         super().__init__()
         blocks, c = [], 3
         for out in (32, 64, 128):
-            blocks += [nn.Conv2d(c, out, 3, padding=1), nn.InstanceNorm2d(out, affine=True), nn.ReLU(),
+            blocks += [nn.Conv2d(c, out, 3), nn.InstanceNorm2d(out), nn.ReLU(),
                        nn.AvgPool2d(2), nn.Dropout2d(0.1)]
             c = out
         self.features = nn.Sequential(*blocks)
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2048, 256), nn.ReLU(), nn.Dropout(0.25),
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(512, 256), nn.ReLU(), nn.Dropout(0.25),
                                   nn.Linear(256, 512), nn.ReLU(), nn.Dropout(0.25), nn.Linear(512, classes))
 
     def forward(self, x):

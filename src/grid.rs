@@ -116,7 +116,8 @@ impl Experiment {
             .ok_or_else(|| unknown_profile(&self.name, profile, self.profiles.keys()))?;
         let profile_axes = overrides.get("grid").and_then(|g| g.as_table());
         for (axis, _) in only {
-            if !self.grid.contains_key(axis) && !profile_axes.is_some_and(|g| g.contains_key(axis)) {
+            if !self.grid.contains_key(axis) && !profile_axes.is_some_and(|g| g.contains_key(axis))
+            {
                 return Err(Error::bad_value(
                     "--only",
                     format!(
@@ -534,4 +535,61 @@ pub fn experiment_kind(path: &Path) -> Result<Option<String>> {
         .get("kind")
         .and_then(|k| k.as_str())
         .map(str::to_string))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(cell: &str, seed: u64, accuracy: f64) -> Row {
+        Row {
+            cell: cell.to_string(),
+            task: "surnames".into(),
+            noise_multiplier: 0.4,
+            epsilon: Some(50.9),
+            delta: 8e-5,
+            compressor: "dgc x16".into(),
+            rate: 16.0,
+            rank: 1,
+            seed,
+            upstream_gigabits: 23.7,
+            upstream_paper_gib: 2.76,
+            final_accuracy: accuracy,
+            epochs: 100,
+            wall_seconds: 300.0,
+        }
+    }
+
+    #[test]
+    fn seeds_of_a_cell_are_one_row_with_mean_and_sample_sd() {
+        let rows = vec![
+            row("noise_multiplier-0.4_rate-16_seed-0", 0, 0.50),
+            row("noise_multiplier-0.4_rate-16_seed-1", 1, 0.52),
+            row("noise_multiplier-0.4_rate-256_seed-0", 0, 0.40),
+            row("noise_multiplier-0.4_rate-16_seed-2", 2, 0.54),
+        ];
+        let groups = seed_groups(&rows);
+        assert_eq!(groups.len(), 2);
+        assert_eq!(groups[0].len(), 3);
+        assert_eq!(groups[1].len(), 1);
+        let (mean, sd) = mean_sd(&[0.50, 0.52, 0.54]);
+        assert!((mean - 0.52).abs() < 1e-12);
+        assert!((sd.unwrap() - 0.02).abs() < 1e-12);
+        assert_eq!(mean_sd(&[0.4]), (0.4, None));
+
+        let dir = tempfile::tempdir().unwrap();
+        let experiment: Experiment = toml::from_str("name = \"x\"\ndescription = \"d\"\n").unwrap();
+        write_tables(dir.path(), &experiment, "full", &rows).unwrap();
+        let md = std::fs::read_to_string(dir.path().join("results.md")).unwrap();
+        assert!(md.contains("| 52.00 ± 2.00% | 3 |"), "{md}");
+        assert!(md.contains("| 40.00% | 1 |"), "{md}");
+        assert!(md.contains("| 23.7000 | 2.7600 |"), "{md}");
+        let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 5, "every seed keeps its own csv row");
+        assert!(csv
+            .lines()
+            .next()
+            .unwrap()
+            .contains("seed,upstream_gigabits,upstream_paper_gib"));
+    }
 }

@@ -446,6 +446,107 @@ fn wire_bits_equal_hand_counts() {
     );
 }
 
+/// The paper's unit counts 64 bits per transmitted element, dense values included, plus flag
+/// bits; `budget=elements` keeps ceil(numel / rate) elements per tensor.
+#[test]
+fn paper_bits_count_64_per_element_and_budget_elements_keeps_numel_over_rate() {
+    let opts = (Kind::Float, Device::Cpu);
+    let input = vec![Tensor::ones([100, 10], opts), Tensor::ones([10], opts)];
+    let shapes = shapes_of(&input);
+    let sent = |s: CompressorSpec| {
+        let mut c = s.build(&shapes, Device::Cpu).unwrap();
+        let m = c.compress(&input);
+        (m.elements(), m.paper_bits(), m.wire_bits())
+    };
+    // Dense: 1010 elements, 64 bits each in the paper's unit, 32 on the wire.
+    assert_eq!(
+        sent(spec(CompressorKind::Identity, 1.0, 1, &[])),
+        (1010, 64 * 1010, 32 * 1010)
+    );
+    assert_eq!(
+        sent(spec(CompressorKind::Dgc, 1.0, 1, &["budget=elements"])),
+        (1010, 64 * 1010, 32 * 1010)
+    );
+    // DGC x16 by bits: 31 + 1 elements (see wire_bits_equal_hand_counts).
+    assert_eq!(
+        sent(spec(CompressorKind::Dgc, 16.0, 1, &[])),
+        (32, 64 * 32, 64 * 32)
+    );
+    // By elements: ceil(1000/16) = 63 and ceil(10/16) = 1.
+    assert_eq!(
+        sent(spec(CompressorKind::Dgc, 16.0, 1, &["budget=elements"])),
+        (64, 64 * 64, 64 * 64)
+    );
+    // ceil(1000/256) = 4, ceil(10/256) = 1: the paper's unit shrinks by the rate up to rounding.
+    assert_eq!(
+        sent(spec(CompressorKind::Dgc, 256.0, 1, &["budget=elements"])),
+        (5, 64 * 5, 64 * 5)
+    );
+    // 1-D tensors dense: the bias's 10 values go whole (32 bits each on the wire).
+    assert_eq!(
+        sent(spec(
+            CompressorKind::Dgc,
+            16.0,
+            1,
+            &["budget=elements", "dense_vectors=true"]
+        )),
+        (73, 64 * 73, 64 * 63 + 32 * 10)
+    );
+    // The paper's unit does not see the bit removal; the wire does.
+    assert_eq!(
+        sent(spec(
+            CompressorKind::Dgc,
+            16.0,
+            1,
+            &["budget=elements", "value_bits=16"]
+        )),
+        (64, 64 * 64, 48 * 64)
+    );
+    // PowerSGD rank 2 near-square: P and Q of 32 x 2 each + the dense bias.
+    assert_eq!(
+        sent(spec(CompressorKind::Powersgd, 1.0, 2, &[])),
+        (128 + 10, 64 * 138, 32 * 128 + 320)
+    );
+    // Denoise model-wise by elements: ceil(1010/16) = 64 elements and one flag bit.
+    assert_eq!(
+        sent(spec(
+            CompressorKind::Denoise,
+            16.0,
+            1,
+            &["budget=elements", "scope=model"]
+        )),
+        (64, 64 * 64 + 1, 64 * 64 + 1)
+    );
+    let err = CompressorSpec::new(CompressorKind::Dgc, 16.0, 1, &["budget=words".to_string()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("budget") && err.contains("elements"), "{err}");
+}
+
+#[test]
+fn dgc_reference_warmup_is_geometric_in_the_density() {
+    let shapes = vec![vec![100_000i64]];
+    let options = spec(
+        CompressorKind::Dgc,
+        256.0,
+        1,
+        &["warmup_epochs=3", "warmup=reference"],
+    )
+    .dgc_options()
+    .unwrap();
+    let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
+    let rates: Vec<f64> = (0..5)
+        .map(|e| {
+            dgc.start_epoch(e);
+            dgc.current_rate()
+        })
+        .collect();
+    // 256^(1/4) = 4, 256^(2/4) = 16, 256^(3/4) = 64, then 256.
+    for (got, want) in rates.iter().zip([4.0, 16.0, 64.0, 256.0, 256.0]) {
+        assert!((got - want).abs() < 1e-9, "{rates:?}");
+    }
+}
+
 #[test]
 fn low_order_bit_removal_truncates_toward_zero() {
     let x = Tensor::from_slice(&[1.0f32 + 2f32.powi(-10), -3.3333333, 0.0, 1e-30]);

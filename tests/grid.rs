@@ -44,14 +44,35 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
             .unwrap();
             assert_eq!(r.epsilon, Some(expected), "{}", r.cell);
         }
-        // 11,373,732 parameters; rate 1 sends them dense every step.
-        let dense = 11_373_732.0 * 32.0 * (epochs * steps_per_epoch) as f64 / 1e9;
-        let rate = dense / r.upstream_gigabits;
+        // 11,373,732 parameters; rate 1 sends them dense every step. The file keeps
+        // k = ceil(numel / rate) elements per tensor (budget=elements), so the paper's unit
+        // (64 bits per element) shrinks by the rate, and the wire bits (32-bit value + 32-bit
+        // index per kept element, 32 bits per dense value) by the rate over 2.
+        let steps = (epochs * steps_per_epoch) as f64;
+        let dense_paper = 11_373_732.0 * 64.0 * steps / 8.0 / (1u64 << 30) as f64;
+        let paper_rate = dense_paper / r.upstream_paper_gib;
         assert!(
-            (rate / r.rate - 1.0).abs() < 0.01,
-            "{}: rate {rate}",
+            (paper_rate / r.rate - 1.0).abs() < 0.01,
+            "{}: rate {paper_rate} in the paper's unit",
             r.cell
         );
+        let dense_wire = 11_373_732.0 * 32.0 * steps / 1e9;
+        let wire_rate = dense_wire / r.upstream_gigabits;
+        let expected = if r.rate == 1.0 { 1.0 } else { r.rate / 2.0 };
+        assert!(
+            (wire_rate / expected - 1.0).abs() < 0.01,
+            "{}: wire rate {wire_rate}",
+            r.cell
+        );
+    }
+    // What `dpcomp grid --list` estimates without training is what the runs sent.
+    let cells = experiment.cells("cpu", &[]).unwrap();
+    let estimates = dpcomp::grid::upload_estimates(&cells);
+    for (r, estimate) in rows.iter().zip(estimates) {
+        let estimate = estimate.unwrap();
+        assert_eq!(estimate.gigabits(), r.upstream_gigabits, "{}", r.cell);
+        assert_eq!(estimate.paper_gib(), r.upstream_paper_gib, "{}", r.cell);
+        assert_eq!(estimate.steps, (epochs * steps_per_epoch) as u64);
     }
     let root = runs.join("cifar100_dgc/cpu");
     let table = std::fs::read_to_string(root.join("results.md")).unwrap();
@@ -108,6 +129,23 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("other settings"), "{err}");
+    // A finished cell committed without its checkpoint (experiments/runs/ keeps only the logs)
+    // is still finished; with neither checkpoint nor summary it is new.
+    std::fs::remove_dir_all(first.join("checkpoint")).unwrap();
+    assert_eq!(
+        cell_state(&first, &cells[0].config).unwrap(),
+        CellState::Finished
+    );
+    let mut longer = cells[0].config.clone();
+    longer.epochs += 1;
+    let err = cell_state(&first, &longer).unwrap_err().to_string();
+    assert!(err.contains("no checkpoint"), "{err}");
+    std::fs::remove_file(first.join("summary.json")).unwrap();
+    assert_eq!(
+        cell_state(&first, &cells[0].config).unwrap(),
+        CellState::New
+    );
+
     // Unknown profile and axis are clear errors.
     let err = experiment.cells("gpu", &[]).unwrap_err().to_string();
     assert!(err.contains("cpu") && err.contains("full"), "{err}");
@@ -182,22 +220,22 @@ fn table_valued_axes_bundle_settings_under_a_label() {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/surnames_denoise.toml");
     let experiment = Experiment::from_file(&path).unwrap();
-    // noise 3 x rate 2 x variant 4 (DGC, model-wise top-k, Denoise layer- and model-wise).
-    assert_eq!(experiment.cells("cpu", &[]).unwrap().len(), 24);
-    let model_wise = experiment
-        .cells("cpu", &[("variant".to_string(), "dgc-model".to_string())])
+    // noise 3 x rate 3 x variant 3 (DGC, model-wise Denoise without and with a second clipping).
+    assert_eq!(experiment.cells("cpu", &[]).unwrap().len(), 27);
+    let dgc = experiment
+        .cells("cpu", &[("variant".to_string(), "dgc".to_string())])
         .unwrap();
-    assert_eq!(model_wise.len(), 6);
+    assert_eq!(dgc.len(), 9);
     assert_eq!(
-        model_wise[0].config.compressor,
+        dgc[0].config.compressor,
         dpcomp::compress::CompressorKind::Dgc
     );
     assert_eq!(
-        model_wise[0].config.compressor_options,
-        vec!["scope=model".to_string()]
+        dgc[0].config.compressor_options,
+        vec!["budget=elements".to_string()]
     );
     let only = vec![
-        ("variant".to_string(), "denoise-model".to_string()),
+        ("variant".to_string(), "denoise-model-clip".to_string()),
         ("rate".to_string(), "256".to_string()),
         ("noise_multiplier".to_string(), "0.8".to_string()),
     ];
@@ -206,16 +244,38 @@ fn table_valued_axes_bundle_settings_under_a_label() {
     let c = &cells[0];
     assert_eq!(
         c.name,
-        "noise_multiplier-0.8_rate-256_variant-denoise-model"
+        "noise_multiplier-0.8_rate-256_variant-denoise-model-clip"
     );
     assert_eq!(
         c.config.compressor,
         dpcomp::compress::CompressorKind::Denoise
     );
-    assert_eq!(c.config.compressor_options, vec!["scope=model".to_string()]);
+    assert_eq!(
+        c.config.compressor_options,
+        vec![
+            "budget=elements".to_string(),
+            "scope=model".to_string(),
+            "clip=3.0".to_string()
+        ]
+    );
     assert_eq!(
         (c.config.rate, c.config.noise_multiplier, c.config.epochs),
         (256.0, Some(0.8), 15)
+    );
+    // The full profile adds a seed axis: 3 seeds of every cell.
+    let full = experiment.cells("full", &only).unwrap();
+    assert_eq!(full.len(), 3);
+    assert_eq!(
+        full.iter().map(|c| c.config.seed).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    assert_eq!(
+        full[1].name,
+        "noise_multiplier-0.8_rate-256_seed-1_variant-denoise-model-clip"
+    );
+    assert_eq!(
+        dpcomp::grid::without_seed(&full[1].name),
+        "noise_multiplier-0.8_rate-256_variant-denoise-model-clip"
     );
     // A bundle without a label cannot name its cells.
     let dir = tempfile::tempdir().unwrap();
@@ -227,4 +287,74 @@ fn table_valued_axes_bundle_settings_under_a_label() {
     .unwrap();
     let err = Experiment::from_file(&bad).unwrap_err().to_string();
     assert!(err.contains("bad.toml") && err.contains("label"), "{err}");
+}
+
+#[test]
+fn full_profiles_run_three_seeds_and_only_selects_one() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/surnames_dgc.toml");
+    let experiment = Experiment::from_file(&path).unwrap();
+    assert_eq!(experiment.cells("cpu", &[]).unwrap().len(), 9);
+    let full = experiment.cells("full", &[]).unwrap();
+    assert_eq!(full.len(), 27);
+    let seed1 = experiment
+        .cells("full", &[("seed".to_string(), "1".to_string())])
+        .unwrap();
+    assert_eq!(seed1.len(), 9);
+    assert!(seed1
+        .iter()
+        .all(|c| c.config.seed == 1 && c.name.ends_with("_seed-1")));
+    // --only on the profile's own axis is an error in a profile without it.
+    let err = experiment
+        .cells("cpu", &[("seed".to_string(), "1".to_string())])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("seed"), "{err}");
+    // A profile grid that is not a table of arrays is refused with the profile's name.
+    let mut bad = experiment.clone();
+    bad.profiles
+        .get_mut("cpu")
+        .unwrap()
+        .insert("grid".into(), toml::Value::Integer(3));
+    let err = bad.cells("cpu", &[]).unwrap_err().to_string();
+    assert!(err.contains("profile cpu") && err.contains("grid"), "{err}");
+}
+
+/// The paper's bandwidths, computed without training from the full profiles: Surnames
+/// uncompressed 44.15 (the paper's 44.22: 118,034 parameters x 64 bits x 50,200 steps) and
+/// CIFAR-10 uncompressed 105.25 (the paper's 105.25: 361,290 x 64 x 39,100), each shrinking
+/// by the DGC rate in the paper's unit.
+#[test]
+fn full_profiles_estimate_the_papers_bandwidths() {
+    let Some(data) = common::require_shared_data() else {
+        return;
+    };
+    let experiments = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+    for (file, steps, dense) in [
+        ("surnames_dgc.toml", 50_200u64, "44.15"),
+        ("cifar10_dgc.toml", 39_100, "105.25"),
+    ] {
+        let mut experiment = Experiment::from_file(&experiments.join(file)).unwrap();
+        experiment
+            .base
+            .insert("data_dir".into(), data.display().to_string().into());
+        let only = [("noise_multiplier".to_string(), "0.4".to_string())];
+        let mut cells = experiment.cells("full", &only).unwrap();
+        cells.retain(|c| c.config.seed == 0);
+        assert_eq!(cells.len(), 3, "{file}");
+        let uploads: Vec<_> = dpcomp::grid::upload_estimates(&cells)
+            .into_iter()
+            .map(|u| u.unwrap())
+            .collect();
+        assert!(uploads.iter().all(|u| u.steps == steps), "{file}");
+        assert_eq!(format!("{:.2}", uploads[0].paper_gib()), dense, "{file}");
+        for (c, u) in cells.iter().zip(&uploads) {
+            let rate = uploads[0].paper_gib() / u.paper_gib();
+            assert!(
+                (rate / c.config.rate - 1.0).abs() < 0.01,
+                "{file} {}: {rate}",
+                c.name
+            );
+        }
+    }
 }

@@ -51,20 +51,27 @@ fn normalise(
     ys
 }
 
-/// Instance normalisation over H, W of each (example, channel), then a per-channel affine map.
-/// Instance statistics are used in training and evaluation alike (PyTorch's
-/// `InstanceNorm2d(affine=True)` default, `track_running_stats=False`), so the "momentum 0.1" the
-/// paper mentions has nothing to act on.
+/// Instance normalisation over H, W of each (example, channel), optionally followed by a
+/// per-channel affine map. Instance statistics are used in training and evaluation alike
+/// (PyTorch's `InstanceNorm2d` default, `track_running_stats=False`), so the "momentum 0.1" the
+/// paper mentions has nothing to act on. `new` has the affine map (`affine=True`), `plain` has
+/// none (PyTorch's default `affine=False`: no parameters, the paper's CIFAR-10 CNN).
 #[derive(Debug)]
 pub struct InstanceNorm2d {
-    pub weight: Tensor,
-    pub bias: Tensor,
+    /// (weight, bias), or `None` without an affine map.
+    pub affine: Option<(Tensor, Tensor)>,
 }
 
 impl InstanceNorm2d {
     pub fn new(p: &nn::Path, channels: i64) -> Self {
-        let (weight, bias) = affine(p, channels);
-        InstanceNorm2d { weight, bias }
+        InstanceNorm2d {
+            affine: Some(affine(p, channels)),
+        }
+    }
+
+    /// Without parameters: nothing to record, per-sample by construction.
+    pub fn plain() -> Self {
+        InstanceNorm2d { affine: None }
     }
 
     pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
@@ -80,14 +87,17 @@ impl InstanceNorm2d {
                 false,
             )
         };
-        normalise(
-            &self.weight,
-            &self.bias,
-            1,
-            ctx,
-            |w, b| run(Some(w), Some(b)),
-            || run(None, None),
-        )
+        match &self.affine {
+            None => run(None, None),
+            Some((weight, bias)) => normalise(
+                weight,
+                bias,
+                1,
+                ctx,
+                |w, b| run(Some(w), Some(b)),
+                || run(None, None),
+            ),
+        }
     }
 }
 

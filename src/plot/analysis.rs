@@ -108,14 +108,17 @@ pub fn gradient_error_figures(
         render_with(&path, (900, 540), &figure)?;
         written.push(path);
         for &epoch in &epochs {
-            let at_epoch: Vec<Measured> = cells
-                .iter()
-                .filter_map(|c| {
-                    let (s, j) = index(c)?;
-                    let r = c.grad_errors.iter().find(|r| r.epoch == epoch)?;
-                    Some((c, r, s, j))
-                })
-                .collect();
+            // Bars: one run per (setting, σ), the first seed's (the scatter shows every seed).
+            let mut at_epoch: Vec<Measured> = Vec::new();
+            for c in cells {
+                let Some((s, j)) = index(c) else { continue };
+                let Some(r) = c.grad_errors.iter().find(|r| r.epoch == epoch) else {
+                    continue;
+                };
+                if !at_epoch.iter().any(|m| m.2 == s && m.3 == j) {
+                    at_epoch.push((c, r, s, j));
+                }
+            }
             let path = out.join(format!("gradient_error_bias_variance_epoch{epoch}.{ext}"));
             let height = 60 + 280 * sigmas.len() as u32;
             let title = format!("{title}, after epoch {epoch}");

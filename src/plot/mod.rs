@@ -3,8 +3,12 @@
 //!
 //! 1. `accuracy_by_epsilon`: final accuracy grouped by ε (one group per noise multiplier), one bar
 //!    per compression setting (the paper's Figures 3.1-3.4 top);
-//! 2. `accuracy_by_bandwidth`: grouped by upstream gigabits (one group per compression setting),
-//!    one bar per noise multiplier (bottom);
+//! 2. `accuracy_by_bandwidth`: grouped by upstream bandwidth in the paper's unit (one group per
+//!    compression setting, labelled like the paper's "105.25Gb"), one bar per noise multiplier
+//!    (bottom);
+//!
+//! Cells that differ only in their seed are drawn together: bars are the mean with a ± one
+//! standard deviation whisker, curves are the per-epoch mean.
 //! 3. `accuracy_per_epoch` and `accuracy_per_epoch_smoothed`: test accuracy per epoch, raw and
 //!    smoothed by a mean filter over `smoothing_width(epochs)` epochs without padding at the ends
 //!    (the paper's Figures B.1/B.2: width 20 over 100 epochs).
@@ -164,13 +168,14 @@ fn unique<T: PartialEq + Clone>(items: impl Iterator<Item = T>) -> Vec<T> {
 }
 
 /// Grouped bars: `groups` (label under each group), each with one bar per series; `value(g, s)`
-/// in percent, `None` for a missing cell.
+/// is (mean, spread) in percent, `None` for a missing cell; a positive spread (the sample
+/// standard deviation over seeds) is drawn as a ± whisker.
 struct Bars<'a> {
     title: &'a str,
     x_desc: &'a str,
     groups: &'a [String],
     series: &'a [(String, RGBColor)],
-    value: &'a dyn Fn(usize, usize) -> Option<f64>,
+    value: &'a dyn Fn(usize, usize) -> Option<(f64, f64)>,
 }
 
 /// A named, coloured line of (epoch, accuracy %) points.
@@ -272,11 +277,14 @@ fn draw<DB: DrawingBackend>(
             let width = 0.8 / f.series.len() as f64;
             for (s, (label, colour)) in f.series.iter().enumerate() {
                 let colour = *colour;
+                let x0 = |g: usize| g as f64 + 0.1 + s as f64 * width;
                 let bars: Vec<Rectangle<(f64, f64)>> = (0..n)
                     .filter_map(|g| {
-                        (f.value)(g, s).map(|v| {
-                            let x0 = g as f64 + 0.1 + s as f64 * width;
-                            Rectangle::new([(x0, 0.0), (x0 + width * 0.92, v)], colour.filled())
+                        (f.value)(g, s).map(|(v, _)| {
+                            Rectangle::new(
+                                [(x0(g), 0.0), (x0(g) + width * 0.92, v)],
+                                colour.filled(),
+                            )
                         })
                     })
                     .collect();
@@ -287,6 +295,18 @@ fn draw<DB: DrawingBackend>(
                     .legend(move |(x, y)| {
                         Rectangle::new([(x, y - 6), (x + 14, y + 6)], colour.filled())
                     });
+                let whiskers: Vec<PathElement<(f64, f64)>> = (0..n)
+                    .filter_map(|g| {
+                        (f.value)(g, s).filter(|(_, sd)| *sd > 0.0).map(|(v, sd)| {
+                            let x = x0(g) + width * 0.46;
+                            PathElement::new(
+                                vec![(x, (v - sd).max(0.0)), (x, (v + sd).min(100.0))],
+                                BLACK.stroke_width(2),
+                            )
+                        })
+                    })
+                    .collect();
+                chart.draw_series(whiskers).map_err(e)?;
             }
             draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 15)?;
         }
@@ -333,10 +353,21 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
     let sigmas = unique(cells.iter().map(sigma).map(f64::to_bits));
     let sigmas: Vec<f64> = sigmas.into_iter().map(f64::from_bits).collect();
     let settings = unique(cells.iter().map(setting_label));
-    let find = |g_sigma: f64, setting: &str| {
+    // Cells that differ only in their seed are one bar (mean ± sd) and one curve (mean).
+    let matching = |g_sigma: f64, setting: &str| -> Vec<&CellLog> {
         cells
             .iter()
-            .find(|c| sigma(c) == g_sigma && setting_label(c) == setting)
+            .filter(|c| sigma(c) == g_sigma && setting_label(c) == setting)
+            .collect()
+    };
+    let accuracy = |g_sigma: f64, setting: &str| -> Option<(f64, f64)> {
+        let found = matching(g_sigma, setting);
+        if found.is_empty() {
+            return None;
+        }
+        let values: Vec<f64> = found.iter().map(|c| c.summary.final_accuracy).collect();
+        let (mean, sd) = crate::grid::mean_sd(&values);
+        Some((100.0 * mean, 100.0 * sd.unwrap_or(0.0)))
     };
     let setting_colours: Vec<(String, RGBColor)> = settings
         .iter()
@@ -359,12 +390,20 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
             None => format!("ε = ∞ (σ = {s})"),
         }
     };
+    // Groups named as the paper names them: "bandwidth = 105.25Gb", in its unit (64 bits per
+    // sent element / 8 / 2^30); the exact wire gigabits are in results.md.
     let bandwidth_label = |setting: &str| {
-        let gb = cells
+        let gib = cells
             .iter()
             .find(|c| setting_label(c) == setting)
-            .map_or(f64::NAN, |c| c.summary.upstream_gigabits);
-        format!("{setting}: {gb:.3} Gb")
+            .map_or(f64::NAN, |c| c.summary.upstream_paper_gib);
+        format!("{gib:.2} Gb: {setting}")
+    };
+    let seeds = cells.len() / (sigmas.len() * settings.len()).max(1);
+    let seeds_note = if seeds > 1 {
+        format!(" (mean ± sd of {seeds} seeds)")
+    } else {
+        String::new()
     };
     let mut written = Vec::new();
     for ext in ["png", "svg"] {
@@ -373,13 +412,11 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
         render(
             &path,
             &Figure::Bars(Bars {
-                title: &format!("{title}: accuracy by privacy budget"),
+                title: &format!("{title}: accuracy by privacy budget{seeds_note}"),
                 x_desc: "privacy budget ε (δ of the task), grouped by noise multiplier σ",
                 groups: &groups,
                 series: &setting_colours,
-                value: &|g, s| {
-                    find(sigmas[g], &settings[s]).map(|c| 100.0 * c.summary.final_accuracy)
-                },
+                value: &|g, s| accuracy(sigmas[g], &settings[s]),
             }),
         )?;
         written.push(path);
@@ -389,14 +426,11 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
         render(
             &path,
             &Figure::Bars(Bars {
-                title: &format!("{title}: accuracy by upstream bandwidth"),
-                x_desc:
-                    "upstream bandwidth per worker over the run (gigabits), grouped by compression",
+                title: &format!("{title}: accuracy by upstream bandwidth{seeds_note}"),
+                x_desc: "upstream per worker over the run in the paper's Gb (64 bits per sent element / 8 / 2^30)",
                 groups: &groups,
                 series: &sigma_colours,
-                value: &|g, s| {
-                    find(sigmas[s], &settings[g]).map(|c| 100.0 * c.summary.final_accuracy)
-                },
+                value: &|g, s| accuracy(sigmas[s], &settings[g]),
             }),
         )?;
         written.push(path);
@@ -404,9 +438,26 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
         let epochs = cells.iter().map(|c| c.accuracies.len()).max().unwrap_or(1);
         let width = smoothing_width(epochs);
         for smoothed in [false, true] {
-            let series: Vec<Line> = cells
+            // One curve per (setting, σ): the per-epoch mean over its seeds.
+            let mut curves: Vec<(&CellLog, Vec<f64>)> = Vec::new();
+            for c in &cells {
+                if curves
+                    .iter()
+                    .any(|(k, _)| sigma(k) == sigma(c) && setting_label(k) == setting_label(c))
+                {
+                    continue;
+                }
+                let runs = matching(sigma(c), &setting_label(c));
+                let len = runs.iter().map(|r| r.accuracies.len()).min().unwrap_or(0);
+                let mean = (0..len)
+                    .map(|e| runs.iter().map(|r| r.accuracies[e]).sum::<f64>() / runs.len() as f64)
+                    .collect();
+                curves.push((c, mean));
+            }
+            let series: Vec<Line> = curves
                 .iter()
-                .map(|c| {
+                .map(|(c, accuracies)| {
+                    let c = *c;
                     let i = settings
                         .iter()
                         .position(|s| *s == setting_label(c))
@@ -421,9 +472,9 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
                         (base.2 as f64 * mix + 255.0 * (1.0 - mix)) as u8,
                     );
                     let values = if smoothed {
-                        mean_filter(&c.accuracies, width)
+                        mean_filter(accuracies, width)
                     } else {
-                        c.accuracies.clone()
+                        accuracies.clone()
                     };
                     // A smoothed point is placed at the centre of its window.
                     let offset = if smoothed {
@@ -455,7 +506,7 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
             render(
                 &path,
                 &Figure::Lines(Lines {
-                    title: &format!("{title}: test accuracy per epoch ({what})"),
+                    title: &format!("{title}: test accuracy per epoch ({what}){seeds_note}"),
                     series: &series,
                     epochs,
                 }),
