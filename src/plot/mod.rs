@@ -104,10 +104,19 @@ fn setting_order(c: &CellLog) -> f64 {
     }
 }
 
+/// The compression setting, and the clipping radius when it is not the task's paper default
+/// (the clipping experiment's C* cells are their own bars, not seeds of the C = 3 ones).
 pub(crate) fn setting_label(c: &CellLog) -> String {
-    c.config
+    let label = c
+        .config
         .compressor_spec()
-        .map_or_else(|_| c.summary.compressor.clone(), |s| s.label())
+        .map_or_else(|_| c.summary.compressor.clone(), |s| s.label());
+    let default = TrainConfig::paper_defaults(c.config.task).max_grad_norm;
+    if c.config.max_grad_norm == default {
+        label
+    } else {
+        format!("{label}, C {}", c.config.max_grad_norm)
+    }
 }
 
 /// Width of the mean filter for `epochs` epochs: the paper's 20, or a quarter of the epochs when
