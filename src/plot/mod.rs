@@ -406,7 +406,12 @@ pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
             .iter()
             .find(|c| setting_label(c) == setting)
             .map_or(f64::NAN, |c| c.summary.upstream_paper_gib);
-        format!("{gib:.2} Gb: {setting}")
+        // Two decimals as the paper prints them; more for the cut-down cpu profiles' tiny groups.
+        if gib >= 0.1 {
+            format!("{gib:.2} Gb: {setting}")
+        } else {
+            format!("{gib:.4} Gb: {setting}")
+        }
     };
     let seeds = cells.len() / (sigmas.len() * settings.len()).max(1);
     let seeds_note = if seeds > 1 {

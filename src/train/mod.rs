@@ -144,7 +144,11 @@ impl Trainer {
         std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
         let config_path = run_dir.join("config.toml");
         std::fs::write(&config_path, config.to_toml()).map_err(|e| Error::io(&config_path, e))?;
-        let _ = std::fs::remove_file(run_dir.join("metrics.jsonl"));
+        // Logs of an earlier start that left no checkpoint (a killed first epoch, or a cell
+        // committed before it finished) belong to no run: start them afresh.
+        for stale in ["metrics.jsonl", "upstream.csv", "summary.json"] {
+            let _ = std::fs::remove_file(run_dir.join(stale));
+        }
         Self::build(config, run_dir)
     }
 
