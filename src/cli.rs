@@ -79,6 +79,10 @@ pub struct GridArgs {
     /// List the cells and their state without running anything.
     #[arg(long)]
     pub list: bool,
+    /// Write the results table of the finished cells (and copy it to --results-dir) without
+    /// training anything: for grids whose cells other processes are running.
+    #[arg(long)]
+    pub tables_only: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -616,7 +620,11 @@ fn grid_command(args: GridArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let rows = crate::grid::run(&experiment, &args.profile, &only, &args.runs, true)?;
+    let rows = if args.tables_only {
+        crate::grid::write_results(&experiment, &args.profile, &args.runs)?
+    } else {
+        crate::grid::run(&experiment, &args.profile, &only, &args.runs, true)?
+    };
     let root = args.runs.join(&experiment.name).join(&args.profile);
     if let Some(dir) = &args.results_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

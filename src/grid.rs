@@ -345,7 +345,17 @@ pub fn run(
         trainer.progress = progress;
         trainer.run()?;
     }
-    let rows = collect(&root, &cells)?;
+    write_results(experiment, profile, runs_root)?;
+    collect(&root, &cells)
+}
+
+/// Writes `results.{csv,md}` of every finished cell of the profile (not only those a `--only`
+/// run selected: workers running disjoint parts of one grid each leave the whole table), and
+/// returns its rows. Trains nothing.
+pub fn write_results(experiment: &Experiment, profile: &str, runs_root: &Path) -> Result<Vec<Row>> {
+    let root = runs_root.join(&experiment.name).join(profile);
+    std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
+    let rows = collect(&root, &experiment.cells(profile, &[])?)?;
     write_tables(&root, experiment, profile, &rows)?;
     Ok(rows)
 }

@@ -41,14 +41,23 @@ fn train(c: TrainConfig, dir: &Path) -> dpcomp::train::metrics::Summary {
     t.run().unwrap()
 }
 
+/// (step, epoch, wire bits) of every row of `upstream.csv`; checks that its paper-unit column is
+/// 64 bits per element of the same message (`paper_bits_of` gives that column).
 fn upstream_rows(dir: &Path) -> Vec<(u64, usize, u64)> {
+    paper_rows(dir)
+        .into_iter()
+        .map(|(s, e, b, _)| (s, e, b))
+        .collect()
+}
+
+fn paper_rows(dir: &Path) -> Vec<(u64, usize, u64, u64)> {
     let text = std::fs::read_to_string(dir.join("upstream.csv")).unwrap();
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some("step,epoch,upstream_bits"));
+    assert_eq!(lines.next(), Some("step,epoch,upstream_bits,paper_bits"));
     lines
         .map(|l| {
             let f: Vec<u64> = l.split(',').map(|x| x.parse().unwrap()).collect();
-            (f[0], f[1] as usize, f[2])
+            (f[0], f[1] as usize, f[2], f[3])
         })
         .collect()
 }
@@ -91,6 +100,12 @@ fn compression_changes_bits_never_epsilon() {
     assert!(rows.iter().all(|r| r.2 == 118_034 * 32));
     let total: u64 = rows.iter().map(|r| r.2).sum();
     assert!((plain.upstream_gigabits - total as f64 / 1e9).abs() < 1e-12);
+    // The paper's unit: 64 bits per sent element, dense too, / 8 / 2^30 in the summary.
+    let paper = paper_rows(dense.path());
+    assert!(paper.iter().all(|r| r.3 == 118_034 * 64));
+    let paper_total: u64 = paper.iter().map(|r| r.3).sum();
+    let gib = paper_total as f64 / 8.0 / (1u64 << 30) as f64;
+    assert!((plain.upstream_paper_gib - gib).abs() < 1e-12);
     let m = metrics::read_and_truncate(&dense.path().join("metrics.jsonl"), 1).unwrap();
     assert_eq!(m[0].upstream_bits, total);
     // DGC x16 sends at most 1/16 of dense fp32, give or take the one-element minimum of tiny
