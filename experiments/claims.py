@@ -94,6 +94,7 @@ def finals(cells, **want):
 
 
 def mean_curve(cells):
+    cells = [c for c in cells if not c["diverged"]]
     length = min(len(c["curve"]) for c in cells)
     return [statistics.fmean(c["curve"][e] for c in cells) for e in range(length)]
 

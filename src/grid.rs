@@ -81,6 +81,8 @@ pub struct Row {
     pub final_accuracy: f64,
     pub epochs: usize,
     pub wall_seconds: f64,
+    /// The first epoch whose training loss was not finite (the run diverged), if any.
+    pub diverged_at: Option<usize>,
 }
 
 impl Experiment {
@@ -387,6 +389,13 @@ pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
             final_accuracy: summary.final_accuracy,
             epochs: summary.epochs,
             wall_seconds: summary.wall_seconds,
+            diverged_at: crate::train::metrics::read_and_truncate(
+                &root.join(&cell.name).join("metrics.jsonl"),
+                usize::MAX,
+            )?
+            .iter()
+            .find(|m| !m.train_loss.is_finite())
+            .map(|m| m.epoch),
         });
     }
     Ok(rows)
@@ -416,7 +425,7 @@ fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row
         ));
     }
     let mut md = format!(
-        "# {} ({profile} profile)\n\n{}\n\nFinal accuracy = mean test accuracy of the last min(10, epochs) epochs; with several seeds, their mean ± sample standard deviation (n seeds). Upstream = what one worker sent over the run: exact wire bits / 10^9 (Gb), and the paper's unit (64 bits per transmitted element / 8 / 2^30, its \"Gb\").\n\n| task | σ | ε | compressor | upstream Gb | paper's Gb | final accuracy | seeds | epochs | wall per run |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "# {} ({profile} profile)\n\n{}\n\nFinal accuracy = mean test accuracy of the last min(10, epochs) epochs; with several seeds, their mean ± sample standard deviation (n seeds). Upstream = what one worker sent over the run: exact wire bits / 10^9 (Gb), and the paper's unit (64 bits per transmitted element / 8 / 2^30, its \"Gb\"). Diverged = seeds whose training loss became NaN (epoch), included in the mean.\n\n| cell | task | σ | ε | compressor | upstream Gb | paper's Gb | final accuracy | seeds | diverged | epochs | wall per run |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         experiment.name, experiment.description
     );
     for group in seed_groups(rows) {
@@ -424,7 +433,8 @@ fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row
         let accuracy = mean_sd(&group.iter().map(|r| r.final_accuracy).collect::<Vec<_>>());
         let wall = group.iter().map(|r| r.wall_seconds).sum::<f64>() / group.len() as f64;
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {:.4} | {:.4} | {} | {} | {} | {:.0} s |\n",
+            "| {} | {} | {} | {} | {} | {:.4} | {:.4} | {} | {} | {} | {} | {:.0} s |\n",
+            without_seed(&r.cell),
             r.task,
             r.noise_multiplier,
             r.epsilon.map_or("∞".to_string(), |e| format!("{e:.2}")),
@@ -436,6 +446,20 @@ fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row
                 None => format!("{:.2}%", 100.0 * accuracy.0),
             },
             group.len(),
+            {
+                let diverged: Vec<String> = group
+                    .iter()
+                    .filter_map(|r| {
+                        r.diverged_at
+                            .map(|e| format!("seed {} (epoch {e})", r.seed))
+                    })
+                    .collect();
+                if diverged.is_empty() {
+                    "-".to_string()
+                } else {
+                    diverged.join(", ")
+                }
+            },
             r.epochs,
             wall
         ));
@@ -567,6 +591,7 @@ mod tests {
             final_accuracy: accuracy,
             epochs: 100,
             wall_seconds: 300.0,
+            diverged_at: None,
         }
     }
 
@@ -575,7 +600,10 @@ mod tests {
         let rows = vec![
             row("noise_multiplier-0.4_rate-16_seed-0", 0, 0.50),
             row("noise_multiplier-0.4_rate-16_seed-1", 1, 0.52),
-            row("noise_multiplier-0.4_rate-256_seed-0", 0, 0.40),
+            Row {
+                diverged_at: Some(12),
+                ..row("noise_multiplier-0.4_rate-256_seed-0", 0, 0.40)
+            },
             row("noise_multiplier-0.4_rate-16_seed-2", 2, 0.54),
         ];
         let groups = seed_groups(&rows);
@@ -591,9 +619,13 @@ mod tests {
         let experiment: Experiment = toml::from_str("name = \"x\"\ndescription = \"d\"\n").unwrap();
         write_tables(dir.path(), &experiment, "full", &rows).unwrap();
         let md = std::fs::read_to_string(dir.path().join("results.md")).unwrap();
-        assert!(md.contains("| 52.00 ± 2.00% | 3 |"), "{md}");
-        assert!(md.contains("| 40.00% | 1 |"), "{md}");
+        assert!(md.contains("| 52.00 ± 2.00% | 3 | - |"), "{md}");
+        assert!(md.contains("| 40.00% | 1 | seed 0 (epoch 12) |"), "{md}");
         assert!(md.contains("| 23.7000 | 2.7600 |"), "{md}");
+        assert!(
+            md.contains("| noise_multiplier-0.4_rate-16 | surnames |"),
+            "{md}"
+        );
         let csv = std::fs::read_to_string(dir.path().join("results.csv")).unwrap();
         assert_eq!(csv.lines().count(), 5, "every seed keeps its own csv row");
         assert!(csv
