@@ -215,14 +215,23 @@ def main():
                 )
 
     if denoise:
-        print("\n## Claim 10: Denoise vs DGC (same σ, rate, seeds)")
+        # The full Denoise grid runs only the Denoise arms; its DGC arm is the surnames_dgc full
+        # grid (identical configurations), joined here on σ, rate and seed.
+        print("\n## Claim 10: Denoise vs DGC (same σ, rate, seeds; DGC from surnames_dgc)")
+        wins = total = 0
         for sigma in (0.0, 0.4, 0.8):
             for r in (1.0, 16.0, 256.0):
-                base = [c["final"] for c in denoise if c["sigma"] == sigma and c["rate"] == r and "variant-dgc" in c["name"]]
                 for variant in ("denoise-model", "denoise-model-clip"):
-                    other = [c["final"] for c in denoise if c["sigma"] == sigma and c["rate"] == r and c["name"].endswith("variant-" + variant)]
+                    arm = [c for c in denoise if c["sigma"] == sigma and c["rate"] == r and c["name"].endswith("variant-" + variant) and not c["diverged"]]
+                    seeds = {c["seed"] for c in arm}
+                    base = [c["final"] for c in dgc if c["sigma"] == sigma and c["rate"] == r and c["seed"] in seeds and not c["diverged"]]
+                    other = [c["final"] for c in arm if any(d["seed"] == c["seed"] and d["sigma"] == sigma and d["rate"] == r and not d["diverged"] for d in dgc)]
                     if base and other:
+                        total += 1
+                        wins += statistics.fmean(other) > statistics.fmean(base)
                         print(f"σ {sigma} x{int(r)} {variant} - dgc: {diff(other, base)}  ({fmt(other)} vs {fmt(base)})")
+        if total:
+            print(f"Denoise above DGC in {wins} of {total} (σ, rate, variant) cells")
 
     if clipping:
         print("\n## Claim 11: training at the clipping model's C* vs C = 3")
