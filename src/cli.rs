@@ -571,12 +571,32 @@ fn epsilon_command(args: EpsilonArgs) -> Result<()> {
     };
     let mut accountant = privacy::accountant::Accountant::default();
     accountant.step(sigma, args.sample_rate, args.steps)?;
-    let (epsilon, alpha) = accountant.epsilon(args.accountant, args.delta)?;
+    // PLD also reports its grid spacing: coarser than 1e-4 when the loss range needed it.
+    let (epsilon, alpha, pld_interval) = match args.accountant {
+        AccountantKind::Pld => {
+            let p = privacy::pld::epsilon_detailed(&accountant.history, args.delta)?;
+            (p.epsilon, None, Some(p))
+        }
+        AccountantKind::Rdp => {
+            let (e, a) = accountant.epsilon_rdp(args.delta)?;
+            (e, Some(a), None)
+        }
+    };
     let order = alpha.map_or(String::new(), |a| format!(" (optimal RDP order {a})"));
+    if let Some(p) = pld_interval.filter(|p| p.coarsened()) {
+        eprintln!(
+            "note: PLD grid spacing {:.3e} instead of {:e} to stay within {} points \
+             (small sigma or many steps); the bound is valid but looser",
+            p.interval,
+            privacy::pld::DEFAULT_INTERVAL,
+            privacy::pld::MAX_FFT_LEN
+        );
+    }
     if args.json {
         println!(
             "{}",
-            serde_json::json!({"epsilon": epsilon, "alpha": alpha, "noise_multiplier": sigma, "accountant": args.accountant})
+            serde_json::json!({"epsilon": epsilon, "alpha": alpha, "noise_multiplier": sigma,
+                "accountant": args.accountant, "pld_interval": pld_interval.map(|p| p.interval)})
         );
     } else if args.target_epsilon.is_some() {
         println!(

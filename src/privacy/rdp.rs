@@ -135,5 +135,7 @@ pub fn epsilon_from_rdp(orders: &[f64], rdp: &[f64], delta: f64) -> (f64, f64) {
             best = (eps, alpha);
         }
     }
-    best
+    // The conversion can go below zero for a large δ and little RDP (σ 100, one step, δ 0.1
+    // gives −0.105); ε is a bound on a log-likelihood ratio's tail and never negative.
+    (best.0.max(0.0), best.1)
 }
