@@ -105,7 +105,9 @@ pub struct TrainArgs {
     /// Run folder (default runs/<task>).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Continue the run in --out from its last checkpoint (--epochs may extend it).
+    /// Continue the run in --out from its last checkpoint. Only --epochs (to extend it),
+    /// --data-dir (a moved data folder), --device and --quiet may change; any other setting given
+    /// must equal the run's config.toml, or the resume is refused naming both values.
     #[arg(long)]
     pub resume: bool,
     /// No progress bar or per-epoch lines.
@@ -465,7 +467,11 @@ fn train_command(args: TrainArgs) -> Result<()> {
         let out = args.out.clone().ok_or_else(|| {
             Error::bad_value("--resume", "needs --out naming the run to continue")
         })?;
-        Trainer::resume(&out, args.settings.epochs)
+        let file = match &args.config {
+            Some(path) => TrainOverrides::from_toml_file(path)?,
+            None => TrainOverrides::default(),
+        };
+        Trainer::resume_with(&out, args.settings.or(file))
             .with_context(|| format!("resuming {}", out.display()))?
     } else {
         let file = match &args.config {
@@ -529,6 +535,7 @@ fn eval_command(args: EvalArgs) -> Result<()> {
         })?;
         (args.checkpoint.clone(), ckpt)
     };
+    checkpoint::verify(&ckpt)?;
     let mut config = TrainConfig::from_toml_file(&run_dir.join("config.toml"))?;
     if let Some(d) = args.device {
         config.device = d;
@@ -633,8 +640,10 @@ fn grid_command(args: GridArgs) -> Result<()> {
                 ),
                 Err(e) => format!("upload not estimated ({e})"),
             };
+            let in_use = crate::run_lock::holder(&root.join(&cell.name))
+                .map_or(String::new(), |owner| format!(" (running: {owner})"));
             println!(
-                "{}  {:?}  epochs {}  {upload}",
+                "{}  {:?}{in_use}  epochs {}  {upload}",
                 cell.name, state, cell.config.epochs
             );
         }
@@ -747,6 +756,7 @@ fn clipping_command(args: ClippingArgs) -> Result<()> {
             let dir = checkpoint::find(run).ok_or_else(|| {
                 Error::bad_value("--run", format!("{}: no checkpoint", run.display()))
             })?;
+            checkpoint::verify(&dir)?;
             let epochs = checkpoint::read_state(&dir)?.epochs_done;
             (config, Some((dir, epochs)))
         }

@@ -318,6 +318,24 @@ impl TrainConfig {
         Ok(())
     }
 
+    /// The settings that differ between `self` and `other`, as (field, self's value, other's
+    /// value) in TOML notation; a setting absent from one side shows as "none".
+    pub fn differences(&self, other: &TrainConfig) -> Vec<(String, String, String)> {
+        let table = |c: &TrainConfig| match toml::Value::try_from(c) {
+            Ok(toml::Value::Table(t)) => t,
+            _ => unreachable!("TrainConfig serialises to a table"),
+        };
+        let (a, b) = (table(self), table(other));
+        let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        let show = |v: Option<&toml::Value>| v.map_or("none".to_string(), |v| v.to_string());
+        keys.into_iter()
+            .filter(|k| a.get(*k) != b.get(*k))
+            .map(|k| (k.clone(), show(a.get(k)), show(b.get(k))))
+            .collect()
+    }
+
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("TrainConfig always serialises")
     }

@@ -17,6 +17,13 @@ pub enum Error {
     /// A configuration value, flag or option outside its allowed range.
     #[error("{field}: {what}")]
     BadValue { field: String, what: String },
+    /// Another process holds the run folder's lock (`run_lock`).
+    #[error(
+        "{}: in use by another dpcomp process ({owner}; lock file {}/.lock): wait for it to finish or choose another --out",
+        dir.display(),
+        dir.display()
+    )]
+    RunInUse { dir: PathBuf, owner: String },
     #[error(transparent)]
     Torch(#[from] tch::TchError),
     /// Download or archive problems in `dpcomp data fetch`.

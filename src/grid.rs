@@ -270,6 +270,8 @@ pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
     let saved = TrainConfig::from_toml_file(&dir.join("config.toml"))?;
     let mut comparable = saved.clone();
     comparable.epochs = config.epochs;
+    // A run records the data folder it resolved; where the data lives is not a setting.
+    comparable.data_dir = config.data_dir.clone();
     if &comparable != config {
         return Err(Error::bad_value(
             "grid",
@@ -339,10 +341,21 @@ pub fn run(
                 started.elapsed().as_secs_f64()
             );
         }
-        let mut trainer = match state {
+        let trainer = match state {
             CellState::Finished => continue,
-            CellState::Interrupted { .. } => Trainer::resume(&dir, Some(cell.config.epochs))?,
-            CellState::New => Trainer::new(cell.config.clone(), &dir)?,
+            CellState::Interrupted { .. } => Trainer::resume(&dir, Some(cell.config.epochs)),
+            CellState::New => Trainer::new(cell.config.clone(), &dir),
+        };
+        // Another worker is training this cell: leave it to them (workers may share a grid).
+        let mut trainer = match trainer {
+            Err(Error::RunInUse { owner, .. }) => {
+                eprintln!(
+                    "    {}: in use by another process ({owner}), skipped",
+                    cell.name
+                );
+                continue;
+            }
+            other => other?,
         };
         trainer.progress = progress;
         trainer.run()?;

@@ -16,6 +16,7 @@ pub mod models;
 pub mod nn;
 pub mod plot;
 pub mod privacy;
+pub mod run_lock;
 pub mod tasks;
 pub mod train;
 

@@ -393,11 +393,18 @@ fn pld_with_small_sigma_coarsens_instead_of_panicking() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let pld = v["epsilon"].as_f64().unwrap();
     let rdp = epsilon_for(0.03, 0.01, 10, 1e-5).unwrap();
-    assert!(pld.is_finite() && pld > 0.0 && pld < rdp, "PLD {pld} RDP {rdp}");
+    assert!(
+        pld.is_finite() && pld > 0.0 && pld < rdp,
+        "PLD {pld} RDP {rdp}"
+    );
     assert!(v["pld_interval"].as_f64().unwrap() > dpcomp::privacy::pld::DEFAULT_INTERVAL);
     assert!(String::from_utf8_lossy(&out.stderr).contains("PLD grid spacing"));
 }

@@ -226,6 +226,8 @@ fn resumed_dp_run_continues_its_epsilon() {
     let mut t = Trainer::new(dp_config(&root, 1), split.path()).unwrap();
     t.progress = false;
     t.run().unwrap();
+    // The first trainer holds the run folder until dropped (one writer per folder).
+    drop(t);
     let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
     t.progress = false;
     assert_eq!(
@@ -263,21 +265,23 @@ fn target_epsilon_stops_before_exceeding_it() {
     let Some(root) = require_shared_data() else {
         return;
     };
+    // One step alone spends 2.04 here (q 0.05, σ 0.8), so a target of 4 leaves a few.
     let mut c = dp_config(&root, 50);
-    c.target_epsilon = Some(2.0);
+    c.target_epsilon = Some(4.0);
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
     t.progress = false;
     let summary = t.run().unwrap();
     let eps = summary.epsilon.unwrap();
-    assert!(eps <= 2.0, "{eps}");
+    assert!(eps <= 4.0, "{eps}");
     let stopped = summary.stopped.expect("stops early");
-    assert!(stopped.contains("target 2"), "{stopped}");
+    assert!(stopped.contains("target 4"), "{stopped}");
+    assert!(t.state.steps_done > 0);
     assert!(summary.epochs < 50);
     // One more step would have exceeded the target.
     let steps = t.state.accountant.as_ref().unwrap().steps();
     let next = dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 20.0, steps + 1, 8e-5).unwrap();
-    assert!(next > 2.0, "{next}");
+    assert!(next > 4.0, "{next}");
 }
 
 #[test]
@@ -286,18 +290,22 @@ fn surnames_dp_training_learns_something() {
     let Some(root) = require_shared_data() else {
         return;
     };
+    // The full training set at the paper's σ 0.8, with the clipping radius its clipping model
+    // recommends at that σ (C* about 0.03-0.1, Figure 3.12) instead of 3.0, at which two epochs
+    // stay below the majority class.
     let mut c = TrainConfig::paper_defaults(Task::Surnames);
     c.epochs = 2;
     c.data_dir = Some(root);
     c.device = dpcomp::config::DeviceChoice::Cpu;
     c.noise_multiplier = Some(0.8);
+    c.max_grad_norm = 0.1;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
     t.progress = false;
     let summary = t.run().unwrap();
-    // Paper settings (lr 2.0, C 3.0, sigma 0.8): above the 1/18 chance level; epsilon from RDP.
+    // The majority class (Russian) is about 47% of the test set; measured 62.9% after two epochs.
     assert!(
-        summary.last_test_accuracy > 0.15,
+        summary.last_test_accuracy > 0.55,
         "{}",
         summary.last_test_accuracy
     );
@@ -311,6 +319,7 @@ fn target_epsilon_with_the_pld_accountant() {
     let Some(root) = require_shared_data() else {
         return;
     };
+    // PLD is tighter than RDP: one step spends less than 2 here, so 2 leaves a few steps.
     let mut c = dp_config(&root, 50);
     c.target_epsilon = Some(2.0);
     c.accountant = dpcomp::config::AccountantKind::Pld;

@@ -109,6 +109,8 @@ pub fn run(
     let profile_settings = experiment.profiles.get(profile).ok_or_else(|| {
         crate::grid::unknown_profile(&experiment.name, profile, experiment.profiles.keys())
     })?;
+    // One writer per results folder (see `run_lock`), held until the tables are written.
+    let _lock = crate::run_lock::RunLock::acquire(out_dir)?;
     let seeds: Vec<u64> = (0..profile_settings.seeds).collect();
     let mut rows = Vec::new();
     for data_spec in &experiment.grid.data {

@@ -297,8 +297,9 @@ pub fn run(
         data.test_x.narrow(0, 0, eval_count),
         data.test_y.narrow(0, 0, eval_count),
     );
+    // One writer per run folder (see `run_lock`), held until the run returns.
+    let _lock = out.map(crate::run_lock::RunLock::acquire).transpose()?;
     if let Some(dir) = out {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         let config = serde_json::to_string_pretty(settings).expect("settings serialise");
         std::fs::write(dir.join("config.json"), config)
             .map_err(|e| Error::io(dir.join("config.json"), e))?;

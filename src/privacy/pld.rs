@@ -67,7 +67,10 @@ fn normal_sf(z: f64) -> f64 {
 /// L(x) = log(1 − q + q exp((2x − 1) / (2σ²))) without overflow (the exponent reaches the
 /// thousands for small σ): log-sum-exp of log(1 − q) and log q + (2x − 1) / (2σ²).
 fn remove_loss(q: f64, sigma: f64, x: f64) -> f64 {
-    log_add_exp((1.0 - q).ln(), q.ln() + (2.0 * x - 1.0) / (2.0 * sigma * sigma))
+    log_add_exp(
+        (1.0 - q).ln(),
+        q.ln() + (2.0 * x - 1.0) / (2.0 * sigma * sigma),
+    )
 }
 
 /// log(e^a + e^b) without overflow.
@@ -143,7 +146,13 @@ pub fn one_step(q: f64, sigma: f64, adjacency: Adjacency, interval: f64) -> Disc
         .map(|&y| one_step_delta(q, sigma, adjacency, y))
         .collect();
     let m = ys.len() - 1;
-    let d = |i: usize| if i < m { (deltas[i] - deltas[i + 1]).max(0.0) } else { 0.0 };
+    let d = |i: usize| {
+        if i < m {
+            (deltas[i] - deltas[i + 1]).max(0.0)
+        } else {
+            0.0
+        }
+    };
     let decay = (-interval).exp();
     let mut pmf = vec![0.0; m + 1];
     for i in 0..m {

@@ -1,15 +1,19 @@
 //! A run's checkpoint, written after every epoch: `checkpoint/model.safetensors` (all weights),
 //! `checkpoint/optimizer.safetensors` (momentum buffers, when any),
 //! `checkpoint/compressor.safetensors` (residuals, velocities, PowerSGD's Q, when any) and
-//! `checkpoint/state.json` (epochs done, steps, wall time, accountant, upstream bits). Written to `checkpoint.tmp/` and renamed into place, so a run
-//! killed while saving keeps its previous checkpoint.
+//! `checkpoint/state.json` (epochs done, steps, wall time, accountant, upstream bits), and
+//! `checkpoint/manifest.json` (size and SHA-256 of every other file). Written to
+//! `checkpoint.tmp/` and renamed into place, so a run killed while saving keeps its previous
+//! checkpoint. `open` checks the manifest before anything is loaded: a truncated, overwritten,
+//! added or missing file is refused instead of training on whatever it now holds.
 //!
 //! Randomness needs no saved generator state: every epoch reseeds LibTorch from (seed, epoch), so
 //! a run resumed after epoch k draws exactly what the uninterrupted run draws in epoch k + 1.
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tch::{nn, Tensor};
 
@@ -80,6 +84,7 @@ pub fn save(
     let json = serde_json::to_string_pretty(state).expect("state serialises");
     std::fs::write(tmp.join("state.json"), json)
         .map_err(|e| Error::io(tmp.join("state.json"), e))?;
+    write_manifest(&tmp)?;
     let _ = std::fs::remove_dir_all(&old);
     if dir.exists() {
         std::fs::rename(&dir, &old).map_err(|e| Error::io(&dir, e))?;
@@ -95,6 +100,106 @@ pub fn find(run_dir: &Path) -> Option<PathBuf> {
     [checkpoint_dir(run_dir), run_dir.join("checkpoint.old")]
         .into_iter()
         .find(|d| d.join("state.json").is_file())
+}
+
+/// The manifest's name inside a checkpoint folder.
+pub const MANIFEST: &str = "manifest.json";
+
+/// One file's entry in the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileDigest {
+    pub bytes: u64,
+    pub sha256: String,
+}
+
+fn digest(path: &Path) -> Result<FileDigest> {
+    let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    Ok(FileDigest {
+        bytes: data.len() as u64,
+        sha256: format!("{:x}", Sha256::digest(&data)),
+    })
+}
+
+/// The files of a checkpoint folder other than the manifest, by name.
+fn checkpoint_files(dir: &Path) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name != MANIFEST {
+            names.push(name);
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// Writes `dir`'s manifest from the files now in it (`save` calls it; tests use it to reseal a
+/// checkpoint they edited, to reach the checks behind the manifest).
+pub fn write_manifest(dir: &Path) -> Result<()> {
+    let mut manifest = BTreeMap::new();
+    for name in checkpoint_files(dir)? {
+        manifest.insert(name.clone(), digest(&dir.join(&name))?);
+    }
+    let path = dir.join(MANIFEST);
+    let json = serde_json::to_string_pretty(&manifest).expect("manifest serialises");
+    std::fs::write(&path, json).map_err(|e| Error::io(&path, e))
+}
+
+/// Checks every file of the checkpoint folder `dir` against its manifest: the same set of
+/// files, each with its recorded size and SHA-256.
+pub fn verify(dir: &Path) -> Result<()> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        Error::bad_file(
+            &path,
+            format!("cannot read the checkpoint's manifest ({e}); without it the checkpoint cannot be checked, so it is not loaded"),
+        )
+    })?;
+    let manifest: BTreeMap<String, FileDigest> =
+        serde_json::from_str(&text).map_err(|e| Error::bad_file(&path, e.to_string()))?;
+    let present = checkpoint_files(dir)?;
+    for name in &present {
+        if !manifest.contains_key(name) {
+            return Err(Error::bad_file(
+                dir.join(name),
+                "not in the checkpoint's manifest (added after the checkpoint was written)",
+            ));
+        }
+    }
+    for (name, expected) in &manifest {
+        let file = dir.join(name);
+        if !file.is_file() {
+            return Err(Error::bad_file(&file, "listed in the manifest but missing"));
+        }
+        let found = digest(&file)?;
+        if &found != expected {
+            return Err(Error::bad_file(
+                &file,
+                format!(
+                    "corrupted: {} bytes with SHA-256 {}, the manifest records {} bytes with {}",
+                    found.bytes, found.sha256, expected.bytes, expected.sha256
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The run's checkpoint folder (`find`), verified against its manifest; the error says when
+/// there is none.
+pub fn open(run_dir: &Path) -> Result<PathBuf> {
+    let dir = find(run_dir).ok_or_else(|| {
+        Error::bad_value(
+            "--resume",
+            format!(
+                "{} has no checkpoint yet; start it without --resume",
+                run_dir.display()
+            ),
+        )
+    })?;
+    verify(&dir)?;
+    Ok(dir)
 }
 
 pub fn read_state(dir: &Path) -> Result<TrainState> {

@@ -24,8 +24,8 @@ pub struct EpochMetrics {
     pub epoch_seconds: f64,
     #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,
-    /// ε spent after this epoch (DP runs).
-    #[serde(default)]
+    /// ε spent after this epoch (DP runs; "inf" at σ = 0).
+    #[serde(default, with = "epsilon_json")]
     pub epsilon: Option<f64>,
     /// Share of the epoch's examples whose gradient norm exceeded C (DP runs).
     #[serde(default)]
@@ -48,6 +48,40 @@ pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Resul
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
+/// ε in JSON: a number, "inf" when infinite (JSON has no infinity, and serde_json would write
+/// `null`, which reads as "not private"), or null without privacy.
+pub mod epsilon_json {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(e) if e.is_infinite() => s.serialize_str("inf"),
+            Some(e) => s.serialize_f64(*e),
+            None => s.serialize_none(),
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Stored {
+        Number(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        match Option::<Stored>::deserialize(d)? {
+            None => Ok(None),
+            Some(Stored::Number(e)) => Ok(Some(e)),
+            Some(Stored::Text(t)) if matches!(t.as_str(), "inf" | "infinity" | "Infinity") => {
+                Ok(Some(f64::INFINITY))
+            }
+            Some(Stored::Text(t)) => Err(serde::de::Error::custom(format!(
+                "epsilon {t:?}: expected a number, \"inf\" or null"
+            ))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
     pub task: String,
@@ -57,6 +91,8 @@ pub struct Summary {
     pub last_test_accuracy: f64,
     pub wall_seconds: f64,
     /// DP runs: (ε, δ) spent, σ, q, how batches were sampled, and why training stopped early.
+    /// ε is "inf" when σ = 0 (clipping without noise), null only without privacy.
+    #[serde(default, with = "epsilon_json")]
     pub epsilon: Option<f64>,
     pub delta: Option<f64>,
     pub noise_multiplier: Option<f64>,
@@ -142,28 +178,27 @@ pub fn append_upstream(path: &Path, rows: &[UpstreamRow]) -> Result<()> {
         .map_err(|e| Error::io(path, e))
 }
 
-/// Keeps the header and the rows of steps up to `steps_done` (a killed run may have written
-/// rows after its last checkpoint).
-pub fn truncate_upstream(path: &Path, steps_done: u64) -> Result<()> {
+/// Keeps the header and the rows of steps up to `steps_done` of `upstream.csv` (a killed run may
+/// have written rows after its last checkpoint); returns how many step rows remain (0 when the file does not exist).
+pub fn truncate_upstream(path: &Path, steps_done: u64) -> Result<u64> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(Error::io(path, e)),
     };
     let mut out = String::new();
+    let mut rows = 0;
     for (i, line) in text.lines().enumerate() {
-        let keep = i == 0
-            || line
-                .split(',')
-                .next()
-                .and_then(|s| s.parse::<u64>().ok())
-                .is_some_and(|step| step <= steps_done);
+        let step = line.split(',').next().and_then(|s| s.parse::<u64>().ok());
+        let keep = i == 0 || step.is_some_and(|step| step <= steps_done);
         if keep {
             out.push_str(line);
             out.push('\n');
+            rows += u64::from(i > 0);
         }
     }
-    std::fs::write(path, out).map_err(|e| Error::io(path, e))
+    std::fs::write(path, out).map_err(|e| Error::io(path, e))?;
+    Ok(rows)
 }
 
 #[cfg(test)]

@@ -15,13 +15,14 @@ pub mod upload;
 
 use crate::analysis::{fixed_batches, gradient_error};
 use crate::compress::message::paper_gib;
-use crate::config::{Sampling, TrainConfig};
+use crate::config::{Sampling, TrainConfig, TrainOverrides};
 use crate::data::sampler;
 use crate::data::{Batch, Dataset, TaskData};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::accountant::Accountant;
+use crate::run_lock::RunLock;
 use crate::tasks;
 use checkpoint::TrainState;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -110,6 +111,10 @@ pub fn train_step(
     (loss.detach() * batch.len() as f64, correct)
 }
 
+/// The settings `dpcomp train --resume` may change: more epochs, a moved data folder, another
+/// device (and `--quiet`, which is not a setting). Every other flag must match the run.
+pub const RESUME_MAY_CHANGE: [&str; 3] = ["epochs", "data_dir", "device"];
+
 /// A model, its data and optimiser, and where the run writes.
 pub struct Trainer {
     pub config: TrainConfig,
@@ -125,13 +130,19 @@ pub struct Trainer {
     pub history: Vec<EpochMetrics>,
     /// Whether to draw a progress bar (off in tests).
     pub progress: bool,
+    /// This process's exclusive hold on `run_dir` (see `run_lock`).
+    _lock: RunLock,
 }
 
 impl Trainer {
     /// A fresh run in `run_dir`, which must not hold another run's checkpoint. Writes
     /// `config.toml` before anything else.
-    pub fn new(config: TrainConfig, run_dir: &Path) -> Result<Self> {
+    pub fn new(mut config: TrainConfig, run_dir: &Path) -> Result<Self> {
         config.validate()?;
+        // Record the data folder this run reads, resolved ($DPCOMP_DATA or data/) and
+        // absolute, so `eval`, `resume` and analyses find it later from anywhere.
+        let data = crate::data::data_dir(config.data_dir.as_deref());
+        config.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
         if checkpoint::find(run_dir).is_some() {
             return Err(Error::bad_value(
                 "--out",
@@ -141,7 +152,8 @@ impl Trainer {
                 ),
             ));
         }
-        std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
+        let created = !run_dir.exists();
+        let lock = RunLock::acquire(run_dir)?;
         let config_path = run_dir.join("config.toml");
         std::fs::write(&config_path, config.to_toml()).map_err(|e| Error::io(&config_path, e))?;
         // Logs of an earlier start that left no checkpoint (a killed first epoch, or a cell
@@ -149,28 +161,81 @@ impl Trainer {
         for stale in ["metrics.jsonl", "upstream.csv", "summary.json"] {
             let _ = std::fs::remove_file(run_dir.join(stale));
         }
-        Self::build(config, run_dir)
+        Self::build(config, run_dir, lock).inspect_err(|_| {
+            // A start that failed before training (missing data, a bad option) leaves nothing
+            // behind: not a folder holding only config.toml that looks like a run.
+            let _ = std::fs::remove_file(&config_path);
+            if created {
+                let _ = std::fs::remove_dir_all(run_dir);
+            }
+        })
     }
 
     /// Continues the run in `run_dir` from its last checkpoint. `epochs`, when given, replaces
     /// the saved epoch count (to extend a finished run).
     pub fn resume(run_dir: &Path, epochs: Option<usize>) -> Result<Self> {
-        let mut config = TrainConfig::from_toml_file(&run_dir.join("config.toml"))?;
-        if let Some(e) = epochs {
-            config.epochs = e;
-            let path = run_dir.join("config.toml");
-            std::fs::write(&path, config.to_toml()).map_err(|e| Error::io(&path, e))?;
-        }
-        let mut trainer = Self::build(config, run_dir)?;
-        let Some(dir) = checkpoint::find(run_dir) else {
+        let changes = TrainOverrides {
+            epochs,
+            ..TrainOverrides::default()
+        };
+        Self::resume_with(run_dir, changes)
+    }
+
+    /// Continues the run in `run_dir` with the settings a user passed again. Only
+    /// `RESUME_MAY_CHANGE` (epochs, data folder, device) may differ from the run's
+    /// `config.toml`; any other setting that differs is an error naming both values, because
+    /// the checkpoint and the accountant's history were made with the saved ones. The
+    /// checkpoint is verified against its manifest, the accountant's history against the steps
+    /// done and the run's σ and q, the logs against the epochs done; `config.toml` is rewritten
+    /// only after all of that has passed.
+    pub fn resume_with(run_dir: &Path, overrides: TrainOverrides) -> Result<Self> {
+        let lock = RunLock::acquire(run_dir)?;
+        let config_path = run_dir.join("config.toml");
+        let saved = TrainConfig::from_toml_file(&config_path)?;
+        let mut config = saved.clone();
+        overrides.apply(&mut config);
+        let conflicts: Vec<String> = saved
+            .differences(&config)
+            .into_iter()
+            .filter(|(field, _, _)| !RESUME_MAY_CHANGE.contains(&field.as_str()))
+            .map(|(field, was, now)| {
+                format!(
+                    "--{}: the run has {was}, given {now}",
+                    field.replace('_', "-")
+                )
+            })
+            .collect();
+        if !conflicts.is_empty() {
             return Err(Error::bad_value(
                 "--resume",
                 format!(
-                    "{} has no checkpoint yet; start it without --resume",
-                    run_dir.display()
+                    "{} was trained with other settings; only {} may change on resume ({})",
+                    run_dir.display(),
+                    RESUME_MAY_CHANGE
+                        .iter()
+                        .map(|f| format!("--{}", f.replace('_', "-")))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    conflicts.join("; ")
                 ),
             ));
-        };
+        }
+        config.validate()?;
+        let dir = checkpoint::open(run_dir)?;
+        let state = checkpoint::read_state(&dir)?;
+        if config.epochs < state.epochs_done {
+            return Err(Error::bad_value(
+                "--epochs",
+                format!(
+                    "{}: {} has already trained {} epochs; give at least that many",
+                    config.epochs,
+                    run_dir.display(),
+                    state.epochs_done
+                ),
+            ));
+        }
+        let mut trainer = Self::build(config, run_dir, lock)?;
+        trainer.check_accountant(&state, &dir)?;
         checkpoint::load_weights(trainer.model.var_store(), &dir.join("model.safetensors"))?;
         let momentum = checkpoint::read_momentum(&dir)?;
         if !momentum.is_empty() {
@@ -198,15 +263,90 @@ impl Trainer {
                 .load_state(compressor_state)
                 .map_err(|e| Error::bad_file(dir.join("compressor.safetensors"), e.to_string()))?;
         }
-        trainer.state = checkpoint::read_state(&dir)?;
-        trainer.history =
-            metrics::read_and_truncate(&run_dir.join("metrics.jsonl"), trainer.state.epochs_done)?;
-        metrics::truncate_upstream(&run_dir.join("upstream.csv"), trainer.state.steps_done)?;
+        trainer.state = state;
+        let metrics_path = run_dir.join("metrics.jsonl");
+        trainer.history = metrics::read_and_truncate(&metrics_path, trainer.state.epochs_done)?;
+        if trainer.history.len() != trainer.state.epochs_done {
+            // Past epochs' test accuracies cannot be rebuilt (their weights are gone), and a
+            // summary over fewer rows than it claims would be wrong: refuse.
+            return Err(Error::bad_file(
+                &metrics_path,
+                format!(
+                    "{} rows for the {} epochs the checkpoint has trained; restore the file or start the run again",
+                    trainer.history.len(),
+                    trainer.state.epochs_done
+                ),
+            ));
+        }
+        let upstream_path = run_dir.join("upstream.csv");
+        let upstream_rows = metrics::truncate_upstream(&upstream_path, trainer.state.steps_done)?;
+        if upstream_rows != trainer.state.steps_done {
+            return Err(Error::bad_file(
+                &upstream_path,
+                format!(
+                    "{upstream_rows} rows for the {} steps the checkpoint has taken; restore the file or start the run again",
+                    trainer.state.steps_done
+                ),
+            ));
+        }
         gradient_error::truncate(run_dir, trainer.state.epochs_done)?;
+        if trainer.config != saved {
+            std::fs::write(&config_path, trainer.config.to_toml())
+                .map_err(|e| Error::io(&config_path, e))?;
+        }
         Ok(trainer)
     }
 
-    fn build(config: TrainConfig, run_dir: &Path) -> Result<Self> {
+    /// The privacy invariant across a resume: a private run's checkpoint holds one accounted
+    /// step per step taken, every one at this run's σ and sampling rate; a non-private run's
+    /// holds none. Anything else (a null, shortened or edited history) would restart or
+    /// under-count ε, so the resume is refused.
+    fn check_accountant(&self, state: &TrainState, dir: &Path) -> Result<()> {
+        let path = dir.join("state.json");
+        let q = self.sample_rate();
+        match (&state.accountant, self.config.noise_multiplier) {
+            (None, None) => Ok(()),
+            (Some(a), None) if a.history.is_empty() => Ok(()),
+            (Some(_), None) => Err(Error::bad_file(
+                &path,
+                "holds an accountant's history but the run is not private",
+            )),
+            (None, Some(_)) if state.steps_done == 0 => Ok(()),
+            (None, Some(_)) => Err(Error::bad_file(
+                &path,
+                format!(
+                    "no accountant history for a private run that has taken {} steps: its ε cannot be continued",
+                    state.steps_done
+                ),
+            )),
+            (Some(a), Some(sigma)) => {
+                if a.steps() != state.steps_done {
+                    return Err(Error::bad_file(
+                        &path,
+                        format!(
+                            "the accountant has {} steps but the run has taken {}: ε would be under-counted",
+                            a.steps(),
+                            state.steps_done
+                        ),
+                    ));
+                }
+                for b in &a.history {
+                    if b.noise_multiplier != sigma || b.sample_rate != q {
+                        return Err(Error::bad_file(
+                            &path,
+                            format!(
+                                "the accountant records {} steps at sigma {} and q {}, but this run's are sigma {sigma} and q {q}",
+                                b.steps, b.noise_multiplier, b.sample_rate
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn build(config: TrainConfig, run_dir: &Path, lock: RunLock) -> Result<Self> {
         let (device, data, model) = tasks::prepare(&config)?;
         let params = model.trainable_variables();
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
@@ -222,6 +362,7 @@ impl Trainer {
             state: TrainState::default(),
             history: Vec::new(),
             progress: true,
+            _lock: lock,
         })
     }
 
@@ -401,6 +542,22 @@ impl Trainer {
             self.state.accountant = Some(Accountant::default());
         }
         let mut budget = self.steps_within_budget()?;
+        if budget == Some(0) && self.state.steps_done == 0 {
+            // Not even one step fits the target: refuse rather than "finish" a run that never
+            // trained (σ = 0 lands here too: its ε is infinite).
+            let sigma = self.config.noise_multiplier.unwrap_or(0.0);
+            let mut one = Accountant::default();
+            one.step(sigma, q, 1)?;
+            let eps = one.epsilon(self.config.accountant, self.config.delta)?.0;
+            return Err(Error::bad_value(
+                "--target-epsilon",
+                format!(
+                    "{}: a single step at noise multiplier {sigma} and sampling rate {q:.6} already spends epsilon {eps:.4} (delta {}); raise the target or the noise multiplier",
+                    self.config.target_epsilon.unwrap_or(f64::NAN),
+                    self.config.delta
+                ),
+            ));
+        }
         if self.state.epochs_done == 0 && self.state.steps_done == 0 {
             gradient_error::truncate(&self.run_dir, 0)?;
             if gradient_error::read(&self.run_dir)?.is_empty() {
@@ -419,11 +576,13 @@ impl Trainer {
             let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
             let mut clipped = Tensor::zeros([], (Kind::Int64, self.device));
             let mut seen = 0i64;
+            let mut steps_this_epoch = 0usize;
             for (step, index) in batches.iter().enumerate() {
                 if budget == Some(0) {
                     self.state.stopped = Some(self.budget_message()?);
                     break;
                 }
+                steps_this_epoch += 1;
                 budget = budget.map(|b| b - 1);
                 if let Some(sigma) = self.config.noise_multiplier {
                     let settings = DpSettings {
@@ -448,9 +607,13 @@ impl Trainer {
                     loss_sum += totals.loss_sum.to_kind(Kind::Float);
                     correct += totals.correct;
                     clipped += totals.clipped;
-                    if let Some(a) = self.state.accountant.as_mut() {
-                        a.step(sigma, q, 1)?;
-                    }
+                    // The step was noised, so it is counted: there is always an accountant
+                    // here (set above for private runs; `resume` refuses a missing one).
+                    self.state
+                        .accountant
+                        .as_mut()
+                        .expect("a private run has an accountant")
+                        .step(sigma, q, 1)?;
                 } else {
                     let batch = self.data.train.batch(index, self.device, true);
                     let (loss, right) = train_step(
@@ -491,6 +654,13 @@ impl Trainer {
                         seen / started.elapsed().as_secs_f64()
                     ));
                 }
+            }
+            if steps_this_epoch == 0 {
+                // The budget ran out exactly at the end of the previous epoch: nothing was
+                // trained, so there is no epoch to evaluate or log (and no zero-loss row).
+                bar.finish_and_clear();
+                self.save_checkpoint()?;
+                break;
             }
             let train_seconds = started.elapsed().as_secs_f64();
             let (test_loss, test_accuracy) = evaluate(

@@ -1,0 +1,420 @@
+//! Issue 14's probes of a run's safety: one writer per run folder, checksummed checkpoints, an
+//! accountant that cannot be shortened or dropped across a resume, logs that must match the
+//! checkpoint, resume flags that must match the run, and budgets that cannot be met refused.
+//! Each test failed before its fix.
+
+mod common;
+
+use common::require_shared_data;
+use dpcomp::config::{Task, TrainConfig};
+use dpcomp::error::Error;
+use dpcomp::run_lock::{self, RunLock};
+use dpcomp::train::{checkpoint, Trainer};
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// A private Surnames run small enough for a test: 300 training names, 2 epochs.
+fn small_private(root: &Path) -> TrainConfig {
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.epochs = 2;
+    c.limit_train = Some(300);
+    c.limit_test = Some(200);
+    c.data_dir = Some(root.to_path_buf());
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    c.noise_multiplier = Some(1.0);
+    c.seed = 3;
+    c
+}
+
+fn train(config: TrainConfig, dir: &Path) -> dpcomp::train::metrics::Summary {
+    let mut trainer = Trainer::new(config, dir).unwrap();
+    trainer.progress = false;
+    trainer.run().unwrap()
+}
+
+fn dpcomp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Edits the checkpoint's state.json with `edit`, then reseals the manifest, as a buggy or
+/// hostile writer could: the checks behind the manifest must still refuse it.
+fn edit_state(run: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let dir = checkpoint::find(run).unwrap();
+    let path = dir.join("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut state);
+    std::fs::write(&path, serde_json::to_string_pretty(&state).unwrap()).unwrap();
+    checkpoint::write_manifest(&dir).unwrap();
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_run_folder_has_one_writer_and_stale_locks_are_taken_over() {
+    let work = tempfile::tempdir().unwrap();
+    let run = work.path().join("run");
+    let held = RunLock::acquire(&run).unwrap();
+    let owner = std::fs::read_to_string(held.path()).unwrap();
+    assert!(
+        owner.contains(&format!("pid {}", std::process::id())),
+        "{owner}"
+    );
+    match RunLock::acquire(&run) {
+        Err(Error::RunInUse { owner, .. }) => {
+            assert!(owner.contains(&format!("pid {}", std::process::id())))
+        }
+        other => panic!("a second writer was let in: {other:?}"),
+    }
+    assert!(run_lock::holder(&run).is_some());
+
+    // Every command that writes a run folder refuses it while it is held, and writes nothing.
+    let out = dpcomp(&[
+        "train",
+        "--task",
+        "surnames",
+        "--epochs",
+        "1",
+        "--out",
+        &run.display().to_string(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("in use by another dpcomp process"),
+        "{}",
+        stderr(&out)
+    );
+    if let Some(root) = require_shared_data() {
+        let out = dpcomp(&[
+            "fl",
+            "--dataset",
+            "breast_cancer",
+            "--rounds",
+            "1",
+            "--data-dir",
+            &root.display().to_string(),
+            "--out",
+            &run.display().to_string(),
+        ]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("in use by another dpcomp process"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let files: Vec<_> = std::fs::read_dir(&run)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(files, vec![std::ffi::OsString::from(run_lock::LOCK_FILE)]);
+
+    // Released: the lock file goes, and the folder can be taken again.
+    drop(held);
+    assert!(!run.join(run_lock::LOCK_FILE).exists());
+    assert!(run_lock::holder(&run).is_none());
+
+    // A lock file whose process died (no OS lock behind it) is stale: taken over.
+    std::fs::write(
+        run.join(run_lock::LOCK_FILE),
+        "pid 4194000 on elsewhere since unix time 0",
+    )
+    .unwrap();
+    assert!(run_lock::holder(&run).is_none());
+    let again = RunLock::acquire(&run).unwrap();
+    let owner = std::fs::read_to_string(again.path()).unwrap();
+    assert!(
+        owner.contains(&format!("pid {}", std::process::id())),
+        "{owner}"
+    );
+}
+
+#[test]
+fn a_failed_start_leaves_no_run_folder() {
+    let work = tempfile::tempdir().unwrap();
+    let run = work.path().join("run");
+    let out = dpcomp(&[
+        "train",
+        "--task",
+        "surnames",
+        "--epochs",
+        "1",
+        "--data-dir",
+        &work.path().join("no-data-here").display().to_string(),
+        "--out",
+        &run.display().to_string(),
+    ]);
+    assert!(!out.status.success());
+    assert!(!run.exists(), "a failed start left {}", run.display());
+}
+
+#[test]
+fn resume_refuses_a_corrupted_or_altered_checkpoint() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let run = work.path().join("run");
+    let mut config = small_private(&root);
+    config.epochs = 1;
+    train(config, &run);
+    let pristine = work.path().join("pristine");
+    copy_dir(&run, &pristine);
+    let fresh = |name: &str| {
+        let dir = work.path().join(name);
+        copy_dir(&pristine, &dir);
+        dir
+    };
+    let refused = |dir: &Path, expected: &str| {
+        let err = Trainer::resume(dir, Some(2))
+            .err()
+            .expect("the resume was accepted");
+        assert!(err.to_string().contains(expected), "{err}");
+    };
+
+    // Weight bytes overwritten with 0xFF: refused by the manifest, never trained on as NaN.
+    let bad = fresh("weights");
+    let weights = bad.join("checkpoint/model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    let n = bytes.len();
+    bytes[n - 64..].fill(0xFF);
+    std::fs::write(&weights, bytes).unwrap();
+    refused(&bad, "corrupted");
+    let out = dpcomp(&["eval", "--checkpoint", &bad.display().to_string()]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("corrupted"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A file added to the checkpoint, or one removed from it.
+    let bad = fresh("added");
+    std::fs::write(bad.join("checkpoint/compressor.safetensors"), b"x").unwrap();
+    refused(&bad, "not in the checkpoint's manifest");
+    let bad = fresh("manifest");
+    std::fs::remove_file(bad.join("checkpoint/manifest.json")).unwrap();
+    refused(&bad, "manifest");
+
+    // Behind a resealed manifest: a null, shortened or re-parametrised accountant history.
+    let bad = fresh("null");
+    edit_state(&bad, |s| s["accountant"] = serde_json::Value::Null);
+    refused(&bad, "no accountant history");
+    let bad = fresh("short");
+    edit_state(&bad, |s| {
+        let steps = s["accountant"]["history"][0]["steps"].as_u64().unwrap();
+        s["accountant"]["history"][0]["steps"] = (steps / 2).into();
+    });
+    refused(&bad, "ε would be under-counted");
+    let bad = fresh("sigma");
+    edit_state(&bad, |s| {
+        s["accountant"]["history"][0]["noise_multiplier"] = 2.0.into()
+    });
+    refused(&bad, "but this run's are sigma 1");
+
+    // metrics.jsonl lost: the summary would be over rows that are not there.
+    let bad = fresh("metrics");
+    std::fs::remove_file(bad.join("metrics.jsonl")).unwrap();
+    refused(&bad, "0 rows for the 1 epochs");
+    let bad = fresh("upstream");
+    std::fs::write(
+        bad.join("upstream.csv"),
+        "step,epoch,upstream_bits,paper_bits\n",
+    )
+    .unwrap();
+    refused(&bad, "rows for the");
+
+    // The untouched copy resumes, and its ε is the uninterrupted run's.
+    let good = fresh("good");
+    let mut trainer = Trainer::resume(&good, Some(2)).unwrap();
+    trainer.progress = false;
+    let resumed = trainer.run().unwrap();
+    let straight = train(small_private(&root), &work.path().join("straight"));
+    assert_eq!(resumed.epsilon, straight.epsilon);
+    assert!(resumed.epsilon.unwrap() > 0.0);
+}
+
+#[test]
+fn resume_flags_must_match_the_run_except_epochs_data_and_device() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    // The data through a link, so that it can "move".
+    let link = work.path().join("data-here");
+    std::os::unix::fs::symlink(std::fs::canonicalize(&root).unwrap(), &link).unwrap();
+    let run = work.path().join("run");
+    let run_s = run.display().to_string();
+    let out = dpcomp(&[
+        "train",
+        "--task",
+        "surnames",
+        "--epochs",
+        "1",
+        "--limit-train",
+        "300",
+        "--limit-test",
+        "200",
+        "--noise-multiplier",
+        "1.0",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--data-dir",
+        &link.display().to_string(),
+        "--out",
+        &run_s,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let config_before = std::fs::read_to_string(run.join("config.toml")).unwrap();
+
+    let out = dpcomp(&[
+        "train",
+        "--resume",
+        "--out",
+        &run_s,
+        "--noise-multiplier",
+        "0.5",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--noise-multiplier: the run has 1.0, given 0.5"),
+        "{}",
+        stderr(&out)
+    );
+    let out = dpcomp(&["train", "--resume", "--out", &run_s, "--task", "cifar10"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--task: the run has \"surnames\", given \"cifar10\""),
+        "{}",
+        stderr(&out)
+    );
+    // Fewer epochs than done: refused, config.toml untouched.
+    let out = dpcomp(&["train", "--resume", "--out", &run_s, "--epochs", "0"]);
+    assert!(!out.status.success());
+    assert_eq!(
+        std::fs::read_to_string(run.join("config.toml")).unwrap(),
+        config_before
+    );
+    // The same value again is fine (nothing to train: the run is done).
+    let out = dpcomp(&[
+        "train",
+        "--resume",
+        "--quiet",
+        "--out",
+        &run_s,
+        "--noise-multiplier",
+        "1.0",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // The data folder moves: the resume fails, and --data-dir repairs it (and is recorded).
+    let moved = work.path().join("data-moved");
+    std::fs::rename(&link, &moved).unwrap();
+    let out = dpcomp(&[
+        "train", "--resume", "--quiet", "--out", &run_s, "--epochs", "2",
+    ]);
+    assert!(!out.status.success());
+    let out = dpcomp(&[
+        "train",
+        "--resume",
+        "--quiet",
+        "--out",
+        &run_s,
+        "--epochs",
+        "2",
+        "--data-dir",
+        &moved.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let saved = TrainConfig::from_toml_file(&run.join("config.toml")).unwrap();
+    assert_eq!(saved.data_dir.as_deref(), Some(moved.as_path()));
+    assert_eq!(saved.epochs, 2);
+    // eval finds the data from the recorded folder, from another working directory.
+    let out = Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+        .args(["eval", "--checkpoint", &run_s])
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[test]
+fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let mut config = small_private(&root);
+    config.target_epsilon = Some(0.001);
+    let run = work.path().join("tiny-target");
+    let mut trainer = Trainer::new(config.clone(), &run).unwrap();
+    trainer.progress = false;
+    let err = trainer.run().expect_err("an unreachable target trained");
+    assert!(err.to_string().contains("already spends epsilon"), "{err}");
+    assert!(!run.join("metrics.jsonl").exists());
+    assert!(!run.join("summary.json").exists());
+
+    config.noise_multiplier = Some(0.0);
+    config.target_epsilon = Some(5.0);
+    let mut trainer = Trainer::new(config.clone(), &work.path().join("sigma0-target")).unwrap();
+    trainer.progress = false;
+    assert!(trainer.run().is_err());
+
+    // σ = 0 without a target trains (clipping only), and its ε is infinite, never 0 or null.
+    config.target_epsilon = None;
+    let run = work.path().join("sigma0");
+    let summary = train(config, &run);
+    assert_eq!(summary.epsilon, Some(f64::INFINITY));
+    let text = std::fs::read_to_string(run.join("summary.json")).unwrap();
+    assert!(text.contains("\"epsilon\": \"inf\""), "{text}");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert!(
+        metrics.lines().all(|l| l.contains("\"epsilon\":\"inf\"")),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_budget_spent_at_an_epoch_boundary_writes_no_empty_epoch() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    // Find the ε after exactly one epoch, then make that the target of a 3-epoch run: the second
+    // epoch cannot take a step, and must not be logged as a zero-loss epoch.
+    let work = tempfile::tempdir().unwrap();
+    let mut config = small_private(&root);
+    config.epochs = 1;
+    let one = train(config.clone(), &work.path().join("one"))
+        .epsilon
+        .unwrap();
+    config.epochs = 3;
+    config.target_epsilon = Some(one * (1.0 + 1e-9));
+    let run = work.path().join("budget");
+    let summary = train(config, &run);
+    assert_eq!(summary.epochs, 1);
+    assert!(summary.stopped.is_some());
+    let rows = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(rows.lines().count(), 1, "{rows}");
+}
