@@ -507,6 +507,16 @@ fn train_command(args: TrainArgs) -> Result<()> {
         }
     }
     let summary = trainer.run()?;
+    if let Some(reason) = summary
+        .stopped
+        .as_deref()
+        .filter(|r| r.starts_with(train::DIVERGED))
+    {
+        return Err(anyhow::anyhow!(
+            "{reason}; the run's logs and summary are in {} (try a lower --lr)",
+            trainer.run_dir.display()
+        ));
+    }
     println!(
         "{}: final test accuracy {:.2}% (mean of the last {} epochs), last epoch {:.2}%, {:.1}s",
         summary.task,

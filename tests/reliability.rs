@@ -418,3 +418,191 @@ fn a_budget_spent_at_an_epoch_boundary_writes_no_empty_epoch() {
     let rows = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert_eq!(rows.lines().count(), 1, "{rows}");
 }
+
+#[test]
+fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
+    // convex: a NaN step size, and NaN/inf cells in a CSV.
+    let out = dpcomp(&[
+        "convex",
+        "--data",
+        "synthetic:200:5",
+        "--algorithm",
+        "nonprivate",
+        "--step-size",
+        "nan",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--step-size: NaN"),
+        "{}",
+        stderr(&out)
+    );
+    let work = tempfile::tempdir().unwrap();
+    for bad in ["nan", "inf", "-inf"] {
+        let csv = work.path().join(format!("{bad}.csv"));
+        let mut text = String::from("a,b,label\n");
+        for i in 0..20 {
+            text.push_str(&format!(
+                "{},{},{}\n",
+                if i == 7 {
+                    bad.to_string()
+                } else {
+                    i.to_string()
+                },
+                i % 3,
+                i % 2
+            ));
+        }
+        std::fs::write(&csv, text).unwrap();
+        let out = dpcomp(&[
+            "convex",
+            "--data",
+            &format!("csv:{}", csv.display()),
+            "--algorithm",
+            "nonprivate",
+        ]);
+        assert!(!out.status.success());
+        assert!(
+            stderr(&out).contains("data row 8, column 1"),
+            "{}",
+            stderr(&out)
+        );
+    }
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let data = root.display().to_string();
+    // fl: learning rates, momentum and iterations outside their ranges.
+    for bad in [
+        ["--local-lr", "nan"],
+        ["--local-lr", "inf"],
+        ["--local-lr", "0"],
+        ["--local-lr=-1", "--seed=0"],
+        ["--server-lr", "nan"],
+        ["--server-momentum", "1.5"],
+        ["--owlqn-iterations", "0"],
+    ] {
+        let out = dpcomp(
+            &[
+                &[
+                    "fl",
+                    "--dataset",
+                    "breast_cancer",
+                    "--rounds",
+                    "1",
+                    "--data-dir",
+                    &data,
+                ][..],
+                &bad[..],
+            ]
+            .concat(),
+        );
+        assert!(!out.status.success(), "{bad:?} accepted");
+        let flag = bad[0].split('=').next().unwrap();
+        assert!(
+            stderr(&out).contains(&format!("{flag}: ")),
+            "{bad:?}: {}",
+            stderr(&out)
+        );
+    }
+    // fl and train runs whose loss overflows stop with an error naming the round / epoch.
+    let out = dpcomp(&[
+        "fl",
+        "--dataset",
+        "breast_cancer",
+        "--rounds",
+        "3",
+        "--scheme",
+        "std",
+        "--local-lr",
+        "1e38",
+        "--data-dir",
+        &data,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("non-finite test loss after round 1"),
+        "{}",
+        stderr(&out)
+    );
+    let run = work.path().join("diverged");
+    let out = dpcomp(&[
+        "train",
+        "--task",
+        "surnames",
+        "--epochs",
+        "3",
+        "--limit-train",
+        "300",
+        "--limit-test",
+        "100",
+        "--lr",
+        "1e38",
+        "--max-grad-norm",
+        "inf",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--data-dir",
+        &data,
+        "--out",
+        &run.display().to_string(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("non-finite training loss in epoch 1"),
+        "{}",
+        stderr(&out)
+    );
+    let rows = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(
+        rows.lines().count(),
+        1,
+        "trained on after diverging: {rows}"
+    );
+}
+
+/// `convex --radius 1e30` reported a negative excess empirical risk: the reference minimiser's
+/// step R / sqrt(k) jumped to risks of 1e30 and never left 0. Excess risk is >= 0 (within the
+/// solver's tolerance) at every radius, for every algorithm whose output lies in the ball.
+#[test]
+fn excess_empirical_risk_is_never_negative() {
+    use dpcomp::convex::{self, loss::Loss, Algorithm, Calibration, ConvexSettings};
+    // |w*| 4: points with margin |<x, w*>| >= 1 inside the unit ball (|w*| <= 1 would have none).
+    let data = dpcomp::convex::data::synthetic(2000, 10, 4.0, 4);
+    for radius in [0.1, 1.0, 100.0, 1e30] {
+        for (algorithm, loss) in [
+            (Algorithm::Nonprivate, "hinge"),
+            (Algorithm::Gradient, "hinge"),
+            (Algorithm::Nonprivate, "qhinge:1.5"),
+            (Algorithm::Nonprivate, "logistic"),
+        ] {
+            let settings = ConvexSettings {
+                loss: Loss::parse(loss).unwrap(),
+                algorithm,
+                calibration: Calibration::Accountant,
+                epsilon: 4.0,
+                delta: None,
+                radius,
+                unbounded: false,
+                steps: Some(2000),
+                step_size: None,
+                seed: 0,
+            };
+            let start = std::time::Instant::now();
+            let report = convex::run(&data, &settings).unwrap();
+            eprintln!(
+                "R {radius} {algorithm:?} {loss}: excess {} in {:.1} s",
+                report.excess_empirical_risk,
+                start.elapsed().as_secs_f64()
+            );
+            assert!(
+                report.excess_empirical_risk >= -1e-9,
+                "R {radius} {algorithm:?} {loss}: excess {} (train {}, reference {})",
+                report.excess_empirical_risk,
+                report.train_risk,
+                report.reference_risk
+            );
+        }
+    }
+}

@@ -84,6 +84,19 @@ pub fn read_csv(path: &Path, name: &str) -> Result<Tabular> {
             ),
         ));
     }
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(j) = row.iter().position(|v| !v.is_finite()) {
+            return Err(Error::bad_file(
+                path,
+                format!(
+                    "data row {}, column {}: {}: expected a finite number",
+                    i + 1,
+                    j + 1,
+                    row[j]
+                ),
+            ));
+        }
+    }
     let d = columns - 1;
     let mut labels = Vec::with_capacity(rows.len());
     let mut features = Vec::with_capacity(rows.len() * d);
@@ -134,6 +147,12 @@ pub fn data_dir_or_default(data_dir: Option<&Path>) -> std::path::PathBuf {
 /// one: another thread drawing from that (a concurrent test, a training run) would otherwise
 /// change the data this seed gives.
 pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Tabular {
+    // Rows need margin |<x, w*>| >= 1 with |x| <= 1: none exist unless |w*| > 1 (the rejection
+    // loop below would never end).
+    assert!(
+        scale > 1.0,
+        "synthetic data needs |w*| > 1 for a margin of 1, got {scale}"
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dim = d as usize;
     let gaussian = |rng: &mut rand::rngs::StdRng| -> Vec<f64> {

@@ -195,6 +195,28 @@ pub fn run_seeds(
             format!("{}: expected a positive radius", settings.radius),
         ));
     }
+    if let Some(eta) = settings.step_size {
+        if !(eta > 0.0 && eta.is_finite()) {
+            return Err(Error::bad_value(
+                "--step-size",
+                format!("{eta}: expected a positive, finite step size"),
+            ));
+        }
+    }
+    if settings.steps == Some(0) {
+        return Err(Error::bad_value("--steps", "0: expected at least one step"));
+    }
+    if settings.algorithm != Algorithm::Nonprivate
+        && !(settings.epsilon > 0.0 && settings.epsilon.is_finite())
+    {
+        return Err(Error::bad_value(
+            "--epsilon",
+            format!("{}: expected a positive, finite epsilon", settings.epsilon),
+        ));
+    }
+    if let Some(delta) = settings.delta {
+        crate::privacy::validate_delta(delta)?;
+    }
     let delta = settings.delta.unwrap_or(1.0 / (n as f64 * n as f64));
     // The constants use the public bound ||x|| <= 1 that `data` enforces by projection, not the
     // data's own maximum (which would leak); the latter is reported alongside.
@@ -292,6 +314,18 @@ pub fn run_seeds(
         },
         seeds,
     );
+    let models: Vec<Tensor> = seeds
+        .iter()
+        .enumerate()
+        .map(|(k, &seed)| {
+            let average = averages.get(k as i64);
+            match (settings.algorithm, sigma) {
+                // The output noise has its own stream (seed + 1), independent of SGD's draws.
+                (Algorithm::Output, Some(s)) => sgd::perturb(&average, s, seed.wrapping_add(1)),
+                _ => average,
+            }
+        })
+        .collect();
     let (_, reference_risk) = sgd::empirical_minimiser(
         loss,
         &data.x_train,
@@ -299,17 +333,12 @@ pub fn run_seeds(
         radius,
         3000,
         settings.radius,
+        &models,
     );
     let reports = seeds
         .iter()
-        .enumerate()
-        .map(|(k, &seed)| {
-            let average = averages.get(k as i64);
-            let w = match (settings.algorithm, sigma) {
-                // The output noise has its own stream (seed + 1), independent of SGD's draws.
-                (Algorithm::Output, Some(s)) => sgd::perturb(&average, s, seed.wrapping_add(1)),
-                _ => average,
-            };
+        .zip(models)
+        .map(|(&seed, w)| {
             let (train_risk, train_accuracy) =
                 risk_and_accuracy(loss, &w, &data.x_train, &data.y_train);
             let (test_risk, test_accuracy) =
@@ -344,6 +373,15 @@ pub fn run_seeds(
                 excess_empirical_risk: train_risk - reference_risk,
             }
         })
-        .collect();
+        .collect::<Vec<ConvexReport>>();
+    if let Some(r) = reports.iter().find(|r| !r.train_risk.is_finite()) {
+        return Err(Error::bad_value(
+            "convex",
+            format!(
+                "training diverged: non-finite training risk for seed {} after {} steps at step size {}; lower --step-size",
+                r.seed, r.steps, r.step_size
+            ),
+        ));
+    }
     Ok(reports)
 }

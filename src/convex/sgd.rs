@@ -99,8 +99,12 @@ pub fn perturb(w: &Tensor, sigma: f64, seed: u64) -> Tensor {
 }
 
 /// min over B(0, R) (or R^d) of the empirical risk, approximately: full-batch (projected)
-/// subgradient descent with step size `step / sqrt(k)` for `iterations`, keeping the best
-/// iterate. The reference the excess risk is measured against.
+/// subgradient descent with step size `scale / sqrt(k)` for `iterations`, from 0 and from the
+/// best of `starts` (projected onto the ball), keeping the best iterate. The reference the
+/// excess risk is measured against, so it must be at least as good as every feasible model being
+/// measured: starting from them guarantees that. The step scale is `step` capped at ten times the
+/// largest start's norm (at least 1): with R = 1e30 a step of R / sqrt(k) jumps to risks of 1e30
+/// and the "minimiser" stayed at 0, above the private models' risk (a negative excess risk).
 pub fn empirical_minimiser(
     loss: Loss,
     x: &Tensor,
@@ -108,21 +112,49 @@ pub fn empirical_minimiser(
     radius: Option<f64>,
     iterations: usize,
     step: f64,
+    starts: &[Tensor],
 ) -> (Tensor, f64) {
     let d = x.size()[1];
-    let mut w = Tensor::zeros([d], (Kind::Double, x.device()));
     let risk = |w: &Tensor| loss.values(w, x, y).mean(Kind::Double).double_value(&[]);
-    let (mut best, mut best_risk) = (w.copy(), risk(&w));
-    for k in 1..=iterations {
-        let g = loss.mean_gradient(&w, x, y);
-        w = &w - g * (step / (k as f64).sqrt());
-        if let Some(r) = radius {
-            w = project(&w, r);
-        }
+    let feasible = |w: &Tensor| match radius {
+        Some(r) => project(&w.to_kind(Kind::Double), r),
+        None => w.to_kind(Kind::Double),
+    };
+    let zero = Tensor::zeros([d], (Kind::Double, x.device()));
+    let mut candidates = vec![zero];
+    if let Some(best_start) = starts
+        .iter()
+        .map(feasible)
+        .filter(|w| risk(w).is_finite())
+        .min_by(|a, b| risk(a).total_cmp(&risk(b)))
+    {
+        candidates.push(best_start);
+    }
+    let largest = starts
+        .iter()
+        .map(|w| w.norm().double_value(&[]))
+        .filter(|n| n.is_finite())
+        .fold(1.0f64, f64::max);
+    let scale = step.min(10.0 * largest);
+    let (mut best, mut best_risk) = (candidates[0].copy(), f64::INFINITY);
+    for start in candidates {
+        let mut w = start;
         let r = risk(&w);
         if r < best_risk {
             best = w.copy();
             best_risk = r;
+        }
+        for k in 1..=iterations {
+            let g = loss.mean_gradient(&w, x, y);
+            w = &w - g * (scale / (k as f64).sqrt());
+            if let Some(r) = radius {
+                w = project(&w, r);
+            }
+            let r = risk(&w);
+            if r < best_risk {
+                best = w.copy();
+                best_risk = r;
+            }
         }
     }
     (best, best_risk)

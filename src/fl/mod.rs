@@ -145,6 +145,42 @@ impl FlSettings {
     }
 
     pub fn validate(&self) -> Result<()> {
+        let positive = |flag: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::bad_value(
+                    flag,
+                    format!("{v}: expected a positive, finite number"),
+                ))
+            }
+        };
+        positive("--local-lr", self.local.learning_rate)?;
+        positive("--server-lr", self.server_learning_rate)?;
+        if !(0.0..1.0).contains(&self.server_momentum) {
+            return Err(Error::bad_value(
+                "--server-momentum",
+                format!("{}: expected 0 <= beta < 1", self.server_momentum),
+            ));
+        }
+        if !(self.ratio > 0.0 && self.ratio <= 1.0) {
+            return Err(Error::bad_value(
+                "--ratio",
+                format!("{}: expected 0 < r <= 1", self.ratio),
+            ));
+        }
+        if self.clients == 0 {
+            return Err(Error::bad_value(
+                "--clients",
+                "0: expected at least one client",
+            ));
+        }
+        if self.scheme == Scheme::Cs && self.owlqn_iterations == 0 {
+            return Err(Error::bad_value(
+                "--owlqn-iterations",
+                "0: FL-CS reconstructs each round's update with at least one OWL-QN iteration",
+            ));
+        }
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {
             return Err(Error::bad_value(
                 "--fraction",
@@ -157,10 +193,10 @@ impl FlSettings {
                 "expected at least one round and one local step",
             ));
         }
-        if self.lambda.is_nan() || self.lambda < 0.0 {
+        if !(self.lambda.is_finite() && self.lambda >= 0.0) {
             return Err(Error::bad_value(
                 "--lambda",
-                format!("{}: expected >= 0", self.lambda),
+                format!("{}: expected a finite lambda >= 0", self.lambda),
             ));
         }
         if let Some(p) = &self.privacy {
@@ -438,6 +474,16 @@ pub fn run(
         };
         if let Some(dir) = out {
             append_row(&dir.join("metrics.jsonl"), &row)?;
+        }
+        if !row.test_loss.is_finite() {
+            // A diverged model: its "results" would be a NaN model's, so stop and say where.
+            return Err(Error::bad_value(
+                "fl",
+                format!(
+                    "training diverged: non-finite test loss after round {round} (mean message norm {:.4}); lower --local-lr or --server-lr",
+                    row.message_norm
+                ),
+            ));
         }
         let value = if binary {
             row.balanced_accuracy

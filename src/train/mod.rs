@@ -111,6 +111,9 @@ pub fn train_step(
     (loss.detach() * batch.len() as f64, correct)
 }
 
+/// How `TrainState::stopped` starts when a run stopped because its loss became non-finite.
+pub const DIVERGED: &str = "diverged";
+
 /// The settings `dpcomp train --resume` may change: more epochs, a moved data folder, another
 /// device (and `--quiet`, which is not a setting). Every other flag must match the run.
 pub const RESUME_MAY_CHANGE: [&str; 3] = ["epochs", "data_dir", "device"];
@@ -708,9 +711,18 @@ impl Trainer {
                     m.epoch_seconds
                 );
             }
+            let diverged = !m.train_loss.is_finite();
             metrics::append(&self.run_dir.join("metrics.jsonl"), &m)?;
             metrics::append_upstream(&self.run_dir.join("upstream.csv"), &upstream)?;
             self.history.push(m);
+            if diverged {
+                // Every later epoch would train a NaN model: stop, and say where.
+                self.state.stopped = Some(format!(
+                    "{DIVERGED}: non-finite training loss in epoch {} (step {})",
+                    epoch + 1,
+                    self.state.steps_done
+                ));
+            }
             self.gradient_error_if_due()?;
             self.save_checkpoint()?;
         }
