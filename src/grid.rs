@@ -90,6 +90,13 @@ impl Experiment {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let experiment: Experiment =
             toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
+        // Names become folders under --runs: each must be one plain path component.
+        path_component(&experiment.name)
+            .map_err(|what| Error::bad_file(path, format!("name {:?}: {what}", experiment.name)))?;
+        for profile in experiment.profiles.keys() {
+            path_component(profile)
+                .map_err(|what| Error::bad_file(path, format!("profile {profile:?}: {what}")))?;
+        }
         for (axis, values) in &experiment.grid {
             let Some(values) = values.as_array().filter(|a| !a.is_empty()) else {
                 return Err(Error::bad_file(
@@ -105,6 +112,12 @@ impl Experiment {
                     path,
                     format!("grid.{axis}: a table of settings needs a label (its cells' name)"),
                 ));
+            }
+            for label in values.iter().filter_map(|v| v.get("label")) {
+                let text = label.as_str().unwrap_or_default();
+                path_component(text).map_err(|what| {
+                    Error::bad_file(path, format!("grid.{axis}: label {label}: {what}"))
+                })?;
             }
         }
         Ok(experiment)
@@ -195,6 +208,14 @@ impl Experiment {
             let config = settings.resolve().map_err(|e| {
                 Error::bad_value(format!("{} cell {name}", self.name), e.to_string())
             })?;
+            path_component(&name)
+                .map_err(|what| Error::bad_value(format!("{} cell {name:?}", self.name), what))?;
+            if cells.iter().any(|c: &Cell| c.name == name) {
+                return Err(Error::bad_value(
+                    format!("{} profile {profile}", self.name),
+                    format!("cell {name} appears twice (a value repeated on an axis?): each cell must be distinct"),
+                ));
+            }
             cells.push(Cell {
                 name,
                 values,
@@ -203,6 +224,21 @@ impl Experiment {
         }
         Ok(cells)
     }
+}
+
+/// Checks that `name` can be a folder name on its own: not empty, not `.` or `..`, without path
+/// separators or control characters (so `name = "../../x"` cannot write outside `--runs`).
+pub fn path_component(name: &str) -> std::result::Result<(), String> {
+    if name.is_empty() || name == "." || name == ".." {
+        return Err("expected a non-empty folder name other than . and ..".into());
+    }
+    if name
+        .chars()
+        .any(|c| c == '/' || c == '\\' || c.is_control())
+    {
+        return Err("expected a single folder name, without / or \\ or control characters".into());
+    }
+    Ok(())
 }
 
 /// Whether a grid value equals the text given to `--only` (numbers compare numerically).

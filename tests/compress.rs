@@ -338,7 +338,8 @@ fn denoise_receiver_velocity_equals_the_senders_mirror_after_every_step() {
                     .collect();
                 let message = d.compress(&input);
                 assert_eq!(message.flags.len(), if scope == "layer" { 3 } else { 1 });
-                chose_acceleration |= message.flags.iter().any(|f| !f.int64_value(&[]) != 0);
+                // A flag is true where the velocity was sent, false where the acceleration was.
+                chose_acceleration |= message.flags.iter().any(|f| f.int64_value(&[]) == 0);
                 let out = d.decompress(&message);
                 for (r, m) in d.receiver_velocity().iter().zip(d.sender_mirror()) {
                     assert_eq!(max_abs(r, &m), 0.0, "{scope} rate {rate} step {step}");

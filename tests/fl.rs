@@ -300,8 +300,8 @@ fn fl_std_and_fl_cs_learn_fashion_mnist() {
     let _serial = common::serial();
     let dir = dpcomp::data::idx::fashion_mnist_dir(std::path::Path::new("data"));
     if !dir.join("train-images-idx3-ubyte.gz").is_file() {
-        eprintln!(
-            "skipping: Fashion-MNIST not installed (scripts/setup.sh installs the Debian package dataset-fashion-mnist)"
+        common::announce_skip(
+            "Fashion-MNIST not installed (scripts/setup.sh installs the Debian package dataset-fashion-mnist)",
         );
         return;
     }

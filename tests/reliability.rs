@@ -606,3 +606,51 @@ fn excess_empirical_risk_is_never_negative() {
         }
     }
 }
+
+/// Grid files: a name must be one folder (not `../../x`), and a repeated axis value (the same
+/// cell twice) is an error rather than one run listed twice.
+#[test]
+fn grid_names_stay_inside_runs_and_cells_are_distinct() {
+    let work = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = work.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let base = "[base]\ntask = \"surnames\"\n[profiles.cpu]\nepochs = 1\n";
+    for (file, text, expected) in [
+        (
+            "escape.toml",
+            format!("name = \"../../x\"\n{base}[grid]\nseed = [0]\n"),
+            "name \"../../x\"",
+        ),
+        (
+            "dot.toml",
+            format!("name = \"..\"\n{base}[grid]\nseed = [0]\n"),
+            "name \"..\"",
+        ),
+        (
+            "label.toml",
+            format!("name = \"ok\"\n{base}[grid]\nv = [{{ label = \"a/b\", lr = 1.0 }}]\n"),
+            "label \"a/b\"",
+        ),
+        (
+            "twice.toml",
+            format!("name = \"ok\"\n{base}[grid]\nseed = [0, 0]\n"),
+            "appears twice",
+        ),
+    ] {
+        let path = write(file, &text);
+        let runs = work.path().join("runs");
+        let out = dpcomp(&[
+            "grid",
+            &path.display().to_string(),
+            "--runs",
+            &runs.display().to_string(),
+            "--list",
+        ]);
+        assert!(!out.status.success(), "{file} accepted");
+        assert!(stderr(&out).contains(expected), "{file}: {}", stderr(&out));
+        assert!(!work.path().join("x").exists());
+    }
+}

@@ -20,13 +20,31 @@ pub fn shared_data() -> Option<PathBuf> {
 pub fn require_shared_data() -> Option<PathBuf> {
     let found = shared_data();
     if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must have ../shared/data"
-        );
-        eprintln!("skipping: ../shared/data not found");
+        skip("../shared/data not found (set DPCOMP_DATA)");
     }
     found
+}
+
+/// Marks the calling test as skipped: an error on CI (which has every input), otherwise a line
+/// written straight to the process's stderr, which the test harness does not capture, so that
+/// `cargo test` shows the skip even for a test that "passes".
+pub fn skip(reason: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must not skip: {reason}"
+    );
+    announce_skip(reason);
+}
+
+/// The visible skip line alone, for inputs CI may legitimately lack (a Debian package that needs
+/// root to install).
+pub fn announce_skip(reason: &str) {
+    use std::io::Write;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {reason}");
 }
 
 pub fn bert_dir() -> PathBuf {
