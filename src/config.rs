@@ -155,6 +155,10 @@ pub struct TrainConfig {
     /// Noise draws per batch in a gradient-error measurement (bias²/variance split).
     #[serde(default = "eight")]
     pub grad_error_draws: usize,
+    /// DP noise (and the epochs' sampling) from the operating system's randomness instead of the
+    /// seed: nobody holding the run folder can regenerate it (`privacy::noise`).
+    #[serde(default)]
+    pub secure_noise: bool,
 }
 
 fn four() -> usize {
@@ -216,6 +220,7 @@ impl TrainConfig {
             grad_error_epochs: Vec::new(),
             grad_error_batches: four(),
             grad_error_draws: eight(),
+            secure_noise: false,
         }
     }
 
@@ -432,6 +437,11 @@ pub struct TrainOverrides {
     /// Noise draws per batch per gradient-error measurement [default: 8].
     #[arg(long)]
     pub grad_error_draws: Option<usize>,
+    /// Draw the DP noise from a CSPRNG seeded by the operating system (and the epochs' Poisson
+    /// batches from OS-seeded LibTorch), never from --seed: for models released from sensitive
+    /// data. Not reproducible. [default: false, seeded noise for reproducible experiments]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub secure_noise: Option<bool>,
 }
 
 impl TrainOverrides {
@@ -472,6 +482,7 @@ impl TrainOverrides {
             grad_error_epochs: self.grad_error_epochs.or(base.grad_error_epochs),
             grad_error_batches: self.grad_error_batches.or(base.grad_error_batches),
             grad_error_draws: self.grad_error_draws.or(base.grad_error_draws),
+            secure_noise: self.secure_noise.or(base.secure_noise),
         }
     }
 
@@ -507,6 +518,7 @@ impl TrainOverrides {
             grad_error_epochs,
             grad_error_batches,
             grad_error_draws,
+            secure_noise,
         );
         set_optional!(
             limit_train,

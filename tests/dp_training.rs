@@ -7,7 +7,7 @@ use common::require_shared_data;
 use dpcomp::config::{GradSampleMode, Task, TrainConfig};
 use dpcomp::data::{names, sampler, Dataset};
 use dpcomp::models::{Model, SurnamesLstm};
-use dpcomp::privacy::noise::noisy_mean;
+use dpcomp::privacy::noise::{noisy_mean, NoiseSource};
 use dpcomp::train::private::{dp_step, DpSettings};
 use dpcomp::train::sgd::Sgd;
 use dpcomp::train::update::Updater;
@@ -72,17 +72,82 @@ fn noise_has_standard_deviation_sigma_c() {
     tch::manual_seed(9);
     let zeros = Tensor::zeros([400_000], (Kind::Double, Device::Cpu));
     let (sigma, c, b) = (1.3, 2.0, 4.0);
-    let noise = noisy_mean(&zeros, sigma, c, b) * b;
-    let std = noise.std(true).double_value(&[]);
-    let mean = noise.mean(Kind::Double).double_value(&[]);
-    // Standard error of the sample std of 4e5 normals is std / sqrt(2n) = 0.11%: allow 5 of them.
-    assert!((std / (sigma * c) - 1.0).abs() < 0.0056, "std {std}");
-    assert!(
-        mean.abs() < 5.0 * sigma * c / (400_000f64).sqrt(),
-        "mean {mean}"
-    );
-    // sigma = 0 adds nothing.
-    assert!(noisy_mean(&zeros, 0.0, c, b).abs().max().double_value(&[]) == 0.0);
+    // Both sources: LibTorch's seeded generator and the secure ChaCha12 stream.
+    for mut source in [NoiseSource::Seeded, NoiseSource::secure()] {
+        let noise = noisy_mean(&zeros, sigma, c, b, &mut source) * b;
+        let std = noise.std(true).double_value(&[]);
+        let mean = noise.mean(Kind::Double).double_value(&[]);
+        let label = source.label();
+        // Standard error of the sample std of 4e5 normals is std / sqrt(2n) = 0.11%: allow 5.
+        assert!(
+            (std / (sigma * c) - 1.0).abs() < 0.0056,
+            "{label}: std {std}"
+        );
+        assert!(
+            mean.abs() < 5.0 * sigma * c / (400_000f64).sqrt(),
+            "{label}: mean {mean}"
+        );
+        assert_eq!(noise.kind(), Kind::Double);
+        // sigma = 0 adds nothing.
+        assert!(
+            noisy_mean(&zeros, 0.0, c, b, &mut source)
+                .abs()
+                .max()
+                .double_value(&[])
+                == 0.0
+        );
+    }
+    // The seeded source is a function of LibTorch's seed; the secure one is not.
+    let draw = |source: &mut NoiseSource| {
+        tch::manual_seed(5);
+        noisy_mean(&zeros, sigma, c, b, source)
+    };
+    assert!(draw(&mut NoiseSource::Seeded).equal(&draw(&mut NoiseSource::Seeded)));
+    assert!(!draw(&mut NoiseSource::secure()).equal(&draw(&mut NoiseSource::secure())));
+}
+
+/// `--secure-noise`: two runs of one configuration (one seed) draw different noise and batches,
+/// so no one holding the run folder can regenerate them; seeded runs are identical; the summary
+/// and every metrics row say which noise a run used.
+#[test]
+fn secure_noise_is_not_a_function_of_the_seed() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let run = |name: &str, secure: bool| {
+        let mut c = dp_config(&root, 1);
+        c.secure_noise = secure;
+        let dir = work.path().join(name);
+        let mut t = Trainer::new(c, &dir).unwrap();
+        t.progress = false;
+        let summary = t.run().unwrap();
+        let mut weights =
+            Tensor::read_safetensors(checkpoint::checkpoint_dir(&dir).join("model.safetensors"))
+                .unwrap();
+        // The file's order is not the variables' order: compare by name.
+        weights.sort_by(|a, b| a.0.cmp(&b.0));
+        let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        (summary, weights, metrics)
+    };
+    let same = |a: &[(String, Tensor)], b: &[(String, Tensor)]| {
+        a.iter().zip(b).all(|((_, x), (_, y))| x.equal(y))
+    };
+    let (s1, w1, m1) = run("seeded-1", false);
+    let (_, w2, _) = run("seeded-2", false);
+    assert!(same(&w1, &w2), "seeded runs must be reproducible");
+    assert_eq!(s1.noise.as_deref(), Some("seeded"));
+    assert!(m1.contains("\"noise\":\"seeded\""));
+    let (s3, w3, m3) = run("secure-1", true);
+    let (s4, w4, _) = run("secure-2", true);
+    assert!(!same(&w3, &w4), "secure runs must not repeat");
+    assert!(!same(&w1, &w3));
+    assert_eq!(s3.noise.as_deref(), Some("secure"));
+    assert!(m3.contains("\"noise\":\"secure\""));
+    // The accountant does not care where the noise came from.
+    assert_eq!(s3.epsilon, s4.epsilon);
+    assert_eq!(s3.epsilon, s1.epsilon);
 }
 
 #[test]
@@ -103,6 +168,7 @@ fn sigma_zero_and_infinite_c_is_plain_sgd() {
         &index,
         Device::Cpu,
         &settings(0.0, f64::INFINITY, 10.0, GradSampleMode::Tape, None),
+        &mut NoiseSource::Seeded,
     )
     .unwrap();
     let batch = data.batch(&index, Device::Cpu, true);
@@ -131,6 +197,7 @@ fn oracle_mode_and_physical_batches_give_the_same_step() {
             &index,
             Device::Cpu,
             &settings(0.9, 0.05, 6.5, mode, physical),
+            &mut NoiseSource::Seeded,
         )
         .unwrap();
         assert!(
@@ -168,6 +235,7 @@ fn empty_poisson_batch_adds_noise_only() {
         &empty,
         Device::Cpu,
         &settings(1.0, 1.0, 2.0, GradSampleMode::Tape, None),
+        &mut NoiseSource::Seeded,
     )
     .unwrap();
     assert_eq!(totals.correct.int64_value(&[]), 0);

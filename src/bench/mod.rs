@@ -107,6 +107,10 @@ pub struct DpBenchArgs {
     pub rounds: usize,
     #[arg(long, default_value_t = 0.8)]
     pub noise_multiplier: f64,
+    /// Draw the DP step's noise from the secure source (an OS-seeded ChaCha12 stream on the CPU,
+    /// copied to the device) instead of LibTorch's seeded generator, to measure its cost.
+    #[arg(long)]
+    pub secure_noise: bool,
 }
 
 pub(crate) fn batch_to_device(batch: &Batch, device: Device) -> Batch {
@@ -263,6 +267,11 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         );
         let _ = loss.double_value(&[]);
     };
+    let noise = std::cell::RefCell::new(if args.secure_noise {
+        crate::privacy::noise::NoiseSource::secure()
+    } else {
+        crate::privacy::noise::NoiseSource::Seeded
+    });
     let dp_step = |sgd: &mut Updater| -> Result<()> {
         let totals = crate::train::private::dp_step(
             model.as_ref(),
@@ -272,6 +281,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             &index,
             device,
             &settings,
+            &mut noise.borrow_mut(),
         )?;
         let _ = totals.loss_sum.double_value(&[]);
         Ok(())

@@ -572,6 +572,8 @@ pub fn private_mean(clipped_sum: &Tensor, privacy: &FlPrivacy, expected_clients:
         privacy.noise_multiplier,
         privacy.clip,
         expected_clients,
+        // Client-level DP here keeps seeded noise (reproducible experiments).
+        &mut crate::privacy::noise::NoiseSource::Seeded,
     )
 }
 

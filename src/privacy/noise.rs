@@ -2,17 +2,81 @@
 //! g̃ = (Σ_i c_i g_i + N(0, σ² C² I)) / E[B], drawn on the gradients' device once per logical
 //! step. E[B] = qN under Poisson sampling (Opacus's expected batch size), the batch size under
 //! shuffling.
+//!
+//! Where the noise comes from (`NoiseSource`):
+//! - `Seeded` (the default): LibTorch's generator, reseeded every epoch from the run's seed, so
+//!   a run is exactly reproducible and resumable. Anyone holding the run folder (its
+//!   `config.toml` names the seed) can regenerate the noise and subtract it: fine for
+//!   experiments, not for releasing a model trained on sensitive data.
+//! - `Secure` (`--secure-noise`, Opacus's "secure mode"): the normals come from a ChaCha12
+//!   stream (`rand`'s `StdRng`, a CSPRNG) seeded from the operating system's generator when the
+//!   run starts; that seed is never written anywhere. The run also seeds LibTorch's generator
+//!   from the operating system every epoch, so the Poisson batches (whose secrecy the
+//!   accountant's amplification by subsampling assumes) cannot be regenerated either. Such a run
+//!   is not reproducible, and a resumed one continues with fresh randomness.
+//!
+//! Cost: the secure normals are drawn on the CPU and copied to the gradients' device
+//! (`dpcomp bench noise` measures both sources per parameter count).
 
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
 use tch::Tensor;
+
+/// Which generator draws the noise (see the module docs).
+pub enum NoiseSource {
+    Seeded,
+    Secure(Box<rand::rngs::StdRng>),
+}
+
+impl NoiseSource {
+    /// A secure source: a ChaCha12 stream seeded from the operating system.
+    pub fn secure() -> NoiseSource {
+        NoiseSource::Secure(Box::new(rand::rngs::StdRng::from_os_rng()))
+    }
+
+    /// How summaries and metrics name it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            NoiseSource::Seeded => "seeded",
+            NoiseSource::Secure(_) => "secure",
+        }
+    }
+
+    /// Standard normal noise shaped, typed and placed like `like`.
+    pub fn standard_normal_like(&mut self, like: &Tensor) -> Tensor {
+        match self {
+            NoiseSource::Seeded => like.randn_like(),
+            NoiseSource::Secure(rng) => {
+                let values: Vec<f32> = (0..like.numel())
+                    .map(|_| StandardNormal.sample(rng.as_mut()))
+                    .collect();
+                Tensor::from_slice(&values)
+                    .view(like.size().as_slice())
+                    .to_device(like.device())
+                    .to_kind(like.kind())
+            }
+        }
+    }
+}
+
+/// An operating-system random seed for LibTorch's generator (secure runs' epochs).
+pub fn os_seed() -> i64 {
+    use rand::TryRngCore;
+    (rand::rngs::OsRng
+        .try_next_u64()
+        .expect("the operating system's generator")
+        >> 1) as i64
+}
 
 pub fn noisy_mean(
     clipped_sum: &Tensor,
     noise_multiplier: f64,
     max_norm: f64,
     expected_batch: f64,
+    source: &mut NoiseSource,
 ) -> Tensor {
     let noisy = if noise_multiplier > 0.0 {
-        clipped_sum + clipped_sum.randn_like() * (noise_multiplier * max_norm)
+        clipped_sum + source.standard_normal_like(clipped_sum) * (noise_multiplier * max_norm)
     } else {
         clipped_sum.shallow_clone()
     };

@@ -30,6 +30,9 @@ pub struct EpochMetrics {
     /// Share of the epoch's examples whose gradient norm exceeded C (DP runs).
     #[serde(default)]
     pub clipped_fraction: Option<f64>,
+    /// Where the DP noise came from: "seeded" or "secure" (`privacy::noise`; DP runs).
+    #[serde(default)]
+    pub noise: Option<String>,
     /// Upstream bits this worker sent in this epoch's messages (`upstream.csv` has every step).
     #[serde(default)]
     pub upstream_bits: u64,
@@ -98,6 +101,9 @@ pub struct Summary {
     pub noise_multiplier: Option<f64>,
     pub sample_rate: Option<f64>,
     pub sampling: Option<String>,
+    /// "seeded" (reproducible; regenerable from config.toml's seed) or "secure" (`--secure-noise`).
+    #[serde(default)]
+    pub noise: Option<String>,
     pub stopped: Option<String>,
     /// The compressor ("identity", "dgc x256", "powersgd r1", ...) and the upstream gigabits
     /// (10^9 exact wire bits) one worker sent over the whole run.
@@ -220,6 +226,7 @@ mod tests {
             wall_seconds: 3.0,
             epsilon: Some(2.0),
             clipped_fraction: Some(1.0),
+            noise: Some("seeded".into()),
             upstream_bits: 7,
             upstream_gigabits: 1e-8,
             upstream_paper_gib: 1e-8,

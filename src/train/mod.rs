@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::accountant::Accountant;
+use crate::privacy::noise::NoiseSource;
 use crate::run_lock::RunLock;
 use crate::tasks;
 use checkpoint::TrainState;
@@ -133,6 +134,8 @@ pub struct Trainer {
     pub history: Vec<EpochMetrics>,
     /// Whether to draw a progress bar (off in tests).
     pub progress: bool,
+    /// Where the DP noise comes from: seeded, or a CSPRNG with `--secure-noise`.
+    pub noise: NoiseSource,
     /// This process's exclusive hold on `run_dir` (see `run_lock`).
     _lock: RunLock,
 }
@@ -354,6 +357,7 @@ impl Trainer {
         let params = model.trainable_variables();
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
         let compressor = config.compressor_spec()?.build(&shapes, device)?;
+        let config_secure = config.secure_noise;
         Ok(Trainer {
             updater: Updater::new(Sgd::new(config.lr, config.momentum), compressor),
             config,
@@ -365,6 +369,11 @@ impl Trainer {
             state: TrainState::default(),
             history: Vec::new(),
             progress: true,
+            noise: if config_secure {
+                NoiseSource::secure()
+            } else {
+                NoiseSource::Seeded
+            },
             _lock: lock,
         })
     }
@@ -570,7 +579,12 @@ impl Trainer {
         while self.state.epochs_done < self.config.epochs && self.state.stopped.is_none() {
             let epoch = self.state.epochs_done;
             let started = Instant::now();
-            tch::manual_seed(epoch_seed(self.config.seed, epoch));
+            // Secure runs draw their batches (and dropout) from OS-seeded randomness too.
+            tch::manual_seed(if self.config.secure_noise {
+                crate::privacy::noise::os_seed()
+            } else {
+                epoch_seed(self.config.seed, epoch)
+            });
             self.updater.compressor.start_epoch(epoch);
             let batches = self.epoch_batches();
             let mut upstream: Vec<metrics::UpstreamRow> = Vec::with_capacity(batches.len());
@@ -606,6 +620,7 @@ impl Trainer {
                         index,
                         self.device,
                         &settings,
+                        &mut self.noise,
                     )?;
                     loss_sum += totals.loss_sum.to_kind(Kind::Float);
                     correct += totals.correct;
@@ -688,6 +703,10 @@ impl Trainer {
                 wall_seconds: self.state.wall_seconds,
                 epsilon: self.epsilon()?,
                 clipped_fraction: self.config.private().then(|| per_example(&clipped)),
+                noise: self
+                    .config
+                    .private()
+                    .then(|| self.noise.label().to_string()),
                 upstream_bits: upstream.iter().map(|r| r.2).sum(),
                 upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
                 upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
@@ -745,6 +764,10 @@ impl Trainer {
                     "shuffle (approximation: the accountant assumes Poisson sampling)".to_string()
                 }
             }),
+            noise: self
+                .config
+                .private()
+                .then(|| self.noise.label().to_string()),
             stopped: self.state.stopped.clone(),
             compressor: self.config.compressor_spec()?.label(),
             upstream_gigabits: self.state.upstream_bits as f64 / 1e9,

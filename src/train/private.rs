@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::grad_sample::{clip_and_sum, per_sample_gradients, PerSample};
-use crate::privacy::noise::noisy_mean;
+use crate::privacy::noise::{noisy_mean, NoiseSource};
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -160,6 +160,7 @@ pub fn dp_step(
     index: &Tensor,
     device: Device,
     settings: &DpSettings,
+    noise: &mut NoiseSource,
 ) -> Result<StepTotals> {
     let n = index.size()[0];
     let mut sums: Vec<Tensor> = params
@@ -195,6 +196,7 @@ pub fn dp_step(
                     settings.noise_multiplier,
                     settings.max_norm,
                     settings.expected_batch,
+                    noise,
                 )
             })
             .collect()
