@@ -517,6 +517,19 @@ fn train_command(args: TrainArgs) -> Result<()> {
             trainer.run_dir.display()
         ));
     }
+    if let Some(e) = summary.epsilon {
+        let caveat = match trainer.config.sampling {
+            crate::config::Sampling::Shuffle => {
+                " (shuffled batches: the accountant assumes Poisson sampling, so this ε is an approximation)"
+            }
+            crate::config::Sampling::Poisson => "",
+        };
+        println!(
+            "epsilon {e:.4} at delta {}, {} noise{caveat}",
+            trainer.config.delta,
+            trainer.noise.label()
+        );
+    }
     println!(
         "{}: final test accuracy {:.2}% (mean of the last {} epochs), last epoch {:.2}%, {:.1}s",
         summary.task,

@@ -654,3 +654,33 @@ fn grid_names_stay_inside_runs_and_cells_are_distinct() {
         assert!(!work.path().join("x").exists());
     }
 }
+
+/// Smaller probes: `bench --steps 0` printed -0.0 ms; the flags' help texts were empty.
+#[test]
+fn bench_needs_a_step_and_every_training_flag_is_documented() {
+    let out = dpcomp(&["bench", "dp", "--task", "surnames", "--steps", "0"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--steps"), "{}", stderr(&out));
+    let help = String::from_utf8_lossy(&dpcomp(&["train", "--help"]).stdout).into_owned();
+    for flag in [
+        "--epochs",
+        "--batch-size",
+        "--lr",
+        "--momentum",
+        "--seed",
+        "--delta",
+        "--max-seq-len",
+        "--bert-dir",
+        "--secure-noise",
+    ] {
+        let line = help
+            .lines()
+            .position(|l| l.trim_start().starts_with(&format!("{flag} ")))
+            .unwrap_or_else(|| panic!("{flag} missing from train --help"));
+        let next = help.lines().nth(line + 1).unwrap_or_default().trim();
+        assert!(
+            !next.is_empty() && !next.starts_with("--"),
+            "{flag} has no help text"
+        );
+    }
+}

@@ -32,8 +32,8 @@ pub struct BenchSetup {
     /// Default: the paper's batch size for the task.
     #[arg(long)]
     pub batch_size: Option<i64>,
-    /// Timed steps (of each kind).
-    #[arg(long, default_value_t = 20)]
+    /// Timed steps (of each kind), at least 1.
+    #[arg(long, default_value_t = 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub steps: usize,
     /// Untimed steps first.
     #[arg(long, default_value_t = 3)]

@@ -249,15 +249,21 @@ impl Trainer {
                 .params
                 .iter()
                 .map(|(name, p)| {
-                    momentum
+                    let path = dir.join("optimizer.safetensors");
+                    let buffer = momentum
                         .get(name)
-                        .map(|t| t.to_device(p.device()))
-                        .ok_or_else(|| {
-                            Error::bad_file(
-                                dir.join("optimizer.safetensors"),
-                                format!("missing buffer {name}"),
-                            )
-                        })
+                        .ok_or_else(|| Error::bad_file(&path, format!("missing buffer {name}")))?;
+                    if buffer.size() != p.size() {
+                        return Err(Error::bad_file(
+                            &path,
+                            format!(
+                                "buffer {name}: shape {:?}, expected the parameter's {:?}",
+                                buffer.size(),
+                                p.size()
+                            ),
+                        ));
+                    }
+                    Ok(buffer.to_device(p.device()))
                 })
                 .collect::<Result<_>>()?;
         }
