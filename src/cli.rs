@@ -566,6 +566,10 @@ fn eval_command(args: EvalArgs) -> Result<()> {
     if args.data_dir.is_some() {
         config.data_dir = args.data_dir;
     }
+    // A stored config.toml is user data too (a batch size of 0 would reach LibTorch).
+    config
+        .validate()
+        .with_context(|| format!("{}", run_dir.join("config.toml").display()))?;
     let (device, data, model) = tasks::prepare(&config)?;
     checkpoint::load_weights(model.var_store(), &ckpt.join("model.safetensors"))?;
     let (loss, accuracy) =

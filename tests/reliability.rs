@@ -684,3 +684,60 @@ fn bench_needs_a_step_and_every_training_flag_is_documented() {
         );
     }
 }
+
+/// User data that used to reach LibTorch unchecked (a C++ panic): a BERT config.json with 0 heads
+/// or layers, a --max-seq-len beyond the position table, a stored config.toml with batch size 0.
+#[test]
+fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
+    use dpcomp::models::bert::BertConfig;
+    let work = tempfile::tempdir().unwrap();
+    let source = common::bert_dir();
+    let text = std::fs::read_to_string(source.join("config.json")).unwrap();
+    let original: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (field, value, expected) in [
+        (
+            "num_attention_heads",
+            0,
+            "num_attention_heads 0: expected at least 1",
+        ),
+        (
+            "num_hidden_layers",
+            0,
+            "num_hidden_layers 0: expected at least 1",
+        ),
+        ("vocab_size", -3, "vocab_size -3"),
+    ] {
+        let mut config = original.clone();
+        config[field] = value.into();
+        let path = work.path().join(format!("{field}.json"));
+        std::fs::write(&path, config.to_string()).unwrap();
+        let err = BertConfig::from_file(&path).expect_err("a broken config was accepted");
+        assert!(err.to_string().contains(expected), "{err}");
+    }
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let positions = original["max_position_embeddings"].as_u64().unwrap() as usize;
+    let err = dpcomp::data::snli::load(&root.join("snli_1.0"), &source, positions + 1)
+        .err()
+        .expect("a sequence length beyond the position table was accepted");
+    assert!(err.to_string().contains("--max-seq-len"), "{err}");
+
+    // A run folder whose config.toml says batch_size = 0: eval and resume refuse it.
+    let run = work.path().join("run");
+    let mut config = small_private(&root);
+    config.epochs = 1;
+    train(config, &run);
+    let path = run.join("config.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("batch_size = 32", "batch_size = 0");
+    std::fs::write(&path, text).unwrap();
+    let out = dpcomp(&["eval", "--checkpoint", &run.display().to_string()]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("batch_size: 0"), "{}", stderr(&out));
+    let err = Trainer::resume(&run, Some(2))
+        .err()
+        .expect("batch size 0 was resumed");
+    assert!(err.to_string().contains("batch_size"), "{err}");
+}

@@ -51,17 +51,39 @@ pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
                 format!("not UTF-8 at byte {}", e.utf8_error().valid_up_to()),
             )
         })?;
+        let before = examples.len();
         for line in text.lines() {
             let name = fold_to_ascii(line.trim());
             if !name.is_empty() {
                 examples.push((name, label as i64));
             }
         }
+        if examples.len() == before {
+            // A class without examples still takes a label and an output unit.
+            eprintln!(
+                "warning: {}: no names; class {label} will have no examples",
+                path.display()
+            );
+        }
         let class = path.file_stem().unwrap_or_default().to_string_lossy();
         classes.push(class.into_owned());
     }
+    if classes.len() != OFFICIAL_CLASSES || examples.len() != OFFICIAL_NAMES {
+        eprintln!(
+            "warning: {}: {} names in {} classes, the official data has {OFFICIAL_NAMES} in {OFFICIAL_CLASSES}",
+            dir.display(),
+            examples.len(),
+            classes.len()
+        );
+    }
     Ok((examples, classes))
 }
+
+/// The PyTorch tutorial's `data/names` as `dpcomp data fetch` and ../shared/data hold it: 18
+/// languages, 20,050 names (the tutorial's zip has 20,074 lines; 24 junk lines in Russian.txt were
+/// removed upstream, ../shared/data/README.md).
+pub const OFFICIAL_CLASSES: usize = 18;
+pub const OFFICIAL_NAMES: usize = 20_050;
 
 /// Padded byte ids [N, T] with T the longest name, and lengths [N].
 pub fn encode(names: &[&str]) -> Features {

@@ -185,6 +185,31 @@ pub fn load(dir: &Path, model_dir: &Path, max_len: usize) -> Result<TaskData> {
         "the snli_1.0 folder with snli_1.0_{train,dev,test}.jsonl",
     )?;
     let tokenizer = load_tokenizer(model_dir, max_len)?;
+    // The encoder's tables bound what the data may hold: positions and token ids beyond them
+    // would index out of range inside LibTorch (a C++ panic), so check before any tensor.
+    let config_path = model_dir.join("config.json");
+    let config = crate::models::bert::BertConfig::from_file(&config_path)?;
+    if max_len as i64 > config.max_position_embeddings {
+        return Err(Error::bad_value(
+            "--max-seq-len",
+            format!(
+                "{max_len}: {} has only {} position embeddings",
+                config_path.display(),
+                config.max_position_embeddings
+            ),
+        ));
+    }
+    let vocab = tokenizer.get_vocab_size(true) as i64;
+    if vocab > config.vocab_size {
+        return Err(Error::bad_file(
+            &config_path,
+            format!(
+                "vocab_size {}: the tokenizer in {} has {vocab} tokens",
+                config.vocab_size,
+                model_dir.display()
+            ),
+        ));
+    }
     let train = read_pairs(&train_file(dir))?;
     let test = read_pairs(&dir.join("snli_1.0_test.jsonl"))?;
     Ok(TaskData {

@@ -70,6 +70,31 @@ impl BertConfig {
                 ),
             ));
         }
+        for (field, value) in [
+            ("vocab_size", config.vocab_size),
+            ("hidden_size", config.hidden_size),
+            ("num_hidden_layers", config.num_hidden_layers),
+            ("num_attention_heads", config.num_attention_heads),
+            ("intermediate_size", config.intermediate_size),
+            ("max_position_embeddings", config.max_position_embeddings),
+            ("type_vocab_size", config.type_vocab_size),
+        ] {
+            if value < 1 {
+                return Err(Error::bad_file(
+                    path,
+                    format!("{field} {value}: expected at least 1"),
+                ));
+            }
+        }
+        if !(config.layer_norm_eps > 0.0 && config.layer_norm_eps.is_finite()) {
+            return Err(Error::bad_file(
+                path,
+                format!(
+                    "layer_norm_eps {}: expected a small positive number",
+                    config.layer_norm_eps
+                ),
+            ));
+        }
         if config.hidden_size % config.num_attention_heads != 0 {
             return Err(Error::bad_file(
                 path,
