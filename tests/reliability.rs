@@ -719,8 +719,7 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
     };
     let positions = original["max_position_embeddings"].as_u64().unwrap() as usize;
     let err = dpcomp::data::snli::load(&root.join("snli_1.0"), &source, positions + 1)
-        .err()
-        .expect("a sequence length beyond the position table was accepted");
+        .expect_err("a sequence length beyond the position table was accepted");
     assert!(err.to_string().contains("--max-seq-len"), "{err}");
 
     // A run folder whose config.toml says batch_size = 0: eval and resume refuse it.
