@@ -4,7 +4,7 @@ use crate::config::{Task, TrainConfig};
 use crate::data::{self, cifar, names, snli, TaskData};
 use crate::error::Result;
 use crate::models::{BertClassifier, CifarCnn, Model, ResNet18, SurnamesLstm};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use tch::Device;
 
 /// Loads the task's train and test splits from the data folder, applying `limit_train`.
@@ -18,7 +18,11 @@ pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
             cifar::Cifar100Labels::Fine,
             config.augment,
         )?,
-        Task::Snli => snli::load(&root.join("snli_1.0"), &config.bert_dir, config.max_seq_len)?,
+        Task::Snli => snli::load(
+            &root.join("snli_1.0"),
+            &resolve_bert_dir(&config.bert_dir)?,
+            config.max_seq_len,
+        )?,
     };
     if let Some(n) = config.limit_train {
         data.train = data.train.truncate(n as i64);
@@ -35,8 +39,45 @@ pub fn prepare(config: &TrainConfig) -> Result<(Device, TaskData, Box<dyn Model>
     let data = load_data(config)?;
     tch::manual_seed(config.seed as i64);
     let classes = data.classes.len() as i64;
-    let model = build_model(config.task, classes, device, &config.bert_dir)?;
+    let bert_dir = match config.task {
+        Task::Snli => resolve_bert_dir(&config.bert_dir)?,
+        _ => config.bert_dir.clone(),
+    };
+    let model = build_model(config.task, classes, device, &bert_dir)?;
     Ok((device, data, model))
+}
+
+/// The BERT folder: `dir` itself when absolute or present from the working directory; a relative
+/// `dir` (the default `models/all-MiniLM-L6-v2`) is also looked for in the project folder the
+/// binary was built in (`scripts/setup.sh` installs it there) and beside the binary's
+/// `target/<profile>/`, so `dpcomp` works from any working directory. The error lists every
+/// place it looked.
+pub fn resolve_bert_dir(dir: &Path) -> Result<PathBuf> {
+    let mut candidates = vec![dir.to_path_buf()];
+    if dir.is_relative() {
+        candidates.push(Path::new(env!("CARGO_MANIFEST_DIR")).join(dir));
+        if let Some(project) = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent()?.parent()?.parent().map(Path::to_path_buf))
+        {
+            candidates.push(project.join(dir));
+        }
+    }
+    candidates.dedup();
+    if let Some(found) = candidates.iter().find(|c| c.join("config.json").is_file()) {
+        return Ok(found.clone());
+    }
+    Err(crate::error::Error::bad_value(
+        "--bert-dir",
+        format!(
+            "no BERT folder (config.json, model.safetensors, tokenizer) at {}; run scripts/setup.sh or pass --bert-dir",
+            candidates
+                .iter()
+                .map(|c| c.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
 }
 
 /// The task's model with fresh weights (BERT: pretrained encoder, fresh head) on `device`.

@@ -740,3 +740,52 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
         .expect("batch size 0 was resumed");
     assert!(err.to_string().contains("batch_size"), "{err}");
 }
+
+/// `--bert-dir`'s default is relative: it is found from any working directory (the project
+/// folder is searched too), and a folder found nowhere is named with every place looked.
+#[test]
+fn the_default_bert_folder_is_found_from_anywhere() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let root = std::fs::canonicalize(root).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+            .args([
+                "train",
+                "--task",
+                "snli",
+                "--epochs",
+                "1",
+                "--limit-train",
+                "64",
+                "--limit-test",
+                "32",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--data-dir",
+                &root.display().to_string(),
+                "--out",
+                &work
+                    .path()
+                    .join(format!("run{}", extra.len()))
+                    .display()
+                    .to_string(),
+            ])
+            .args(extra)
+            .current_dir(work.path())
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["--bert-dir", "nowhere/bert"]);
+    assert!(!out.status.success());
+    let message = stderr(&out);
+    assert!(
+        message.contains("--bert-dir: no BERT folder") && message.contains("nowhere/bert, "),
+        "{message}"
+    );
+}
