@@ -438,13 +438,10 @@ pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
             final_accuracy: summary.final_accuracy,
             epochs: summary.epochs,
             wall_seconds: summary.wall_seconds,
-            diverged_at: crate::train::metrics::read_and_truncate(
-                &root.join(&cell.name).join("metrics.jsonl"),
-                usize::MAX,
-            )?
-            .iter()
-            .find(|m| !m.train_loss.is_finite())
-            .map(|m| m.epoch),
+            diverged_at: crate::train::metrics::read(&root.join(&cell.name).join("metrics.jsonl"))?
+                .iter()
+                .find(|m| !m.train_loss.is_finite())
+                .map(|m| m.epoch),
         });
     }
     Ok(rows)

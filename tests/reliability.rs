@@ -789,3 +789,32 @@ fn the_default_bert_folder_is_found_from_anywhere() {
         "{message}"
     );
 }
+
+/// `dpcomp plot RUN` on a single run said it had no finished runs; it is a grid of one.
+#[test]
+fn plot_draws_a_single_run() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let run = work.path().join("run");
+    let mut config = small_private(&root);
+    config.epochs = 1;
+    train(config, &run);
+    let before = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let figures = work.path().join("figures");
+    let out = dpcomp(&[
+        "plot",
+        &run.display().to_string(),
+        "--out",
+        &figures.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(figures.join("accuracy_per_epoch.png").is_file());
+    // Reading a run's logs never rewrites them.
+    assert_eq!(
+        std::fs::read_to_string(run.join("metrics.jsonl")).unwrap(),
+        before
+    );
+}

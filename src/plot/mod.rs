@@ -21,7 +21,7 @@ pub mod analysis;
 use crate::analysis::gradient_error::{self, GradientErrorRecord};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::train::metrics::{read_and_truncate, Summary};
+use crate::train::metrics::{read, Summary};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -43,9 +43,16 @@ pub struct CellLog {
 /// Every cell folder below `root` with a `summary.json`, sorted by (σ, compression setting).
 pub fn read_cells(root: &Path) -> Result<Vec<CellLog>> {
     let mut cells = Vec::new();
-    let entries = std::fs::read_dir(root).map_err(|e| Error::io(root, e))?;
-    for entry in entries {
-        let dir = entry.map_err(|e| Error::io(root, e))?.path();
+    // A single run's folder is a grid of one.
+    let dirs: Vec<std::path::PathBuf> = if root.join("summary.json").is_file() {
+        vec![root.to_path_buf()]
+    } else {
+        std::fs::read_dir(root)
+            .map_err(|e| Error::io(root, e))?
+            .map(|entry| entry.map(|e| e.path()).map_err(|e| Error::io(root, e)))
+            .collect::<Result<_>>()?
+    };
+    for dir in dirs {
         let summary_path = dir.join("summary.json");
         if !summary_path.is_file() {
             continue;
@@ -55,7 +62,7 @@ pub fn read_cells(root: &Path) -> Result<Vec<CellLog>> {
         let summary: Summary = serde_json::from_str(&text)
             .map_err(|e| Error::bad_file(&summary_path, e.to_string()))?;
         let config = TrainConfig::from_toml_file(&dir.join("config.toml"))?;
-        let accuracies = read_and_truncate(&dir.join("metrics.jsonl"), usize::MAX)?
+        let accuracies = read(&dir.join("metrics.jsonl"))?
             .iter()
             .map(|m| m.test_accuracy)
             .collect();

@@ -133,26 +133,31 @@ pub fn append(path: &Path, metrics: &EpochMetrics) -> Result<()> {
     writeln!(file, "{line}").map_err(|e| Error::io(path, e))
 }
 
-/// Reads the epochs up to `epochs_done` and rewrites the file with only those, dropping lines a
-/// killed run wrote after its last checkpoint.
-pub fn read_and_truncate(path: &Path, epochs_done: usize) -> Result<Vec<EpochMetrics>> {
+/// Every epoch row of `metrics.jsonl` (none when the file does not exist); reads only, so it is
+/// safe on a log another process is appending to.
+pub fn read(path: &Path) -> Result<Vec<EpochMetrics>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(Error::io(path, e)),
     };
-    let mut history = Vec::new();
-    for (i, line) in text
-        .lines()
+    text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let m: EpochMetrics = serde_json::from_str(line)
-            .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))?;
-        if m.epoch <= epochs_done {
-            history.push(m);
-        }
-    }
+        .map(|(i, line)| {
+            serde_json::from_str(line)
+                .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
+        })
+        .collect()
+}
+
+/// Reads the epochs up to `epochs_done` and rewrites the file with only those, dropping lines a
+/// killed run wrote after its last checkpoint (for `resume`, which holds the run's lock).
+pub fn read_and_truncate(path: &Path, epochs_done: usize) -> Result<Vec<EpochMetrics>> {
+    let history: Vec<EpochMetrics> = read(path)?
+        .into_iter()
+        .filter(|m| m.epoch <= epochs_done)
+        .collect();
     let mut out = String::new();
     for m in &history {
         out.push_str(&serde_json::to_string(m).expect("metrics serialise"));
