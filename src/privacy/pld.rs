@@ -255,7 +255,10 @@ impl DiscretePld {
 
     /// FFT length `compose(steps)` would use.
     pub fn compose_len(&self, steps: u64) -> usize {
-        let (k_lo, k_hi) = self.composed_window(steps);
+        self.fft_len(self.composed_window(steps))
+    }
+
+    fn fft_len(&self, (k_lo, k_hi): (i64, i64)) -> usize {
         let width = (k_hi - k_lo + 1) as usize;
         (width.max(self.pmf.len()) * 2).next_power_of_two()
     }
@@ -266,7 +269,7 @@ impl DiscretePld {
         let h = self.interval;
         let (k_lo, k_hi) = self.composed_window(steps);
         let width = (k_hi - k_lo + 1) as usize;
-        let n = self.compose_len(steps);
+        let n = self.fft_len((k_lo, k_hi));
         assert!(
             n <= MAX_FFT_LEN,
             "PLD composition of {n} points exceeds MAX_FFT_LEN: coarsen the interval"
