@@ -26,6 +26,15 @@ fn small_private(root: &Path) -> TrainConfig {
     c
 }
 
+/// `small_private` trained for one epoch into `<work>/run`.
+fn one_epoch_run(root: &Path, work: &Path) -> std::path::PathBuf {
+    let run = work.join("run");
+    let mut config = small_private(root);
+    config.epochs = 1;
+    train(config, &run);
+    run
+}
+
 fn train(config: TrainConfig, dir: &Path) -> dpcomp::train::metrics::Summary {
     let mut trainer = Trainer::new(config, dir).unwrap();
     trainer.progress = false;
@@ -173,10 +182,7 @@ fn resume_refuses_a_corrupted_or_altered_checkpoint() {
         return;
     };
     let work = tempfile::tempdir().unwrap();
-    let run = work.path().join("run");
-    let mut config = small_private(&root);
-    config.epochs = 1;
-    train(config, &run);
+    let run = one_epoch_run(&root, work.path());
     let pristine = work.path().join("pristine");
     copy_dir(&run, &pristine);
     let fresh = |name: &str| {
@@ -723,10 +729,7 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
     assert!(err.to_string().contains("--max-seq-len"), "{err}");
 
     // A run folder whose config.toml says batch_size = 0: eval and resume refuse it.
-    let run = work.path().join("run");
-    let mut config = small_private(&root);
-    config.epochs = 1;
-    train(config, &run);
+    let run = one_epoch_run(&root, work.path());
     let path = run.join("config.toml");
     let text = std::fs::read_to_string(&path)
         .unwrap()
@@ -798,10 +801,7 @@ fn plot_draws_a_single_run() {
         return;
     };
     let work = tempfile::tempdir().unwrap();
-    let run = work.path().join("run");
-    let mut config = small_private(&root);
-    config.epochs = 1;
-    train(config, &run);
+    let run = one_epoch_run(&root, work.path());
     let before = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     let figures = work.path().join("figures");
     let out = dpcomp(&[
