@@ -573,7 +573,7 @@ fn eval_command(args: EvalArgs) -> Result<()> {
     let (device, data, model) = tasks::prepare(&config)?;
     checkpoint::load_weights(model.var_store(), &ckpt.join("model.safetensors"))?;
     let (loss, accuracy) =
-        train::evaluate(model.as_ref(), &data.test, config.eval_batch_size, device);
+        train::evaluate(model.as_ref(), &data.test, config.eval_batch_size, device)?;
     if args.json {
         println!(
             "{}",

@@ -298,6 +298,12 @@ impl TrainConfig {
             }
             positive("target_epsilon", e)?;
         }
+        if self.physical_batch_size.is_some() && !self.private() {
+            return Err(Error::bad_value(
+                "physical_batch_size",
+                "applies to DP training (--noise-multiplier), whose per-sample gradients it computes in chunks; a non-private step takes its whole batch at once",
+            ));
+        }
         if self.physical_batch_size == Some(0) {
             return Err(Error::bad_value(
                 "physical_batch_size",
@@ -321,6 +327,23 @@ impl TrainConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Settings that are valid but will have no effect in this run, in words for the user
+    /// (the trainer prints them as warnings when it starts or resumes).
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let beyond: Vec<usize> = (self.grad_error_epochs.iter())
+            .copied()
+            .filter(|&e| e > self.epochs)
+            .collect();
+        if !beyond.is_empty() {
+            warnings.push(format!(
+                "grad_error_epochs {beyond:?} lie beyond the run's {} epochs and will not be measured (extend the run with --resume --epochs)",
+                self.epochs
+            ));
+        }
+        warnings
     }
 
     /// The settings that differ between `self` and `other`, as (field, self's value, other's

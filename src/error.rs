@@ -5,11 +5,12 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
+    /// The OS error is part of the message and deliberately not a `source()`: reporters that
+    /// print the chain (anyhow's `{:#}`) would otherwise print it twice.
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A data or model file whose content is not what its format promises.
     #[error("{path}: {what}")]
@@ -35,7 +36,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
     pub fn bad_file(path: impl Into<PathBuf>, what: impl Into<String>) -> Self {

@@ -44,7 +44,22 @@ pub fn prepare(config: &TrainConfig) -> Result<(Device, TaskData, Box<dyn Model>
         _ => config.bert_dir.clone(),
     };
     let model = build_model(config.task, classes, device, &bert_dir)?;
+    check_data(model.as_ref(), &data, classes)?;
     Ok((device, data, model))
+}
+
+/// Checks both splits against the model once, before any step: feature kinds, shapes and index
+/// ranges (`Model::check_features`) and labels within the classes. LibTorch aborts the process on
+/// an out-of-range index, so data that would reach one is refused here with its split named.
+pub fn check_data(model: &dyn Model, data: &TaskData, classes: i64) -> Result<()> {
+    for (split, dataset) in [("training", &data.train), ("test", &data.test)] {
+        let named = |e: crate::error::Error| {
+            crate::error::Error::bad_value(format!("{split} split"), e.to_string())
+        };
+        model.check_features(&dataset.features).map_err(named)?;
+        crate::models::check_labels(&dataset.labels, classes).map_err(named)?;
+    }
+    Ok(())
 }
 
 /// The BERT folder: `dir` itself when absolute or present from the working directory; a relative

@@ -75,7 +75,7 @@ fn gradient_error_stages_match_autograd_and_theory() {
         p.shallow_clone().zero_grad();
     }
     let batch = t.data.train.batch(&batches[0], Device::Cpu, false);
-    let logits = t.model.forward(&batch.features, &mut Ctx::eval());
+    let logits = t.model.forward(&batch.features, &mut Ctx::eval()).unwrap();
     logits
         .cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0)
         .backward();

@@ -23,7 +23,7 @@ fn oracle(model: &dyn Model, features: &Features, labels: &Tensor) -> HashMap<St
             p.shallow_clone().zero_grad();
         }
         let mut ctx = Ctx::eval();
-        let logits = model.forward(&features.select(&index), &mut ctx);
+        let logits = model.forward(&features.select(&index), &mut ctx).unwrap();
         let loss = logits.cross_entropy_loss::<Tensor>(
             &labels.index_select(0, &index),
             None,
@@ -75,7 +75,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) {
         .collect();
 
     let mut ctx = Ctx::private(false);
-    let logits = model.forward(&features, &mut ctx);
+    let logits = model.forward(&features, &mut ctx).unwrap();
     let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
     let per_sample =
         per_sample_gradients(ctx.take_tape().unwrap(), &losses.sum(Kind::Double)).unwrap();
@@ -148,7 +148,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) {
 /// C between the smallest and largest per-sample norm.
 fn median_norm_guess(model: &dyn Model, features: &Features, labels: &Tensor) -> f64 {
     let mut ctx = Ctx::private(false);
-    let logits = model.forward(features, &mut ctx);
+    let logits = model.forward(features, &mut ctx).unwrap();
     let losses = logits.cross_entropy_loss::<Tensor>(labels, None, Reduction::None, -100, 0.0);
     let per_sample =
         per_sample_gradients(ctx.take_tape().unwrap(), &losses.sum(Kind::Double)).unwrap();

@@ -203,6 +203,9 @@ fn every_experiment_file_resolves_in_both_profiles() {
             let cells = experiment.cells(profile, &[]).unwrap();
             assert!(!cells.is_empty(), "{}", path.display());
             for c in &cells {
+                c.config
+                    .validate()
+                    .unwrap_or_else(|e| panic!("{} {profile} {}: {e}", path.display(), c.name));
                 assert!(
                     c.config.noise_multiplier.is_some(),
                     "{}: every cell clips per sample",

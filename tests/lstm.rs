@@ -37,6 +37,7 @@ fn manual_bptt_equals_autograd_for_every_parameter() {
     let mut eval = Ctx::eval();
     let loss = model
         .forward(&features, &mut eval)
+        .unwrap()
         .cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
     loss.backward();
     let expected = grads(&model);
@@ -46,6 +47,7 @@ fn manual_bptt_equals_autograd_for_every_parameter() {
     let mut train = Ctx::train();
     let loss_train = model
         .forward(&features, &mut train)
+        .unwrap()
         .cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
     assert!((loss_train.double_value(&[]) - loss.double_value(&[])).abs() < 1e-12);
     train.backward(&loss_train);
@@ -78,12 +80,14 @@ fn manual_bptt_accumulates_like_autograd() {
     let mut once = Ctx::train();
     let loss = model
         .forward(&features, &mut once)
+        .unwrap()
         .cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
     once.backward(&loss);
     let single = grads(&model);
     let mut twice = Ctx::train();
     let loss = model
         .forward(&features, &mut twice)
+        .unwrap()
         .cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0);
     twice.backward(&loss);
     for ((name, s), (_, d)) in single.iter().zip(&grads(&model)) {

@@ -212,6 +212,17 @@ fn resume_refuses_a_corrupted_or_altered_checkpoint() {
         stderr(&out)
     );
 
+    // Weights written with a NaN behind a resealed manifest (another tool, or a hand edit):
+    // refused by the value check, naming the tensor.
+    let bad = fresh("nan");
+    let dir = bad.join("checkpoint");
+    let weights = dir.join("model.safetensors");
+    let tensors = tch::Tensor::read_safetensors(&weights).unwrap();
+    let _ = tensors[0].1.view([-1]).get(0).fill_(f64::NAN);
+    tch::Tensor::write_safetensors(&tensors, &weights).unwrap();
+    checkpoint::write_manifest(&dir).unwrap();
+    refused(&bad, &format!("{}: holds NaN", tensors[0].0));
+
     // A file added to the checkpoint, or one removed from it.
     let bad = fresh("added");
     std::fs::write(bad.join("checkpoint/compressor.safetensors"), b"x").unwrap();
@@ -817,4 +828,56 @@ fn plot_draws_a_single_run() {
         std::fs::read_to_string(run.join("metrics.jsonl")).unwrap(),
         before
     );
+}
+
+/// A flag the run would not read is refused rather than silently ignored; a measurement
+/// scheduled after the run's last epoch is a warning (the run may be extended to reach it).
+#[test]
+fn flags_that_do_not_apply_are_refused_or_warned() {
+    let work = tempfile::tempdir().unwrap();
+    let out_dir = work.path().join("run").display().to_string();
+    for (flags, expected) in [
+        (
+            &["--rate", "16"][..],
+            "rate: 16: the rate applies to dgc and denoise, not identity",
+        ),
+        (
+            &["--compressor", "dgc", "--rank", "4"][..],
+            "rank: 4: the rank applies to powersgd, not dgc",
+        ),
+        (
+            &["--compressor", "powersgd", "--rate", "16"][..],
+            "the rate applies to dgc and denoise, not powersgd",
+        ),
+        (
+            &["--physical-batch-size", "8"][..],
+            "physical_batch_size: applies to DP training (--noise-multiplier)",
+        ),
+    ] {
+        let mut args = vec!["train", "--task", "surnames", "--out", &out_dir];
+        args.extend_from_slice(flags);
+        let out = dpcomp(&args);
+        assert!(!out.status.success(), "{flags:?} accepted");
+        assert!(stderr(&out).contains(expected), "{flags:?}: {}", stderr(&out));
+        assert!(!work.path().join("run").exists(), "{flags:?} left a run folder");
+    }
+    // With DP the physical batch applies and is accepted.
+    let mut config = TrainConfig::paper_defaults(Task::Surnames);
+    config.noise_multiplier = Some(1.0);
+    config.physical_batch_size = Some(8);
+    config.validate().unwrap();
+
+    config.epochs = 10;
+    config.grad_error_epochs = vec![0, 1, 10, 50, 100];
+    assert_eq!(
+        config.warnings(),
+        vec!["grad_error_epochs [50, 100] lie beyond the run's 10 epochs and will not be measured (extend the run with --resume --epochs)".to_string()]
+    );
+    config.epochs = 100;
+    assert!(config.warnings().is_empty());
+    // An OS error is printed once (it was in the message and again as its cause).
+    let out = dpcomp(&["train", "--task", "surnames", "--out", "/dev/null/run"]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert_eq!(err.matches("Not a directory").count(), 1, "{err}");
 }

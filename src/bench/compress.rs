@@ -59,12 +59,12 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
     let mut compressor = spec.build(&shapes, device)?;
 
     // One backward pass of the model (forward untimed): its gradients and its time.
-    let backward = || -> (Vec<Tensor>, f64) {
+    let backward = || -> Result<(Vec<Tensor>, f64)> {
         for (_, p) in &params {
             p.shallow_clone().zero_grad();
         }
         let mut ctx = Ctx::train();
-        let logits = model.forward(&batch.features, &mut ctx);
+        let logits = model.forward(&batch.features, &mut ctx)?;
         let loss =
             logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0);
         synchronize(device);
@@ -72,12 +72,12 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
         ctx.backward(&loss);
         synchronize(device);
         let seconds = start.elapsed().as_secs_f64();
-        (
+        Ok((
             params.iter().map(|(_, p)| p.grad().copy()).collect(),
             seconds,
-        )
+        ))
     };
-    let (gradients, _) = backward();
+    let (gradients, _) = backward()?;
     let noise_std = args.noise_multiplier * defaults.max_grad_norm / batch_size as f64;
     let noisy = || -> Vec<Tensor> {
         gradients
@@ -96,7 +96,7 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
         (seconds, message.wire_bits())
     };
     for _ in 0..setup.warmup {
-        let _ = backward();
+        let _ = backward()?;
         let _ = step(&noisy());
     }
     let rounds = args.rounds.max(1);
@@ -104,7 +104,7 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
     let (mut compress_total, mut backward_total, mut bits_total) = (0.0, 0.0, 0u64);
     for _ in 0..rounds {
         for _ in 0..per_round {
-            backward_total += backward().1;
+            backward_total += backward()?.1;
         }
         for _ in 0..per_round {
             let update = noisy();

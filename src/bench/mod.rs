@@ -257,15 +257,16 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         physical_batch: None,
         mode: crate::config::GradSampleMode::Tape,
     };
-    let plain_step = |sgd: &mut Updater| {
+    let plain_step = |sgd: &mut Updater| -> Result<()> {
         let (loss, _) = train_step(
             model.as_ref(),
             &params,
             sgd,
             &plain_batch,
             defaults.max_grad_norm,
-        );
+        )?;
         let _ = loss.double_value(&[]);
+        Ok(())
     };
     let noise = std::cell::RefCell::new(if args.secure_noise {
         crate::privacy::noise::NoiseSource::secure()
@@ -288,13 +289,13 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     };
     // Peak memory of each kind of step, measured separately from a reset high-water mark.
     reset_peak_rss();
-    plain_step(&mut sgd);
+    plain_step(&mut sgd)?;
     let plain_peak = peak_rss();
     reset_peak_rss();
     dp_step(&mut sgd)?;
     let dp_peak = peak_rss();
     for _ in 0..setup.warmup {
-        plain_step(&mut sgd);
+        plain_step(&mut sgd)?;
         dp_step(&mut sgd)?;
     }
     synchronize(device);
@@ -304,7 +305,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     for _ in 0..rounds {
         let start = Instant::now();
         for _ in 0..per_round {
-            plain_step(&mut sgd);
+            plain_step(&mut sgd)?;
         }
         synchronize(device);
         plain_total += start.elapsed().as_secs_f64();
@@ -385,7 +386,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             &mut sgd,
             &batch,
             defaults.max_grad_norm,
-        );
+        )?;
         let _ = loss.double_value(&[]);
         synchronize(device);
         times.push(start.elapsed().as_secs_f64());

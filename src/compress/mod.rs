@@ -68,7 +68,7 @@ pub fn dense_fp32_bits(update: &[Tensor]) -> u64 {
     update.iter().map(|t| 32 * t.numel() as u64).sum()
 }
 
-/// Looks up `name` in a saved state, checking that it has `shape`.
+/// Looks up `name` in a saved state, checking that it has `shape` and, if floating, finite values.
 pub(crate) fn take_state(
     state: &mut HashMap<String, Tensor>,
     name: &str,
@@ -84,6 +84,15 @@ pub(crate) fn take_state(
         return Err(crate::error::Error::bad_value(
             "compressor state",
             format!("{name}: shape {:?}, expected {shape:?}", t.size()),
+        ));
+    }
+    if t.is_floating_point()
+        && t.numel() > 0
+        && !bool::try_from(t.isfinite().all()).unwrap_or(false)
+    {
+        return Err(crate::error::Error::bad_value(
+            "compressor state",
+            format!("{name}: holds NaN or infinite values"),
         ));
     }
     Ok(t)

@@ -103,6 +103,20 @@ impl CompressorSpec {
                 format!("{rank}: expected a rank >= 1"),
             ));
         }
+        // A setting the chosen compressor does not read would be silently ignored: refuse it.
+        let uses_rate = matches!(kind, CompressorKind::Dgc | CompressorKind::Denoise);
+        if rate != 1.0 && !uses_rate {
+            return Err(Error::bad_value(
+                "rate",
+                format!("{rate}: the rate applies to dgc and denoise, not {kind} (remove it, or choose --compressor dgc|denoise)"),
+            ));
+        }
+        if rank != 1 && kind != CompressorKind::Powersgd {
+            return Err(Error::bad_value(
+                "rank",
+                format!("{rank}: the rank applies to powersgd, not {kind} (remove it, or choose --compressor powersgd)"),
+            ));
+        }
         let mut map = BTreeMap::new();
         for option in options {
             let Some((key, value)) = option.split_once('=') else {

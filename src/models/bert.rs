@@ -8,7 +8,7 @@
 //! (bert-base-cased) and without it (all-MiniLM-L6-v2) both load; TF-era `gamma`/`beta` names are
 //! read as `weight`/`bias`; the masked-LM head (`cls.*`) is ignored.
 
-use super::{wrong_features, Model};
+use super::{check_integer, check_range, wrong_features, Model};
 use crate::data::Features;
 use crate::error::{Error, Result};
 use crate::nn::{Ctx, Embedding, LayerNorm, Linear};
@@ -263,12 +263,7 @@ impl BertClassifier {
             let src = tensors.get(name).ok_or_else(|| {
                 Error::bad_file(path, format!("missing tensor {name} (or bert.{name})"))
             })?;
-            if src.size() != var.size() {
-                return Err(Error::bad_file(
-                    path,
-                    format!("{name}: shape {:?}, expected {:?}", src.size(), var.size()),
-                ));
-            }
+            crate::train::checkpoint::check_loaded(path, name, src, &var.size())?;
             tch::no_grad(|| var.copy_(&src.to_kind(Kind::Float)));
         }
         Ok(())
@@ -324,6 +319,51 @@ impl BertClassifier {
     }
 }
 
+impl BertClassifier {
+    /// The three [B, T] integer tensors of a sentence-pair batch, T within the position table.
+    fn text_pair<'a>(
+        &self,
+        features: &'a Features,
+    ) -> Result<(&'a Tensor, &'a Tensor, &'a Tensor)> {
+        let Features::TextPair {
+            ids,
+            token_types,
+            attention_mask,
+        } = features
+        else {
+            return Err(wrong_features("BertClassifier", "sentence pairs", features));
+        };
+        let size = ids.size();
+        if size.len() != 2 || token_types.size() != size || attention_mask.size() != size {
+            return Err(Error::bad_value(
+                "BertClassifier input",
+                format!(
+                    "ids {size:?}, token types {:?}, attention mask {:?}, expected three equal [batch, length]",
+                    token_types.size(),
+                    attention_mask.size()
+                ),
+            ));
+        }
+        if size[1] > self.config.max_position_embeddings {
+            return Err(Error::bad_value(
+                "BertClassifier input",
+                format!(
+                    "sequences of {} tokens, longer than the model's {} positions (max_position_embeddings)",
+                    size[1], self.config.max_position_embeddings
+                ),
+            ));
+        }
+        for (what, t) in [
+            ("token ids", ids),
+            ("token type ids", token_types),
+            ("attention mask", attention_mask),
+        ] {
+            check_integer("BertClassifier", what, t)?;
+        }
+        Ok((ids, token_types, attention_mask))
+    }
+}
+
 /// `bert.encoder.layer.0.x.gamma` -> `encoder.layer.0.x.weight`.
 fn canonical_name(name: &str) -> String {
     let name = name.strip_prefix("bert.").unwrap_or(name);
@@ -337,19 +377,27 @@ fn canonical_name(name: &str) -> String {
 }
 
 impl Model for BertClassifier {
-    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Tensor {
-        let Features::TextPair {
-            ids,
-            token_types,
-            attention_mask,
-        } = features
-        else {
-            wrong_features("BertClassifier", features)
-        };
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
+        let (ids, token_types, attention_mask) = self.text_pair(features)?;
         let hidden = self.encode(ids, token_types, attention_mask, ctx);
         let pooled = self.pooler.forward(&hidden.select(1, 0), ctx).tanh();
         let pooled = pooled.dropout(self.config.hidden_dropout_prob, ctx.train);
-        self.classifier.forward(&pooled, ctx)
+        Ok(self.classifier.forward(&pooled, ctx))
+    }
+
+    /// Token ids within the vocabulary, segment ids within `type_vocab_size`, a 0/1 mask.
+    fn check_features(&self, features: &Features) -> Result<()> {
+        let (ids, token_types, attention_mask) = self.text_pair(features)?;
+        let c = &self.config;
+        check_range("BertClassifier", "token ids", ids, 0, c.vocab_size)?;
+        check_range(
+            "BertClassifier",
+            "token type ids",
+            token_types,
+            0,
+            c.type_vocab_size,
+        )?;
+        check_range("BertClassifier", "attention mask", attention_mask, 0, 2)
     }
 
     fn var_store(&self) -> &nn::VarStore {

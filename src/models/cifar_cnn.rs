@@ -12,8 +12,9 @@
 //! `InstanceNorm2d(c)` with its defaults (`affine=False`, momentum 0.1). An earlier version
 //! (padding 1, affine norms, flatten 2048: 754,954 parameters) came from a wrong specification.
 
-use super::{wrong_features, Model};
+use super::{check_image_shape, wrong_features, Model};
 use crate::data::Features;
+use crate::error::Result;
 use crate::nn::{Conv2d, Ctx, InstanceNorm2d, Linear};
 use tch::{nn, Device, Tensor};
 
@@ -59,10 +60,11 @@ impl CifarCnn {
 }
 
 impl Model for CifarCnn {
-    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Tensor {
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
         let Features::Images(xs) = features else {
-            wrong_features("CifarCnn", features)
+            return Err(wrong_features("CifarCnn", "images", features));
         };
+        check_image_shape("CifarCnn", xs)?;
         let mut xs = xs.shallow_clone();
         for (conv, norm) in &self.blocks {
             xs = norm
@@ -74,7 +76,14 @@ impl Model for CifarCnn {
         let xs = xs.flatten(1, -1);
         let xs = self.fc1.forward(&xs, ctx).relu().dropout(0.25, ctx.train);
         let xs = self.fc2.forward(&xs, ctx).relu().dropout(0.25, ctx.train);
-        self.fc3.forward(&xs, ctx)
+        Ok(self.fc3.forward(&xs, ctx))
+    }
+
+    fn check_features(&self, features: &Features) -> Result<()> {
+        let Features::Images(xs) = features else {
+            return Err(wrong_features("CifarCnn", "images", features));
+        };
+        check_image_shape("CifarCnn", xs)
     }
 
     fn var_store(&self) -> &nn::VarStore {

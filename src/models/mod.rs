@@ -7,8 +7,9 @@ pub mod resnet18;
 pub mod surnames_lstm;
 
 use crate::data::Features;
+use crate::error::{Error, Result};
 use crate::nn::Ctx;
-use tch::{nn, Tensor};
+use tch::{nn, Kind, Tensor};
 
 pub use bert::{BertClassifier, BertConfig};
 pub use cifar_cnn::CifarCnn;
@@ -17,7 +18,18 @@ pub use surnames_lstm::SurnamesLstm;
 
 /// A classifier: features -> logits [B, classes].
 pub trait Model {
-    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Tensor;
+    /// Logits [B, classes]. Features of another kind or shape than the model reads are an error
+    /// (checked from the tensors' sizes only, so no device synchronisation per step).
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor>;
+
+    /// Checks a whole split's features once, before any step: their kind and shape, and the
+    /// values a forward pass would index with (token ids within the vocabulary, lengths within
+    /// the sequence). Out-of-range indices make LibTorch abort on CPU and assert on CUDA, so
+    /// they are refused here with an error instead. The default accepts everything; the
+    /// paper's models override it.
+    fn check_features(&self, _features: &Features) -> Result<()> {
+        Ok(())
+    }
 
     /// The store that owns every parameter (trainable or frozen), for saving and loading.
     fn var_store(&self) -> &nn::VarStore;
@@ -52,13 +64,86 @@ pub trait Model {
     }
 }
 
-/// Panics with the variant's name: the models are only ever given their own task's features,
-/// which the trainer guarantees.
-pub(crate) fn wrong_features(model: &str, features: &Features) -> ! {
+/// The error for features of another kind than `model` reads (`expected`).
+pub(crate) fn wrong_features(model: &str, expected: &str, features: &Features) -> Error {
     let got = match features {
         Features::Tokens { .. } => "token sequences",
         Features::Images(_) => "images",
         Features::TextPair { .. } => "sentence pairs",
     };
-    panic!("{model} was given {got}")
+    Error::bad_value(
+        format!("{model} input"),
+        format!("given {got}, expected {expected}"),
+    )
+}
+
+/// Images must be [B, 3, 32, 32] (the CIFAR size the models' layers are built for).
+pub(crate) fn check_image_shape(model: &str, images: &Tensor) -> Result<()> {
+    let size = images.size();
+    if size.len() != 4 || size[1..] != [3, 32, 32] {
+        return Err(Error::bad_value(
+            format!("{model} input"),
+            format!("images of shape {size:?}, expected [batch, 3, 32, 32]"),
+        ));
+    }
+    Ok(())
+}
+
+/// Padded sequences: `ids` [B, T] and `lengths` [B], both integer.
+pub(crate) fn check_token_shape(model: &str, ids: &Tensor, lengths: &Tensor) -> Result<()> {
+    let (ids_size, lengths_size) = (ids.size(), lengths.size());
+    if ids_size.len() != 2 || lengths_size.len() != 1 || ids_size[0] != lengths_size[0] {
+        return Err(Error::bad_value(
+            format!("{model} input"),
+            format!("token ids {ids_size:?} and lengths {lengths_size:?}, expected [batch, length] and [batch]"),
+        ));
+    }
+    check_integer(model, "token ids", ids)?;
+    check_integer(model, "lengths", lengths)
+}
+
+pub(crate) fn check_integer(model: &str, what: &str, values: &Tensor) -> Result<()> {
+    match values.kind() {
+        Kind::Int64 | Kind::Int | Kind::Int16 | Kind::Int8 | Kind::Uint8 => Ok(()),
+        kind => Err(Error::bad_value(
+            format!("{model} input"),
+            format!("{what} of kind {kind:?}, expected integers"),
+        )),
+    }
+}
+
+/// Every value of `values` lies in [low, high) (an empty tensor passes).
+pub(crate) fn check_range(
+    model: &str,
+    what: &str,
+    values: &Tensor,
+    low: i64,
+    high: i64,
+) -> Result<()> {
+    if values.numel() == 0 {
+        return Ok(());
+    }
+    let (min, max) = (values.min().int64_value(&[]), values.max().int64_value(&[]));
+    if min < low || max >= high {
+        return Err(Error::bad_value(
+            format!("{model} input"),
+            format!(
+                "{what} range from {min} to {max}, expected {low} to {}",
+                high - 1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Labels must be class indices in [0, classes): cross-entropy indexes with them.
+pub fn check_labels(labels: &Tensor, classes: i64) -> Result<()> {
+    if labels.dim() != 1 {
+        return Err(Error::bad_value(
+            "labels",
+            format!("shape {:?}, expected [examples]", labels.size()),
+        ));
+    }
+    check_integer("classifier", "labels", labels)?;
+    check_range("classifier", "labels", labels, 0, classes)
 }

@@ -2,8 +2,9 @@
 //! of BatchNorm, and the global average pool producing 2x2 instead of 1x1 as the paper does, so the
 //! classifier is Linear(512 * 2 * 2 = 2048 -> classes). 11,373,732 parameters for 100 classes.
 
-use super::{wrong_features, Model};
+use super::{check_image_shape, wrong_features, Model};
 use crate::data::Features;
+use crate::error::Result;
 use crate::nn::{Conv2d, Ctx, GroupNorm, Linear};
 use tch::{nn, Device, Tensor};
 
@@ -90,10 +91,11 @@ impl ResNet18 {
 }
 
 impl Model for ResNet18 {
-    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Tensor {
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
         let Features::Images(xs) = features else {
-            wrong_features("ResNet18", features)
+            return Err(wrong_features("ResNet18", "images", features));
         };
+        check_image_shape("ResNet18", xs)?;
         let mut xs = self
             .stem_norm
             .forward(&self.stem.forward(xs, ctx), ctx)
@@ -102,7 +104,14 @@ impl Model for ResNet18 {
             xs = block.forward(&xs, ctx);
         }
         let xs = xs.adaptive_avg_pool2d([2, 2]).flatten(1, -1);
-        self.classifier.forward(&xs, ctx)
+        Ok(self.classifier.forward(&xs, ctx))
+    }
+
+    fn check_features(&self, features: &Features) -> Result<()> {
+        let Features::Images(xs) = features else {
+            return Err(wrong_features("ResNet18", "images", features));
+        };
+        check_image_shape("ResNet18", xs)
     }
 
     fn var_store(&self) -> &nn::VarStore {

@@ -1,9 +1,10 @@
 //! Surnames: Embedding(256, 64) -> one-layer LSTM(64 -> 128) reading the hidden state at the last
 //! real time step of each name -> Linear(128, 18). 118,034 parameters.
 
-use super::{wrong_features, Model};
+use super::{check_range, check_token_shape, wrong_features, Model};
 use crate::data::names::VOCAB;
 use crate::data::Features;
+use crate::error::Result;
 use crate::nn::{Ctx, Embedding, Linear, Lstm};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -34,10 +35,11 @@ impl SurnamesLstm {
 }
 
 impl Model for SurnamesLstm {
-    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Tensor {
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
         let Features::Tokens { ids, lengths } = features else {
-            wrong_features("SurnamesLstm", features)
+            return Err(wrong_features("SurnamesLstm", "token sequences", features));
         };
+        check_token_shape("SurnamesLstm", ids, lengths)?;
         let hs = self.lstm.forward(&self.embedding.forward(ids, ctx), ctx); // [B, T, H]
                                                                             // Hidden state at index length-1 of each example.
         let last = (lengths - 1)
@@ -47,7 +49,17 @@ impl Model for SurnamesLstm {
         let last = hs
             .gather(1, &last.expand([-1, 1, HIDDEN], false), false)
             .squeeze_dim(1);
-        self.classifier.forward(&last, ctx)
+        Ok(self.classifier.forward(&last, ctx))
+    }
+
+    /// Byte ids below the embedding's 256 rows; every length from 1 to the padded width.
+    fn check_features(&self, features: &Features) -> Result<()> {
+        let Features::Tokens { ids, lengths } = features else {
+            return Err(wrong_features("SurnamesLstm", "token sequences", features));
+        };
+        check_token_shape("SurnamesLstm", ids, lengths)?;
+        check_range("SurnamesLstm", "token ids", ids, 0, VOCAB)?;
+        check_range("SurnamesLstm", "lengths", lengths, 1, ids.size()[1] + 1)
     }
 
     fn var_store(&self) -> &nn::VarStore {

@@ -53,10 +53,10 @@ pub fn evaluate(
     data: &Dataset,
     batch_size: usize,
     device: Device,
-) -> (f64, f64) {
+) -> Result<(f64, f64)> {
     let n = data.len();
     if n == 0 {
-        return (f64::NAN, f64::NAN);
+        return Ok((f64::NAN, f64::NAN));
     }
     tch::no_grad(|| {
         let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
@@ -66,7 +66,7 @@ pub fn evaluate(
             let len = (batch_size as i64).min(n - start);
             let index = Tensor::arange_start(start, start + len, (Kind::Int64, Device::Cpu));
             let batch = data.batch(&index, device, false);
-            let logits = model.forward(&batch.features, &mut Ctx::eval());
+            let logits = model.forward(&batch.features, &mut Ctx::eval())?;
             loss_sum += logits
                 .cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0)
                 .to_kind(Kind::Double)
@@ -77,10 +77,10 @@ pub fn evaluate(
                 .sum(Kind::Int64);
             start += len;
         }
-        (
+        Ok((
             loss_sum.double_value(&[]) / n as f64,
             correct.int64_value(&[]) as f64 / n as f64,
-        )
+        ))
     })
 }
 
@@ -93,9 +93,9 @@ pub fn train_step(
     updater: &mut Updater,
     batch: &Batch,
     max_grad_norm: f64,
-) -> (Tensor, Tensor) {
+) -> Result<(Tensor, Tensor)> {
     let mut ctx = Ctx::train();
-    let logits = model.forward(&batch.features, &mut ctx);
+    let logits = model.forward(&batch.features, &mut ctx)?;
     let loss = logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0);
     for (_, p) in params {
         p.shallow_clone().zero_grad();
@@ -109,7 +109,7 @@ pub fn train_step(
         .argmax(-1, false)
         .eq_tensor(&batch.labels)
         .sum(Kind::Int64);
-    (loss.detach() * batch.len() as f64, correct)
+    Ok((loss.detach() * batch.len() as f64, correct))
 }
 
 /// How `TrainState::stopped` starts when a run stopped because its loss became non-finite.
@@ -253,16 +253,7 @@ impl Trainer {
                     let buffer = momentum
                         .get(name)
                         .ok_or_else(|| Error::bad_file(&path, format!("missing buffer {name}")))?;
-                    if buffer.size() != p.size() {
-                        return Err(Error::bad_file(
-                            &path,
-                            format!(
-                                "buffer {name}: shape {:?}, expected the parameter's {:?}",
-                                buffer.size(),
-                                p.size()
-                            ),
-                        ));
-                    }
+                    checkpoint::check_loaded(&path, &format!("buffer {name}"), buffer, &p.size())?;
                     Ok(buffer.to_device(p.device()))
                 })
                 .collect::<Result<_>>()?;
@@ -359,6 +350,9 @@ impl Trainer {
     }
 
     fn build(config: TrainConfig, run_dir: &Path, lock: RunLock) -> Result<Self> {
+        for warning in config.warnings() {
+            eprintln!("warning: {warning}");
+        }
         let (device, data, model) = tasks::prepare(&config)?;
         let params = model.trainable_variables();
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
@@ -646,7 +640,7 @@ impl Trainer {
                         &mut self.updater,
                         &batch,
                         self.config.max_grad_norm,
-                    );
+                    )?;
                     loss_sum += loss;
                     correct += right;
                 }
@@ -692,7 +686,7 @@ impl Trainer {
                 &self.data.test,
                 self.config.eval_batch_size,
                 self.device,
-            );
+            )?;
             let epoch_seconds = started.elapsed().as_secs_f64();
             self.state.epochs_done += 1;
             self.state.wall_seconds += epoch_seconds;

@@ -51,7 +51,7 @@ pub fn per_sample_in_order(
     dropout: bool,
 ) -> Result<PerSampleBatch> {
     let mut ctx = Ctx::private(dropout);
-    let logits = model.forward(&batch.features, &mut ctx);
+    let logits = model.forward(&batch.features, &mut ctx)?;
     let losses =
         logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
     let loss_sum = losses.sum(losses.kind());
@@ -103,7 +103,7 @@ fn clipped_sums_oracle(
     params: &[(String, Tensor)],
     batch: &Batch,
     max_norm: f64,
-) -> (Vec<Tensor>, [Tensor; 3]) {
+) -> Result<(Vec<Tensor>, [Tensor; 3])> {
     let device = batch.labels.device();
     let mut sums: Vec<Tensor> = params
         .iter()
@@ -120,7 +120,7 @@ fn clipped_sums_oracle(
             p.shallow_clone().zero_grad();
         }
         let mut ctx = Ctx::train();
-        let logits = model.forward(&features, &mut ctx);
+        let logits = model.forward(&features, &mut ctx)?;
         let loss = logits.cross_entropy_loss::<Tensor>(&label, None, Reduction::Sum, -100, 0.0);
         ctx.backward(&loss);
         let grads: Vec<Tensor> = params
@@ -148,7 +148,7 @@ fn clipped_sums_oracle(
         correct += logits.argmax(-1, false).eq_tensor(&label).sum(Kind::Int64);
         over += factor.lt(1.0).to_kind(Kind::Int64);
     }
-    (sums, [loss_sum, correct, over])
+    Ok((sums, [loss_sum, correct, over]))
 }
 
 /// One logical DP-SGD step on the examples `index` of `data`.
@@ -180,7 +180,9 @@ pub fn dp_step(
         let batch = data.batch(&index.narrow(0, start, chunk.min(n - start)), device, true);
         let (chunk_sums, chunk_totals) = match settings.mode {
             GradSampleMode::Tape => clipped_sums_tape(model, params, &batch, settings.max_norm)?,
-            GradSampleMode::Oracle => clipped_sums_oracle(model, params, &batch, settings.max_norm),
+            GradSampleMode::Oracle => {
+                clipped_sums_oracle(model, params, &batch, settings.max_norm)?
+            }
         };
         for (sum, part) in sums.iter_mut().zip(chunk_sums) {
             *sum += part;
