@@ -169,6 +169,7 @@ fn gradient_error_stages_match_autograd_and_theory() {
         assert!(s.error < 1e-10 * scale, "{s:?}");
     }
     let global = run(Mechanism::GlobalClip { max_norm: 1e9 }, &identity, 2);
+    assert!(!global.stages.is_empty());
     assert!(global.stages.iter().all(|s| s.error < 1e-10 * scale));
 
     // DGC without noise: deterministic (no variance) and biased.
@@ -296,6 +297,7 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
     let b = grid.path().join("cell");
     let plain = weights(base, a.path());
     let with = weights(measured, &b);
+    assert!(!plain.is_empty() && plain.len() == with.len());
     for ((name, x), (_, y)) in plain.iter().zip(&with) {
         assert!(
             x.equal(y),

@@ -124,12 +124,14 @@ fn powersgd_fresh_q_is_a_function_of_seed_layer_and_step() {
             low_rank_parts(&other.compress(&input)),
         );
         assert_eq!(qa.len(), 2, "the conv weight and the matrix are factorised");
+        assert_eq!(qb.len(), qa.len());
         for (x, y) in qa.iter().zip(&qb) {
             assert_eq!(max_abs(x, y), 0.0, "step {step}: same seed, same Q");
         }
         assert!(max_abs(&qa[1], &qo[1]) > 1e-3, "step {step}: another seed");
         if let Some(c) = resumed.as_mut() {
             let qr = low_rank_parts(&c.compress(&input));
+            assert_eq!(qr.len(), qa.len(), "step {step}: resumed");
             for (x, y) in qa.iter().zip(&qr) {
                 assert_eq!(max_abs(x, y), 0.0, "step {step}: resumed");
             }

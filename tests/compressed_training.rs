@@ -90,7 +90,17 @@ fn compression_changes_bits_never_epsilon() {
         low_rank.path(),
     );
 
-    // Compression is post-processing: the same (q, σ, steps) give the same ε.
+    // Compression is post-processing: the same (q, σ, steps) give the same ε, the accountant's
+    // for σ 0.8 over every step taken (a run that lost its σ would report none).
+    // One epoch of ceil(2000 / 32) = 63 Poisson steps at q = 1 / 63.
+    let steps = upstream_rows(dense.path()).len() as u64;
+    assert_eq!(steps, 63);
+    let q = 1.0 / 63.0;
+    assert_eq!(plain.sample_rate, Some(q));
+    let expected =
+        dpcomp::privacy::calibrate::epsilon_for(0.8, q, steps, plain.delta.unwrap()).unwrap();
+    assert_eq!(plain.epsilon, Some(expected));
+    assert!(expected > 0.0 && expected.is_finite());
     assert_eq!(plain.epsilon, dgc.epsilon);
     assert_eq!(plain.epsilon, psgd.epsilon);
     // 118,034 parameters in dense fp32 per step; every step is in upstream.csv and the totals
@@ -157,7 +167,9 @@ fn compressor_state_survives_resume_exactly() {
         let mut t = Trainer::resume(split.path(), Some(2)).unwrap();
         t.progress = false;
         t.run().unwrap();
-        for ((na, ta), (nb, tb)) in weights(straight.path()).iter().zip(&weights(split.path())) {
+        let (straight_weights, split_weights) = (weights(straight.path()), weights(split.path()));
+        assert!(!straight_weights.is_empty() && straight_weights.len() == split_weights.len());
+        for ((na, ta), (nb, tb)) in straight_weights.iter().zip(&split_weights) {
             assert_eq!(na, nb);
             assert!(ta.equal(tb), "{kind}: {na} differs after resume");
         }

@@ -221,6 +221,25 @@ fn analytic_gaussian_sigma_is_tight_and_below_the_classic_bound() {
         let sigma = analytic_gaussian_sigma(epsilon, delta, sensitivity).unwrap();
         assert!(gaussian_delta(epsilon, sigma, sensitivity) <= delta);
         assert!(gaussian_delta(epsilon, sigma * 0.999, sensitivity) > delta);
+        // The same from Balle & Wang's Theorem 8 written out here (Φ through libm's erfc):
+        // δ(σ) = Φ(Δ/2σ − εσ/Δ) − e^ε Φ(−Δ/2σ − εσ/Δ).
+        let phi = |x: f64| 0.5 * libm::erfc(-x / std::f64::consts::SQRT_2);
+        let balle_wang = |s: f64| {
+            let (a, b) = (sensitivity / (2.0 * s), epsilon * s / sensitivity);
+            phi(a - b) - epsilon.exp() * phi(-a - b)
+        };
+        assert!(
+            balle_wang(sigma) <= delta * (1.0 + 1e-9),
+            "{}",
+            balle_wang(sigma)
+        );
+        assert!(balle_wang(sigma * 0.999) > delta);
+        let ours = gaussian_delta(epsilon, sigma, sensitivity);
+        assert!(
+            (ours - balle_wang(sigma)).abs() <= 1e-9 * delta,
+            "{ours} vs {}",
+            balle_wang(sigma)
+        );
         if epsilon < 1.0 {
             let classic = (2.0 * (1.25 / delta).ln()).sqrt() * sensitivity / epsilon;
             assert!(sigma < classic, "{sigma} vs classic {classic}");

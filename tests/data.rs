@@ -121,16 +121,26 @@ fn cifar_augmentation_crops_and_flips_within_padding() {
     let Features::Images(x) = data.train.batch(&index, Device::Cpu, true).features else {
         panic!()
     };
-    // A constant image stays constant except for the zero padding a crop brings in: every pixel is
-    // either the image's normalised value or the padding value 0, and the central 24x24 is intact.
-    let centre = x.narrow(2, 4, 24).narrow(3, 4, 24);
-    let first = x.get(0).get(0).get(16).get(16).double_value(&[]);
-    let c0 = centre.get(0).get(0);
-    assert!((c0 - first).abs().max().double_value(&[]) < 1e-6);
+    // A constant image stays constant except for the zero padding a crop brings in: every pixel
+    // of every image and channel is either its normalised value (the un-augmented batch's) or
+    // the padding value 0, the central 24x24 is intact, and some crop did move.
     let Features::Images(plain) = data.train.batch(&index, Device::Cpu, false).features else {
         panic!()
     };
     assert_eq!(plain.size(), x.size());
+    assert!(
+        plain.abs().min().double_value(&[]) > 0.1,
+        "fills normalise away from 0"
+    );
+    let is_value = (&x - &plain).abs().lt(1e-6);
+    let is_padding = x.abs().lt(1e-6);
+    assert!(bool::try_from(is_value.logical_or(&is_padding).all()).unwrap());
+    let centre = |t: &Tensor| t.narrow(2, 4, 24).narrow(3, 4, 24);
+    assert!((centre(&x) - centre(&plain)).abs().max().double_value(&[]) < 1e-6);
+    assert!(
+        bool::try_from(is_padding.any()).unwrap(),
+        "no crop moved in 10 images"
+    );
 }
 
 #[test]

@@ -42,6 +42,40 @@ fn model(seed: i64) -> SurnamesLstm {
     m
 }
 
+/// Each example's gradient norm by per-example autograd (the oracle of the clipping).
+fn example_gradient_norms(model: &dyn Model, data: &Dataset, index: &Tensor) -> Vec<f64> {
+    let params = model.trainable_variables();
+    Vec::<i64>::try_from(index)
+        .unwrap()
+        .into_iter()
+        .map(|i| {
+            let one = Tensor::from_slice(&[i]);
+            let batch = data.batch(&one, Device::Cpu, false);
+            for (_, p) in &params {
+                p.shallow_clone().zero_grad();
+            }
+            let mut ctx = dpcomp::nn::Ctx::eval();
+            let loss = model
+                .forward(&batch.features, &mut ctx)
+                .unwrap()
+                .cross_entropy_loss::<Tensor>(&batch.labels, None, tch::Reduction::Sum, -100, 0.0);
+            loss.backward();
+            params
+                .iter()
+                .map(|(_, p)| {
+                    let g = p.grad();
+                    if g.defined() {
+                        g.square().sum(Kind::Double).double_value(&[])
+                    } else {
+                        0.0
+                    }
+                })
+                .sum::<f64>()
+                .sqrt()
+        })
+        .collect()
+}
+
 fn weights(model: &dyn Model) -> Vec<Tensor> {
     model
         .trainable_variables()
@@ -132,8 +166,23 @@ fn secure_noise_is_not_a_function_of_the_seed() {
         (summary, weights, metrics)
     };
     let same = |a: &[(String, Tensor)], b: &[(String, Tensor)]| {
+        assert!(!a.is_empty() && a.len() == b.len());
         a.iter().zip(b).all(|((_, x), (_, y))| x.equal(y))
     };
+    // The batches themselves: the same for one seed, never the same under --secure-noise.
+    let batches = |secure: bool, name: &str| {
+        let mut c = dp_config(&root, 1);
+        c.secure_noise = secure;
+        let t = Trainer::new(c, &work.path().join(name)).unwrap();
+        let first = t.epoch_batches(0);
+        assert!(first.len() > 10, "{} batches", first.len());
+        first
+    };
+    let equal =
+        |a: &[Tensor], b: &[Tensor]| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.equal(y));
+    assert!(equal(&batches(false, "b1"), &batches(false, "b2")));
+    assert!(!equal(&batches(true, "b3"), &batches(true, "b4")));
+
     let (s1, w1, m1) = run("seeded-1", false);
     let (_, w2, _) = run("seeded-2", false);
     assert!(same(&w1, &w2), "seeded runs must be reproducible");
@@ -172,7 +221,15 @@ fn sigma_zero_and_infinite_c_is_plain_sgd() {
     )
     .unwrap();
     let batch = data.batch(&index, Device::Cpu, true);
-    let _ = train_step(&b, &pb, &mut sgd_b, &batch, f64::INFINITY);
+    let before = weights(&b);
+    let (_loss, _correct) = train_step(&b, &pb, &mut sgd_b, &batch, f64::INFINITY).unwrap();
+    let moved: f64 = before
+        .iter()
+        .zip(weights(&b))
+        .map(|(w, v)| (v - w).abs().max().double_value(&[]))
+        .fold(0.0, f64::max);
+    assert!(moved > 1e-6, "the step moved no weight");
+    assert_eq!(pa.len(), pb.len());
     for ((name, x), (_, y)) in pa.iter().zip(&pb) {
         let diff = (x - y).abs().max().double_value(&[]);
         assert!(diff < 1e-12, "{name}: {diff}");
@@ -184,6 +241,12 @@ fn oracle_mode_and_physical_batches_give_the_same_step() {
     let _serial = common::serial();
     let data = tiny_names();
     let index = Tensor::from_slice(&[0i64, 2, 3, 5, 7, 9, 1]);
+    // C between the 4th and 5th per-example gradient norms (from per-example autograd, independent of
+    // the code under test), so that clipped and unclipped examples are both compared.
+    let norms = example_gradient_norms(&model(5), &data, &index);
+    let mut sorted = norms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let c = (sorted[3] + sorted[4]) / 2.0;
     let run = |mode, physical| {
         let m = model(5);
         let params = m.trainable_variables();
@@ -196,14 +259,17 @@ fn oracle_mode_and_physical_batches_give_the_same_step() {
             &data,
             &index,
             Device::Cpu,
-            &settings(0.9, 0.05, 6.5, mode, physical),
+            &settings(0.9, c, 6.5, mode, physical),
             &mut NoiseSource::Seeded,
         )
         .unwrap();
-        assert!(
-            totals.clipped.int64_value(&[]) > 0,
-            "C = 0.05 clips some examples"
+        let want = norms.iter().filter(|&&n| n > c).count() as i64;
+        assert_eq!(
+            totals.clipped.int64_value(&[]),
+            want,
+            "norms {norms:?}, C {c}"
         );
+        assert!(want > 0 && want < 7);
         weights(&m)
     };
     let tape = run(GradSampleMode::Tape, None);
@@ -244,11 +310,12 @@ fn empty_poisson_batch_adds_noise_only() {
         .zip(weights(&m))
         .map(|(b, a)| (a - b).square().sum(Kind::Double).double_value(&[]))
         .sum();
-    let expected = 118_034.0f64.min(params.iter().map(|(_, p)| p.numel() as f64).sum())
-        * (1.0 / 2.0f64).powi(2);
-    // The update is pure noise of std sigma C / E[B] = 0.5 per coordinate.
+    let coordinates: f64 = params.iter().map(|(_, p)| p.numel() as f64).sum();
+    let expected = coordinates * (1.0 / 2.0f64).powi(2);
+    // The update is pure noise of std sigma C / E[B] = 0.5 per coordinate: moved / expected
+    // is a chi-square over its degrees of freedom, standard deviation sqrt(2 / k), about 0.4%.
     assert!(
-        (moved / expected - 1.0).abs() < 0.05,
+        (moved / expected - 1.0).abs() < 0.02,
         "{moved} vs {expected}"
     );
 }
@@ -261,8 +328,25 @@ fn poisson_batches_have_the_expected_size() {
     let sizes: Vec<f64> = batches.iter().map(|b| b.size()[0] as f64).collect();
     let mean = sizes.iter().sum::<f64>() / sizes.len() as f64;
     assert!((mean - 100.0).abs() < 3.0, "{mean}"); // standard error 0.7
+                                                   // Bernoulli inclusion, not a fixed-size sample: the sizes vary as Binomial(10^4, 0.01),
+                                                   // variance n q (1 - q) = 99 (standard error of the sample variance about 10).
+    let variance = sizes.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (sizes.len() - 1) as f64;
+    assert!((60.0..140.0).contains(&variance), "{variance}");
     let all = Tensor::cat(&batches, 0);
     assert!(all.min().int64_value(&[]) >= 0 && all.max().int64_value(&[]) < 10_000);
+    // Every example has the same inclusion rate q (standard error about 1e-4 per half).
+    for (low, high) in [(0i64, 5_000i64), (5_000, 10_000)] {
+        let hits = all
+            .ge(low)
+            .logical_and(&all.lt(high))
+            .sum(Kind::Int64)
+            .int64_value(&[]);
+        let rate = hits as f64 / (5_000.0 * 200.0);
+        assert!(
+            (rate - 0.01).abs() < 5e-4,
+            "examples {low}..{high}: rate {rate}"
+        );
+    }
     // Within a batch no example repeats.
     let b = &batches[0];
     assert_eq!(b.unique_dim(0, true, false, false).0.size()[0], b.size()[0]);
@@ -479,4 +563,45 @@ fn cli_dp_run_reports_the_epsilon_that_dpcomp_epsilon_prints() {
     let last: serde_json::Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
     assert_eq!(last["epsilon"], printed["epsilon"]);
     assert!(last["clipped_fraction"].as_f64().is_some());
+}
+
+/// The divisor of the clipped sum: under Poisson sampling the expected batch q N whatever the
+/// realised size (dividing by the realised size would reveal it), under shuffling the batch.
+#[test]
+fn poisson_steps_divide_by_the_expected_batch() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let trainer = |name: &str, edit: &dyn Fn(&mut TrainConfig)| {
+        let mut c = dp_config(&root, 1);
+        edit(&mut c);
+        Trainer::new(c, &work.path().join(name)).unwrap()
+    };
+    // 640 examples in batches of 32: 20 steps, q = 1/20, q N = 32.
+    let poisson = trainer("poisson", &|_| {});
+    assert_eq!(poisson.sample_rate(), 1.0 / 20.0);
+    for realised in [0, 7, 32, 50] {
+        let s = poisson.dp_settings(realised).unwrap();
+        assert_eq!(s.expected_batch, 32.0, "realised {realised}");
+        assert_eq!(s.noise_multiplier, 0.8);
+    }
+    let shuffle = trainer("shuffle", &|c| {
+        c.sampling = dpcomp::config::Sampling::Shuffle
+    });
+    assert_eq!(shuffle.dp_settings(7).unwrap().expected_batch, 7.0);
+    // Shuffled batches are accounted as if Poisson: the summary says so.
+    let mut shuffle = shuffle;
+    shuffle.progress = false;
+    let sampling = shuffle.run().unwrap().sampling.unwrap();
+    assert!(
+        sampling.contains("approximation: the accountant assumes Poisson"),
+        "{sampling}"
+    );
+    let mut poisson = poisson;
+    poisson.progress = false;
+    assert_eq!(poisson.run().unwrap().sampling.as_deref(), Some("poisson"));
+    let plain = trainer("plain", &|c| c.noise_multiplier = None);
+    assert!(plain.dp_settings(32).is_none());
 }

@@ -157,6 +157,41 @@ fn every_scheme_aggregates_in_the_compressed_domain() {
         .equal(&codec.for_round(1, Device::Cpu).encode(u)));
 }
 
+/// Client sampling is Poisson at q = fraction (what the accountant assumes): over many rounds
+/// the round sizes have mean n q and variance n q (1 - q), every client is included at rate q,
+/// and one (seed, round) always samples the same clients.
+#[test]
+fn clients_are_poisson_sampled_at_the_fraction() {
+    let (clients, q, rounds) = (1_000usize, 0.05, 400usize);
+    let sizes: Vec<f64> = (1..=rounds)
+        .map(|r| dpcomp::fl::sample_clients(7, r, clients, q).len() as f64)
+        .collect();
+    let mean = sizes.iter().sum::<f64>() / rounds as f64;
+    let variance = sizes.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (rounds - 1) as f64;
+    // n q = 50 (standard error 0.34); n q (1 - q) = 47.5 (standard error of the variance 3.4).
+    assert!((mean - 50.0).abs() < 1.7, "{mean}");
+    assert!((variance - 47.5).abs() < 17.0, "{variance}");
+    let mut hits = vec![0usize; clients];
+    for r in 1..=rounds {
+        for k in dpcomp::fl::sample_clients(7, r, clients, q) {
+            hits[k] += 1;
+        }
+    }
+    // Each half of the clients at rate q (standard error about 0.0005 each).
+    for half in hits.chunks(clients / 2) {
+        let rate = half.iter().sum::<usize>() as f64 / (half.len() * rounds) as f64;
+        assert!((rate - q).abs() < 0.0025, "{rate}");
+    }
+    assert_eq!(
+        dpcomp::fl::sample_clients(7, 3, clients, q),
+        dpcomp::fl::sample_clients(7, 3, clients, q)
+    );
+    assert_ne!(
+        dpcomp::fl::sample_clients(7, 3, clients, q),
+        dpcomp::fl::sample_clients(7, 4, clients, q)
+    );
+}
+
 #[test]
 fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
     let _serial = common::serial();

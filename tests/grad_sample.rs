@@ -125,6 +125,22 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) {
     // At least one example is clipped and one is not, so both branches are exercised.
     let clipped_any = total.gt(max_norm).any().int64_value(&[]) == 1;
     assert!(clipped_any, "choose C below some norm: norms {total}");
+    // The factors are Opacus's min(1, C / (norm + 1e-6)), computed here from the oracle's norms
+    // in plain f64: examples within C are left exactly as they are, the others scaled to C.
+    let norms = Vec::<f64>::try_from(&total).unwrap();
+    let factors = Vec::<f64>::try_from(&clipped.factors.to_kind(Kind::Double)).unwrap();
+    assert_eq!(factors.len(), norms.len());
+    for (norm, factor) in norms.iter().zip(&factors) {
+        let want = (max_norm / (norm + 1e-6)).min(1.0);
+        assert!(
+            (factor - want).abs() <= 1e-9 * want,
+            "norm {norm}: factor {factor}, want {want}"
+        );
+    }
+    assert!(
+        factors.contains(&1.0) && factors.iter().any(|&f| f < 1.0),
+        "choose C between the norms: {norms:?}"
+    );
     // Clipped per-sample norms are at most C.
     let clipped_norms = &total * &clipped.factors;
     assert!(

@@ -177,6 +177,12 @@ fn every_experiment_file_resolves_in_both_profiles() {
                 let cells = fl.cells(profile).unwrap();
                 // Per dataset: FL-STD, 3 ratios of RND and FREQ, 3 x 2 row choices of CS; x DP.
                 assert_eq!(cells.len(), 2 * 2 * (1 + 3 + 3 + 6), "{profile}");
+                let private = cells.iter().filter(|(_, _, s)| s.privacy.is_some()).count();
+                assert_eq!(
+                    private,
+                    cells.len() / 2,
+                    "{profile}: half the cells are private"
+                );
                 for (dataset, name, settings) in &cells {
                     settings.validate().unwrap();
                     // Private cells reach ε <= 1 after their rounds (σ from the accountant).

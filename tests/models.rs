@@ -52,10 +52,11 @@ fn cifar_cnn_has_the_papers_361290_parameters() {
     assert_eq!(model.parameter_count(), 361_290);
     assert_eq!(model.trainable_parameter_count(), 361_290);
     // The paper's uncompressed CIFAR-10 bandwidth: 64 bits per element, 391 steps x 100 epochs.
-    let gib = 361_290.0 * 64.0 * 39_100.0 / 8.0 / (1u64 << 30) as f64;
+    let m = model.trainable_parameter_count();
+    let gib = dpcomp::compress::message::paper_gib(m as u64 * 64 * 39_100);
     assert_eq!(format!("{gib:.2}"), "105.25");
     // And its noise error m σ² C² / B² at σ 0.8, C 5, B 128 (the paper: 353.0).
-    let noise = 361_290.0 * 0.64 * 25.0 / (128.0 * 128.0);
+    let noise = m as f64 * 0.64 * 25.0 / (128.0 * 128.0);
     assert!((noise - 353.0f64).abs() < 0.5, "{noise}");
     let xs = Tensor::randn([3, 3, 32, 32], (Kind::Float, Device::Cpu));
     assert_eq!(

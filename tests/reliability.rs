@@ -246,6 +246,14 @@ fn resume_refuses_a_corrupted_or_altered_checkpoint() {
         s["accountant"]["history"][0]["noise_multiplier"] = 2.0.into()
     });
     refused(&bad, "but this run's are sigma 1");
+    let bad = fresh("rate");
+    edit_state(&bad, |s| {
+        let q = s["accountant"]["history"][0]["sample_rate"]
+            .as_f64()
+            .unwrap();
+        s["accountant"]["history"][0]["sample_rate"] = (q / 2.0).into()
+    });
+    refused(&bad, "but this run's are sigma 1");
 
     // metrics.jsonl lost: the summary would be over rows that are not there.
     let bad = fresh("metrics");
@@ -328,6 +336,11 @@ fn resume_flags_must_match_the_run_except_epochs_data_and_device() {
     // Fewer epochs than done: refused, config.toml untouched.
     let out = dpcomp(&["train", "--resume", "--out", &run_s, "--epochs", "0"]);
     assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("epochs: 0: expected a positive number"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(
         std::fs::read_to_string(run.join("config.toml")).unwrap(),
         config_before
@@ -351,6 +364,11 @@ fn resume_flags_must_match_the_run_except_epochs_data_and_device() {
         "train", "--resume", "--quiet", "--out", &run_s, "--epochs", "2",
     ]);
     assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("names: no such folder") && stderr(&out).contains("--data-dir"),
+        "{}",
+        stderr(&out)
+    );
     let out = dpcomp(&[
         "train",
         "--resume",
@@ -396,7 +414,11 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
     config.target_epsilon = Some(5.0);
     let mut trainer = Trainer::new(config.clone(), &work.path().join("sigma0-target")).unwrap();
     trainer.progress = false;
-    assert!(trainer.run().is_err());
+    let err = trainer.run().unwrap_err().to_string();
+    assert!(
+        err.contains("--target-epsilon") && err.contains("inf"),
+        "{err}"
+    );
 
     // σ = 0 without a target trains (clipping only), and its ε is infinite, never 0 or null.
     config.target_epsilon = None;
@@ -858,8 +880,15 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
         args.extend_from_slice(flags);
         let out = dpcomp(&args);
         assert!(!out.status.success(), "{flags:?} accepted");
-        assert!(stderr(&out).contains(expected), "{flags:?}: {}", stderr(&out));
-        assert!(!work.path().join("run").exists(), "{flags:?} left a run folder");
+        assert!(
+            stderr(&out).contains(expected),
+            "{flags:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !work.path().join("run").exists(),
+            "{flags:?} left a run folder"
+        );
     }
     // With DP the physical batch applies and is accepted.
     let mut config = TrainConfig::paper_defaults(Task::Surnames);

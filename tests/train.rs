@@ -447,6 +447,10 @@ fn snli_bert_trains_only_its_last_layer_end_to_end() {
         .filter(|(n, _)| n.starts_with("encoder.layer.0."))
         .map(|(n, v)| (n, v.copy()))
         .collect();
+    assert!(
+        !frozen_before.is_empty(),
+        "the first encoder layer is in the store"
+    );
     let trained_before =
         t.model.var_store().variables()["encoder.layer.5.output.dense.weight"].copy();
     t.run().unwrap();

@@ -218,6 +218,18 @@ impl FlSettings {
 /// what is kept, so the message's norm is about √r times the update's, and the same share of
 /// clients is clipped at every ratio. (FL-FREQ keeps low frequencies of unshuffled chunks, which
 /// may hold more than r of the energy; it gets the same S, as the paper gives one S per ratio.)
+/// Round `round`'s clients, each included independently with probability `fraction` (Poisson
+/// sampling, which client-level DP's amplification assumes: the accountant is run at
+/// q = fraction). Seeded by the run's seed and the round, so a run is reproducible.
+pub fn sample_clients(seed: u64, round: usize, clients: usize, fraction: f64) -> Vec<usize> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(
+        seed ^ (round as u64).wrapping_mul(0xA24B_AED4_963E_E407),
+    );
+    (0..clients)
+        .filter(|_| rng.random::<f64>() < fraction)
+        .collect()
+}
+
 pub fn default_clip(full_clip: f64, scheme: Scheme, ratio: f64) -> f64 {
     match scheme {
         Scheme::Std => full_clip,
@@ -361,13 +373,7 @@ pub fn run(
     let mut stopped_early = false;
     for round in 1..=settings.rounds {
         let round_codec = codec.for_round(round, device);
-        // Poisson sampling of clients.
-        let mut rng = rand::rngs::StdRng::seed_from_u64(
-            settings.seed ^ (round as u64).wrapping_mul(0xA24B_AED4_963E_E407),
-        );
-        let sampled: Vec<usize> = (0..settings.clients)
-            .filter(|_| rng.random::<f64>() < settings.fraction)
-            .collect();
+        let sampled = sample_clients(settings.seed, round, settings.clients, settings.fraction);
         // Clients.
         let client_start = Instant::now();
         let mut sum = Tensor::zeros([m], (Kind::Float, device));

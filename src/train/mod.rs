@@ -535,8 +535,35 @@ impl Trainer {
         Ok(())
     }
 
-    /// One epoch's batches: Poisson-sampled under DP (unless --sampling shuffle), else shuffled.
-    fn epoch_batches(&self) -> Vec<Tensor> {
+    /// The DP-SGD settings of a step on `batch_len` examples; `None` without privacy. Under
+    /// Poisson sampling the clipped sum is divided by the expected batch q N, never by the
+    /// realised size: dividing by a size that depends on who was sampled would leak it (Opacus's
+    /// `expected_batch_size`). Under shuffling the batch size is fixed, so it is the divisor.
+    pub fn dp_settings(&self, batch_len: i64) -> Option<DpSettings> {
+        let sigma = self.config.noise_multiplier?;
+        Some(DpSettings {
+            noise_multiplier: sigma,
+            max_norm: self.config.max_grad_norm,
+            expected_batch: match self.config.sampling {
+                Sampling::Poisson => self.sample_rate() * self.data.train.len() as f64,
+                Sampling::Shuffle => batch_len as f64,
+            },
+            physical_batch: self.config.physical_batch_size.map(|p| p as i64),
+            mode: self.config.grad_sample,
+        })
+    }
+
+    /// Epoch `epoch`'s batches: Poisson-sampled under DP (unless --sampling shuffle), else
+    /// shuffled. Seeds LibTorch's generator first, which the epoch's augmentation and dropout
+    /// then continue: from `seed` and the epoch (reproducible, and a resumed run draws what the
+    /// uninterrupted one drew), or with `--secure-noise` from the operating system, because
+    /// amplification by subsampling assumes no one can regenerate the batches.
+    pub fn epoch_batches(&self, epoch: usize) -> Vec<Tensor> {
+        tch::manual_seed(if self.config.secure_noise {
+            crate::privacy::noise::os_seed()
+        } else {
+            epoch_seed(self.config.seed, epoch)
+        });
         let n = self.data.train.len();
         if self.config.private() && self.config.sampling == Sampling::Poisson {
             sampler::poisson_batches(n, self.sample_rate(), self.steps_per_epoch() as usize)
@@ -548,7 +575,6 @@ impl Trainer {
     /// Trains the remaining epochs, evaluating and checkpointing after each. Under DP every
     /// step is accounted, and training stops before a step that would exceed --target-epsilon.
     pub fn run(&mut self) -> Result<Summary> {
-        let n = self.data.train.len();
         let q = self.sample_rate();
         if self.config.private() && self.state.accountant.is_none() {
             self.state.accountant = Some(Accountant::default());
@@ -579,14 +605,8 @@ impl Trainer {
         while self.state.epochs_done < self.config.epochs && self.state.stopped.is_none() {
             let epoch = self.state.epochs_done;
             let started = Instant::now();
-            // Secure runs draw their batches (and dropout) from OS-seeded randomness too.
-            tch::manual_seed(if self.config.secure_noise {
-                crate::privacy::noise::os_seed()
-            } else {
-                epoch_seed(self.config.seed, epoch)
-            });
             self.updater.compressor.start_epoch(epoch);
-            let batches = self.epoch_batches();
+            let batches = self.epoch_batches(epoch);
             let mut upstream: Vec<metrics::UpstreamRow> = Vec::with_capacity(batches.len());
             let bar = self.progress_bar(epoch, batches.len() as u64);
             let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
@@ -601,17 +621,7 @@ impl Trainer {
                 }
                 steps_this_epoch += 1;
                 budget = budget.map(|b| b - 1);
-                if let Some(sigma) = self.config.noise_multiplier {
-                    let settings = DpSettings {
-                        noise_multiplier: sigma,
-                        max_norm: self.config.max_grad_norm,
-                        expected_batch: match self.config.sampling {
-                            Sampling::Poisson => q * n as f64,
-                            Sampling::Shuffle => index.size()[0] as f64,
-                        },
-                        physical_batch: self.config.physical_batch_size.map(|p| p as i64),
-                        mode: self.config.grad_sample,
-                    };
+                if let Some(settings) = self.dp_settings(index.size()[0]) {
                     let totals = dp_step(
                         self.model.as_ref(),
                         &self.params,
@@ -631,7 +641,7 @@ impl Trainer {
                         .accountant
                         .as_mut()
                         .expect("a private run has an accountant")
-                        .step(sigma, q, 1)?;
+                        .step(settings.noise_multiplier, q, 1)?;
                 } else {
                     let batch = self.data.train.batch(index, self.device, true);
                     let (loss, right) = train_step(
