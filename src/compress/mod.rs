@@ -86,10 +86,7 @@ pub(crate) fn take_state(
             format!("{name}: shape {:?}, expected {shape:?}", t.size()),
         ));
     }
-    if t.is_floating_point()
-        && t.numel() > 0
-        && !bool::try_from(t.isfinite().all()).unwrap_or(false)
-    {
+    if !crate::nn::all_finite(&t) {
         return Err(crate::error::Error::bad_value(
             "compressor state",
             format!("{name}: holds NaN or infinite values"),

@@ -107,3 +107,9 @@ pub(crate) fn uniform_init(fan_in: i64) -> tch::nn::Init {
         up: bound,
     }
 }
+
+/// Whether every value of `t` is finite (true for integer and empty tensors): the check every
+/// tensor read from disk passes before it is copied into a model, optimiser or compressor.
+pub fn all_finite(t: &tch::Tensor) -> bool {
+    !t.is_floating_point() || t.numel() == 0 || bool::try_from(t.isfinite().all()).unwrap_or(false)
+}

@@ -56,7 +56,7 @@ pub fn check_loaded(path: &Path, name: &str, tensor: &Tensor, shape: &[i64]) -> 
             format!("{name}: kind {:?}, expected floating point", tensor.kind()),
         ));
     }
-    if tensor.numel() > 0 && !bool::try_from(tensor.isfinite().all()).unwrap_or(false) {
+    if !crate::nn::all_finite(tensor) {
         return Err(Error::bad_file(
             path,
             format!("{name}: holds NaN or infinite values"),
