@@ -4,18 +4,44 @@
 //!
 //! It also links `libtorch_cuda.so` with `--no-as-needed` when the wheel has it: otherwise the
 //! linker drops the library (no symbol of it is referenced directly) and CUDA is never registered.
+//!
+//! With a CUDA build of LibTorch it compiles `src/cuda_memory.cpp` (peak device memory from
+//! LibTorch's caching allocator, through c10's headers) and sets `cfg(dpcomp_cuda_memory)`;
+//! without one, device memory is reported as unavailable.
+use std::path::Path;
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=src/cuda_memory.cpp");
+    println!("cargo::rustc-check-cfg=cfg(dpcomp_cuda_memory)");
     let Ok(lib_dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         return;
     };
-    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib_dir}");
-    if std::path::Path::new(&lib_dir)
-        .join("libtorch_cuda.so")
-        .exists()
-    {
-        println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
-        println!("cargo:rustc-link-arg=-ltorch_cuda");
-        println!("cargo:rustc-link-arg=-Wl,--as-needed");
+    let lib_dir = Path::new(&lib_dir);
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    if !lib_dir.join("libtorch_cuda.so").exists() {
+        return;
     }
+    println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
+    println!("cargo:rustc-link-arg=-ltorch_cuda");
+    println!("cargo:rustc-link-arg=-Wl,--as-needed");
+
+    // The wheel's layout: torch/lib beside torch/include.
+    let include = lib_dir
+        .parent()
+        .expect("lib folder has a parent")
+        .join("include");
+    if !include.join("c10/core/CachingDeviceAllocator.h").exists() {
+        println!("cargo:warning=LibTorch without c10 headers: peak device memory will be reported as unavailable");
+        return;
+    }
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .file("src/cuda_memory.cpp")
+        .include(&include)
+        .flag_if_supported("-w")
+        .compile("dpcomp_cuda_memory");
+    println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-cfg=dpcomp_cuda_memory");
 }

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod compress;
 pub mod config;
 pub mod convex;
+pub mod cuda_memory;
 pub mod data;
 pub mod error;
 pub mod fl;

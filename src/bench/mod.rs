@@ -10,6 +10,7 @@
 //!   client training, and first versus random DCT rows for recovery.
 
 pub mod compress;
+pub mod device_check;
 pub mod fl;
 
 use crate::config::{DeviceChoice, Task, TrainConfig};
@@ -195,6 +196,19 @@ fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
+/// Runs `step` once between resets of both high-water marks: (peak RSS, peak device bytes).
+fn step_peaks(
+    device: Device,
+    step: impl FnOnce() -> Result<()>,
+) -> Result<(Option<u64>, Option<u64>)> {
+    synchronize(device);
+    reset_peak_rss();
+    crate::cuda_memory::reset_peak(device);
+    step()?;
+    synchronize(device);
+    Ok((peak_rss(), crate::cuda_memory::peak_allocated(device)))
+}
+
 /// Waits for queued CUDA work, so that wall-clock timings cover it (no-op on the CPU).
 pub(crate) fn synchronize(device: Device) {
     if let Device::Cuda(i) = device {
@@ -241,11 +255,8 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         model,
         batch,
     } = setup.prepare()?;
-    let data = crate::data::Dataset {
-        features: batch.features,
-        labels: batch.labels,
-        image_transform: None,
-    };
+    // Held on the device, as the trainer holds its datasets there.
+    let data = crate::data::Dataset::new(batch.features, batch.labels, None).to_device(device);
     let index = Tensor::arange(batch_size, (Kind::Int64, Device::Cpu));
     let plain_batch = data.batch(&index, device, true);
     let params = model.trainable_variables();
@@ -287,13 +298,11 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         let _ = totals.loss_sum.double_value(&[]);
         Ok(())
     };
-    // Peak memory of each kind of step, measured separately from a reset high-water mark.
-    reset_peak_rss();
-    plain_step(&mut sgd)?;
-    let plain_peak = peak_rss();
-    reset_peak_rss();
-    dp_step(&mut sgd)?;
-    let dp_peak = peak_rss();
+    // Peak memory of each kind of step, measured separately from a reset high-water mark: the
+    // process's resident memory, and on CUDA the caching allocator's peak allocation (what
+    // torch.cuda.max_memory_allocated reports, so the Python peers compare like with like).
+    let (plain_peak, plain_device_peak) = step_peaks(device, || plain_step(&mut sgd))?;
+    let (dp_peak, dp_device_peak) = step_peaks(device, || dp_step(&mut sgd))?;
     for _ in 0..setup.warmup {
         plain_step(&mut sgd)?;
         dp_step(&mut sgd)?;
@@ -328,7 +337,12 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
                 "nonprivate_mean_step_seconds": plain, "dp_mean_step_seconds": dp,
                 "ratio_dp_over_nonprivate": dp / plain,
                 "nonprivate_peak_rss_bytes": plain_peak, "dp_peak_rss_bytes": dp_peak,
-                "peak_memory_note": "process peak resident memory (VmHWM) during one step of each kind; on CUDA device memory is not included",
+                "nonprivate_peak_device_bytes": plain_device_peak, "dp_peak_device_bytes": dp_device_peak,
+                "ratio_dp_over_nonprivate_peak_device": match (plain_device_peak, dp_device_peak) {
+                    (Some(a), Some(b)) if a > 0 => Some(b as f64 / a as f64),
+                    _ => None,
+                },
+                "peak_memory_note": "rss: process peak resident memory (VmHWM) during one step of each kind; device: LibTorch's CUDA caching allocator's peak allocated bytes during that step (null on the CPU)",
             })
         );
     } else {
@@ -338,14 +352,16 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             })
         };
         println!(
-            "{} batch {}: non-private {:.2} ms, DP {:.2} ms, ratio {:.3}; peak RSS {} / {}",
+            "{} batch {}: non-private {:.2} ms, DP {:.2} ms, ratio {:.3}; peak RSS {} / {}; peak device {} / {}",
             setup.task,
             batch_size,
             plain * 1e3,
             dp * 1e3,
             dp / plain,
             mib(plain_peak),
-            mib(dp_peak)
+            mib(dp_peak),
+            mib(plain_device_peak),
+            mib(dp_device_peak)
         );
     }
     Ok(())
@@ -367,6 +383,17 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
     let batch = batch_to_device(&batch, device);
     let params = model.trainable_variables();
     let mut sgd = Updater::plain(Sgd::new(defaults.lr, 0.0));
+    let (_, device_peak) = step_peaks(device, || {
+        train_step(
+            model.as_ref(),
+            &params,
+            &mut sgd,
+            &batch,
+            defaults.max_grad_norm,
+        )
+        .map(|_| ())
+        .map_err(Into::into)
+    })?;
     for _ in 0..setup.warmup {
         let _ = train_step(
             model.as_ref(),
@@ -400,6 +427,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
                 "task": setup.task, "batch_size": batch_size, "seq_len": seq_len, "steps": setup.steps,
                 "device": format!("{device:?}"), "trainable_parameters": model.trainable_parameter_count(),
                 "mean_step_seconds": mean, "median_step_seconds": median, "threads": tch::get_num_threads(),
+                "peak_device_bytes": device_peak,
             })
         );
     } else {
