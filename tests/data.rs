@@ -3,7 +3,7 @@
 mod common;
 
 use common::{require_shared_data, write_cifar_file};
-use dpcomp::data::{cifar, names, snli, Features};
+use dpcomp::data::{cifar, names, snli, Dataset, Features};
 use tch::{Device, Kind, Tensor};
 
 #[test]
@@ -309,4 +309,87 @@ fn snli_skips_unlabelled_and_rejects_bad_lines() {
     .unwrap();
     let err = snli::read_pairs(&path).unwrap_err().to_string();
     assert!(err.contains("missing string field \"sentence2\""), "{err}");
+}
+
+/// The batch path of a dataset held on an accelerator (`Dataset::to_device`: rows gathered where
+/// the examples are, padding trimmed from widths kept on the host) against the host path, on
+/// the CPU: the same rows, the same trimmed width, for names and for sentence pairs.
+#[test]
+fn device_held_batches_equal_host_batches() {
+    let names = ["Abe", "Catalina", "Bo", "Dmitri", "Eve"];
+    let tokenizer = snli::load_tokenizer(&common::bert_dir(), 32).unwrap();
+    let pairs: Vec<snli::Pair> = [
+        ("a man", "people"),
+        ("two women walk", "a man sleeps tonight"),
+        ("x", "y"),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, (a, b))| snli::Pair {
+        premise: a.to_string(),
+        hypothesis: b.to_string(),
+        label: i as i64,
+    })
+    .collect();
+    let sets = [
+        Dataset::new(
+            names::encode(&names),
+            Tensor::from_slice(&[0i64, 1, 2, 0, 1]),
+            None,
+        ),
+        Dataset::new(
+            snli::encode(&tokenizer, &pairs).unwrap(),
+            Tensor::from_slice(&[0i64, 1, 2]),
+            None,
+        ),
+    ];
+    for host in sets {
+        let mut held = Dataset::new(
+            host.features.to_device(Device::Cpu),
+            host.labels.copy(),
+            None,
+        );
+        held.host_widths = held.features.widths();
+        assert!(held.host_widths.is_some());
+        // Two short rows: the batch must be trimmed to their width, not the dataset's.
+        let index = Tensor::from_slice(&[2i64, 0]);
+        let (a, b) = (
+            host.batch(&index, Device::Cpu, false),
+            held.batch(&index, Device::Cpu, false),
+        );
+        assert_eq!(
+            Vec::<i64>::try_from(&a.labels).unwrap(),
+            Vec::<i64>::try_from(&b.labels).unwrap()
+        );
+        let flat = |f: &Features| -> Vec<Vec<i64>> {
+            match f {
+                Features::Tokens { ids, lengths } => vec![
+                    Vec::try_from(&ids.flatten(0, -1)).unwrap(),
+                    Vec::try_from(lengths).unwrap(),
+                    vec![ids.size()[1]],
+                ],
+                Features::TextPair {
+                    ids,
+                    token_types,
+                    attention_mask,
+                } => vec![
+                    Vec::try_from(&ids.flatten(0, -1)).unwrap(),
+                    Vec::try_from(&token_types.flatten(0, -1)).unwrap(),
+                    Vec::try_from(&attention_mask.flatten(0, -1)).unwrap(),
+                    vec![ids.size()[1]],
+                ],
+                Features::Images(_) => unreachable!(),
+            }
+        };
+        assert_eq!(flat(&a.features), flat(&b.features));
+        let full_width = match &host.features {
+            Features::Tokens { ids, .. } | Features::TextPair { ids, .. } => ids.size()[1],
+            Features::Images(_) => unreachable!(),
+        };
+        let width = *flat(&b.features).last().unwrap().last().unwrap();
+        assert!(width < full_width, "trimmed {width} of {full_width}");
+        // Moving a held dataset (to the same device) keeps it as it is.
+        let again = held.to_device(Device::Cpu);
+        assert!(again.host_widths.is_some());
+    }
 }

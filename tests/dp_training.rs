@@ -28,11 +28,7 @@ fn tiny_names() -> Dataset {
         "Jo",
     ];
     let labels: Vec<i64> = (0..names.len() as i64).map(|i| i % 3).collect();
-    Dataset {
-        features: names::encode(&names),
-        labels: Tensor::from_slice(&labels),
-        image_transform: None,
-    }
+    Dataset::new(names::encode(&names), Tensor::from_slice(&labels), None)
 }
 
 fn model(seed: i64) -> SurnamesLstm {

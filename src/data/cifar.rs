@@ -99,10 +99,12 @@ fn task(
     augment: bool,
     classes: Vec<String>,
 ) -> TaskData {
-    let split = |(images, labels): (Tensor, Tensor), augment| Dataset {
-        features: Features::Images(images),
-        labels: labels.to_kind(Kind::Int64),
-        image_transform: Some(ImageTransform { mean, std, augment }),
+    let split = |(images, labels): (Tensor, Tensor), augment| {
+        Dataset::new(
+            Features::Images(images),
+            labels.to_kind(Kind::Int64),
+            Some(ImageTransform { mean, std, augment }),
+        )
     };
     TaskData {
         train: split(train, augment),

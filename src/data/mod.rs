@@ -30,37 +30,37 @@ pub enum Features {
 }
 
 impl Features {
-    /// Rows `index` (int64 [B]), with padding trimmed to the longest selected sequence.
+    /// Rows `index` (CPU int64 [B]) of CPU features, with padding trimmed to the longest
+    /// selected sequence.
     pub fn select(&self, index: &Tensor) -> Features {
+        let width = self
+            .widths()
+            .map(|w| max_or_zero(&w.index_select(0, index)));
+        self.select_trimmed(index, width)
+    }
+
+    /// The true width of every example, for sequences (token lengths, or attention-mask sums);
+    /// `None` for images.
+    pub fn widths(&self) -> Option<Tensor> {
         match self {
-            Features::Tokens { ids, lengths } => {
-                let lengths = lengths.index_select(0, index);
-                let width = max_or_zero(&lengths);
-                let ids = ids.index_select(0, index).narrow(1, 0, width);
-                Features::Tokens { ids, lengths }
-            }
-            Features::Images(images) => Features::Images(images.index_select(0, index)),
-            Features::TextPair {
-                ids,
-                token_types,
-                attention_mask,
-            } => {
-                let attention_mask = attention_mask.index_select(0, index);
-                let width = max_or_zero(&attention_mask.sum_dim_intlist(1, false, Kind::Int64));
-                Features::TextPair {
-                    ids: ids.index_select(0, index).narrow(1, 0, width),
-                    token_types: token_types.index_select(0, index).narrow(1, 0, width),
-                    attention_mask: attention_mask.narrow(1, 0, width),
-                }
+            Features::Tokens { lengths, .. } => Some(lengths.shallow_clone()),
+            Features::Images(_) => None,
+            Features::TextPair { attention_mask, .. } => {
+                Some(attention_mask.sum_dim_intlist(1, false, Kind::Int64))
             }
         }
     }
 
-    /// Rows `index` of features already on a device (no padding trimmed).
-    pub fn select_on_device(&self, index: &Tensor) -> Features {
+    /// Rows `index` (on the features' device), sequences cut to `width` columns (every column
+    /// when `None`). Reads no tensor value, so on an accelerator it queues work without a sync.
+    pub fn select_trimmed(&self, index: &Tensor, width: Option<i64>) -> Features {
+        let cut = |t: Tensor| match width {
+            Some(w) => t.narrow(1, 0, w),
+            None => t,
+        };
         match self {
             Features::Tokens { ids, lengths } => Features::Tokens {
-                ids: ids.index_select(0, index),
+                ids: cut(ids.index_select(0, index)),
                 lengths: lengths.index_select(0, index),
             },
             Features::Images(images) => Features::Images(images.index_select(0, index)),
@@ -69,13 +69,14 @@ impl Features {
                 token_types,
                 attention_mask,
             } => Features::TextPair {
-                ids: ids.index_select(0, index),
-                token_types: token_types.index_select(0, index),
-                attention_mask: attention_mask.index_select(0, index),
+                ids: cut(ids.index_select(0, index)),
+                token_types: cut(token_types.index_select(0, index)),
+                attention_mask: cut(attention_mask.index_select(0, index)),
             },
         }
     }
 
+    /// The same features copied to `device`.
     pub fn to_device(&self, device: Device) -> Features {
         match self {
             Features::Tokens { ids, lengths } => Features::Tokens {
@@ -165,6 +166,9 @@ pub struct Dataset {
     pub features: Features,
     pub labels: Tensor,
     pub image_transform: Option<ImageTransform>,
+    /// Each example's true sequence width kept on the CPU once the features live on an
+    /// accelerator (`to_device`), so that trimming a batch's padding reads no device value.
+    pub host_widths: Option<Tensor>,
 }
 
 /// A batch on the model's device, ready for `Model::forward`.
@@ -191,11 +195,93 @@ impl Dataset {
         self.len() == 0
     }
 
-    /// Examples `index` (CPU int64 [B]) moved to `device` and transformed (`train` enables
-    /// augmentation where configured).
+    /// A dataset held on the CPU (the loaders' form).
+    pub fn new(
+        features: Features,
+        labels: Tensor,
+        image_transform: Option<ImageTransform>,
+    ) -> Dataset {
+        Dataset {
+            features,
+            labels,
+            image_transform,
+            host_widths: None,
+        }
+    }
+
+    /// Where the examples are held.
+    pub fn device(&self) -> Device {
+        self.labels.device()
+    }
+
+    /// Bytes of the stored features and labels.
+    pub fn bytes(&self) -> u64 {
+        let size = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+        let features = match &self.features {
+            Features::Tokens { ids, lengths } => size(ids) + size(lengths),
+            Features::Images(images) => size(images),
+            Features::TextPair {
+                ids,
+                token_types,
+                attention_mask,
+            } => size(ids) + size(token_types) + size(attention_mask),
+        };
+        features + size(&self.labels)
+    }
+
+    /// The same examples held on `device`: on an accelerator, batches are then gathered there
+    /// with no host-to-device copy of examples per step (issue 15). The sequence widths stay on
+    /// the CPU (`host_widths`).
+    pub fn to_device(self, device: Device) -> Dataset {
+        if device == self.device() {
+            return self;
+        }
+        let host_widths = match self.device() {
+            Device::Cpu => self.features.widths(),
+            _ => self.host_widths,
+        };
+        Dataset {
+            features: self.features.to_device(device),
+            labels: self.labels.to_device(device),
+            image_transform: self.image_transform,
+            host_widths: host_widths.map(|w| w.to_device(Device::Cpu)),
+        }
+    }
+
+    /// Examples `index` (CPU int64 [B]) on `device`, transformed (`train` enables augmentation
+    /// where configured). From a CPU dataset the rows are gathered on the CPU and copied; from a
+    /// dataset already on `device` only the index travels, asynchronously, and the rows are
+    /// gathered there.
     pub fn batch(&self, index: &Tensor, device: Device, train: bool) -> Batch {
-        let features = self.features.select(index).to_device(device);
-        let features = match (&self.image_transform, features) {
+        // The host path: a CPU dataset that does not keep its widths apart (every loader's
+        // output). Otherwise the widths come from `host_widths` and the rows are gathered where
+        // the examples are.
+        let (features, labels) = if self.device() == Device::Cpu && self.host_widths.is_none() {
+            (
+                self.features.select(index).to_device(device),
+                self.labels.index_select(0, index).to_device(device),
+            )
+        } else {
+            let width = self
+                .host_widths
+                .as_ref()
+                .map(|w| max_or_zero(&w.index_select(0, index)));
+            let index = match self.device() {
+                Device::Cpu => index.shallow_clone(),
+                // Copied from pinned memory without waiting: the host does not stall on the queue.
+                there => index.to_device(Device::Cpu).pin_memory(there).to_device_(
+                    there,
+                    Kind::Int64,
+                    true,
+                    false,
+                ),
+            };
+            (
+                self.features.select_trimmed(&index, width),
+                self.labels.index_select(0, &index),
+            )
+        };
+        let features = match (&self.image_transform, features.to_device(device)) {
             (Some(transform), Features::Images(images)) => {
                 Features::Images(transform.apply(&images, train))
             }
@@ -203,7 +289,7 @@ impl Dataset {
         };
         Batch {
             features,
-            labels: self.labels.index_select(0, index).to_device(device),
+            labels: labels.to_device(device),
         }
     }
 
@@ -213,10 +299,13 @@ impl Dataset {
             return self;
         }
         let index = Tensor::arange(n, (Kind::Int64, Device::Cpu));
+        let host_widths = self.host_widths.as_ref().map(|w| w.narrow(0, 0, n));
+        let batch_index = index.to_device(self.device());
         Dataset {
-            features: self.features.select(&index),
+            features: self.features.select_trimmed(&batch_index, None),
             labels: self.labels.narrow(0, 0, n),
             image_transform: self.image_transform,
+            host_widths,
         }
     }
 }

@@ -104,11 +104,7 @@ pub fn encode(names: &[&str]) -> Features {
 fn dataset(examples: &[(String, i64)]) -> Dataset {
     let names: Vec<&str> = examples.iter().map(|(n, _)| n.as_str()).collect();
     let labels: Vec<i64> = examples.iter().map(|(_, l)| *l).collect();
-    Dataset {
-        features: encode(&names),
-        labels: Tensor::from_slice(&labels),
-        image_transform: None,
-    }
+    Dataset::new(encode(&names), Tensor::from_slice(&labels), None)
 }
 
 /// Deterministic 80/20 train/test split of the shuffled names, from `seed`.

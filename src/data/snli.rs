@@ -161,11 +161,11 @@ pub fn encode(tokenizer: &Tokenizer, pairs: &[Pair]) -> Result<Features> {
 
 fn dataset(tokenizer: &Tokenizer, pairs: &[Pair]) -> Result<Dataset> {
     let labels: Vec<i64> = pairs.iter().map(|p| p.label).collect();
-    Ok(Dataset {
-        features: encode(tokenizer, pairs)?,
-        labels: Tensor::from_slice(&labels),
-        image_transform: None,
-    })
+    Ok(Dataset::new(
+        encode(tokenizer, pairs)?,
+        Tensor::from_slice(&labels),
+        None,
+    ))
 }
 
 /// The file training reads: the train split when present, else the dev split.

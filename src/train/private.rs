@@ -114,7 +114,7 @@ fn clipped_sums_oracle(
     let mut over = Tensor::zeros([], (Kind::Int64, device));
     for i in 0..batch.len() {
         let index = Tensor::from_slice(&[i]).to_device(device);
-        let features = batch.features.select_on_device(&index);
+        let features = batch.features.select_trimmed(&index, None);
         let label = batch.labels.index_select(0, &index);
         for (_, p) in params {
             p.shallow_clone().zero_grad();
