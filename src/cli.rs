@@ -58,6 +58,10 @@ pub enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
+    /// Correctness on one device (the GPU kit's first step): per-sample gradients of the four
+    /// models against per-example autograd, and every compressor against its CPU result. Exits
+    /// non-zero when a check fails.
+    CheckDevice(bench::device_check::CheckDeviceArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -459,7 +463,30 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench {
             command: BenchCommand::FlReconstruction(args),
         } => bench::fl::fl_bench(args),
+        Command::CheckDevice(args) => check_device_command(args),
     }
+}
+
+fn check_device_command(args: bench::device_check::CheckDeviceArgs) -> Result<()> {
+    let report = bench::device_check::run(&args)?;
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, &json).map_err(|e| Error::io(path, e))?;
+    }
+    println!("{json}");
+    for check in report.checks.iter().filter(|c| !c.passed) {
+        eprintln!(
+            "FAILED {}: error {:e} above {:e} ({})",
+            check.name, check.error, check.tolerance, check.detail
+        );
+    }
+    if !report.passed {
+        return Err(anyhow::anyhow!(
+            "check-device: some checks failed on {}",
+            report.device
+        ));
+    }
+    Ok(())
 }
 
 fn train_command(args: TrainArgs) -> Result<()> {
