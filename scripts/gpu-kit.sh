@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Prepares, here, everything a CUDA machine without network or cargo needs to run
+# scripts/gpu-check.sh (issue 15), in the ignored folder gpu-kit/:
+#
+#   gpu-kit/dpcomp.gz          the release binary, stripped and gzipped (it finds LibTorch through
+#                              LD_LIBRARY_PATH there; gpu-check.sh sets it from python3's torch)
+#   gpu-kit/wheels/            opacus==1.6.0 (pure Python; numpy, scipy and opt-einsum are in the
+#                              device image, see the device tool's KINDS.md), installed offline
+#   gpu-kit/data/              names (all of it), SNLI dev and test, and a CIFAR-10 subset: the
+#                              first TRAIN/5 records of each training file and the first TEST of
+#                              the test file (defaults 8,000 and 2,000), gzipped
+#   gpu-kit/bert/              MiniLM's config and tokenizer; its weights (91 MB) do not fit
+#   gpu-kit/bert_shapes.json   the weights' names and shapes, from which gpu-check.sh builds a
+#                              randomly initialised MiniLM of the same architecture
+#
+# Why a subset: the device tool carries at most 64 MiB per call, the tracked tree included
+# (22 MB today); the full CIFAR-10 training set is 154 MB. The script refuses a kit that would
+# not fit, and prints what it holds.
+#
+#   bash scripts/gpu-kit.sh                       # build, strip, download the wheel, pack data
+#   bash scripts/gpu-kit.sh --bin PATH --no-wheels --out DIR   # the test's rehearsal kit
+#
+# On the device:  run(command="bash scripts/gpu-check.sh --device cuda", carry=["gpu-kit"]).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+out="gpu-kit"
+bin=""
+wheels=1
+train=8000
+test=2000
+# What one device call may carry, less a margin for results committed later.
+limit=$((60 * 1024 * 1024))
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) out="$2"; shift 2 ;;
+        --bin) bin="$2"; shift 2 ;;
+        --no-wheels) wheels=0; shift ;;
+        --cifar-train) train="$2"; shift 2 ;;
+        --cifar-test) test="$2"; shift 2 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        *) echo "gpu-kit.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+log() { echo "[gpu-kit] $*" >&2; }
+
+if [ -z "$bin" ]; then
+    source scripts/setup.sh
+    cargo build --release --quiet
+    bin=target/release/dpcomp
+fi
+[ -x "$bin" ] || { echo "gpu-kit.sh: --bin $bin: not an executable" >&2; exit 2; }
+data="${DPCOMP_DATA:-$root/../shared/data}"
+for need in names cifar-10-batches-bin snli_1.0; do
+    [ -d "$data/$need" ] || { echo "gpu-kit.sh: $data/$need missing (set DPCOMP_DATA to the data folder)" >&2; exit 2; }
+done
+bert="$root/models/all-MiniLM-L6-v2"
+[ -f "$bert/config.json" ] || { echo "gpu-kit.sh: $bert/config.json missing (run scripts/setup.sh)" >&2; exit 2; }
+
+rm -rf "$out"
+mkdir -p "$out/wheels" "$out/data/cifar-10-batches-bin" "$out/data/names" "$out/data/snli_1.0" "$out/bert"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+cp "$bin" "$tmp/dpcomp"
+strip "$tmp/dpcomp" 2>/dev/null || log "strip unavailable: binary kept with symbols"
+gzip -6 -c "$tmp/dpcomp" > "$out/dpcomp.gz"
+
+if [ "$wheels" = 1 ]; then
+    python="${root}/.venv/bin/python"
+    [ -x "$python" ] || python=python3
+    "$python" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any \
+        -d "$out/wheels" "opacus==1.6.0"
+fi
+
+record=3073
+for i in 1 2 3 4 5; do
+    head -c $((record * (train / 5))) "$data/cifar-10-batches-bin/data_batch_$i.bin" \
+        | gzip -1 > "$out/data/cifar-10-batches-bin/data_batch_$i.bin.gz"
+done
+head -c $((record * test)) "$data/cifar-10-batches-bin/test_batch.bin" \
+    | gzip -1 > "$out/data/cifar-10-batches-bin/test_batch.bin.gz"
+cp "$data/cifar-10-batches-bin/batches.meta.txt" "$out/data/cifar-10-batches-bin/" 2>/dev/null || true
+cp "$data"/names/*.txt "$out/data/names/"
+for split in dev test; do
+    gzip -6 -c "$data/snli_1.0/snli_1.0_$split.jsonl" > "$out/data/snli_1.0/snli_1.0_$split.jsonl.gz"
+done
+for f in config.json tokenizer.json tokenizer_config.json vocab.txt special_tokens_map.json; do
+    [ -f "$bert/$f" ] && cp "$bert/$f" "$out/bert/"
+done
+# Names and shapes from the safetensors header (8-byte length, then JSON), not the weights.
+python3 - "$bert/model.safetensors" "$out/bert_shapes.json" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+shapes = {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+json.dump(shapes, open(sys.argv[2], "w"), indent=0, sort_keys=True)
+PY
+printf 'cifar_train=%s\ncifar_test=%s\n' "$train" "$test" > "$out/kit.txt"
+
+kit_bytes=$(du -sb "$out" | cut -f1)
+tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+total=$((kit_bytes + tracked))
+log "$out: $((kit_bytes / 1024)) KiB; with the tracked tree ($((tracked / 1024)) KiB) $((total / 1048576)) MiB of the $((limit / 1048576)) MiB allowed"
+if [ "$total" -gt "$limit" ]; then
+    echo "gpu-kit.sh: kit + tracked tree = $total bytes, over $limit: lower --cifar-train" >&2
+    exit 1
+fi
