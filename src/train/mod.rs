@@ -665,7 +665,7 @@ impl Trainer {
                     self.updater.last_paper_bits,
                 ));
                 bar.inc(1);
-                if step % 50 == 49 {
+                if self.progress && step % 50 == 49 {
                     // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
                     let live = self.config.accountant == crate::config::AccountantKind::Rdp;
                     let eps = match (self.epsilon_shown(live)?, live) {
