@@ -8,7 +8,9 @@ mod common;
 use dpcomp::data::Features;
 use dpcomp::models::{BertClassifier, BertConfig, CifarCnn, Model, ResNet18, SurnamesLstm};
 use dpcomp::nn::Ctx;
-use dpcomp::privacy::grad_sample::{clip_and_sum, patches, per_sample_gradients, PerSample};
+use dpcomp::privacy::grad_sample::{
+    clip_and_sum, patches, per_sample_gradients, Activations, PerSample,
+};
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
 
@@ -285,20 +287,27 @@ fn ghost_and_instantiated_norms_agree_on_both_sides_of_the_cost_rule() {
     for (steps, input, output) in [(1, 7, 5), (3, 40, 30), (50, 4, 6)] {
         let a = Tensor::randn([4, steps, input], (Kind::Double, Device::Cpu));
         let b = Tensor::randn([4, steps, output], (Kind::Double, Device::Cpu));
-        let recipe = PerSample::Outer {
-            a,
-            b,
-            shape: vec![output, input],
-        };
-        let direct = recipe
-            .materialize()
-            .square()
-            .flatten(1, -1)
-            .sum_dim_intlist(1, false, Kind::Double);
-        assert!(
-            max_rel_diff(&recipe.squared_norms(), &direct) < 1e-12,
-            "T={steps}"
-        );
+        let c = Tensor::rand([4], (Kind::Double, Device::Cpu));
+        // Both ways of taking the norm, and the contraction for the clipped sum, on each shape.
+        for ghost in [true, false] {
+            let recipe = PerSample::Outer {
+                a: Activations::Held(a.shallow_clone()),
+                b: b.shallow_clone(),
+                shape: vec![output, input],
+                ghost,
+            };
+            let full = recipe.materialize();
+            let direct = full
+                .square()
+                .flatten(1, -1)
+                .sum_dim_intlist(1, false, Kind::Double);
+            assert!(
+                max_rel_diff(&recipe.squared_norms(), &direct) < 1e-12,
+                "T={steps} ghost={ghost}"
+            );
+            let want = (&full * c.view([-1, 1, 1])).sum_dim_intlist(0, false, Kind::Double);
+            assert!(max_rel_diff(&recipe.weighted_sum(&c), &want) < 1e-12);
+        }
     }
     assert!(ghost_is_cheaper(4, 3, 40, 30) && !ghost_is_cheaper(4, 50, 4, 6));
     assert!(ghost_is_cheaper(1 << 20, 50, 4096, 4096), "memory guard");

@@ -16,7 +16,7 @@ pub use conv2d::Conv2d;
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use lstm::Lstm;
-pub use norm::{GroupNorm, InstanceNorm2d, LayerNorm};
+pub use norm::{GroupNorm, InstanceNorm2d, LayerNorm, Normalization};
 pub use tape::{Layer, Record, Tape};
 
 /// A piece of the forward pass whose backward is computed by hand rather than by autograd

@@ -19,43 +19,74 @@ fn affine(p: &nn::Path, channels: i64) -> (Tensor, Tensor) {
 
 /// Shared by the three norms: `fused(w, b)` is LibTorch's kernel with the affine parameters,
 /// `plain()` the same normalisation without them; `channel_dim` is where w and b apply.
+/// The parameter-free normalisation a norm layer applies before its affine map; the per-sample
+/// gradient of the affine weight needs it (Σ over positions of x̂ · dL/dy), and
+/// `privacy::grad_sample` recomputes it from the recorded input rather than keeping x̂ alive.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Normalization {
+    /// Per example and channel over the spatial positions of [B, C, H, W].
+    Instance,
+    /// Per example over groups of channels of [B, C, ...].
+    Group { groups: i64 },
+    /// Per position over the last dimension of size `dim`.
+    Layer { dim: i64, eps: f64 },
+}
+
+impl Normalization {
+    /// x̂: the input normalised, without the affine map.
+    pub fn apply(&self, xs: &Tensor) -> Tensor {
+        match *self {
+            Normalization::Instance => xs.instance_norm(
+                None::<&Tensor>,
+                None::<&Tensor>,
+                None::<&Tensor>,
+                None::<&Tensor>,
+                true,
+                0.1,
+                EPS,
+                false,
+            ),
+            Normalization::Group { groups } => {
+                xs.group_norm(groups, None::<&Tensor>, None::<&Tensor>, EPS, false)
+            }
+            Normalization::Layer { dim, eps } => {
+                xs.layer_norm([dim], None::<&Tensor>, None::<&Tensor>, eps, false)
+            }
+        }
+    }
+}
+
+/// The fused normalisation with its affine map (the same kernel a non-private step runs); under a
+/// private context the layer's input and output are recorded, so that the per-sample gradients
+/// of `weight` and `bias` can be formed after the backward pass.
 fn normalise(
+    xs: &Tensor,
     weight: &Tensor,
     bias: &Tensor,
     channel_dim: i64,
+    normalization: Normalization,
     ctx: &mut Ctx,
     fused: impl Fn(&Tensor, &Tensor) -> Tensor,
-    plain: impl Fn() -> Tensor,
 ) -> Tensor {
-    let Some(tape) = ctx.tape().filter(|_| weight.requires_grad()) else {
-        return fused(weight, bias);
-    };
-    let normalized = plain();
-    let mut shape = vec![1i64; normalized.dim()];
-    let c = if channel_dim < 0 {
-        shape.len() as i64 + channel_dim
-    } else {
-        channel_dim
-    } as usize;
-    shape[c] = -1;
-    let ys = bias
-        .view(shape.as_slice())
-        .addcmul(&normalized, &weight.view(shape.as_slice()));
-    let layer = Layer::Affine {
-        weight: weight.shallow_clone(),
-        bias: bias.shallow_clone(),
-        normalized: normalized.detach(),
-        channel_dim: c as i64,
-    };
-    tape.push(layer, &ys);
+    let ys = fused(weight, bias);
+    if let Some(tape) = ctx.tape().filter(|_| weight.requires_grad()) {
+        let c = if channel_dim < 0 {
+            xs.dim() as i64 + channel_dim
+        } else {
+            channel_dim
+        };
+        let layer = Layer::Affine {
+            weight: weight.shallow_clone(),
+            bias: bias.shallow_clone(),
+            input: xs.detach(),
+            normalization,
+            channel_dim: c,
+        };
+        tape.push(layer, &ys);
+    }
     ys
 }
 
-/// Instance normalisation over H, W of each (example, channel), optionally followed by a
-/// per-channel affine map. Instance statistics are used in training and evaluation alike
-/// (PyTorch's `InstanceNorm2d` default, `track_running_stats=False`), so the "momentum 0.1" the
-/// paper mentions has nothing to act on. `new` has the affine map (`affine=True`), `plain` has
-/// none (PyTorch's default `affine=False`: no parameters, the paper's CIFAR-10 CNN).
 #[derive(Debug)]
 pub struct InstanceNorm2d {
     /// (weight, bias), or `None` without an affine map.
@@ -89,14 +120,11 @@ impl InstanceNorm2d {
         };
         match &self.affine {
             None => run(None, None),
-            Some((weight, bias)) => normalise(
-                weight,
-                bias,
-                1,
-                ctx,
-                |w, b| run(Some(w), Some(b)),
-                || run(None, None),
-            ),
+            Some((weight, bias)) => {
+                normalise(xs, weight, bias, 1, Normalization::Instance, ctx, |w, b| {
+                    run(Some(w), Some(b))
+                })
+            }
         }
     }
 }
@@ -123,12 +151,15 @@ impl GroupNorm {
         let run =
             |w: Option<&Tensor>, b: Option<&Tensor>| xs.group_norm(self.groups, w, b, EPS, false);
         normalise(
+            xs,
             &self.weight,
             &self.bias,
             1,
+            Normalization::Group {
+                groups: self.groups,
+            },
             ctx,
             |w, b| run(Some(w), Some(b)),
-            || run(None, None),
         )
     }
 }
@@ -158,12 +189,16 @@ impl LayerNorm {
             xs.layer_norm([self.dim], w, b, self.eps, false)
         };
         normalise(
+            xs,
             &self.weight,
             &self.bias,
             -1,
+            Normalization::Layer {
+                dim: self.dim,
+                eps: self.eps,
+            },
             ctx,
             |w, b| run(Some(w), Some(b)),
-            || run(None, None),
         )
     }
 }

@@ -4,6 +4,7 @@
 //! records into per-sample norms and clipped sums.
 
 use super::lstm::LstmCache;
+use super::norm::Normalization;
 use tch::Tensor;
 
 /// A trainable layer's parameters and recorded input (detached: values only).
@@ -24,12 +25,14 @@ pub enum Layer {
     },
     /// y = W[ids], ids [B, *].
     Embedding { weight: Tensor, ids: Tensor },
-    /// y = x̂ w + b with w, b indexed along `channel_dim` of the normalised input x̂ (instance,
-    /// group and layer norms).
+    /// y = x̂ w + b with w, b indexed along `channel_dim` of the normalised input
+    /// x̂ = `normalization`(input) (instance, group and layer norms). x̂ is recomputed from the
+    /// input when the per-sample gradients are formed, not kept from the forward pass.
     Affine {
         weight: Tensor,
         bias: Tensor,
-        normalized: Tensor,
+        input: Tensor,
+        normalization: Normalization,
         channel_dim: i64,
     },
     /// The LSTM (its output is a leaf: the recurrence ran without autograd).

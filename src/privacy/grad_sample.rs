@@ -17,13 +17,71 @@ use crate::nn::lstm::gate_gradients;
 use crate::nn::{Layer, Record, Tape};
 use tch::{Kind, Tensor};
 
+/// Where a layer's activations a [B, T, in] come from.
+pub enum Activations {
+    /// Held as they are (linear layers, the LSTM's inputs and hidden states).
+    Held(Tensor),
+    /// A convolution's input: its patches [B, L, C k k] are cut when a norm or a sum needs them
+    /// and dropped right after, so that at most one layer's patches exist at a time.
+    Patches {
+        input: Tensor,
+        kernel: i64,
+        stride: i64,
+        padding: i64,
+    },
+}
+
+impl Activations {
+    /// a, [B, T, in].
+    pub fn get(&self) -> Tensor {
+        match self {
+            Activations::Held(a) => a.shallow_clone(),
+            Activations::Patches {
+                input,
+                kernel,
+                stride,
+                padding,
+            } => patches(input, *kernel, *stride, *padding).transpose(1, 2),
+        }
+    }
+
+    /// (B, T, in) without cutting patches.
+    fn dims(&self) -> (i64, i64, i64) {
+        match self {
+            Activations::Held(a) => (a.size()[0], a.size()[1], a.size()[2]),
+            Activations::Patches {
+                input,
+                kernel,
+                stride,
+                padding,
+            } => {
+                let s = input.size();
+                let rows = (s[2] + 2 * padding - kernel) / stride + 1;
+                let cols = (s[3] + 2 * padding - kernel) / stride + 1;
+                (s[0], rows * cols, s[1] * kernel * kernel)
+            }
+        }
+    }
+
+    /// Elements the book-keeping holds for this layer anyway (the recorded input).
+    fn held_elements(&self) -> i64 {
+        match self {
+            Activations::Held(a) => a.numel() as i64,
+            Activations::Patches { input, .. } => input.numel() as i64,
+        }
+    }
+}
+
 /// How one parameter's per-sample gradients are formed.
 pub enum PerSample {
-    /// g_i = Σ_t b_it a_itᵀ with a [B, T, in], b [B, T, out], viewed as `shape`.
+    /// g_i = Σ_t b_it a_itᵀ with a [B, T, in], b [B, T, out], viewed as `shape`, kept factored:
+    /// ||g_i||² by the ghost identity (`ghost`) or from g_i instantiated for this layer alone and
+    /// dropped, Σ_i c_i g_i as one contraction (c b)ᵀ a.
     Outer {
-        a: Tensor,
+        a: Activations,
         b: Tensor,
         shape: Vec<i64>,
+        ghost: bool,
     },
     /// g_i given directly, [B, ...parameter shape].
     Direct(Tensor),
@@ -53,23 +111,33 @@ pub fn ghost_is_cheaper(batch: i64, steps: i64, input: i64, output: i64) -> bool
         || batch * input * output > MAX_INSTANTIATED
 }
 
-/// The per-sample gradient recipe for g_i = Σ_t b_it a_itᵀ (a [B, T, in], b [B, T, out]),
-/// instantiated or kept factored for the ghost norm, whichever `ghost_is_cheaper` picks.
-pub fn outer(a: Tensor, b: Tensor, shape: Vec<i64>) -> PerSample {
-    let (batch, steps, input, output) = (a.size()[0], a.size()[1], a.size()[2], b.size()[2]);
-    if ghost_is_cheaper(batch, steps, input, output) {
-        PerSample::Outer { a, b, shape }
-    } else {
+/// An instantiated g is kept when it has at most this many times the elements of the input the
+/// book-keeping holds for the layer anyway; a larger one is formed twice (norm, then clipped sum
+/// by contraction) rather than held.
+pub const KEEP_INSTANTIATED_FACTOR: i64 = 8;
+
+/// The per-sample gradient recipe for g_i = Σ_t b_it a_itᵀ (a [B, T, in], b [B, T, out]).
+/// The ghost norm is used where `ghost_is_cheaper` says so. Otherwise g is instantiated, and kept
+/// (its clipped sum is then one GEMV) only when it is no larger than the input the book-keeping
+/// holds for this layer anyway; a larger g is formed again for the norm and never kept, so the
+/// DP step holds no per-sample tensor larger than the activations (issue 16, memory).
+pub fn outer(a: Activations, b: Tensor, shape: Vec<i64>) -> PerSample {
+    let (batch, steps, input) = a.dims();
+    let output = b.size()[2];
+    let ghost = ghost_is_cheaper(batch, steps, input, output);
+    if !ghost && batch * input * output <= KEEP_INSTANTIATED_FACTOR * a.held_elements() {
         let mut full = vec![batch];
         full.extend(&shape);
-        PerSample::Direct(b.transpose(1, 2).bmm(&a).reshape(full.as_slice()))
+        PerSample::Direct(b.transpose(1, 2).bmm(&a.get()).reshape(full.as_slice()))
+    } else {
+        PerSample::Outer { a, b, shape, ghost }
     }
 }
 
 impl PerSample {
     fn batch(&self) -> i64 {
         match self {
-            PerSample::Outer { a, .. } => a.size()[0],
+            PerSample::Outer { a, .. } => a.dims().0,
             PerSample::Direct(g) => g.size()[0],
             PerSample::Rows { ids, .. } => ids.size()[0],
         }
@@ -79,7 +147,16 @@ impl PerSample {
     /// (for T = 1, ||a||² ||b||²).
     pub fn squared_norms(&self) -> Tensor {
         match self {
-            PerSample::Outer { a, b, .. } => {
+            PerSample::Outer { a, b, ghost, .. } => {
+                let a = a.get();
+                if !*ghost {
+                    return b
+                        .transpose(1, 2)
+                        .bmm(&a)
+                        .flatten(1, -1)
+                        .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
+                        .square();
+                }
                 let sum12 = |x: &Tensor| x.sum_dim_intlist([1, 2].as_slice(), false, x.kind());
                 if a.size()[1] == 1 {
                     sum12(&a.square()) * sum12(&b.square())
@@ -106,7 +183,8 @@ impl PerSample {
     /// Σ_i c_i g_i, parameter-shaped; `c` is [B].
     pub fn weighted_sum(&self, c: &Tensor) -> Tensor {
         match self {
-            PerSample::Outer { a, b, shape } => {
+            PerSample::Outer { a, b, shape, .. } => {
+                let a = a.get();
                 let (input, output) = (a.size()[2], b.size()[2]);
                 let weighted = b * c.view([-1, 1, 1]);
                 weighted
@@ -138,10 +216,10 @@ impl PerSample {
     /// Every g_i, [B, ...parameter shape] (tests and the oracle; memory-hungry).
     pub fn materialize(&self) -> Tensor {
         match self {
-            PerSample::Outer { a, b, shape } => {
+            PerSample::Outer { a, b, shape, .. } => {
                 let mut full = vec![self.batch()];
                 full.extend(shape);
-                b.transpose(1, 2).bmm(a).reshape(full.as_slice())
+                b.transpose(1, 2).bmm(&a.get()).reshape(full.as_slice())
             }
             PerSample::Direct(g) => g.shallow_clone(),
             PerSample::Rows { ids, b, rows } => {
@@ -192,7 +270,7 @@ fn accumulate(grads: &mut [Option<Tensor>], records: &[Record], targets: &[usize
         return;
     }
     let outputs: Vec<&Tensor> = targets.iter().map(|&k| &records[k].output).collect();
-    let found = Tensor::run_backward(&[root], &outputs, true, false);
+    let found = Tensor::run_backward(&[root], &outputs, false, false);
     for (&k, g) in targets.iter().zip(found) {
         if g.defined() {
             grads[k] = Some(match grads[k].take() {
@@ -207,15 +285,18 @@ fn accumulate(grads: &mut [Option<Tensor>], records: &[Record], targets: &[usize
 /// backward pass of `loss_sum` (= Σ_i loss_i). Errors if a parameter appears twice (a layer used
 /// twice in one forward pass would need its per-sample gradients summed first).
 pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor, PerSample)>> {
-    let records = tape.records;
+    let mut records = tape.records;
     let mut grads: Vec<Option<Tensor>> = (0..records.len()).map(|_| None).collect();
     let attached: Vec<usize> = (0..records.len())
         .filter(|&k| records[k].output.requires_grad())
         .collect();
     accumulate(&mut grads, &records, &attached, loss_sum);
     let mut out = Vec::new();
-    for k in (0..records.len()).rev() {
-        let record = &records[k];
+    // Last layer first; each record is dropped once its recipe is made, so the layer's output
+    // and any input the recipe does not keep are freed as the loop goes (an LSTM's second
+    // backward only reaches earlier records, which are still there).
+    while let Some(record) = records.pop() {
+        let k = records.len();
         let grad = grads[k]
             .take()
             .unwrap_or_else(|| record.output.detach().zeros_like());
@@ -227,7 +308,7 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
                 input,
             } => {
                 let (input_dim, output_dim) = (weight.size()[1], weight.size()[0]);
-                let a = input.reshape([batch, -1, input_dim]);
+                let a = Activations::Held(input.reshape([batch, -1, input_dim]));
                 let b = grad.reshape([batch, -1, output_dim]);
                 if let Some(bias) = bias {
                     out.push((
@@ -246,7 +327,12 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
             } => {
                 let size = weight.size();
                 let (out_channels, kernel) = (size[0], size[2]);
-                let a = patches(input, kernel, *stride, *padding).transpose(1, 2);
+                let a = Activations::Patches {
+                    input: input.shallow_clone(),
+                    kernel,
+                    stride: *stride,
+                    padding: *padding,
+                };
                 let b = grad.reshape([batch, out_channels, -1]).transpose(1, 2);
                 if let Some(bias) = bias {
                     out.push((
@@ -268,16 +354,19 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
             Layer::Affine {
                 weight,
                 bias,
-                normalized,
+                input,
+                normalization,
                 channel_dim,
             } => {
+                // x̂ for this layer only, freed with the recipe's temporaries.
+                let normalized = tch::no_grad(|| normalization.apply(input));
                 out.push((
                     bias.shallow_clone(),
                     PerSample::Direct(sum_except(&grad, *channel_dim)),
                 ));
                 out.push((
                     weight.shallow_clone(),
-                    PerSample::Direct(sum_except(&(normalized * &grad), *channel_dim)),
+                    PerSample::Direct(sum_except(&(&normalized * &grad), *channel_dim)),
                 ));
             }
             Layer::Lstm {
@@ -298,11 +387,19 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
                 out.push((b_hh.shallow_clone(), PerSample::Direct(bias_grad)));
                 out.push((
                     w_ih.shallow_clone(),
-                    outer(cache.xs.transpose(0, 1), da_b.shallow_clone(), w_ih.size()),
+                    outer(
+                        Activations::Held(cache.xs.transpose(0, 1)),
+                        da_b.shallow_clone(),
+                        w_ih.size(),
+                    ),
                 ));
                 out.push((
                     w_hh.shallow_clone(),
-                    outer(cache.h_prev().transpose(0, 1), da_b, w_hh.size()),
+                    outer(
+                        Activations::Held(cache.h_prev().transpose(0, 1)),
+                        da_b,
+                        w_hh.size(),
+                    ),
                 ));
                 if input.requires_grad() {
                     let d_input = tch::no_grad(|| da.matmul(w_ih).transpose(0, 1));
