@@ -132,6 +132,7 @@ def main():
     denoise = read_cells(args.runs / "surnames_denoise" / "full")
     clipping = read_cells(args.runs / "surnames_clipping" / "full")
     cifar = read_cells(args.runs / "cifar10_dgc" / "cpu")
+    cifar_full = read_cells(args.runs / "cifar10_dgc" / "full")
 
     for c in dgc + psgd + denoise + clipping:
         if c["diverged"]:
@@ -188,6 +189,19 @@ def main():
                 peak = max(curve)
                 final = statistics.fmean(curve[-10:])
                 print(f"σ {sigma} PowerSGD r{k}: peak {peak:.1f} at epoch {curve.index(peak) + 1}, final {final:.1f}, decline {peak - final:.1f}")
+
+    print("\n## Claim 3: CIFAR-10 at σ 0.8 (ε 4.86), DGC x256 - x1 (full profile, one seed)")
+    x1, x256 = select(cifar_full, sigma=0.8, rate=1.0), select(cifar_full, sigma=0.8, rate=256.0)
+    if x1 and x256:
+        print(f"x256 - x1 = {diff(finals(cifar_full, sigma=0.8, rate=256.0), finals(cifar_full, sigma=0.8, rate=1.0))}"
+              f" (x1 {fmt(finals(cifar_full, sigma=0.8, rate=1.0))}, x256 {fmt(finals(cifar_full, sigma=0.8, rate=256.0))}; ε {x1[0]['epsilon']:.2f})")
+        for name, cells in (("x1", x1), ("x256", x256)):
+            curve = cells[0]["curve"]
+            peak = max(curve)
+            print(f"{name}: first 10 epochs mean {statistics.fmean(curve[:10]):.1f}, last 10 {statistics.fmean(curve[-10:]):.1f},"
+                  f" peak {peak:.1f} at epoch {curve.index(peak) + 1}")
+    else:
+        print("not finished yet")
 
     print("\n## Claim 6: compression cost without noise (σ 0: x1 - x256), Surnames full vs CIFAR-10 cpu profile")
     if finals(dgc, sigma=0.0, rate=256.0):

@@ -7,7 +7,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bin=target/release/dpcomp
-for name in surnames_dgc surnames_powersgd surnames_denoise surnames_clipping; do
+for name in surnames_dgc surnames_powersgd surnames_denoise surnames_clipping cifar10_dgc; do
     [ -d "experiments/runs/$name/full" ] || continue
     "$bin" grid "experiments/$name.toml" --profile full --runs experiments/runs --tables-only \
         --results-dir experiments/results

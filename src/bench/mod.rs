@@ -337,6 +337,10 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
                 "nonprivate_mean_step_seconds": plain, "dp_mean_step_seconds": dp,
                 "ratio_dp_over_nonprivate": dp / plain,
                 "nonprivate_peak_rss_bytes": plain_peak, "dp_peak_rss_bytes": dp_peak,
+                "ratio_dp_over_nonprivate_peak_rss": match (plain_peak, dp_peak) {
+                    (Some(a), Some(b)) if a > 0 => Some(b as f64 / a as f64),
+                    _ => None,
+                },
                 "nonprivate_peak_device_bytes": plain_device_peak, "dp_peak_device_bytes": dp_device_peak,
                 "ratio_dp_over_nonprivate_peak_device": match (plain_device_peak, dp_device_peak) {
                     (Some(a), Some(b)) if a > 0 => Some(b as f64 / a as f64),

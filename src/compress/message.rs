@@ -119,6 +119,8 @@ impl Message {
         }
     }
 
+    /// Bits of the payloads and flags alone; the bytes (`to_bytes`) add the headers of
+    /// `wire` and pad each section to a byte.
     pub fn wire_bits(&self) -> u64 {
         self.payloads.iter().map(Payload::wire_bits).sum::<u64>() + self.flags.len() as u64
     }
@@ -126,6 +128,16 @@ impl Message {
     /// Elements transmitted by all payloads.
     pub fn elements(&self) -> u64 {
         self.payloads.iter().map(Payload::elements).sum()
+    }
+
+    /// The message as bytes (`wire`, version 1).
+    pub fn to_bytes(&self) -> crate::error::Result<Vec<u8>> {
+        super::wire::encode(self)
+    }
+
+    /// A message from `to_bytes`' bytes, its tensors on `device`.
+    pub fn from_bytes(bytes: &[u8], device: tch::Device) -> crate::error::Result<Message> {
+        super::wire::decode(bytes, device)
     }
 
     /// The paper's count: `PAPER_BITS_PER_ELEMENT` per transmitted element plus the flag bits.

@@ -17,6 +17,7 @@ pub mod message;
 pub mod options;
 pub mod powersgd;
 pub mod topk;
+pub mod wire;
 
 pub use denoise::Denoise;
 pub use dgc::Dgc;

@@ -104,7 +104,7 @@ pub fn train_step(
     let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
     let _ = clip_global_norm(&grads, max_grad_norm);
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-    updater.apply(&tensors, &grads);
+    updater.apply(&tensors, &grads)?;
     let correct = logits
         .argmax(-1, false)
         .eq_tensor(&batch.labels)

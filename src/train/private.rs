@@ -206,7 +206,7 @@ pub fn dp_step(
             .collect()
     });
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-    updater.apply(&tensors, &grads);
+    updater.apply(&tensors, &grads)?;
     let [loss_sum, correct, clipped] = totals;
     Ok(StepTotals {
         loss_sum,

@@ -3,13 +3,14 @@
 //! Compression is post-processing of the privatised gradient and never changes ε.
 
 use super::sgd::Sgd;
-use crate::compress::{Compressor, Identity};
+use crate::compress::{Compressor, Identity, Message};
+use crate::error::Result;
 use tch::Tensor;
 
 pub struct Updater {
     pub optimizer: Sgd,
     pub compressor: Box<dyn Compressor>,
-    /// Upstream bits of the last step's message.
+    /// Upstream bits of the last step's message: 8 x the length of its bytes (`compress::wire`).
     pub last_bits: u64,
     /// The same message in the paper's unit (64 bits per transmitted element, `Message::paper_bits`).
     pub last_paper_bits: u64,
@@ -30,14 +31,17 @@ impl Updater {
         Self::new(optimizer, Box::new(Identity))
     }
 
-    /// Sends `grads` through the compressor and steps the optimiser on what the receiver gets.
-    /// Returns the message's wire bits.
-    pub fn apply(&mut self, params: &[Tensor], grads: &[Tensor]) -> u64 {
+    /// Sends `grads` through the compressor, as bytes, and steps the optimiser on what the
+    /// receiver decodes from them. Returns the bits sent (8 x the byte length).
+    pub fn apply(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
         let message = self.compressor.compress(grads);
-        self.last_bits = message.wire_bits();
+        let bytes = message.to_bytes()?;
+        self.last_bits = 8 * bytes.len() as u64;
         self.last_paper_bits = message.paper_bits();
-        let received = self.compressor.decompress(&message);
-        self.optimizer.step(params, &received);
-        self.last_bits
+        let device = grads.first().map_or(tch::Device::Cpu, Tensor::device);
+        let received = Message::from_bytes(&bytes, device)?;
+        let update = self.compressor.decompress(&received);
+        self.optimizer.step(params, &update);
+        Ok(self.last_bits)
     }
 }

@@ -56,7 +56,9 @@ pub fn estimate(config: &TrainConfig, train_examples: i64, shapes: &[Vec<i64>]) 
                 .map(|s| Tensor::randn(s.as_slice(), (Kind::Float, Device::Cpu)))
                 .collect();
             let message = compressor.compress(&update);
-            per_step = (message.wire_bits(), message.paper_bits());
+            // The length of the bytes a run measures (`compress::wire`).
+            let bytes = crate::compress::wire::encoded_len(&message) as u64;
+            per_step = (8 * bytes, message.paper_bits());
         }
         total.steps += steps_per_epoch;
         total.wire_bits += steps_per_epoch * per_step.0;

@@ -1,0 +1,434 @@
+//! A `Message` as bytes and back: the format a worker sends (issue 16). The upstream bits a run
+//! reports are 8 x the length of these bytes, measured, not computed beside them.
+//!
+//! Layout, version 1, little-endian, every section starting on a byte:
+//!
+//! ```text
+//! message  = "DPCM" version:u8 flag_count:u32 flags:bits[flag_count] payload_count:u32 payload*
+//! payload  = kind:u8 dtype:u8 ndim:u8 dims:u32[ndim] body
+//!   dense  (kind 0): value_bits:u8 values:bits[value_bits][numel]
+//!   sparse (kind 1): value_bits:u8 index_bits:u8 k:u32 indices:bits[index_bits][k]
+//!                    values:bits[value_bits][k]
+//!   low rank (kind 2): rank:u32 rows:u32 cols:u32 p:f[rows*rank] q:f[cols*rank]
+//! dtype    = 0 f32 | 1 f64
+//! ```
+//!
+//! A value is the top `value_bits` bits of its IEEE bit pattern: exact for what DGC's low-order
+//! bit removal leaves (`encoding::truncate_mantissa` zeroes the rest), so decoding gives back the
+//! message's tensors bit for bit. Bit fields are packed least-significant bit first; whole-byte
+//! widths (32-bit values, 32-bit indices) are copied as they are. Low-rank factors are sent at
+//! full width. Flags are one bit each. The header is the fixed cost per message
+//! (`HEADER_BYTES` + `PAYLOAD_HEADER_BYTES` + 4 per dimension, per payload).
+
+use super::message::{Message, Payload};
+use crate::error::{Error, Result};
+use tch::{Device, Kind, Tensor};
+
+pub const MAGIC: &[u8; 4] = b"DPCM";
+pub const VERSION: u8 = 1;
+/// Magic, version, flag count, payload count.
+pub const HEADER_BYTES: usize = 4 + 1 + 4 + 4;
+/// Kind, dtype, number of dimensions (the dimensions and the body's own fields come after).
+pub const PAYLOAD_HEADER_BYTES: usize = 3;
+
+const DENSE: u8 = 0;
+const SPARSE: u8 = 1;
+const LOW_RANK: u8 = 2;
+
+fn bad(message: impl Into<String>) -> Error {
+    Error::bad_value("message bytes", message.into())
+}
+
+/// Appends bit fields least-significant bit first.
+struct BitWriter<'a> {
+    out: &'a mut Vec<u8>,
+    acc: u64,
+    filled: u32,
+}
+
+impl<'a> BitWriter<'a> {
+    fn new(out: &'a mut Vec<u8>) -> Self {
+        BitWriter {
+            out,
+            acc: 0,
+            filled: 0,
+        }
+    }
+
+    /// The low `width` (<= 32) bits of `value`.
+    fn put(&mut self, value: u64, width: u32) {
+        debug_assert!(width <= 32);
+        self.acc |= (value & ((1u64 << width) - 1)) << self.filled;
+        self.filled += width;
+        while self.filled >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.filled -= 8;
+        }
+    }
+
+    /// Pads the last byte with zeros.
+    fn finish(self) {
+        if self.filled > 0 {
+            self.out.push(self.acc as u8);
+        }
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else {
+            return Err(bad(format!(
+                "{} bytes end at {} while reading {what} ({n} bytes needed)",
+                self.bytes.len(),
+                self.at
+            )));
+        };
+        let slice = &self.bytes[self.at..end];
+        self.at = end;
+        Ok(slice)
+    }
+    fn u8(&mut self, what: &str) -> Result<u8> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    /// `count` fields of `width` bits, packed LSB first, padded to a byte.
+    fn bits(&mut self, count: usize, width: u32, what: &str) -> Result<Vec<u64>> {
+        let total = count
+            .checked_mul(width as usize)
+            .ok_or_else(|| bad(format!("{what}: {count} fields of {width} bits overflow")))?;
+        let bytes = self.take(total.div_ceil(8), what)?;
+        let mut out = Vec::with_capacity(count);
+        let (mut acc, mut filled, mut next) = (0u64, 0u32, 0usize);
+        let mask = (1u64 << width) - 1;
+        for _ in 0..count {
+            while filled < width {
+                acc |= (bytes[next] as u64) << filled;
+                next += 1;
+                filled += 8;
+            }
+            out.push(acc & mask);
+            acc >>= width;
+            filled -= width;
+        }
+        Ok(out)
+    }
+}
+
+fn dtype_code(kind: Kind) -> Result<u8> {
+    match kind {
+        Kind::Float => Ok(0),
+        Kind::Double => Ok(1),
+        other => Err(bad(format!(
+            "payload values of kind {other:?}: expected f32 or f64"
+        ))),
+    }
+}
+
+/// Values as their IEEE bit patterns (u32 for f32, u64 for f64), on the host.
+fn bit_patterns(values: &Tensor) -> Result<Vec<u64>> {
+    let flat = values.reshape([-1]).to_device(Device::Cpu);
+    Ok(match values.kind() {
+        Kind::Float => Vec::<f32>::try_from(&flat)
+            .map_err(|e| bad(e.to_string()))?
+            .into_iter()
+            .map(|v| v.to_bits() as u64)
+            .collect(),
+        Kind::Double => Vec::<f64>::try_from(&flat)
+            .map_err(|e| bad(e.to_string()))?
+            .into_iter()
+            .map(f64::to_bits)
+            .collect(),
+        other => return Err(bad(format!("values of kind {other:?}"))),
+    })
+}
+
+/// The top `value_bits` bits of each value (all 64 of an f64).
+fn put_values(out: &mut Vec<u8>, values: &Tensor, value_bits: u32) -> Result<()> {
+    if values.kind() == Kind::Double {
+        for bits in bit_patterns(values)? {
+            out.extend_from_slice(&bits.to_le_bytes());
+        }
+        return Ok(());
+    }
+    let patterns = bit_patterns(values)?;
+    if value_bits == 32 {
+        for bits in patterns {
+            out.extend_from_slice(&(bits as u32).to_le_bytes());
+        }
+        return Ok(());
+    }
+    let shift = 32 - value_bits;
+    let mut w = BitWriter::new(out);
+    for bits in patterns {
+        debug_assert_eq!(
+            bits & ((1 << shift) - 1),
+            0,
+            "value_bits {value_bits}: low bits must be zero"
+        );
+        w.put(bits >> shift, value_bits);
+    }
+    w.finish();
+    Ok(())
+}
+
+fn get_values(
+    r: &mut Reader,
+    count: usize,
+    value_bits: u32,
+    dtype: u8,
+    device: Device,
+) -> Result<Tensor> {
+    let values = match dtype {
+        1 => {
+            let bytes = r.take(count * 8, "f64 values")?;
+            let v: Vec<f64> = bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            Tensor::from_slice(&v)
+        }
+        0 => {
+            if !(9..=32).contains(&value_bits) {
+                return Err(bad(format!("value_bits {value_bits}: expected 9..=32")));
+            }
+            let shift = 32 - value_bits;
+            let v: Vec<f32> = r
+                .bits(count, value_bits, "values")?
+                .into_iter()
+                .map(|b| f32::from_bits((b as u32) << shift))
+                .collect();
+            Tensor::from_slice(&v)
+        }
+        other => return Err(bad(format!("dtype {other}: expected 0 (f32) or 1 (f64)"))),
+    };
+    Ok(values.to_device(device))
+}
+
+fn put_shape(out: &mut Vec<u8>, kind: u8, dtype: u8, shape: &[i64]) -> Result<()> {
+    let ndim = u8::try_from(shape.len()).map_err(|_| bad("more than 255 dimensions"))?;
+    out.extend_from_slice(&[kind, dtype, ndim]);
+    for &d in shape {
+        let d = u32::try_from(d).map_err(|_| bad(format!("dimension {d} outside u32")))?;
+        out.extend_from_slice(&d.to_le_bytes());
+    }
+    Ok(())
+}
+
+fn put_u32(out: &mut Vec<u8>, value: usize, what: &str) -> Result<()> {
+    let v = u32::try_from(value).map_err(|_| bad(format!("{what} {value} outside u32")))?;
+    out.extend_from_slice(&v.to_le_bytes());
+    Ok(())
+}
+
+/// The length `encode` gives, from the payloads' sizes alone (no copy, no device read): what
+/// `dpcomp grid --list` estimates with; runs report the measured length.
+pub fn encoded_len(message: &Message) -> usize {
+    let value_bytes = |n: usize, kind: Kind, bits: u32| match kind {
+        Kind::Double => 8 * n,
+        _ => (n * bits as usize).div_ceil(8),
+    };
+    let payloads: usize = message
+        .payloads
+        .iter()
+        .map(|p| match p {
+            Payload::Dense { values, value_bits } => {
+                PAYLOAD_HEADER_BYTES
+                    + 4 * values.dim()
+                    + 1
+                    + value_bytes(values.numel(), values.kind(), *value_bits)
+            }
+            Payload::Sparse {
+                indices,
+                values,
+                shape,
+                value_bits,
+                index_bits,
+            } => {
+                let k = indices.numel();
+                PAYLOAD_HEADER_BYTES
+                    + 4 * shape.len()
+                    + 2
+                    + 4
+                    + (k * *index_bits as usize).div_ceil(8)
+                    + value_bytes(k, values.kind(), *value_bits)
+            }
+            Payload::LowRank { p, q, shape } => {
+                PAYLOAD_HEADER_BYTES
+                    + 4 * shape.len()
+                    + 12
+                    + value_bytes(p.numel(), p.kind(), 32)
+                    + value_bytes(q.numel(), q.kind(), 32)
+            }
+        })
+        .sum();
+    HEADER_BYTES + message.flags.len().div_ceil(8) + payloads
+}
+
+/// The message as version-1 bytes (this copies the payloads to the host).
+pub fn encode(message: &Message) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.push(VERSION);
+    put_u32(&mut out, message.flags.len(), "flag count")?;
+    let mut w = BitWriter::new(&mut out);
+    for flag in &message.flags {
+        w.put(flag.int64_value(&[]) as u64 & 1, 1);
+    }
+    w.finish();
+    put_u32(&mut out, message.payloads.len(), "payload count")?;
+    for payload in &message.payloads {
+        match payload {
+            Payload::Dense { values, value_bits } => {
+                put_shape(&mut out, DENSE, dtype_code(values.kind())?, &values.size())?;
+                out.push(*value_bits as u8);
+                put_values(&mut out, values, *value_bits)?;
+            }
+            Payload::Sparse {
+                indices,
+                values,
+                shape,
+                value_bits,
+                index_bits,
+            } => {
+                put_shape(&mut out, SPARSE, dtype_code(values.kind())?, shape)?;
+                out.extend_from_slice(&[*value_bits as u8, *index_bits as u8]);
+                let k = indices.numel();
+                put_u32(&mut out, k, "kept elements")?;
+                let positions = Vec::<i64>::try_from(&indices.reshape([-1]).to_device(Device::Cpu))
+                    .map_err(|e| bad(e.to_string()))?;
+                if *index_bits == 32 {
+                    for p in positions {
+                        out.extend_from_slice(&(p as u32).to_le_bytes());
+                    }
+                } else {
+                    let mut w = BitWriter::new(&mut out);
+                    for p in positions {
+                        debug_assert!((p as u64) < (1u64 << index_bits));
+                        w.put(p as u64, *index_bits);
+                    }
+                    w.finish();
+                }
+                put_values(&mut out, values, *value_bits)?;
+            }
+            Payload::LowRank { p, q, shape } => {
+                put_shape(&mut out, LOW_RANK, dtype_code(p.kind())?, shape)?;
+                let (rows, rank) = (p.size()[0] as usize, p.size()[1] as usize);
+                put_u32(&mut out, rank, "rank")?;
+                put_u32(&mut out, rows, "rows")?;
+                put_u32(&mut out, q.size()[0] as usize, "cols")?;
+                put_values(&mut out, p, 32)?;
+                put_values(&mut out, q, 32)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The message from `encode`'s bytes, its tensors on `device`. Errors say which field of which
+/// payload was wrong.
+pub fn decode(bytes: &[u8], device: Device) -> Result<Message> {
+    let mut r = Reader { bytes, at: 0 };
+    let magic = r.take(4, "magic")?;
+    if magic != MAGIC {
+        return Err(bad(format!("magic {magic:?}: expected {MAGIC:?}")));
+    }
+    let version = r.u8("version")?;
+    if version != VERSION {
+        return Err(bad(format!(
+            "version {version}: this build reads version {VERSION}"
+        )));
+    }
+    let flag_count = r.u32("flag count")? as usize;
+    let flags = r
+        .bits(flag_count, 1, "flags")?
+        .into_iter()
+        .map(|b| Tensor::from(b == 1).to_device(device))
+        .collect();
+    let payload_count = r.u32("payload count")? as usize;
+    let mut payloads = Vec::with_capacity(payload_count.min(1 << 16));
+    for i in 0..payload_count {
+        let kind = r.u8("payload kind")?;
+        let dtype = r.u8("payload dtype")?;
+        let ndim = r.u8("payload ndim")? as usize;
+        let shape = (0..ndim)
+            .map(|_| r.u32("dimension").map(|d| d as i64))
+            .collect::<Result<Vec<i64>>>()?;
+        let numel: i64 = shape.iter().product();
+        let named = |e: Error| bad(format!("payload {i}: {e}"));
+        payloads.push(match kind {
+            DENSE => {
+                let value_bits = r.u8("value bits")? as u32;
+                let values =
+                    get_values(&mut r, numel as usize, value_bits, dtype, device).map_err(named)?;
+                Payload::Dense {
+                    values: values.view(shape.as_slice()),
+                    value_bits,
+                }
+            }
+            SPARSE => {
+                let value_bits = r.u8("value bits")? as u32;
+                let index_bits = r.u8("index bits")? as u32;
+                if !(1..=32).contains(&index_bits) {
+                    return Err(bad(format!(
+                        "payload {i}: index bits {index_bits}: expected 1..=32"
+                    )));
+                }
+                let k = r.u32("kept elements")? as usize;
+                let positions: Vec<i64> = r
+                    .bits(k, index_bits, "indices")?
+                    .into_iter()
+                    .map(|p| p as i64)
+                    .collect();
+                if let Some(&p) = positions.iter().find(|&&p| p >= numel) {
+                    return Err(bad(format!(
+                        "payload {i}: index {p} outside a tensor of {numel} elements"
+                    )));
+                }
+                let values = get_values(&mut r, k, value_bits, dtype, device).map_err(named)?;
+                Payload::Sparse {
+                    indices: Tensor::from_slice(&positions).to_device(device),
+                    values,
+                    shape,
+                    value_bits,
+                    index_bits,
+                }
+            }
+            LOW_RANK => {
+                let rank = r.u32("rank")? as i64;
+                let rows = r.u32("rows")? as i64;
+                let cols = r.u32("cols")? as i64;
+                let p =
+                    get_values(&mut r, (rows * rank) as usize, 32, dtype, device).map_err(named)?;
+                let q =
+                    get_values(&mut r, (cols * rank) as usize, 32, dtype, device).map_err(named)?;
+                Payload::LowRank {
+                    p: p.view([rows, rank]),
+                    q: q.view([cols, rank]),
+                    shape,
+                }
+            }
+            other => {
+                return Err(bad(format!(
+                    "payload {i}: kind {other}: expected 0 (dense), 1 (sparse) or 2 (low rank)"
+                )))
+            }
+        });
+    }
+    if r.at != bytes.len() {
+        return Err(bad(format!(
+            "{} bytes left after the last payload",
+            bytes.len() - r.at
+        )));
+    }
+    Ok(Message { payloads, flags })
+}
