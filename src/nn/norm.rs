@@ -1,9 +1,9 @@
 //! Normalisations with affine parameters and no running statistics (per-sample gradients of
 //! BatchNorm do not exist, so the paper's models use these instead).
 //!
-//! Outside private training each calls LibTorch's fused kernel with its affine parameters. In
-//! private training (`Ctx::private`) the normalisation runs without them and the affine map
-//! y = x̂ w + b is applied separately, so that x̂ can be recorded for per-sample gradients.
+//! Each runs LibTorch's fused kernel with its affine parameters, in private training too; there
+//! (`Ctx::private`) the layer's input is recorded, and `privacy::grad_sample` recomputes x̂ from
+//! it when it forms the per-sample gradients of the affine parameters.
 
 use super::{Ctx, Layer};
 use tch::{nn, Tensor};
@@ -17,8 +17,6 @@ fn affine(p: &nn::Path, channels: i64) -> (Tensor, Tensor) {
     )
 }
 
-/// Shared by the three norms: `fused(w, b)` is LibTorch's kernel with the affine parameters,
-/// `plain()` the same normalisation without them; `channel_dim` is where w and b apply.
 /// The parameter-free normalisation a norm layer applies before its affine map; the per-sample
 /// gradient of the affine weight needs it (Σ over positions of x̂ · dL/dy), and
 /// `privacy::grad_sample` recomputes it from the recorded input rather than keeping x̂ alive.
@@ -35,10 +33,20 @@ pub enum Normalization {
 impl Normalization {
     /// x̂: the input normalised, without the affine map.
     pub fn apply(&self, xs: &Tensor) -> Tensor {
+        self.apply_affine(xs, None, None)
+    }
+
+    /// The fused kernel, with the affine map when `weight` and `bias` are given.
+    pub fn apply_affine(
+        &self,
+        xs: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+    ) -> Tensor {
         match *self {
             Normalization::Instance => xs.instance_norm(
-                None::<&Tensor>,
-                None::<&Tensor>,
+                weight,
+                bias,
                 None::<&Tensor>,
                 None::<&Tensor>,
                 true,
@@ -46,19 +54,16 @@ impl Normalization {
                 EPS,
                 false,
             ),
-            Normalization::Group { groups } => {
-                xs.group_norm(groups, None::<&Tensor>, None::<&Tensor>, EPS, false)
-            }
-            Normalization::Layer { dim, eps } => {
-                xs.layer_norm([dim], None::<&Tensor>, None::<&Tensor>, eps, false)
-            }
+            Normalization::Group { groups } => xs.group_norm(groups, weight, bias, EPS, false),
+            Normalization::Layer { dim, eps } => xs.layer_norm([dim], weight, bias, eps, false),
         }
     }
 }
 
-/// The fused normalisation with its affine map (the same kernel a non-private step runs); under a
-/// private context the layer's input and output are recorded, so that the per-sample gradients
-/// of `weight` and `bias` can be formed after the backward pass.
+/// The fused normalisation with its affine map (the same kernel a non-private step runs;
+/// `channel_dim` is where w and b apply); under a private context the layer's input and output
+/// are recorded, so that the per-sample gradients of `weight` and `bias` can be formed after the
+/// backward pass.
 fn normalise(
     xs: &Tensor,
     weight: &Tensor,
@@ -66,9 +71,8 @@ fn normalise(
     channel_dim: i64,
     normalization: Normalization,
     ctx: &mut Ctx,
-    fused: impl Fn(&Tensor, &Tensor) -> Tensor,
 ) -> Tensor {
-    let ys = fused(weight, bias);
+    let ys = normalization.apply_affine(xs, Some(weight), Some(bias));
     if let Some(tape) = ctx.tape().filter(|_| weight.requires_grad()) {
         let c = if channel_dim < 0 {
             xs.dim() as i64 + channel_dim
@@ -106,25 +110,9 @@ impl InstanceNorm2d {
     }
 
     pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        let run = |w: Option<&Tensor>, b: Option<&Tensor>| {
-            xs.instance_norm(
-                w,
-                b,
-                None::<&Tensor>,
-                None::<&Tensor>,
-                true,
-                0.1,
-                EPS,
-                false,
-            )
-        };
         match &self.affine {
-            None => run(None, None),
-            Some((weight, bias)) => {
-                normalise(xs, weight, bias, 1, Normalization::Instance, ctx, |w, b| {
-                    run(Some(w), Some(b))
-                })
-            }
+            None => Normalization::Instance.apply(xs),
+            Some((weight, bias)) => normalise(xs, weight, bias, 1, Normalization::Instance, ctx),
         }
     }
 }
@@ -148,8 +136,6 @@ impl GroupNorm {
     }
 
     pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        let run =
-            |w: Option<&Tensor>, b: Option<&Tensor>| xs.group_norm(self.groups, w, b, EPS, false);
         normalise(
             xs,
             &self.weight,
@@ -159,7 +145,6 @@ impl GroupNorm {
                 groups: self.groups,
             },
             ctx,
-            |w, b| run(Some(w), Some(b)),
         )
     }
 }
@@ -185,9 +170,6 @@ impl LayerNorm {
     }
 
     pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        let run = |w: Option<&Tensor>, b: Option<&Tensor>| {
-            xs.layer_norm([self.dim], w, b, self.eps, false)
-        };
         normalise(
             xs,
             &self.weight,
@@ -198,7 +180,6 @@ impl LayerNorm {
                 eps: self.eps,
             },
             ctx,
-            |w, b| run(Some(w), Some(b)),
         )
     }
 }
