@@ -5,6 +5,7 @@
 
 mod common;
 
+use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::data::Features;
 use dpcomp::models::{BertClassifier, BertConfig, CifarCnn, Model, ResNet18, SurnamesLstm};
 use dpcomp::nn::Ctx;
@@ -14,40 +15,10 @@ use dpcomp::privacy::grad_sample::{
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
 
-/// Per-example autograd: parameter name -> [B, ...] gradients, one example at a time.
+/// Per-example autograd: parameter name -> [B, ...] gradients, one example at a time (the
+/// library's oracle, which `dpcomp check-device` runs on any device).
 fn oracle(model: &dyn Model, features: &Features, labels: &Tensor) -> HashMap<String, Tensor> {
-    let params = model.trainable_variables();
-    let batch = labels.size()[0];
-    let mut per_param: HashMap<String, Vec<Tensor>> = HashMap::new();
-    for i in 0..batch {
-        let index = Tensor::from_slice(&[i]);
-        for (_, p) in &params {
-            p.shallow_clone().zero_grad();
-        }
-        let mut ctx = Ctx::eval();
-        let logits = model.forward(&features.select(&index), &mut ctx).unwrap();
-        let loss = logits.cross_entropy_loss::<Tensor>(
-            &labels.index_select(0, &index),
-            None,
-            Reduction::Sum,
-            -100,
-            0.0,
-        );
-        loss.backward();
-        for (name, p) in &params {
-            let g = p.grad();
-            let g = if g.defined() {
-                g.copy()
-            } else {
-                p.zeros_like()
-            };
-            per_param.entry(name.clone()).or_default().push(g);
-        }
-    }
-    per_param
-        .into_iter()
-        .map(|(k, v)| (k, Tensor::stack(&v, 0)))
-        .collect()
+    per_example_gradients(model, features, labels).unwrap()
 }
 
 fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {

@@ -192,16 +192,17 @@ fn per_sample_checks(device: Device, bert_dir: Option<&std::path::Path>) -> Resu
     Ok(checks)
 }
 
-/// Per-example autograd (one example at a time) against one tape and one backward pass.
-fn per_sample_gap(
-    name: &str,
+/// Per-example autograd, the oracle of every per-sample-gradient check (here and in
+/// `tests/grad_sample.rs`): parameter name -> [B, ...] gradients, one example at a time, each
+/// example's forward in evaluation mode on the features' device.
+pub fn per_example_gradients(
     model: &dyn Model,
     features: &Features,
     labels: &Tensor,
-) -> Result<Vec<Check>> {
+) -> Result<HashMap<String, Tensor>> {
     let params = model.trainable_variables();
     let device = labels.device();
-    let mut oracle: HashMap<String, Vec<Tensor>> = HashMap::new();
+    let mut per_param: HashMap<String, Vec<Tensor>> = HashMap::new();
     for i in 0..labels.size()[0] {
         let index = Tensor::from_slice(&[i]).to_device(device);
         for (_, p) in &params {
@@ -216,20 +217,31 @@ fn per_sample_gap(
             0.0,
         );
         loss.backward();
-        for (pname, p) in &params {
+        for (name, p) in &params {
             let g = p.grad();
             let g = if g.defined() {
                 g.copy()
             } else {
                 p.zeros_like()
             };
-            oracle.entry(pname.clone()).or_default().push(g);
+            per_param.entry(name.clone()).or_default().push(g);
         }
     }
-    let oracle: HashMap<String, Tensor> = oracle
+    Ok(per_param
         .into_iter()
         .map(|(k, v)| (k, Tensor::stack(&v, 0)))
-        .collect();
+        .collect())
+}
+
+/// Per-example autograd (one example at a time) against one tape and one backward pass.
+fn per_sample_gap(
+    name: &str,
+    model: &dyn Model,
+    features: &Features,
+    labels: &Tensor,
+) -> Result<Vec<Check>> {
+    let params = model.trainable_variables();
+    let oracle = per_example_gradients(model, features, labels)?;
     let names: HashMap<usize, String> = params
         .iter()
         .map(|(n, p)| (p.data_ptr() as usize, n.clone()))
