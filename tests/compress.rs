@@ -7,7 +7,10 @@ use common::Draws;
 use dpcomp::compress::encoding::{min_index_bits, truncate_mantissa};
 use dpcomp::compress::powersgd::orthogonalize;
 use dpcomp::compress::topk::{largest, TopK};
-use dpcomp::compress::{Compressor, CompressorKind, CompressorSpec, Denoise, Dgc};
+use dpcomp::compress::{
+    CompressorKind, CompressorSpec, Decoder, DenoiseDecoder, DenoiseEncoder, DgcEncoder, Encoder,
+    Scope, Unpack,
+};
 use tch::{Device, Kind, Tensor};
 
 fn spec(kind: CompressorKind, rate: f64, rank: i64, options: &[&str]) -> CompressorSpec {
@@ -55,10 +58,9 @@ fn identity_dgc_rate_1_and_full_rank_powersgd_reproduce_the_input() {
         ),
     ];
     for case in cases {
-        let mut c = case.build(&shapes, Device::Cpu).unwrap();
+        let mut c = case.link(&shapes, Device::Cpu).unwrap();
         for step in 0..3 {
-            let message = c.compress(&input);
-            let out = c.decompress(&message);
+            let (_, out) = c.round_trip(&input);
             for (a, b) in input.iter().zip(&out) {
                 // f32 Gram-Schmidt over up to 53 columns of a random (ill-conditioned) matrix loses
                 // orthogonality at about 1e-4 relative (PyTorch's does the same).
@@ -91,7 +93,7 @@ fn powersgd_fresh_q_is_a_function_of_seed_layer_and_step() {
             2,
             &["warm_start=false", "min_rate=0", seed],
         )
-        .build(&shapes, Device::Cpu)
+        .link(&shapes, Device::Cpu)
         .unwrap()
     };
     let (mut a, mut b, mut other) = (build("seed=5"), build("seed=5"), build("seed=6"));
@@ -114,14 +116,17 @@ fn powersgd_fresh_q_is_a_function_of_seed_layer_and_step() {
             let mut c = build("seed=5");
             let saved: std::collections::HashMap<String, Tensor> =
                 a.state().into_iter().map(|(k, t)| (k, t.copy())).collect();
-            assert!(saved.contains_key("step"), "the step count is checkpointed");
+            assert!(
+                saved.contains_key("encoder.step"),
+                "the step count is checkpointed"
+            );
             c.load_state(saved).unwrap();
             resumed = Some(c);
         }
         let (qa, qb, qo) = (
-            low_rank_parts(&a.compress(&input)),
-            low_rank_parts(&b.compress(&input)),
-            low_rank_parts(&other.compress(&input)),
+            low_rank_parts(&a.encoder.encode(&input)),
+            low_rank_parts(&b.encoder.encode(&input)),
+            low_rank_parts(&other.encoder.encode(&input)),
         );
         assert_eq!(qa.len(), 2, "the conv weight and the matrix are factorised");
         assert_eq!(qb.len(), qa.len());
@@ -130,7 +135,7 @@ fn powersgd_fresh_q_is_a_function_of_seed_layer_and_step() {
         }
         assert!(max_abs(&qa[1], &qo[1]) > 1e-3, "step {step}: another seed");
         if let Some(c) = resumed.as_mut() {
-            let qr = low_rank_parts(&c.compress(&input));
+            let qr = low_rank_parts(&c.encoder.encode(&input));
             assert_eq!(qr.len(), qa.len(), "step {step}: resumed");
             for (x, y) in qa.iter().zip(&qr) {
                 assert_eq!(max_abs(x, y), 0.0, "step {step}: resumed");
@@ -153,12 +158,9 @@ fn powersgd_is_exact_on_matrices_of_rank_at_most_r() {
             rank,
             &["shape=rows", "min_rate=0"],
         )
-        .build(&shapes_of(&input), Device::Cpu)
+        .link(&shapes_of(&input), Device::Cpu)
         .unwrap();
-        let out = {
-            let m = c.compress(&input);
-            c.decompress(&m)
-        };
+        let out = { c.round_trip(&input).1 };
         let scale = low_rank.abs().max().double_value(&[]);
         assert!(
             max_abs(&out[0], &low_rank) <= 1e-4 * scale,
@@ -223,14 +225,11 @@ fn error_feedback_sent_plus_residual_equals_input_plus_old_residual() {
     ];
     for case in cases {
         let shapes = shapes_of(&update(0));
-        let mut dgc = Dgc::new(&shapes, Device::Cpu, case.dgc_options().unwrap());
+        let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, case.dgc_options().unwrap());
         for step in 0..5 {
             let input = update(10 + step);
             let old: Vec<Tensor> = dgc.residuals().iter().map(Tensor::copy).collect();
-            let sent = {
-                let m = dgc.compress(&input);
-                dgc.decompress(&m)
-            };
+            let sent = Unpack::per_parameter().decode(&dgc.encode(&input));
             for i in 0..input.len() {
                 let lhs = &sent[i] + &dgc.residuals()[i];
                 let rhs = &input[i] + &old[i];
@@ -245,21 +244,18 @@ fn error_feedback_sent_plus_residual_equals_input_plus_old_residual() {
     // PowerSGD: P Qᵀ + new error = input + old error.
     let shapes = shapes_of(&update(0));
     let mut c = spec(CompressorKind::Powersgd, 1.0, 2, &[])
-        .build(&shapes, Device::Cpu)
+        .link(&shapes, Device::Cpu)
         .unwrap();
     for step in 0..5 {
         let input = update(20 + step);
         let old: std::collections::HashMap<String, Tensor> =
             c.state().into_iter().map(|(k, t)| (k, t.copy())).collect();
-        let sent = {
-            let m = c.compress(&input);
-            c.decompress(&m)
-        };
+        let sent = { c.round_trip(&input).1 };
         let new: std::collections::HashMap<String, Tensor> = c.state().into_iter().collect();
         // Layer 1 ([40, 70], 2800 values) is factorised as a 53 x 53 matrix (9 zeros of padding).
         let as_matrix = |t: &Tensor| t.reshape([-1]).constant_pad_nd([0, 9]).view([53, 53]);
-        let lhs = as_matrix(&sent[1]) + &new["error.1"];
-        let rhs = as_matrix(&input[1]) + &old["error.1"];
+        let lhs = as_matrix(&sent[1]) + &new["encoder.error.1"];
+        let rhs = as_matrix(&input[1]) + &old["encoder.error.1"];
         assert!(max_abs(&lhs, &rhs) < 1e-5, "powersgd step {step}");
         // The bias is a vector: sent dense and exactly.
         assert_eq!(max_abs(&sent[2], &input[2]), 0.0);
@@ -272,11 +268,11 @@ fn dgc_momentum_correction_and_masking() {
     let options = spec(CompressorKind::Dgc, 32.0, 1, &["momentum=0.9"])
         .dgc_options()
         .unwrap();
-    let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
+    let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, options);
     let g = Draws::new(5).randn(&[1000], Kind::Float);
-    let message = dgc.compress(&[g.shallow_clone()]);
+    let message = dgc.encode(&[g.shallow_clone()]);
     let state: std::collections::HashMap<String, Tensor> = dgc.state().into_iter().collect();
-    let sent = dgc.decompress(&message)[0].shallow_clone();
+    let sent = Unpack::per_parameter().decode(&message)[0].shallow_clone();
     let kept = sent.ne(0.0);
     // First step: u = g, v = g; the sent positions are cleared in both u (masking) and v.
     assert_eq!(
@@ -308,7 +304,7 @@ fn dgc_warmup_rates_grow_exponentially_to_the_target() {
     let options = spec(CompressorKind::Dgc, 256.0, 1, &["warmup_epochs=4"])
         .dgc_options()
         .unwrap();
-    let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
+    let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, options);
     let rates: Vec<f64> = (0..6)
         .map(|e| {
             dgc.start_epoch(e);
@@ -329,7 +325,9 @@ fn denoise_receiver_velocity_equals_the_senders_mirror_after_every_step() {
                 1,
                 &[&format!("scope={scope}")],
             );
-            let mut d = Denoise::new(&shapes, Device::Cpu, s.denoise_options().unwrap());
+            let options = s.denoise_options().unwrap();
+            let mut receiver = DenoiseDecoder::new(&shapes, Device::Cpu, options.scope);
+            let mut d = DenoiseEncoder::new(&shapes, Device::Cpu, options);
             let mut chose_acceleration = false;
             for step in 0..8 {
                 // Slowly varying gradients, so that accelerations are sometimes cheaper.
@@ -338,17 +336,17 @@ fn denoise_receiver_velocity_equals_the_senders_mirror_after_every_step() {
                     .zip(update(100 + step))
                     .map(|(a, b)| a + b * 0.05)
                     .collect();
-                let message = d.compress(&input);
+                let message = d.encode(&input);
                 assert_eq!(message.flags.len(), if scope == "layer" { 3 } else { 1 });
                 // A flag is true where the velocity was sent, false where the acceleration was.
                 chose_acceleration |= message.flags.iter().any(|f| f.int64_value(&[]) == 0);
-                let out = d.decompress(&message);
-                for (r, m) in d.receiver_velocity().iter().zip(d.sender_mirror()) {
+                let out = receiver.decode(&message);
+                for (r, m) in receiver.velocity().iter().zip(d.mirror()) {
                     assert_eq!(max_abs(r, &m), 0.0, "{scope} rate {rate} step {step}");
                 }
                 let flat: Vec<Tensor> = out.iter().map(|t| t.reshape([-1])).collect();
                 let joined = Tensor::cat(&flat, 0);
-                let received = Tensor::cat(&d.receiver_velocity(), 0);
+                let received = Tensor::cat(&receiver.velocity(), 0);
                 assert_eq!(max_abs(&joined, &received), 0.0);
             }
             if rate > 1.0 {
@@ -365,17 +363,14 @@ fn denoise_receiver_velocity_equals_the_senders_mirror_after_every_step() {
 fn denoise_at_rate_1_is_the_exponential_average() {
     let shapes = shapes_of(&update(0));
     let s = spec(CompressorKind::Denoise, 1.0, 1, &["beta=0.8", "decay=0.5"]);
-    let mut d = Denoise::new(&shapes, Device::Cpu, s.denoise_options().unwrap());
+    let mut d = s.link(&shapes, Device::Cpu).unwrap();
     let mut average: Vec<Tensor> = shapes
         .iter()
         .map(|s| Tensor::zeros(s.as_slice(), (Kind::Float, Device::Cpu)))
         .collect();
     for step in 0..4 {
         let input = update(30 + step);
-        let out = {
-            let m = d.compress(&input);
-            d.decompress(&m)
-        };
+        let out = d.round_trip(&input).1;
         for (a, (o, g)) in average.iter_mut().zip(out.iter().zip(&input)) {
             *a = &*a * 0.8 + g * 0.2;
             assert!(max_abs(a, o) < 1e-6);
@@ -389,8 +384,10 @@ fn wire_bits_equal_hand_counts() {
     let input = vec![Tensor::ones([100, 10], opts), Tensor::ones([10], opts)];
     let shapes = shapes_of(&input);
     let bits = |s: CompressorSpec| {
-        let mut c = s.build(&shapes, Device::Cpu).unwrap();
-        c.compress(&input).wire_bits()
+        s.encoder(&shapes, Device::Cpu)
+            .unwrap()
+            .encode(&input)
+            .wire_bits()
     };
     // Dense fp32: 1010 values x 32 bits.
     assert_eq!(bits(spec(CompressorKind::Identity, 1.0, 1, &[])), 32_320);
@@ -457,8 +454,7 @@ fn paper_bits_count_64_per_element_and_budget_elements_keeps_numel_over_rate() {
     let input = vec![Tensor::ones([100, 10], opts), Tensor::ones([10], opts)];
     let shapes = shapes_of(&input);
     let sent = |s: CompressorSpec| {
-        let mut c = s.build(&shapes, Device::Cpu).unwrap();
-        let m = c.compress(&input);
+        let m = s.encoder(&shapes, Device::Cpu).unwrap().encode(&input);
         (m.elements(), m.paper_bits(), m.wire_bits())
     };
     // Dense: 1010 elements, 64 bits each in the paper's unit, 32 on the wire.
@@ -537,7 +533,7 @@ fn dgc_reference_warmup_is_geometric_in_the_density() {
     )
     .dgc_options()
     .unwrap();
-    let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
+    let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, options);
     let rates: Vec<f64> = (0..5)
         .map(|e| {
             dgc.start_epoch(e);
@@ -611,14 +607,14 @@ fn model_wise_dgc_ranks_the_whole_update_and_keeps_error_feedback() {
     input[1] = &input[1] * 100.0;
     let shapes = shapes_of(&input);
     let n: i64 = shapes.iter().map(|s| s.iter().product::<i64>()).sum();
-    let mut dgc = Dgc::new(&shapes, Device::Cpu, options);
+    let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, options);
     let flat =
         |ts: &[Tensor]| Tensor::cat(&ts.iter().map(|t| t.reshape([-1])).collect::<Vec<_>>(), 0);
     for step in 0..3 {
         let old = dgc.residuals()[0].copy();
-        let message = dgc.compress(&input);
+        let message = dgc.encode(&input);
         assert_eq!(message.payloads.len(), 1, "one message for the model");
-        let sent = dgc.decompress(&message);
+        let sent = Unpack::new(&shapes, Scope::Model).decode(&message);
         assert_eq!(shapes_of(&sent), shapes);
         let k = dpcomp::compress::encoding::sparse_budget(
             n,
@@ -637,5 +633,85 @@ fn model_wise_dgc_ranks_the_whole_update_and_keeps_error_feedback() {
         let lhs = flat(&sent) + &dgc.residuals()[0];
         let rhs = flat(&input) + old;
         assert!(max_abs(&lhs, &rhs) < 1e-4, "step {step}");
+    }
+}
+
+/// A link's state is named by side (`encoder.*`, `decoder.*`); a checkpoint written before the
+/// encoder/decoder split (one namespace without prefixes) still loads, each name going to the
+/// side that owns it, and either continues exactly as the link the state came from.
+#[test]
+fn link_state_is_named_by_side_and_old_checkpoints_still_load() {
+    let cases = [
+        spec(CompressorKind::Denoise, 16.0, 1, &[]),
+        spec(
+            CompressorKind::Dgc,
+            16.0,
+            1,
+            &["momentum=0.9", "masking=true"],
+        ),
+        spec(CompressorKind::Powersgd, 1.0, 2, &["warm_start=false"]),
+    ];
+    let shapes = shapes_of(&update(0));
+    for case in cases {
+        let label = case.label();
+        let copied = |state: Vec<(String, Tensor)>, strip: bool| {
+            state
+                .into_iter()
+                .map(|(name, t)| {
+                    let name = match strip {
+                        true => name.split_once('.').unwrap().1.to_string(),
+                        false => name,
+                    };
+                    (name, t.copy())
+                })
+                .collect::<std::collections::HashMap<_, _>>()
+        };
+        let mut original = case.link(&shapes, Device::Cpu).unwrap();
+        for step in 0..3 {
+            original.round_trip(&update(50 + step));
+        }
+        let state = original.state();
+        assert!(!state.is_empty(), "{label}");
+        assert!(
+            state
+                .iter()
+                .all(|(n, _)| n.starts_with("encoder.") || n.starts_with("decoder.")),
+            "{label}"
+        );
+        if case.kind == CompressorKind::Denoise {
+            let names: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
+            assert!(names.contains(&"decoder.received.0"), "{label}: {names:?}");
+            assert!(names.contains(&"encoder.mirror.0"), "{label}: {names:?}");
+        }
+        let mut restored = case.link(&shapes, Device::Cpu).unwrap();
+        restored
+            .load_state(copied(original.state(), false))
+            .unwrap();
+        let mut from_old = case.link(&shapes, Device::Cpu).unwrap();
+        from_old.load_state(copied(original.state(), true)).unwrap();
+        for step in 3..6 {
+            let input = update(50 + step);
+            let expected = original.round_trip(&input).1;
+            for (name, link) in [("restored", &mut restored), ("old format", &mut from_old)] {
+                let got = link.round_trip(&input).1;
+                for (a, b) in expected.iter().zip(&got) {
+                    assert_eq!(max_abs(a, b), 0.0, "{label} {name} step {step}");
+                }
+            }
+        }
+        // A saved state that lacks a tensor is refused, naming it.
+        let mut partial = copied(original.state(), false);
+        let missing = state[0].0.clone();
+        partial.remove(&missing);
+        let e = case
+            .link(&shapes, Device::Cpu)
+            .unwrap()
+            .load_state(partial)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(missing.split_once('.').unwrap().1),
+            "{label}: {e}"
+        );
     }
 }

@@ -37,14 +37,17 @@ fn header_bound(message: &Message) -> usize {
 
 fn round_trip(name: &str, spec: CompressorSpec) {
     let shapes = shapes();
-    let mut compressor = spec.build(&shapes, Device::Cpu).unwrap();
+    // One encoder; one decoder reads the bytes, another the message in memory.
+    let mut encoder = spec.encoder(&shapes, Device::Cpu).unwrap();
+    let mut over_bytes = spec.decoder(&shapes, Device::Cpu).unwrap();
+    let mut in_memory = spec.decoder(&shapes, Device::Cpu).unwrap();
     for step in 0..3 {
         tch::manual_seed(10 + step);
         let update: Vec<Tensor> = shapes
             .iter()
             .map(|s| Tensor::randn(s.as_slice(), (Kind::Float, Device::Cpu)))
             .collect();
-        let message = compressor.compress(&update);
+        let message = encoder.encode(&update);
         let bytes = message.to_bytes().unwrap();
         // What `grid --list` estimates without encoding is the length the encoding has.
         assert_eq!(
@@ -65,6 +68,17 @@ fn round_trip(name: &str, spec: CompressorSpec) {
                 "{name} step {step}: reconstruction differs after the bytes"
             );
             assert_eq!(a.wire_bits(), b.wire_bits(), "{name}");
+        }
+        // The decoders (stateful for Denoise) reconstruct the same update from either.
+        let (from_bytes, from_memory) = (over_bytes.decode(&decoded), in_memory.decode(&message));
+        assert_eq!(from_bytes.len(), shapes.len(), "{name}");
+        for ((a, b), shape) in from_bytes.iter().zip(&from_memory).zip(&shapes) {
+            assert_eq!(&a.size(), shape, "{name}: decoded shape");
+            assert_eq!(
+                bits_of(a),
+                bits_of(b),
+                "{name} step {step}: decoded update differs"
+            );
         }
         // What the bytes cost: the payload bits, plus headers and byte padding, nothing more.
         let measured = 8 * bytes.len() as u64;

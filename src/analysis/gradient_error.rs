@@ -19,7 +19,7 @@
 //! Results go to the run's `grad_error.jsonl`, one line per measured epoch.
 
 use super::{flatten, squared_norm, unflatten, BatchGradients, NOISE_SEED};
-use crate::compress::{Compressor, CompressorSpec};
+use crate::compress::{CompressorSpec, Link};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::models::Model;
@@ -146,8 +146,8 @@ pub struct CompressorSource<'a> {
 impl CompressorSource<'_> {
     /// A new compressor holding a copy of the state (`load_state` copies, so the run's own
     /// tensors are never written).
-    fn fresh(&self) -> Result<Box<dyn Compressor>> {
-        let mut compressor = self.spec.build(self.shapes, self.device)?;
+    fn fresh(&self) -> Result<Link> {
+        let mut compressor = self.spec.link(self.shapes, self.device)?;
         let state: HashMap<String, Tensor> = self
             .state
             .iter()
@@ -229,8 +229,8 @@ pub fn measure(
             moments[1].add(&noisy, reference);
             let mut sender = compressor.fresh()?;
             let received = tch::no_grad(|| {
-                let message = sender.compress(&unflatten(&noisy, compressor.shapes));
-                flatten(&sender.decompress(&message))
+                let (_, received) = sender.round_trip(&unflatten(&noisy, compressor.shapes));
+                flatten(&received)
             });
             moments[2].add(&received, reference);
         }

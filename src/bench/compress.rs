@@ -56,7 +56,7 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
     )?;
     let params = model.trainable_variables();
     let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
-    let mut compressor = spec.build(&shapes, device)?;
+    let mut compressor = spec.link(&shapes, device)?;
 
     // One backward pass of the model (forward untimed): its gradients and its time.
     let backward = || -> Result<(Vec<Tensor>, f64)> {
@@ -88,8 +88,7 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
     let mut step = |update: &[Tensor]| -> (f64, u64) {
         synchronize(device);
         let start = Instant::now();
-        let message = compressor.compress(update);
-        let received = compressor.decompress(&message);
+        let (message, received) = compressor.round_trip(update);
         synchronize(device);
         let seconds = start.elapsed().as_secs_f64();
         drop(received);

@@ -18,7 +18,7 @@
 //!   the two errors compared are then the receiver's remaining gap under each choice;
 //! - the receiver replaces its velocity with a sent velocity, or adds a sent acceleration, and
 //!   uses its velocity as the update. The sender mirrors the receiver's velocity, so
-//!   `receiver_velocity() == sender_mirror()` after every step (tested).
+//!   `DenoiseDecoder::velocity() == DenoiseEncoder::mirror()` after every message (tested).
 //!
 //! Defaults β = 0.9, decay = 0.9 from a sweep on Surnames (σ 0.8, C 3, rate 16, 3 epochs, mean
 //! test accuracy of the 3 epochs): β 0.9 with decay 0.9 31.9%, 1.0 31.6%, 0.5 27.8%; β 0.5 with
@@ -30,7 +30,7 @@
 
 use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, Budget, IndexBits};
 use super::topk::{largest, TopK};
-use super::{Compressor, Message, Payload, Scope};
+use super::{Decoder, Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -47,54 +47,75 @@ pub struct DenoiseOptions {
     pub budget: Budget,
 }
 
-/// Per segment (a parameter, or the whole model): flat [numel] tensors.
+/// The sender's state per segment (a parameter, or the whole model): flat [numel] tensors.
 struct Segment {
     velocity: Tensor,
     residual: Tensor,
     /// The sender's copy of the receiver's velocity.
     mirror: Tensor,
-    /// The receiver's velocity.
-    received: Tensor,
 }
 
-pub struct Denoise {
+/// Denoise's worker side: its velocity, the decayed residual and a mirror of the receiver's
+/// velocity (to choose between velocity and acceleration by the receiver's remaining gap).
+pub struct DenoiseEncoder {
     options: DenoiseOptions,
-    shapes: Vec<Vec<i64>>,
     segments: Vec<Segment>,
 }
 
-impl Denoise {
+/// Denoise's receiver: its velocity per segment, replaced by a sent velocity or moved by a sent
+/// acceleration, and returned as the update.
+pub struct DenoiseDecoder {
+    shapes: Vec<Vec<i64>>,
+    scope: Scope,
+    /// The receiver's velocity per segment (flat).
+    received: Vec<Tensor>,
+}
+
+/// Flat sizes of the segments: one per parameter, or one for the whole model.
+fn segment_sizes(shapes: &[Vec<i64>], scope: Scope) -> Vec<i64> {
+    match scope {
+        Scope::Layer => shapes.iter().map(|s| s.iter().product()).collect(),
+        Scope::Model => vec![shapes.iter().map(|s| s.iter().product::<i64>()).sum()],
+    }
+}
+
+impl DenoiseDecoder {
+    pub fn new(shapes: &[Vec<i64>], device: Device, scope: Scope) -> Self {
+        DenoiseDecoder {
+            received: segment_sizes(shapes, scope)
+                .into_iter()
+                .map(|n| Tensor::zeros([n], (Kind::Float, device)))
+                .collect(),
+            shapes: shapes.to_vec(),
+            scope,
+        }
+    }
+
+    /// The receiver's velocities (flat, one per segment).
+    pub fn velocity(&self) -> Vec<Tensor> {
+        self.received.iter().map(Tensor::shallow_clone).collect()
+    }
+}
+
+impl DenoiseEncoder {
     pub fn new(shapes: &[Vec<i64>], device: Device, options: DenoiseOptions) -> Self {
-        let sizes: Vec<i64> = match options.scope {
-            Scope::Layer => shapes.iter().map(|s| s.iter().product()).collect(),
-            Scope::Model => vec![shapes.iter().map(|s| s.iter().product::<i64>()).sum()],
-        };
         let zeros = |n: i64| Tensor::zeros([n], (Kind::Float, device));
-        Denoise {
-            segments: sizes
+        DenoiseEncoder {
+            segments: segment_sizes(shapes, options.scope)
                 .into_iter()
                 .map(|n| Segment {
                     velocity: zeros(n),
                     residual: zeros(n),
                     mirror: zeros(n),
-                    received: zeros(n),
                 })
                 .collect(),
-            shapes: shapes.to_vec(),
             options,
         }
     }
 
-    /// The receiver's velocities (flat, one per segment).
-    pub fn receiver_velocity(&self) -> Vec<Tensor> {
-        self.segments
-            .iter()
-            .map(|s| s.received.shallow_clone())
-            .collect()
-    }
-
-    /// The sender's record of the receiver's velocities.
-    pub fn sender_mirror(&self) -> Vec<Tensor> {
+    /// The sender's record of the receiver's velocities (equal to `DenoiseDecoder::velocity`
+    /// after every message).
+    pub fn mirror(&self) -> Vec<Tensor> {
         self.segments
             .iter()
             .map(|s| s.mirror.shallow_clone())
@@ -212,8 +233,8 @@ fn receive(velocity: &mut Tensor, flag: &Tensor, payload: &Payload) {
     }
 }
 
-impl Compressor for Denoise {
-    fn compress(&mut self, update: &[Tensor]) -> Message {
+impl Encoder for DenoiseEncoder {
+    fn encode(&mut self, update: &[Tensor]) -> Message {
         tch::no_grad(|| {
             let incoming = self.segments_of(update);
             let (beta, decay) = (self.options.beta, self.options.decay);
@@ -243,25 +264,33 @@ impl Compressor for Denoise {
         })
     }
 
-    fn decompress(&mut self, message: &Message) -> Vec<Tensor> {
+    fn state(&self) -> Vec<(String, Tensor)> {
+        let mut state = Vec::new();
+        for (i, s) in self.segments.iter().enumerate() {
+            state.push((format!("velocity.{i}"), s.velocity.shallow_clone()));
+            state.push((format!("residual.{i}"), s.residual.shallow_clone()));
+            state.push((format!("mirror.{i}"), s.mirror.shallow_clone()));
+        }
+        state
+    }
+}
+
+impl Decoder for DenoiseDecoder {
+    fn decode(&mut self, message: &Message) -> Vec<Tensor> {
         tch::no_grad(|| {
-            for ((seg, payload), flag) in self
-                .segments
+            for ((received, payload), flag) in self
+                .received
                 .iter_mut()
                 .zip(&message.payloads)
                 .zip(&message.flags)
             {
-                receive(&mut seg.received, flag, payload);
+                receive(received, flag, payload);
             }
-            let flat: Vec<Tensor> = match self.options.scope {
-                Scope::Layer => self
-                    .segments
-                    .iter()
-                    .map(|s| s.received.shallow_clone())
-                    .collect(),
+            let flat: Vec<Tensor> = match self.scope {
+                Scope::Layer => self.velocity(),
                 Scope::Model => {
                     let sizes: Vec<i64> = self.shapes.iter().map(|s| s.iter().product()).collect();
-                    self.segments[0].received.split_with_sizes(&sizes, 0)
+                    self.received[0].split_with_sizes(&sizes, 0)
                 }
             };
             // Views of the receiver's velocity: read by the optimiser before the next message.
@@ -272,14 +301,12 @@ impl Compressor for Denoise {
         })
     }
 
+    /// Named `received.*` as before the encoder/decoder split (`Link::load_state`).
     fn state(&self) -> Vec<(String, Tensor)> {
-        let mut state = Vec::new();
-        for (i, s) in self.segments.iter().enumerate() {
-            state.push((format!("velocity.{i}"), s.velocity.shallow_clone()));
-            state.push((format!("residual.{i}"), s.residual.shallow_clone()));
-            state.push((format!("mirror.{i}"), s.mirror.shallow_clone()));
-            state.push((format!("received.{i}"), s.received.shallow_clone()));
-        }
-        state
+        self.received
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("received.{i}"), t.shallow_clone()))
+            .collect()
     }
 }

@@ -27,7 +27,7 @@
 
 use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, Budget, IndexBits};
 use super::topk::{largest, TopK};
-use super::{Compressor, Message, Payload, Scope};
+use super::{Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -55,9 +55,10 @@ pub enum Warmup {
     Reference,
 }
 
-pub struct Dgc {
+/// DGC's worker side (its receiver is the stateless `Unpack`).
+pub struct DgcEncoder {
     options: DgcOptions,
-    /// The parameters' shapes (to split a model-wise message).
+    /// The parameters' shapes (a 1-D parameter may be sent dense, `dense_vectors`).
     shapes: Vec<Vec<i64>>,
     /// Accumulated unsent update per parameter, or one flat tensor model-wise (v in DGC's
     /// notation).
@@ -67,7 +68,7 @@ pub struct Dgc {
     epoch: usize,
 }
 
-impl Dgc {
+impl DgcEncoder {
     pub fn new(shapes: &[Vec<i64>], device: Device, options: DgcOptions) -> Self {
         let segments: Vec<Vec<i64>> = match options.scope {
             Scope::Layer => shapes.to_vec(),
@@ -79,7 +80,7 @@ impl Dgc {
                 .map(|s| Tensor::zeros(s.as_slice(), (Kind::Float, device)))
                 .collect()
         };
-        Dgc {
+        DgcEncoder {
             momenta: if options.momentum > 0.0 {
                 zeros()
             } else {
@@ -112,8 +113,8 @@ impl Dgc {
     }
 }
 
-impl Compressor for Dgc {
-    fn compress(&mut self, update: &[Tensor]) -> Message {
+impl Encoder for DgcEncoder {
+    fn encode(&mut self, update: &[Tensor]) -> Message {
         let rate = self.current_rate();
         let o = self.options.clone();
         let segments: Vec<Tensor> = match o.scope {
@@ -176,22 +177,6 @@ impl Compressor for Dgc {
                 .collect()
         });
         Message::new(payloads)
-    }
-
-    fn decompress(&mut self, message: &Message) -> Vec<Tensor> {
-        match self.options.scope {
-            Scope::Layer => message.payloads.iter().map(Payload::to_dense).collect(),
-            Scope::Model => {
-                let sizes: Vec<i64> = self.shapes.iter().map(|s| s.iter().product()).collect();
-                message.payloads[0]
-                    .to_dense()
-                    .split_with_sizes(&sizes, 0)
-                    .iter()
-                    .zip(&self.shapes)
-                    .map(|(t, shape)| t.view(shape.as_slice()))
-                    .collect()
-            }
-        }
     }
 
     fn start_epoch(&mut self, epoch: usize) {

@@ -1,12 +1,13 @@
-//! Dense fp32: the uncompressed baseline (rate 1), counted like every other message.
+//! Dense fp32: the uncompressed baseline (rate 1), counted like every other message. Its
+//! receiver is `Unpack`.
 
-use super::{Compressor, Message, Payload};
+use super::{Encoder, Message, Payload};
 use tch::Tensor;
 
-pub struct Identity;
+pub struct DenseEncoder;
 
-impl Compressor for Identity {
-    fn compress(&mut self, update: &[Tensor]) -> Message {
+impl Encoder for DenseEncoder {
+    fn encode(&mut self, update: &[Tensor]) -> Message {
         Message::new(
             update
                 .iter()
@@ -16,10 +17,6 @@ impl Compressor for Identity {
                 })
                 .collect(),
         )
-    }
-
-    fn decompress(&mut self, message: &Message) -> Vec<Tensor> {
-        message.payloads.iter().map(Payload::to_dense).collect()
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

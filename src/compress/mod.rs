@@ -3,11 +3,13 @@
 //! "gradient compression" sections; GRACE's compressor/memory split).
 //!
 //! In training the order is clip -> noise -> **compress -> decompress** -> optimiser step
-//! (`train::apply_update`): compression is post-processing of the already-noisy gradient and never
-//! changes ε. Every compressor keeps its own per-worker state (residuals, momentum, velocity,
-//! warm-start factors), allocated from the parameters' shapes when it is built
-//! (`CompressorSpec::build`) and saved in every checkpoint (`state` / `load_state`). All tensor
-//! work stays on the gradients' device.
+//! (`train::Updater`): compression is post-processing of the already-noisy gradient and never
+//! changes ε. A compressor is two objects with separate state: the worker's `Encoder`
+//! (residuals, momentum, warm-start factors) and the receiver's `Decoder` (Denoise's velocity;
+//! the others decode statelessly), exchanging a `Message` that `wire` turns into bytes. Both are
+//! allocated from the parameters' shapes (`CompressorSpec::encoder` / `decoder` / `link`) and
+//! saved in every checkpoint (`Link::state`, names `encoder.*` / `decoder.*`). All tensor work
+//! stays on the gradients' device.
 
 pub mod denoise;
 pub mod dgc;
@@ -17,14 +19,16 @@ pub mod message;
 pub mod options;
 pub mod powersgd;
 pub mod topk;
+pub mod unpack;
 pub mod wire;
 
-pub use denoise::Denoise;
-pub use dgc::Dgc;
-pub use identity::Identity;
+pub use denoise::{DenoiseDecoder, DenoiseEncoder};
+pub use dgc::DgcEncoder;
+pub use identity::DenseEncoder;
 pub use message::{Message, Payload};
 pub use options::{CompressorKind, CompressorSpec};
-pub use powersgd::PowerSgd;
+pub use powersgd::PowerSgdEncoder;
+pub use unpack::Unpack;
 
 use crate::error::Result;
 use std::collections::HashMap;
@@ -39,28 +43,115 @@ pub enum Scope {
     Model,
 }
 
-/// One worker's compressor (sender) together with the receiver's side of it.
-pub trait Compressor {
+/// The worker's side of a compressor: turns each step's update into the message it sends and
+/// keeps what the worker carries between steps (error feedback, momentum correction,
+/// PowerSGD's warm-started Q, Denoise's velocity and its mirror of the receiver's).
+pub trait Encoder {
     /// The message for this step's update, one tensor per trainable parameter (in a fixed order).
-    fn compress(&mut self, update: &[Tensor]) -> Message;
-
-    /// The update the receiver reconstructs from `message` (same shapes as `compress`'s input).
-    fn decompress(&mut self, message: &Message) -> Vec<Tensor>;
+    fn encode(&mut self, update: &[Tensor]) -> Message;
 
     /// Called at the start of every epoch (0-based), for schedules such as DGC's warm-up.
     fn start_epoch(&mut self, _epoch: usize) {}
 
-    /// Everything the compressor carries from one step to the next, by name. A checkpoint
-    /// saves it; `load_state` copies it back exactly.
+    /// Everything the encoder carries from one step to the next, by name. A checkpoint saves
+    /// it; `load_state` copies it back exactly.
     fn state(&self) -> Vec<(String, Tensor)>;
 
     /// Restores `state()` as saved; every tensor must be present with its shape.
-    fn load_state(&mut self, mut state: HashMap<String, Tensor>) -> Result<()> {
-        for (name, mut mine) in self.state() {
-            let saved = take_state(&mut state, &name, &mine.size())?;
-            tch::no_grad(|| mine.copy_(&saved));
+    fn load_state(&mut self, state: HashMap<String, Tensor>) -> Result<()> {
+        copy_state(self.state(), state)
+    }
+}
+
+/// The receiver's side: turns a message back into an update of the parameters' shapes. DGC,
+/// PowerSGD and dense messages decode statelessly (`Unpack`); Denoise's receiver keeps its
+/// velocity.
+pub trait Decoder {
+    /// The update the receiver reconstructs from `message` (the shapes the encoder was given).
+    fn decode(&mut self, message: &Message) -> Vec<Tensor>;
+
+    /// What the decoder carries from one message to the next, by name (empty when stateless).
+    fn state(&self) -> Vec<(String, Tensor)> {
+        Vec::new()
+    }
+
+    /// Restores `state()` as saved; every tensor must be present with its shape.
+    fn load_state(&mut self, state: HashMap<String, Tensor>) -> Result<()> {
+        copy_state(self.state(), state)
+    }
+}
+
+/// Copies each saved tensor into the live one of the same name (checked by `take_state`).
+fn copy_state(live: Vec<(String, Tensor)>, mut saved: HashMap<String, Tensor>) -> Result<()> {
+    for (name, mut mine) in live {
+        let value = take_state(&mut saved, &name, &mine.size())?;
+        tch::no_grad(|| mine.copy_(&value));
+    }
+    Ok(())
+}
+
+/// One worker's encoder and the receiver's decoder, joined in one process: what a single-worker
+/// run, a benchmark or a test uses. (With several workers each holds its own encoder and the
+/// receiver one decoder.)
+pub struct Link {
+    pub encoder: Box<dyn Encoder>,
+    pub decoder: Box<dyn Decoder>,
+}
+
+/// Name prefixes of the two sides' tensors in a checkpoint's `compressor.safetensors`.
+pub const ENCODER_PREFIX: &str = "encoder.";
+pub const DECODER_PREFIX: &str = "decoder.";
+
+impl Link {
+    /// Encodes `update` and decodes the message in memory (no bytes: `train::Updater` sends
+    /// them through `wire`). Returns the message and the received update.
+    pub fn round_trip(&mut self, update: &[Tensor]) -> (Message, Vec<Tensor>) {
+        let message = self.encoder.encode(update);
+        let received = self.decoder.decode(&message);
+        (message, received)
+    }
+
+    pub fn start_epoch(&mut self, epoch: usize) {
+        self.encoder.start_epoch(epoch);
+    }
+
+    /// Both sides' state, named `encoder.*` and `decoder.*`.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let prefixed = |prefix: &str, state: Vec<(String, Tensor)>| {
+            state
+                .into_iter()
+                .map(|(name, t)| (format!("{prefix}{name}"), t))
+                .collect::<Vec<_>>()
+        };
+        let mut state = prefixed(ENCODER_PREFIX, self.encoder.state());
+        state.extend(prefixed(DECODER_PREFIX, self.decoder.state()));
+        state
+    }
+
+    /// Restores `state()` as saved. Checkpoints written before the encoder/decoder split hold
+    /// one namespace without prefixes (`residual.0`, `received.0`, ...): each such name goes to
+    /// the side whose state has it (the decoder's names never occurred on the encoder's side).
+    pub fn load_state(&mut self, state: HashMap<String, Tensor>) -> Result<()> {
+        let split = state
+            .keys()
+            .any(|k| k.starts_with(ENCODER_PREFIX) || k.starts_with(DECODER_PREFIX));
+        let decoder_names: Vec<String> = self.decoder.state().into_iter().map(|(n, _)| n).collect();
+        let (mut encoder, mut decoder) = (HashMap::new(), HashMap::new());
+        for (name, t) in state {
+            if split {
+                if let Some(n) = name.strip_prefix(ENCODER_PREFIX) {
+                    encoder.insert(n.to_string(), t);
+                } else if let Some(n) = name.strip_prefix(DECODER_PREFIX) {
+                    decoder.insert(n.to_string(), t);
+                }
+            } else if decoder_names.contains(&name) {
+                decoder.insert(name, t);
+            } else {
+                encoder.insert(name, t);
+            }
         }
-        Ok(())
+        self.encoder.load_state(encoder)?;
+        self.decoder.load_state(decoder)
     }
 }
 

@@ -2,13 +2,14 @@
 //! `--compressor-option key=value` (repeatable; in TOML `compressor_options = ["key=value"]`).
 //! Unknown keys and bad values are errors that list what each compressor accepts.
 
-use super::denoise::{Denoise, DenoiseOptions};
-use super::dgc::{Dgc, DgcOptions, Warmup};
+use super::denoise::{DenoiseDecoder, DenoiseEncoder, DenoiseOptions};
+use super::dgc::{DgcEncoder, DgcOptions, Warmup};
 use super::encoding::{Budget, IndexBits};
-use super::identity::Identity;
-use super::powersgd::{MatrixShape, PowerSgd, PowerSgdOptions};
+use super::identity::DenseEncoder;
+use super::powersgd::{MatrixShape, PowerSgdEncoder, PowerSgdOptions};
 use super::topk::TopK;
-use super::{Compressor, Scope};
+use super::unpack::Unpack;
+use super::{Decoder, Encoder, Link, Scope};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -163,17 +164,42 @@ impl CompressorSpec {
         Ok(spec)
     }
 
-    /// The compressor for parameters of `shapes` on `device`, its state allocated there.
-    pub fn build(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Compressor>> {
+    /// The worker's encoder for parameters of `shapes` on `device`, its state allocated there.
+    pub fn encoder(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Encoder>> {
         Ok(match self.kind {
-            CompressorKind::Identity => Box::new(Identity),
-            CompressorKind::Dgc => Box::new(Dgc::new(shapes, device, self.dgc_options()?)),
-            CompressorKind::Powersgd => {
-                Box::new(PowerSgd::new(shapes, device, self.powersgd_options()?))
-            }
+            CompressorKind::Identity => Box::new(DenseEncoder),
+            CompressorKind::Dgc => Box::new(DgcEncoder::new(shapes, device, self.dgc_options()?)),
+            CompressorKind::Powersgd => Box::new(PowerSgdEncoder::new(
+                shapes,
+                device,
+                self.powersgd_options()?,
+            )),
             CompressorKind::Denoise => {
-                Box::new(Denoise::new(shapes, device, self.denoise_options()?))
+                Box::new(DenoiseEncoder::new(shapes, device, self.denoise_options()?))
             }
+        })
+    }
+
+    /// The receiver's decoder for the encoder's messages (`encoder` with the same arguments).
+    pub fn decoder(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Decoder>> {
+        Ok(match self.kind {
+            CompressorKind::Identity | CompressorKind::Powersgd => {
+                Box::new(Unpack::per_parameter())
+            }
+            CompressorKind::Dgc => Box::new(Unpack::new(shapes, self.dgc_options()?.scope)),
+            CompressorKind::Denoise => Box::new(DenoiseDecoder::new(
+                shapes,
+                device,
+                self.denoise_options()?.scope,
+            )),
+        })
+    }
+
+    /// An encoder and its decoder in one process (`Link`).
+    pub fn link(&self, shapes: &[Vec<i64>], device: Device) -> Result<Link> {
+        Ok(Link {
+            encoder: self.encoder(shapes, device)?,
+            decoder: self.decoder(shapes, device)?,
         })
     }
 

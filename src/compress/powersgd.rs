@@ -9,7 +9,7 @@
 //! `_should_compress`, default min_rate 2); others, and every vector, are sent dense and exactly.
 //! On the wire: P and Q in fp32, 32 (n + m) r bits.
 
-use super::{Compressor, Message, Payload};
+use super::{Encoder, Message, Payload};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,14 +74,15 @@ struct Layer {
     q: Option<Tensor>,
 }
 
-pub struct PowerSgd {
+/// PowerSGD's worker side (its receiver, `Unpack`, forms P Qᵀ statelessly).
+pub struct PowerSgdEncoder {
     options: PowerSgdOptions,
     layers: Vec<Layer>,
     /// Steps compressed so far (a CPU int64 scalar, checkpointed when Q is redrawn every step).
     step: Tensor,
 }
 
-impl PowerSgd {
+impl PowerSgdEncoder {
     pub fn new(shapes: &[Vec<i64>], device: Device, options: PowerSgdOptions) -> Self {
         // Q starts from N(0, 1) draws of a generator of its own (PyTorch forks the RNG with a
         // seeded state for the same reason): the training's random stream is untouched.
@@ -110,7 +111,7 @@ impl PowerSgd {
                 }
             })
             .collect();
-        PowerSgd {
+        PowerSgdEncoder {
             options,
             layers,
             step: Tensor::zeros([], (Kind::Int64, Device::Cpu)),
@@ -141,8 +142,8 @@ fn seeded_normal(seed: i64, layer: i64, draw: i64, shape: [i64; 2], device: Devi
     Tensor::from_slice(&values).view(shape).to_device(device)
 }
 
-impl Compressor for PowerSgd {
-    fn compress(&mut self, update: &[Tensor]) -> Message {
+impl Encoder for PowerSgdEncoder {
+    fn encode(&mut self, update: &[Tensor]) -> Message {
         let o = self.options.clone();
         let step = self.step.int64_value(&[]) + 1;
         let payloads = tch::no_grad(|| {
@@ -197,10 +198,6 @@ impl Compressor for PowerSgd {
         });
         let _ = self.step.fill_(step);
         Message::new(payloads)
-    }
-
-    fn decompress(&mut self, message: &Message) -> Vec<Tensor> {
-        message.payloads.iter().map(Payload::to_dense).collect()
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

@@ -356,7 +356,7 @@ impl Trainer {
         let (device, data, model) = tasks::prepare(&config)?;
         let params = model.trainable_variables();
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
-        let compressor = config.compressor_spec()?.build(&shapes, device)?;
+        let compressor = config.compressor_spec()?.link(&shapes, device)?;
         let config_secure = config.secure_noise;
         Ok(Trainer {
             updater: Updater::new(Sgd::new(config.lr, config.momentum), compressor),

@@ -3,13 +3,14 @@
 //! Compression is post-processing of the privatised gradient and never changes ε.
 
 use super::sgd::Sgd;
-use crate::compress::{Compressor, Identity, Message};
+use crate::compress::{DenseEncoder, Link, Message, Unpack};
 use crate::error::Result;
 use tch::Tensor;
 
 pub struct Updater {
     pub optimizer: Sgd,
-    pub compressor: Box<dyn Compressor>,
+    /// The worker's encoder and the receiver's decoder (one worker in this process).
+    pub compressor: Link,
     /// Upstream bits of the last step's message: 8 x the length of its bytes (`compress::wire`).
     pub last_bits: u64,
     /// The same message in the paper's unit (64 bits per transmitted element, `Message::paper_bits`).
@@ -17,7 +18,7 @@ pub struct Updater {
 }
 
 impl Updater {
-    pub fn new(optimizer: Sgd, compressor: Box<dyn Compressor>) -> Self {
+    pub fn new(optimizer: Sgd, compressor: Link) -> Self {
         Updater {
             optimizer,
             compressor,
@@ -28,19 +29,23 @@ impl Updater {
 
     /// Uncompressed (dense fp32 messages, still counted).
     pub fn plain(optimizer: Sgd) -> Self {
-        Self::new(optimizer, Box::new(Identity))
+        let link = Link {
+            encoder: Box::new(DenseEncoder),
+            decoder: Box::new(Unpack::per_parameter()),
+        };
+        Self::new(optimizer, link)
     }
 
-    /// Sends `grads` through the compressor, as bytes, and steps the optimiser on what the
-    /// receiver decodes from them. Returns the bits sent (8 x the byte length).
+    /// Encodes `grads`, sends the message through bytes, and steps the optimiser on what the
+    /// decoder reconstructs from those bytes. Returns the bits sent (8 x the byte length).
     pub fn apply(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
-        let message = self.compressor.compress(grads);
+        let message = self.compressor.encoder.encode(grads);
         let bytes = message.to_bytes()?;
         self.last_bits = 8 * bytes.len() as u64;
         self.last_paper_bits = message.paper_bits();
         let device = grads.first().map_or(tch::Device::Cpu, Tensor::device);
         let received = Message::from_bytes(&bytes, device)?;
-        let update = self.compressor.decompress(&received);
+        let update = self.compressor.decoder.decode(&received);
         self.optimizer.step(params, &update);
         Ok(self.last_bits)
     }

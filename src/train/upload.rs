@@ -34,7 +34,7 @@ impl Upload {
 /// The upload of `config` trained on `train_examples` examples with parameters of `shapes`.
 pub fn estimate(config: &TrainConfig, train_examples: i64, shapes: &[Vec<i64>]) -> Result<Upload> {
     let spec = config.compressor_spec()?;
-    let mut compressor = spec.build(shapes, Device::Cpu)?;
+    let mut encoder = spec.encoder(shapes, Device::Cpu)?;
     let batch = config.batch_size as i64;
     let steps_per_epoch = ((train_examples + batch - 1) / batch) as u64;
     // Epochs after the warm-up all send the same sizes: encode those once.
@@ -50,12 +50,12 @@ pub fn estimate(config: &TrainConfig, train_examples: i64, shapes: &[Vec<i64>]) 
     let mut per_step = (0u64, 0u64);
     for epoch in 0..config.epochs {
         if epoch < distinct {
-            compressor.start_epoch(epoch);
+            encoder.start_epoch(epoch);
             let update: Vec<Tensor> = shapes
                 .iter()
                 .map(|s| Tensor::randn(s.as_slice(), (Kind::Float, Device::Cpu)))
                 .collect();
-            let message = compressor.compress(&update);
+            let message = encoder.encode(&update);
             // The length of the bytes a run measures (`compress::wire`).
             let bytes = crate::compress::wire::encoded_len(&message) as u64;
             per_step = (8 * bytes, message.paper_bits());
