@@ -12,7 +12,9 @@
 //! fused tensor operations each and then forms every weight gradient as one contraction over all
 //! time steps. `tests/lstm.rs` checks it against autograd through `forward_autograd`.
 
-use super::{uniform_init, Ctx, Layer, ManualBackward};
+use super::per_sample::{outer, Activations, PerSample};
+use super::tape::{LayerGradients, Recorded};
+use super::{uniform_init, Ctx, ManualBackward};
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -82,7 +84,7 @@ impl Lstm {
         let (hs, cache) = tch::no_grad(|| self.forward_cached(&xs.detach()));
         let hs = hs.set_requires_grad(true);
         if let Some(tape) = ctx.tape().filter(|_| private) {
-            let layer = Layer::Lstm {
+            let record = LstmRecord {
                 w_ih: self.w_ih.shallow_clone(),
                 w_hh: self.w_hh.shallow_clone(),
                 b_ih: self.b_ih.shallow_clone(),
@@ -90,7 +92,7 @@ impl Lstm {
                 cache,
                 input: xs.shallow_clone(),
             };
-            tape.push(layer, &hs);
+            tape.push(record, &hs);
             return hs;
         }
         ctx.push(Box::new(LstmBackward {
@@ -273,6 +275,61 @@ impl ManualBackward for LstmBackward {
         }
         if !surrogate.is_empty() {
             Tensor::stack(&surrogate, 0).sum(kind).backward();
+        }
+    }
+}
+
+/// The LSTM on the tape. Its output is an autograd leaf (the recurrence ran without autograd),
+/// so its per-sample gradients come from the hand-written gate gradients, and the gradient of
+/// its input is handed back to the engine as `LayerGradients::upstream`.
+pub struct LstmRecord {
+    pub w_ih: Tensor,
+    pub w_hh: Tensor,
+    pub b_ih: Tensor,
+    pub b_hh: Tensor,
+    pub cache: LstmCache,
+    /// The input as the graph before the LSTM produced it (to carry gradients back).
+    pub input: Tensor,
+}
+
+impl Recorded for LstmRecord {
+    /// With da_t the gate pre-activations' gradients (backpropagation through time from the
+    /// output gradient): g_i(W_ih) = Σ_t da_it x_itᵀ, g_i(W_hh) = Σ_t da_it h_i,t-1ᵀ,
+    /// g_i(b_ih) = g_i(b_hh) = Σ_t da_it.
+    fn per_sample(&self, grad: &Tensor) -> LayerGradients {
+        let da = tch::no_grad(|| gate_gradients(&self.cache, &self.w_hh, grad)); // [T, B, 4H]
+        let da_b = da.transpose(0, 1); // [B, T, 4H]
+        let bias_grad = da_b.sum_dim_intlist(1, false, da.kind());
+        let parameters = vec![
+            (
+                self.b_ih.shallow_clone(),
+                PerSample::Direct(bias_grad.shallow_clone()),
+            ),
+            (self.b_hh.shallow_clone(), PerSample::Direct(bias_grad)),
+            (
+                self.w_ih.shallow_clone(),
+                outer(
+                    Activations::Held(self.cache.xs.transpose(0, 1)),
+                    da_b.shallow_clone(),
+                    self.w_ih.size(),
+                ),
+            ),
+            (
+                self.w_hh.shallow_clone(),
+                outer(
+                    Activations::Held(self.cache.h_prev().transpose(0, 1)),
+                    da_b,
+                    self.w_hh.size(),
+                ),
+            ),
+        ];
+        let upstream = self.input.requires_grad().then(|| {
+            let d_input = tch::no_grad(|| da.matmul(&self.w_ih).transpose(0, 1));
+            (&self.input * d_input).sum(self.input.kind())
+        });
+        LayerGradients {
+            parameters,
+            upstream,
         }
     }
 }

@@ -10,14 +10,16 @@ pub mod embedding;
 pub mod linear;
 pub mod lstm;
 pub mod norm;
+pub mod per_sample;
 pub mod tape;
 
-pub use conv2d::Conv2d;
-pub use embedding::Embedding;
-pub use linear::Linear;
-pub use lstm::Lstm;
-pub use norm::{GroupNorm, InstanceNorm2d, LayerNorm, Normalization};
-pub use tape::{Layer, Record, Tape};
+pub use conv2d::{Conv2d, Conv2dRecord};
+pub use embedding::{Embedding, EmbeddingRecord};
+pub use linear::{Linear, LinearRecord};
+pub use lstm::{Lstm, LstmRecord};
+pub use norm::{AffineRecord, GroupNorm, InstanceNorm2d, LayerNorm, Normalization};
+pub use per_sample::{PerSample, PerSampleGradient};
+pub use tape::{LayerGradients, Record, Recorded, Tape};
 
 /// A piece of the forward pass whose backward is computed by hand rather than by autograd
 /// (the LSTM's backpropagation through time: one autograd node per cell operation and time step

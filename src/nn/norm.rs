@@ -5,7 +5,9 @@
 //! (`Ctx::private`) the layer's input is recorded, and `privacy::grad_sample` recomputes x̂ from
 //! it when it forms the per-sample gradients of the affine parameters.
 
-use super::{Ctx, Layer};
+use super::per_sample::{sum_except, PerSample};
+use super::tape::{LayerGradients, Recorded};
+use super::Ctx;
 use tch::{nn, Tensor};
 
 const EPS: f64 = 1e-5;
@@ -79,14 +81,14 @@ fn normalise(
         } else {
             channel_dim
         };
-        let layer = Layer::Affine {
+        let record = AffineRecord {
             weight: weight.shallow_clone(),
             bias: bias.shallow_clone(),
             input: xs.detach(),
             normalization,
             channel_dim: c,
         };
-        tape.push(layer, &ys);
+        tape.push(record, &ys);
     }
     ys
 }
@@ -181,5 +183,34 @@ impl LayerNorm {
             },
             ctx,
         )
+    }
+}
+
+/// A norm layer's affine map on the tape: y = x̂ w + b with w, b indexed along `channel_dim` of
+/// x̂ = `normalization`(input) (instance, group and layer norms). x̂ is recomputed from the input
+/// when the per-sample gradients are formed, not kept from the forward pass.
+pub struct AffineRecord {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub input: Tensor,
+    pub normalization: Normalization,
+    pub channel_dim: i64,
+}
+
+impl Recorded for AffineRecord {
+    /// g_i(w) = Σ (x̂ ⊙ b)_i and g_i(b) = Σ b_i over every dimension but the channel's.
+    fn per_sample(&self, grad: &Tensor) -> LayerGradients {
+        // x̂ for this layer only, freed with the recipe's temporaries.
+        let normalized = tch::no_grad(|| self.normalization.apply(&self.input));
+        LayerGradients::of(vec![
+            (
+                self.bias.shallow_clone(),
+                PerSample::Direct(sum_except(grad, self.channel_dim)),
+            ),
+            (
+                self.weight.shallow_clone(),
+                PerSample::Direct(sum_except(&(&normalized * grad), self.channel_dim)),
+            ),
+        ])
     }
 }

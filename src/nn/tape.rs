@@ -2,53 +2,46 @@
 //! gradients are made of (its input activation and parameters) and its output, with respect to
 //! which one backward pass gives each example's output gradient. `privacy::grad_sample` turns
 //! records into per-sample norms and clipped sums.
+//!
+//! A record is any `Recorded`: the built-in layers' records live beside the layers
+//! (`LinearRecord` in `linear.rs`, ...), and a layer kind dpcomp does not have is added by
+//! implementing `Recorded` for what its forward pass pushes (`examples/`).
 
-use super::lstm::LstmCache;
-use super::norm::Normalization;
+use super::per_sample::PerSample;
 use tch::Tensor;
 
-/// A trainable layer's parameters and recorded input (detached: values only).
-pub enum Layer {
-    /// y = x W^T + b, x [B, *, in].
-    Linear {
-        weight: Tensor,
-        bias: Option<Tensor>,
-        input: Tensor,
-    },
-    /// y = conv2d(x, W, b), x [B, C, H, W], square kernel.
-    Conv2d {
-        weight: Tensor,
-        bias: Option<Tensor>,
-        input: Tensor,
-        stride: i64,
-        padding: i64,
-    },
-    /// y = W[ids], ids [B, *].
-    Embedding { weight: Tensor, ids: Tensor },
-    /// y = x̂ w + b with w, b indexed along `channel_dim` of the normalised input
-    /// x̂ = `normalization`(input) (instance, group and layer norms). x̂ is recomputed from the
-    /// input when the per-sample gradients are formed, not kept from the forward pass.
-    Affine {
-        weight: Tensor,
-        bias: Tensor,
-        input: Tensor,
-        normalization: Normalization,
-        channel_dim: i64,
-    },
-    /// The LSTM (its output is a leaf: the recurrence ran without autograd).
-    Lstm {
-        w_ih: Tensor,
-        w_hh: Tensor,
-        b_ih: Tensor,
-        b_hh: Tensor,
-        cache: LstmCache,
-        /// The input as the graph before the LSTM produced it (to carry gradients back).
-        input: Tensor,
-    },
+/// What a trainable layer leaves on the tape: enough to form its parameters' per-sample
+/// gradients once the gradient of Σ_i loss_i with respect to its output is known.
+pub trait Recorded {
+    /// The recipe for each of the layer's trainable parameters, given `output_grad`
+    /// [B, ...output shape] = d(Σ_i loss_i)/d(output) (row i depends on example i only).
+    /// Every trainable parameter the layer used must be in the list: one that is not would
+    /// escape clipping, and `train::private` refuses the step.
+    fn per_sample(&self, output_grad: &Tensor) -> LayerGradients;
+}
+
+/// A record's per-sample gradients.
+pub struct LayerGradients {
+    /// (parameter, how its per-sample gradients are formed).
+    pub parameters: Vec<(Tensor, PerSample)>,
+    /// For a layer whose output is an autograd leaf (it ran without autograd, as the LSTM's
+    /// recurrence does): a scalar whose gradient with respect to earlier records' outputs
+    /// continues the backward pass through the layer. `None` for layers autograd ran through.
+    pub upstream: Option<Tensor>,
+}
+
+impl LayerGradients {
+    /// Parameters only (the layer's output is on the autograd graph).
+    pub fn of(parameters: Vec<(Tensor, PerSample)>) -> Self {
+        LayerGradients {
+            parameters,
+            upstream: None,
+        }
+    }
 }
 
 pub struct Record {
-    pub layer: Layer,
+    pub layer: Box<dyn Recorded>,
     /// The layer's output as used downstream.
     pub output: Tensor,
 }
@@ -59,9 +52,9 @@ pub struct Tape {
 }
 
 impl Tape {
-    pub fn push(&mut self, layer: Layer, output: &Tensor) {
+    pub fn push(&mut self, layer: impl Recorded + 'static, output: &Tensor) {
         self.records.push(Record {
-            layer,
+            layer: Box::new(layer),
             output: output.shallow_clone(),
         });
     }
