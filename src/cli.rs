@@ -554,7 +554,7 @@ fn train_command(args: TrainArgs) -> Result<()> {
         println!(
             "epsilon {e:.4} at delta {}, {} noise{caveat}",
             trainer.config.delta,
-            trainer.noise.label()
+            trainer.noise_label().unwrap_or_default()
         );
     }
     println!(

@@ -68,6 +68,18 @@ pub enum Sampling {
     Shuffle,
 }
 
+/// How DP training bounds each example's gradient (`privacy::engine::Clipping`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClippingMode {
+    /// One radius C (--max-grad-norm) over all parameters (Abadi et al. 2016).
+    #[default]
+    Flat,
+    /// Each parameter tensor clipped to C / sqrt(L) on its own (L tensors), so that the noise's
+    /// sensitivity, sqrt(Σ C_l²) = C, and hence ε stay those of flat clipping.
+    PerLayer,
+}
+
 /// Which accountant turns DP-SGD steps into ε.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
 #[serde(rename_all = "lowercase")]
@@ -128,6 +140,9 @@ pub struct TrainConfig {
     /// Stop before a step that would take ε past this.
     pub target_epsilon: Option<f64>,
     pub sampling: Sampling,
+    /// Flat or per-layer clipping (older configs have none: flat).
+    #[serde(default)]
+    pub clipping: ClippingMode,
     pub accountant: AccountantKind,
     /// Split each logical batch into chunks of at most this many examples (memory); the noise is
     /// still added once per logical step.
@@ -210,6 +225,7 @@ impl TrainConfig {
             },
             target_epsilon: None,
             sampling: Sampling::Poisson,
+            clipping: ClippingMode::Flat,
             accountant: AccountantKind::Rdp,
             physical_batch_size: None,
             grad_sample: GradSampleMode::Tape,
@@ -302,6 +318,12 @@ impl TrainConfig {
             return Err(Error::bad_value(
                 "physical_batch_size",
                 "applies to DP training (--noise-multiplier), whose per-sample gradients it computes in chunks; a non-private step takes its whole batch at once",
+            ));
+        }
+        if self.clipping != ClippingMode::Flat && !self.private() {
+            return Err(Error::bad_value(
+                "clipping",
+                "applies to DP training (--noise-multiplier); a non-private step clips its mean gradient with --max-grad-norm",
             ));
         }
         if self.physical_batch_size == Some(0) {
@@ -437,6 +459,10 @@ pub struct TrainOverrides {
     pub target_epsilon: Option<f64>,
     #[arg(long, value_enum)]
     pub sampling: Option<Sampling>,
+    /// DP clipping: flat (one radius C) or per-layer (C / sqrt(L) per parameter tensor, the
+    /// same noise) [default: flat].
+    #[arg(long, value_enum)]
+    pub clipping: Option<ClippingMode>,
     #[arg(long, value_enum)]
     pub accountant: Option<AccountantKind>,
     /// Largest chunk of a logical batch processed at once.
@@ -507,6 +533,7 @@ impl TrainOverrides {
             delta: self.delta.or(base.delta),
             target_epsilon: self.target_epsilon.or(base.target_epsilon),
             sampling: self.sampling.or(base.sampling),
+            clipping: self.clipping.or(base.clipping),
             accountant: self.accountant.or(base.accountant),
             physical_batch_size: self.physical_batch_size.or(base.physical_batch_size),
             grad_sample: self.grad_sample.or(base.grad_sample),
@@ -544,6 +571,7 @@ impl TrainOverrides {
             eval_batch_size,
             delta,
             sampling,
+            clipping,
             accountant,
             grad_sample,
             compressor,

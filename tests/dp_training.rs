@@ -7,6 +7,7 @@ use common::require_shared_data;
 use dpcomp::config::{GradSampleMode, Task, TrainConfig};
 use dpcomp::data::{names, sampler, Dataset};
 use dpcomp::models::{Model, SurnamesLstm};
+use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
 use dpcomp::privacy::noise::{noisy_mean, NoiseSource};
 use dpcomp::train::private::{dp_step, DpSettings};
 use dpcomp::train::sgd::Sgd;
@@ -80,20 +81,18 @@ fn weights(model: &dyn Model) -> Vec<Tensor> {
         .collect()
 }
 
-fn settings(
-    sigma: f64,
-    c: f64,
-    expected: f64,
-    mode: GradSampleMode,
-    physical: Option<i64>,
-) -> DpSettings {
+fn settings(expected: f64, mode: GradSampleMode, physical: Option<i64>) -> DpSettings {
     DpSettings {
-        noise_multiplier: sigma,
-        max_norm: c,
         expected_batch: expected,
         physical_batch: physical,
         mode,
     }
+}
+
+/// A flat-clipping engine at σ and C with seeded noise (q does not enter a step).
+fn engine(sigma: f64, c: f64, parameters: usize) -> PrivacyEngine {
+    let clipping = Clipping::Flat { max_norm: c };
+    PrivacyEngine::new(sigma, 0.5, clipping, NoiseSource::Seeded, parameters).unwrap()
 }
 
 #[test]
@@ -212,8 +211,8 @@ fn sigma_zero_and_infinite_c_is_plain_sgd() {
         &data,
         &index,
         Device::Cpu,
-        &settings(0.0, f64::INFINITY, 10.0, GradSampleMode::Tape, None),
-        &mut NoiseSource::Seeded,
+        &settings(10.0, GradSampleMode::Tape, None),
+        &mut engine(0.0, f64::INFINITY, pa.len()),
     )
     .unwrap();
     let batch = data.batch(&index, Device::Cpu, true);
@@ -255,8 +254,8 @@ fn oracle_mode_and_physical_batches_give_the_same_step() {
             &data,
             &index,
             Device::Cpu,
-            &settings(0.9, c, 6.5, mode, physical),
-            &mut NoiseSource::Seeded,
+            &settings(6.5, mode, physical),
+            &mut engine(0.9, c, params.len()),
         )
         .unwrap();
         let want = norms.iter().filter(|&&n| n > c).count() as i64;
@@ -296,8 +295,8 @@ fn empty_poisson_batch_adds_noise_only() {
         &data,
         &empty,
         Device::Cpu,
-        &settings(1.0, 1.0, 2.0, GradSampleMode::Tape, None),
-        &mut NoiseSource::Seeded,
+        &settings(2.0, GradSampleMode::Tape, None),
+        &mut engine(1.0, 1.0, params.len()),
     )
     .unwrap();
     assert_eq!(totals.correct.int64_value(&[]), 0);
@@ -379,7 +378,7 @@ fn resumed_dp_run_continues_its_epsilon() {
     let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
     t.progress = false;
     assert_eq!(
-        t.state.accountant.as_ref().unwrap().steps(),
+        t.accountant().unwrap().steps(),
         20,
         "the checkpoint carries the accountant"
     );
@@ -427,7 +426,7 @@ fn target_epsilon_stops_before_exceeding_it() {
     assert!(t.state.steps_done > 0);
     assert!(summary.epochs < 50);
     // One more step would have exceeded the target.
-    let steps = t.state.accountant.as_ref().unwrap().steps();
+    let steps = t.accountant().unwrap().steps();
     let next = dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 20.0, steps + 1, 8e-5).unwrap();
     assert!(next > 4.0, "{next}");
 }
@@ -475,7 +474,7 @@ fn target_epsilon_with_the_pld_accountant() {
     let mut t = Trainer::new(c, dir.path()).unwrap();
     t.progress = false;
     let summary = t.run().unwrap();
-    let steps = t.state.accountant.as_ref().unwrap().steps();
+    let steps = t.accountant().unwrap().steps();
     let eps = |n| dpcomp::privacy::pld::epsilon(1.0 / 20.0, 0.8, n, 8e-5).unwrap();
     assert!((summary.epsilon.unwrap() - eps(steps)).abs() < 1e-12);
     assert!(
@@ -578,10 +577,14 @@ fn poisson_steps_divide_by_the_expected_batch() {
     // 640 examples in batches of 32: 20 steps, q = 1/20, q N = 32.
     let poisson = trainer("poisson", &|_| {});
     assert_eq!(poisson.sample_rate(), 1.0 / 20.0);
+    let engine = poisson.privacy.as_ref().unwrap();
+    assert_eq!(
+        (engine.noise_multiplier(), engine.sample_rate()),
+        (0.8, 1.0 / 20.0)
+    );
     for realised in [0, 7, 32, 50] {
         let s = poisson.dp_settings(realised).unwrap();
         assert_eq!(s.expected_batch, 32.0, "realised {realised}");
-        assert_eq!(s.noise_multiplier, 0.8);
     }
     let shuffle = trainer("shuffle", &|c| {
         c.sampling = dpcomp::config::Sampling::Shuffle

@@ -262,8 +262,6 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     let params = model.trainable_variables();
     let mut sgd = Updater::plain(Sgd::new(defaults.lr, 0.0));
     let settings = crate::train::private::DpSettings {
-        noise_multiplier: args.noise_multiplier,
-        max_norm: defaults.max_grad_norm,
         expected_batch: batch_size as f64,
         physical_batch: None,
         mode: crate::config::GradSampleMode::Tape,
@@ -279,11 +277,21 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         let _ = loss.double_value(&[]);
         Ok(())
     };
-    let noise = std::cell::RefCell::new(if args.secure_noise {
+    let noise = if args.secure_noise {
         crate::privacy::noise::NoiseSource::secure()
     } else {
         crate::privacy::noise::NoiseSource::Seeded
-    });
+    };
+    // A step's cost does not depend on q; the engine counts the benchmark's steps at q = 1.
+    let engine = std::cell::RefCell::new(crate::privacy::engine::PrivacyEngine::new(
+        args.noise_multiplier,
+        1.0,
+        crate::privacy::engine::Clipping::Flat {
+            max_norm: defaults.max_grad_norm,
+        },
+        noise,
+        params.len(),
+    )?);
     let dp_step = |sgd: &mut Updater| -> Result<()> {
         let totals = crate::train::private::dp_step(
             model.as_ref(),
@@ -293,7 +301,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             &index,
             device,
             &settings,
-            &mut noise.borrow_mut(),
+            &mut engine.borrow_mut(),
         )?;
         let _ = totals.loss_sum.double_value(&[]);
         Ok(())

@@ -3,6 +3,7 @@
 
 pub mod accountant;
 pub mod calibrate;
+pub mod engine;
 pub mod grad_sample;
 pub mod noise;
 pub mod pld;

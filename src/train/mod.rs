@@ -15,13 +15,14 @@ pub mod upload;
 
 use crate::analysis::{fixed_batches, gradient_error};
 use crate::compress::message::paper_gib;
-use crate::config::{Sampling, TrainConfig, TrainOverrides};
+use crate::config::{ClippingMode, Sampling, TrainConfig, TrainOverrides};
 use crate::data::sampler;
 use crate::data::{Batch, Dataset, TaskData};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::accountant::Accountant;
+use crate::privacy::engine::{Clipping, PrivacyEngine};
 use crate::privacy::noise::NoiseSource;
 use crate::run_lock::RunLock;
 use crate::tasks;
@@ -134,8 +135,9 @@ pub struct Trainer {
     pub history: Vec<EpochMetrics>,
     /// Whether to draw a progress bar (off in tests).
     pub progress: bool,
-    /// Where the DP noise comes from: seeded, or a CSPRNG with `--secure-noise`.
-    pub noise: NoiseSource,
+    /// Under DP: σ, q, clipping, the noise source (seeded, or a CSPRNG with `--secure-noise`)
+    /// and the accountant, which only the engine advances (`PrivacyEngine::privatize`).
+    pub privacy: Option<PrivacyEngine>,
     /// This process's exclusive hold on `run_dir` (see `run_lock`).
     _lock: RunLock,
 }
@@ -242,6 +244,13 @@ impl Trainer {
         }
         let mut trainer = Self::build(config, run_dir, lock)?;
         trainer.check_accountant(&state, &dir)?;
+        if let (Some(engine), Some(accountant)) =
+            (trainer.privacy.as_mut(), state.accountant.clone())
+        {
+            engine
+                .resume(accountant)
+                .map_err(|e| Error::bad_file(dir.join("state.json"), e.to_string()))?;
+        }
         checkpoint::load_weights(trainer.model.var_store(), &dir.join("model.safetensors"))?;
         let momentum = checkpoint::read_momentum(&dir)?;
         if !momentum.is_empty() {
@@ -266,7 +275,11 @@ impl Trainer {
                 .load_state(compressor_state)
                 .map_err(|e| Error::bad_file(dir.join("compressor.safetensors"), e.to_string()))?;
         }
-        trainer.state = state;
+        // The accountant now lives in the engine alone; the state's copy is written at each save.
+        trainer.state = TrainState {
+            accountant: None,
+            ..state
+        };
         let metrics_path = run_dir.join("metrics.jsonl");
         trainer.history = metrics::read_and_truncate(&metrics_path, trainer.state.epochs_done)?;
         if trainer.history.len() != trainer.state.epochs_done {
@@ -306,7 +319,6 @@ impl Trainer {
     /// under-count ε, so the resume is refused.
     fn check_accountant(&self, state: &TrainState, dir: &Path) -> Result<()> {
         let path = dir.join("state.json");
-        let q = self.sample_rate();
         match (&state.accountant, self.config.noise_multiplier) {
             (None, None) => Ok(()),
             (Some(a), None) if a.history.is_empty() => Ok(()),
@@ -322,7 +334,7 @@ impl Trainer {
                     state.steps_done
                 ),
             )),
-            (Some(a), Some(sigma)) => {
+            (Some(a), Some(_)) => {
                 if a.steps() != state.steps_done {
                     return Err(Error::bad_file(
                         &path,
@@ -333,17 +345,7 @@ impl Trainer {
                         ),
                     ));
                 }
-                for b in &a.history {
-                    if b.noise_multiplier != sigma || b.sample_rate != q {
-                        return Err(Error::bad_file(
-                            &path,
-                            format!(
-                                "the accountant records {} steps at sigma {} and q {}, but this run's are sigma {sigma} and q {q}",
-                                b.steps, b.noise_multiplier, b.sample_rate
-                            ),
-                        ));
-                    }
-                }
+                // Each block's (σ, q) is checked by `PrivacyEngine::resume`.
                 Ok(())
             }
         }
@@ -357,7 +359,28 @@ impl Trainer {
         let params = model.trainable_variables();
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
         let compressor = config.compressor_spec()?.link(&shapes, device)?;
-        let config_secure = config.secure_noise;
+        let privacy = match config.noise_multiplier {
+            Some(sigma) => {
+                let batch = config.batch_size as i64;
+                let steps_per_epoch = (data.train.len() + batch - 1) / batch;
+                let noise = if config.secure_noise {
+                    NoiseSource::secure()
+                } else {
+                    NoiseSource::Seeded
+                };
+                let clipping = match config.clipping {
+                    ClippingMode::Flat => Clipping::Flat {
+                        max_norm: config.max_grad_norm,
+                    },
+                    ClippingMode::PerLayer => {
+                        Clipping::per_layer_even(config.max_grad_norm, params.len())
+                    }
+                };
+                let q = 1.0 / steps_per_epoch as f64;
+                Some(PrivacyEngine::new(sigma, q, clipping, noise, params.len())?)
+            }
+            None => None,
+        };
         Ok(Trainer {
             updater: Updater::new(Sgd::new(config.lr, config.momentum), compressor),
             config,
@@ -369,13 +392,19 @@ impl Trainer {
             state: TrainState::default(),
             history: Vec::new(),
             progress: true,
-            noise: if config_secure {
-                NoiseSource::secure()
-            } else {
-                NoiseSource::Seeded
-            },
+            privacy,
             _lock: lock,
         })
+    }
+
+    /// The accountant of a private run (`None` without privacy).
+    pub fn accountant(&self) -> Option<&Accountant> {
+        self.privacy.as_ref().map(PrivacyEngine::accountant)
+    }
+
+    /// "seeded" or "secure" under DP.
+    pub fn noise_label(&self) -> Option<String> {
+        self.privacy.as_ref().map(|e| e.noise_label().to_string())
     }
 
     /// Sampling rate q of one DP step: 1 / (steps per epoch), as Opacus sets it.
@@ -390,24 +419,21 @@ impl Trainer {
 
     /// ε spent so far with the configured accountant; `None` without privacy.
     pub fn epsilon(&self) -> Result<Option<f64>> {
-        match &self.state.accountant {
-            Some(a) if self.config.private() => Ok(Some(
-                a.epsilon(self.config.accountant, self.config.delta)?.0,
+        match &self.privacy {
+            Some(engine) => Ok(Some(
+                engine.epsilon(self.config.accountant, self.config.delta)?,
             )),
-            _ => Ok(None),
+            None => Ok(None),
         }
     }
 
     /// How many more DP steps the --target-epsilon budget allows (ε is monotone in the number
     /// of steps, so one bisection at the start of `run` replaces a check before every step).
     fn steps_within_budget(&self) -> Result<Option<u64>> {
-        let (Some(target), Some(sigma), Some(accountant)) = (
-            self.config.target_epsilon,
-            self.config.noise_multiplier,
-            &self.state.accountant,
-        ) else {
+        let (Some(target), Some(engine)) = (self.config.target_epsilon, &self.privacy) else {
             return Ok(None);
         };
+        let (sigma, accountant) = (engine.noise_multiplier(), engine.accountant());
         let q = self.sample_rate();
         let fits = |extra: u64| -> Result<bool> {
             if extra == 0 {
@@ -443,7 +469,7 @@ impl Trainer {
     fn budget_message(&self) -> Result<String> {
         let target = self.config.target_epsilon.unwrap_or(f64::NAN);
         let sigma = self.config.noise_multiplier.unwrap_or(0.0);
-        let accountant = self.state.accountant.clone().unwrap_or_default();
+        let accountant = self.accountant().cloned().unwrap_or_default();
         let mut next = accountant.clone();
         next.step(sigma, self.sample_rate(), 1)?;
         let eps = next.epsilon(self.config.accountant, self.config.delta)?.0;
@@ -540,10 +566,8 @@ impl Trainer {
     /// realised size: dividing by a size that depends on who was sampled would leak it (Opacus's
     /// `expected_batch_size`). Under shuffling the batch size is fixed, so it is the divisor.
     pub fn dp_settings(&self, batch_len: i64) -> Option<DpSettings> {
-        let sigma = self.config.noise_multiplier?;
+        self.privacy.as_ref()?;
         Some(DpSettings {
-            noise_multiplier: sigma,
-            max_norm: self.config.max_grad_norm,
             expected_batch: match self.config.sampling {
                 Sampling::Poisson => self.sample_rate() * self.data.train.len() as f64,
                 Sampling::Shuffle => batch_len as f64,
@@ -576,9 +600,6 @@ impl Trainer {
     /// step is accounted, and training stops before a step that would exceed --target-epsilon.
     pub fn run(&mut self) -> Result<Summary> {
         let q = self.sample_rate();
-        if self.config.private() && self.state.accountant.is_none() {
-            self.state.accountant = Some(Accountant::default());
-        }
         let mut budget = self.steps_within_budget()?;
         if budget == Some(0) && self.state.steps_done == 0 {
             // Not even one step fits the target: refuse rather than "finish" a run that never
@@ -630,18 +651,11 @@ impl Trainer {
                         index,
                         self.device,
                         &settings,
-                        &mut self.noise,
+                        self.privacy.as_mut().expect("a private step has an engine"),
                     )?;
                     loss_sum += totals.loss_sum.to_kind(Kind::Float);
                     correct += totals.correct;
                     clipped += totals.clipped;
-                    // The step was noised, so it is counted: there is always an accountant
-                    // here (set above for private runs; `resume` refuses a missing one).
-                    self.state
-                        .accountant
-                        .as_mut()
-                        .expect("a private run has an accountant")
-                        .step(settings.noise_multiplier, q, 1)?;
                 } else {
                     let batch = self.data.train.batch(index, self.device, true);
                     let (loss, right) = train_step(
@@ -713,10 +727,7 @@ impl Trainer {
                 wall_seconds: self.state.wall_seconds,
                 epsilon: self.epsilon()?,
                 clipped_fraction: self.config.private().then(|| per_example(&clipped)),
-                noise: self
-                    .config
-                    .private()
-                    .then(|| self.noise.label().to_string()),
+                noise: self.noise_label(),
                 upstream_bits: upstream.iter().map(|r| r.2).sum(),
                 upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
                 upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
@@ -774,10 +785,7 @@ impl Trainer {
                     "shuffle (approximation: the accountant assumes Poisson sampling)".to_string()
                 }
             }),
-            noise: self
-                .config
-                .private()
-                .then(|| self.noise.label().to_string()),
+            noise: self.noise_label(),
             stopped: self.state.stopped.clone(),
             compressor: self.config.compressor_spec()?.label(),
             upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
@@ -804,7 +812,10 @@ impl Trainer {
             self.model.var_store(),
             &momentum,
             &self.updater.compressor.state(),
-            &self.state,
+            &TrainState {
+                accountant: self.accountant().cloned(),
+                ..self.state.clone()
+            },
         )
     }
 

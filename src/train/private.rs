@@ -9,15 +9,14 @@ use crate::data::{Batch, Dataset};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
-use crate::privacy::grad_sample::{clip_and_sum, per_sample_gradients, PerSample};
-use crate::privacy::noise::{noisy_mean, NoiseSource};
+use crate::privacy::engine::PrivacyEngine;
+use crate::privacy::grad_sample::{per_sample_gradients, PerSample};
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
 
+/// How a logical batch is processed (σ, q and the clipping rule are the engine's).
 #[derive(Debug, Clone, Copy)]
 pub struct DpSettings {
-    pub noise_multiplier: f64,
-    pub max_norm: f64,
     /// E[B]: qN under Poisson sampling, the batch size under shuffling.
     pub expected_batch: f64,
     pub physical_batch: Option<i64>,
@@ -80,21 +79,19 @@ fn clipped_sums_tape(
     model: &dyn Model,
     params: &[(String, Tensor)],
     batch: &Batch,
-    max_norm: f64,
+    engine: &PrivacyEngine,
 ) -> Result<(Vec<Tensor>, [Tensor; 3])> {
     let PerSampleBatch {
         per_sample,
         logits,
         loss_sum,
     } = per_sample_in_order(model, params, batch, true)?;
-    let clipped = clip_and_sum(&per_sample, max_norm);
-    let sums = clipped.grads.into_iter().map(|(_, g)| g).collect();
+    let clipped = engine.clip(&per_sample);
     let correct = logits
         .argmax(-1, false)
         .eq_tensor(&batch.labels)
         .sum(Kind::Int64);
-    let over = clipped.factors.lt(1.0).sum(Kind::Int64);
-    Ok((sums, [loss_sum.detach(), correct, over]))
+    Ok((clipped.sums, [loss_sum.detach(), correct, clipped.clipped]))
 }
 
 /// The same from per-example autograd, one example at a time (`--grad-sample oracle`).
@@ -102,7 +99,7 @@ fn clipped_sums_oracle(
     model: &dyn Model,
     params: &[(String, Tensor)],
     batch: &Batch,
-    max_norm: f64,
+    engine: &PrivacyEngine,
 ) -> Result<(Vec<Tensor>, [Tensor; 3])> {
     let device = batch.labels.device();
     let mut sums: Vec<Tensor> = params
@@ -135,24 +132,20 @@ fn clipped_sums_oracle(
             })
             .collect();
         let squares: Vec<Tensor> = grads.iter().map(|g| g.square().sum(g.kind())).collect();
-        let norm = Tensor::stack(&squares, 0).sum(squares[0].kind()).sqrt();
-        let factor = if max_norm.is_finite() {
-            (max_norm / (&norm + 1e-6)).clamp_max(1.0)
-        } else {
-            norm.ones_like()
-        };
-        for (sum, g) in sums.iter_mut().zip(&grads) {
-            *sum += g * &factor;
+        let (factors, _) = engine.clipping().factors(&squares);
+        for ((sum, g), f) in sums.iter_mut().zip(&grads).zip(&factors) {
+            *sum += g * f;
         }
+        let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0).any();
         loss_sum += loss.detach().to_kind(Kind::Float);
         correct += logits.argmax(-1, false).eq_tensor(&label).sum(Kind::Int64);
-        over += factor.lt(1.0).to_kind(Kind::Int64);
+        over += any.to_kind(Kind::Int64);
     }
     Ok((sums, [loss_sum, correct, over]))
 }
 
-/// One logical DP-SGD step on the examples `index` of `data`.
-// Issue 16 folds these into one privacy engine; until then each input is explicit.
+/// One logical DP-SGD step on the examples `index` of `data`: clipped by the engine, noised
+/// and counted by it, then sent through the updater.
 #[allow(clippy::too_many_arguments)]
 pub fn dp_step(
     model: &dyn Model,
@@ -162,7 +155,7 @@ pub fn dp_step(
     index: &Tensor,
     device: Device,
     settings: &DpSettings,
-    noise: &mut NoiseSource,
+    engine: &mut PrivacyEngine,
 ) -> Result<StepTotals> {
     let n = index.size()[0];
     let mut sums: Vec<Tensor> = params
@@ -179,10 +172,8 @@ pub fn dp_step(
     while start < n {
         let batch = data.batch(&index.narrow(0, start, chunk.min(n - start)), device, true);
         let (chunk_sums, chunk_totals) = match settings.mode {
-            GradSampleMode::Tape => clipped_sums_tape(model, params, &batch, settings.max_norm)?,
-            GradSampleMode::Oracle => {
-                clipped_sums_oracle(model, params, &batch, settings.max_norm)?
-            }
+            GradSampleMode::Tape => clipped_sums_tape(model, params, &batch, engine)?,
+            GradSampleMode::Oracle => clipped_sums_oracle(model, params, &batch, engine)?,
         };
         for (sum, part) in sums.iter_mut().zip(chunk_sums) {
             *sum += part;
@@ -192,19 +183,8 @@ pub fn dp_step(
         }
         start += chunk;
     }
-    let grads: Vec<Tensor> = tch::no_grad(|| {
-        sums.iter()
-            .map(|s| {
-                noisy_mean(
-                    s,
-                    settings.noise_multiplier,
-                    settings.max_norm,
-                    settings.expected_batch,
-                    noise,
-                )
-            })
-            .collect()
-    });
+    // Noise and the accountant's step, together (`PrivacyEngine::privatize`).
+    let grads = engine.privatize(&sums, settings.expected_batch)?;
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
     updater.apply(&tensors, &grads)?;
     let [loss_sum, correct, clipped] = totals;
