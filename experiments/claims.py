@@ -190,18 +190,21 @@ def main():
                 final = statistics.fmean(curve[-10:])
                 print(f"σ {sigma} PowerSGD r{k}: peak {peak:.1f} at epoch {curve.index(peak) + 1}, final {final:.1f}, decline {peak - final:.1f}")
 
-    print("\n## Claim 3: CIFAR-10 at σ 0.8 (ε 4.86), DGC x256 - x1 (full profile, one seed)")
+    print("\n## Claim 3: CIFAR-10 at σ 0.8 (ε 4.86), DGC x256 - x1 (full profile, seeds that have both rates)")
     x1, x256 = select(cifar_full, sigma=0.8, rate=1.0), select(cifar_full, sigma=0.8, rate=256.0)
-    if x1 and x256:
-        print(f"x256 - x1 = {diff(finals(cifar_full, sigma=0.8, rate=256.0), finals(cifar_full, sigma=0.8, rate=1.0))}"
-              f" (x1 {fmt(finals(cifar_full, sigma=0.8, rate=1.0))}, x256 {fmt(finals(cifar_full, sigma=0.8, rate=256.0))}; ε {x1[0]['epsilon']:.2f})")
-        for name, cells in (("x1", x1), ("x256", x256)):
-            curve = cells[0]["curve"]
-            peak = max(curve)
-            print(f"{name}: first 10 epochs mean {statistics.fmean(curve[:10]):.1f}, last 10 {statistics.fmean(curve[-10:]):.1f},"
-                  f" peak {peak:.1f} at epoch {curve.index(peak) + 1}")
+    paired = sorted({c["seed"] for c in x1} & {c["seed"] for c in x256})
+    if paired:
+        a = [c["final"] for c in x256 if c["seed"] in paired and not c["diverged"]]
+        b = [c["final"] for c in x1 if c["seed"] in paired and not c["diverged"]]
+        print(f"seeds {paired}: x256 - x1 = {diff(a, b)} (x1 {fmt(b)}, x256 {fmt(a)}; ε {x1[0]['epsilon']:.2f})")
     else:
-        print("not finished yet")
+        print("no seed has both rates yet")
+    for name, cells in (("x1", x1), ("x256", x256)):
+        for c in sorted(cells, key=lambda c: c["seed"]):
+            curve = c["curve"]
+            peak = max(curve)
+            print(f"{name} seed {c['seed']}: final {c['final']:.1f}, first 10 epochs mean {statistics.fmean(curve[:10]):.1f},"
+                  f" last 10 {statistics.fmean(curve[-10:]):.1f}, peak {peak:.1f} at epoch {curve.index(peak) + 1}")
 
     print("\n## Claim 6: compression cost without noise (σ 0: x1 - x256), Surnames full vs CIFAR-10 cpu profile")
     if finals(dgc, sigma=0.0, rate=256.0):
