@@ -68,6 +68,17 @@ pub enum Sampling {
     Shuffle,
 }
 
+/// The optimiser the (under DP: privatised) gradient drives (`train::optimizer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// SGD with optional heavy-ball momentum (the paper's).
+    #[default]
+    Sgd,
+    /// Adam (torch.optim.Adam): DP-Adam under --noise-multiplier.
+    Adam,
+}
+
 /// How DP training bounds each example's gradient (`privacy::engine::Clipping`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -115,6 +126,16 @@ pub struct TrainConfig {
     pub lr: f64,
     /// SGD momentum (0 = the paper's plain SGD).
     pub momentum: f64,
+    /// SGD or Adam (older configs have none: SGD).
+    #[serde(default)]
+    pub optimizer: OptimizerKind,
+    /// Adam's β1, β2 and ε (torch.optim.Adam's defaults).
+    #[serde(default = "adam_beta1")]
+    pub adam_beta1: f64,
+    #[serde(default = "adam_beta2")]
+    pub adam_beta2: f64,
+    #[serde(default = "adam_eps")]
+    pub adam_eps: f64,
     /// Clipping radius C: the global gradient norm is clipped to C even without privacy.
     pub max_grad_norm: f64,
     pub seed: u64,
@@ -176,6 +197,18 @@ pub struct TrainConfig {
     pub secure_noise: bool,
 }
 
+fn adam_beta1() -> f64 {
+    0.9
+}
+
+fn adam_beta2() -> f64 {
+    0.999
+}
+
+fn adam_eps() -> f64 {
+    1e-8
+}
+
 fn four() -> usize {
     4
 }
@@ -207,6 +240,10 @@ impl TrainConfig {
             batch_size,
             lr,
             momentum: 0.0,
+            optimizer: OptimizerKind::Sgd,
+            adam_beta1: adam_beta1(),
+            adam_beta2: adam_beta2(),
+            adam_eps: adam_eps(),
             max_grad_norm,
             seed: 0,
             limit_train: None,
@@ -320,6 +357,26 @@ impl TrainConfig {
                 "applies to DP training (--noise-multiplier), whose per-sample gradients it computes in chunks; a non-private step takes its whole batch at once",
             ));
         }
+        if self.optimizer == OptimizerKind::Adam {
+            if self.momentum != 0.0 {
+                return Err(Error::bad_value(
+                    "momentum",
+                    format!("{}: SGD's momentum; Adam's is --adam-beta1", self.momentum),
+                ));
+            }
+            for (field, beta) in [
+                ("adam_beta1", self.adam_beta1),
+                ("adam_beta2", self.adam_beta2),
+            ] {
+                if !(0.0..1.0).contains(&beta) {
+                    return Err(Error::bad_value(
+                        field,
+                        format!("{beta}: expected 0 <= beta < 1"),
+                    ));
+                }
+            }
+            positive("adam_eps", self.adam_eps)?;
+        }
         if self.clipping != ClippingMode::Flat && !self.private() {
             return Err(Error::bad_value(
                 "clipping",
@@ -417,6 +474,18 @@ pub struct TrainOverrides {
     /// SGD momentum, 0 <= m < 1 [default: 0, the paper's plain SGD].
     #[arg(long)]
     pub momentum: Option<f64>,
+    /// sgd or adam (DP-Adam under --noise-multiplier) [default: sgd].
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerKind>,
+    /// Adam's β1 [default: 0.9].
+    #[arg(long)]
+    pub adam_beta1: Option<f64>,
+    /// Adam's β2 [default: 0.999].
+    #[arg(long)]
+    pub adam_beta2: Option<f64>,
+    /// Adam's ε [default: 1e-8].
+    #[arg(long)]
+    pub adam_eps: Option<f64>,
     /// Clipping radius C (the global gradient norm is clipped even without privacy).
     #[arg(long)]
     pub max_grad_norm: Option<f64>,
@@ -519,6 +588,10 @@ impl TrainOverrides {
             batch_size: self.batch_size.or(base.batch_size),
             lr: self.lr.or(base.lr),
             momentum: self.momentum.or(base.momentum),
+            optimizer: self.optimizer.or(base.optimizer),
+            adam_beta1: self.adam_beta1.or(base.adam_beta1),
+            adam_beta2: self.adam_beta2.or(base.adam_beta2),
+            adam_eps: self.adam_eps.or(base.adam_eps),
             max_grad_norm: self.max_grad_norm.or(base.max_grad_norm),
             seed: self.seed.or(base.seed),
             limit_train: self.limit_train.or(base.limit_train),
@@ -562,6 +635,10 @@ impl TrainOverrides {
             batch_size,
             lr,
             momentum,
+            optimizer,
+            adam_beta1,
+            adam_beta2,
+            adam_eps,
             max_grad_norm,
             seed,
             device,

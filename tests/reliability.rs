@@ -711,6 +711,11 @@ fn bench_needs_a_step_and_every_training_flag_is_documented() {
         "--max-seq-len",
         "--bert-dir",
         "--secure-noise",
+        "--clipping",
+        "--optimizer",
+        "--adam-beta1",
+        "--adam-beta2",
+        "--adam-eps",
     ] {
         let line = help
             .lines()

@@ -6,8 +6,10 @@
 //! 10 epochs (`../shared/papers/dp-and-gradient-compression.txt`, "we measure the test accuracy
 //! ... at the end of every epoch and use an average of the last 10 epochs").
 
+pub mod adam;
 pub mod checkpoint;
 pub mod metrics;
+pub mod optimizer;
 pub mod private;
 pub mod sgd;
 pub mod update;
@@ -15,7 +17,7 @@ pub mod upload;
 
 use crate::analysis::{fixed_batches, gradient_error};
 use crate::compress::message::paper_gib;
-use crate::config::{ClippingMode, Sampling, TrainConfig, TrainOverrides};
+use crate::config::{ClippingMode, OptimizerKind, Sampling, TrainConfig, TrainOverrides};
 use crate::data::sampler;
 use crate::data::{Batch, Dataset, TaskData};
 use crate::error::{Error, Result};
@@ -26,9 +28,11 @@ use crate::privacy::engine::{Clipping, PrivacyEngine};
 use crate::privacy::noise::NoiseSource;
 use crate::run_lock::RunLock;
 use crate::tasks;
+use adam::Adam;
 use checkpoint::TrainState;
 use indicatif::{ProgressBar, ProgressStyle};
 use metrics::{EpochMetrics, Summary};
+use optimizer::Optimizer;
 use private::{dp_step, DpSettings};
 use sgd::{clip_global_norm, Sgd};
 use std::path::{Path, PathBuf};
@@ -252,21 +256,12 @@ impl Trainer {
                 .map_err(|e| Error::bad_file(dir.join("state.json"), e.to_string()))?;
         }
         checkpoint::load_weights(trainer.model.var_store(), &dir.join("model.safetensors"))?;
-        let momentum = checkpoint::read_momentum(&dir)?;
-        if !momentum.is_empty() {
-            trainer.updater.optimizer.buffers = trainer
-                .params
-                .iter()
-                .map(|(name, p)| {
-                    let path = dir.join("optimizer.safetensors");
-                    let buffer = momentum
-                        .get(name)
-                        .ok_or_else(|| Error::bad_file(&path, format!("missing buffer {name}")))?;
-                    checkpoint::check_loaded(&path, &format!("buffer {name}"), buffer, &p.size())?;
-                    Ok(buffer.to_device(p.device()))
-                })
-                .collect::<Result<_>>()?;
-        }
+        let optimizer_state = checkpoint::read_momentum(&dir)?;
+        let optimizer_path = dir.join("optimizer.safetensors");
+        trainer
+            .updater
+            .optimizer
+            .load_state(&trainer.params, &optimizer_state, &optimizer_path)?;
         let compressor_state = checkpoint::read_compressor(&dir)?;
         if !trainer.updater.compressor.state().is_empty() {
             trainer
@@ -359,6 +354,15 @@ impl Trainer {
         let params = model.trainable_variables();
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
         let compressor = config.compressor_spec()?.link(&shapes, device)?;
+        let optimizer: Box<dyn Optimizer> = match config.optimizer {
+            OptimizerKind::Sgd => Box::new(Sgd::new(config.lr, config.momentum)),
+            OptimizerKind::Adam => Box::new(Adam::new(
+                config.lr,
+                config.adam_beta1,
+                config.adam_beta2,
+                config.adam_eps,
+            )),
+        };
         let privacy = match config.noise_multiplier {
             Some(sigma) => {
                 let batch = config.batch_size as i64;
@@ -382,7 +386,7 @@ impl Trainer {
             None => None,
         };
         Ok(Trainer {
-            updater: Updater::new(Sgd::new(config.lr, config.momentum), compressor),
+            updater: Updater::new(optimizer, compressor),
             config,
             device,
             data,
@@ -801,16 +805,12 @@ impl Trainer {
     }
 
     fn save_checkpoint(&self) -> Result<()> {
-        let momentum: Vec<(String, Tensor)> = self
-            .params
-            .iter()
-            .zip(&self.updater.optimizer.buffers)
-            .map(|((name, _), b)| (name.clone(), b.shallow_clone()))
-            .collect();
+        let names: Vec<String> = self.params.iter().map(|(n, _)| n.clone()).collect();
+        let optimizer = self.updater.optimizer.state(&names);
         checkpoint::save(
             &self.run_dir,
             self.model.var_store(),
-            &momentum,
+            &optimizer,
             &self.updater.compressor.state(),
             &TrainState {
                 accountant: self.accountant().cloned(),

@@ -1,6 +1,10 @@
 //! Plain SGD (the paper's optimiser), with optional heavy-ball momentum whose buffers are part of
 //! the checkpoint.
 
+use super::optimizer::{take_like, Optimizer};
+use crate::error::Result;
+use std::collections::HashMap;
+use std::path::Path;
 use tch::Tensor;
 
 pub struct Sgd {
@@ -18,9 +22,11 @@ impl Sgd {
             buffers: Vec::new(),
         }
     }
+}
 
+impl Optimizer for Sgd {
     /// w <- w - lr * v, v = momentum * v + g (v = g without momentum), for each (w, g).
-    pub fn step(&mut self, params: &[Tensor], grads: &[Tensor]) {
+    fn step(&mut self, params: &[Tensor], grads: &[Tensor]) {
         tch::no_grad(|| {
             if self.momentum > 0.0 && self.buffers.is_empty() {
                 self.buffers = grads.iter().map(Tensor::zeros_like).collect();
@@ -36,6 +42,32 @@ impl Sgd {
                 }
             }
         });
+    }
+
+    /// The momentum buffers, under each parameter's name (none before the first step or
+    /// without momentum).
+    fn state(&self, names: &[String]) -> Vec<(String, Tensor)> {
+        names
+            .iter()
+            .zip(&self.buffers)
+            .map(|(name, b)| (name.clone(), b.shallow_clone()))
+            .collect()
+    }
+
+    fn load_state(
+        &mut self,
+        params: &[(String, Tensor)],
+        saved: &HashMap<String, Tensor>,
+        path: &Path,
+    ) -> Result<()> {
+        if saved.is_empty() {
+            return Ok(());
+        }
+        self.buffers = params
+            .iter()
+            .map(|(name, p)| take_like(saved, name, p, path))
+            .collect::<Result<_>>()?;
+        Ok(())
     }
 }
 

@@ -2,13 +2,13 @@
 //! move: compress -> decompress -> optimiser step (`../shared/design.md`, "One pipeline").
 //! Compression is post-processing of the privatised gradient and never changes ε.
 
-use super::sgd::Sgd;
+use super::optimizer::Optimizer;
 use crate::compress::{DenseEncoder, Link, Message, Unpack};
 use crate::error::Result;
 use tch::Tensor;
 
 pub struct Updater {
-    pub optimizer: Sgd,
+    pub optimizer: Box<dyn Optimizer>,
     /// The worker's encoder and the receiver's decoder (one worker in this process).
     pub compressor: Link,
     /// Upstream bits of the last step's message: 8 x the length of its bytes (`compress::wire`).
@@ -18,7 +18,7 @@ pub struct Updater {
 }
 
 impl Updater {
-    pub fn new(optimizer: Sgd, compressor: Link) -> Self {
+    pub fn new(optimizer: Box<dyn Optimizer>, compressor: Link) -> Self {
         Updater {
             optimizer,
             compressor,
@@ -28,12 +28,12 @@ impl Updater {
     }
 
     /// Uncompressed (dense fp32 messages, still counted).
-    pub fn plain(optimizer: Sgd) -> Self {
+    pub fn plain(optimizer: impl Optimizer + 'static) -> Self {
         let link = Link {
             encoder: Box::new(DenseEncoder),
             decoder: Box::new(Unpack::per_parameter()),
         };
-        Self::new(optimizer, link)
+        Self::new(Box::new(optimizer), link)
     }
 
     /// Encodes `grads`, sends the message through bytes, and steps the optimiser on what the
