@@ -16,10 +16,10 @@
 //! C_l = C / sqrt(L) keeps the sensitivity, and hence ε for a given σ, equal to flat clipping's.
 
 use super::accountant::Accountant;
-use super::grad_sample::PerSample;
 use super::noise::{noisy_mean, NoiseSource};
 use crate::config::AccountantKind;
 use crate::error::{Error, Result};
+use crate::nn::PerSample;
 use tch::{Kind, Tensor};
 
 /// How each example's gradient is bounded.

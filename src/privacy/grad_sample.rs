@@ -14,6 +14,7 @@
 //! and their norms and sums are `nn::per_sample`. `tests/grad_sample.rs` checks everything
 //! here against per-example autograd.
 
+use super::engine::Clipping;
 use crate::error::{Error, Result};
 use crate::nn::{LayerGradients, Record, Tape};
 use tch::Tensor;
@@ -95,14 +96,9 @@ pub struct ClippedSum {
 
 pub fn clip_and_sum(per_sample: &[(Tensor, PerSample)], max_norm: f64) -> ClippedSum {
     let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
-    let norms = Tensor::stack(&squared, 0)
-        .sum_dim_intlist(0, false, squared[0].kind())
-        .sqrt();
-    let factors = if max_norm.is_finite() {
-        (max_norm / (&norms + 1e-6)).clamp_max(1.0)
-    } else {
-        norms.ones_like()
-    };
+    let (mut factors, norms) = Clipping::Flat { max_norm }.factors(&squared);
+    // Flat clipping: every parameter shares the one factor per example.
+    let factors = factors.swap_remove(0);
     let grads = per_sample
         .iter()
         .map(|(p, r)| (p.shallow_clone(), r.weighted_sum(&factors)))

@@ -124,6 +124,13 @@ pub const DIVERGED: &str = "diverged";
 /// device (and `--quiet`, which is not a setting). Every other flag must match the run.
 pub const RESUME_MAY_CHANGE: [&str; 3] = ["epochs", "data_dir", "device"];
 
+/// ceil(examples / batch size): the steps of one epoch, and 1 / q under DP (one formula for the
+/// trainer's loop and the privacy engine's q).
+fn steps_per_epoch_of(examples: i64, batch_size: usize) -> i64 {
+    let batch = batch_size as i64;
+    (examples + batch - 1) / batch
+}
+
 /// A model, its data and optimiser, and where the run writes.
 pub struct Trainer {
     pub config: TrainConfig,
@@ -365,8 +372,7 @@ impl Trainer {
         };
         let privacy = match config.noise_multiplier {
             Some(sigma) => {
-                let batch = config.batch_size as i64;
-                let steps_per_epoch = (data.train.len() + batch - 1) / batch;
+                let steps_per_epoch = steps_per_epoch_of(data.train.len(), config.batch_size);
                 let noise = if config.secure_noise {
                     NoiseSource::secure()
                 } else {
@@ -417,8 +423,7 @@ impl Trainer {
     }
 
     pub fn steps_per_epoch(&self) -> i64 {
-        let batch_size = self.config.batch_size as i64;
-        (self.data.train.len() + batch_size - 1) / batch_size
+        steps_per_epoch_of(self.data.train.len(), self.config.batch_size)
     }
 
     /// ε spent so far with the configured accountant; `None` without privacy.
