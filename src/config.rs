@@ -89,6 +89,9 @@ pub enum ClippingMode {
     /// Each parameter tensor clipped to C / sqrt(L) on its own (L tensors), so that the noise's
     /// sensitivity, sqrt(Σ C_l²) = C, and hence ε stay those of flat clipping.
     PerLayer,
+    /// One radius that starts at C and tracks the --target-quantile of the per-example norms
+    /// (Andrew et al. 2021); its noisy count is paid for inside σ (`privacy::engine`).
+    Adaptive,
 }
 
 /// Which accountant turns DP-SGD steps into ε.
@@ -164,6 +167,15 @@ pub struct TrainConfig {
     /// Flat or per-layer clipping (older configs have none: flat).
     #[serde(default)]
     pub clipping: ClippingMode,
+    /// Adaptive clipping: γ, the share of examples left unclipped (Andrew et al.: 0.5).
+    #[serde(default = "half")]
+    pub target_quantile: f64,
+    /// Adaptive clipping: η of C <- C exp(-η (b̃ - γ)) (Andrew et al.: 0.2).
+    #[serde(default = "one_fifth")]
+    pub clip_learning_rate: f64,
+    /// Adaptive clipping: σ_b, the noise on the unclipped count; `None`: E[B] / 20 (Andrew et al.).
+    #[serde(default)]
+    pub count_noise: Option<f64>,
     pub accountant: AccountantKind,
     /// Split each logical batch into chunks of at most this many examples (memory); the noise is
     /// still added once per logical step.
@@ -207,6 +219,14 @@ fn adam_beta2() -> f64 {
 
 fn adam_eps() -> f64 {
     1e-8
+}
+
+fn half() -> f64 {
+    0.5
+}
+
+fn one_fifth() -> f64 {
+    0.2
 }
 
 fn four() -> usize {
@@ -263,6 +283,9 @@ impl TrainConfig {
             target_epsilon: None,
             sampling: Sampling::Poisson,
             clipping: ClippingMode::Flat,
+            target_quantile: half(),
+            clip_learning_rate: one_fifth(),
+            count_noise: None,
             accountant: AccountantKind::Rdp,
             physical_batch_size: None,
             grad_sample: GradSampleMode::Tape,
@@ -532,6 +555,16 @@ pub struct TrainOverrides {
     /// same noise) [default: flat].
     #[arg(long, value_enum)]
     pub clipping: Option<ClippingMode>,
+    /// Adaptive clipping: the share of examples the radius should leave unclipped [default: 0.5].
+    #[arg(long)]
+    pub target_quantile: Option<f64>,
+    /// Adaptive clipping: step size of the radius's geometric update [default: 0.2].
+    #[arg(long)]
+    pub clip_learning_rate: Option<f64>,
+    /// Adaptive clipping: standard deviation of the noise on the unclipped count, in examples;
+    /// must exceed sigma / 2 [default: the expected batch / 20].
+    #[arg(long)]
+    pub count_noise: Option<f64>,
     #[arg(long, value_enum)]
     pub accountant: Option<AccountantKind>,
     /// Largest chunk of a logical batch processed at once.
@@ -607,6 +640,9 @@ impl TrainOverrides {
             target_epsilon: self.target_epsilon.or(base.target_epsilon),
             sampling: self.sampling.or(base.sampling),
             clipping: self.clipping.or(base.clipping),
+            target_quantile: self.target_quantile.or(base.target_quantile),
+            clip_learning_rate: self.clip_learning_rate.or(base.clip_learning_rate),
+            count_noise: self.count_noise.or(base.count_noise),
             accountant: self.accountant.or(base.accountant),
             physical_batch_size: self.physical_batch_size.or(base.physical_batch_size),
             grad_sample: self.grad_sample.or(base.grad_sample),
@@ -649,6 +685,8 @@ impl TrainOverrides {
             delta,
             sampling,
             clipping,
+            target_quantile,
+            clip_learning_rate,
             accountant,
             grad_sample,
             compressor,
@@ -666,7 +704,8 @@ impl TrainOverrides {
             data_dir,
             noise_multiplier,
             target_epsilon,
-            physical_batch_size
+            physical_batch_size,
+            count_noise
         );
     }
 

@@ -113,7 +113,8 @@ fn owlqn_matches_fista_on_noisy_measurements() {
 }
 
 use dpcomp::fl::scheme::{Codec, Scheme};
-use dpcomp::fl::{clip_message, private_mean, FlPrivacy};
+use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
+use dpcomp::privacy::noise::NoiseSource;
 
 #[test]
 fn every_scheme_aggregates_in_the_compressed_domain() {
@@ -192,48 +193,54 @@ fn clients_are_poisson_sampled_at_the_fraction() {
     );
 }
 
+/// Client-level DP on the privacy engine (`PrivacyEngine::clip_update`, `privatize`), as the
+/// FL round uses it: each client's message is one example clipped to S, and a round's noise is
+/// N(0, σ² S²) on the sum over the expected number of clients C N, with the round counted.
 #[test]
 fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
     let _serial = common::serial();
     tch::manual_seed(22);
     let (m, clip) = (20_000, 0.3);
+    let flat = Clipping::Flat { max_norm: clip };
+    let mut engine = PrivacyEngine::new(1.7, 0.125, flat, NoiseSource::Seeded, 1).unwrap();
     // Every clipped message has norm <= S; short ones are untouched.
     for scale in [1e-3, 0.01, 0.1, 1.0, 10.0] {
         let message = Tensor::randn([m], OPTS) * (scale / (m as f64).sqrt());
         let norm = message.norm().double_value(&[]);
-        let clipped = clip_message(&message, norm, clip);
-        let after = clipped.norm().double_value(&[]);
-        assert!(after <= clip * (1.0 + 1e-12), "scale {scale}: {after}");
+        let clipped = engine.clip_update(&message);
+        let after = clipped.sums[0].norm().double_value(&[]);
+        assert!(after <= clip * (1.0 + 1e-6), "scale {scale}: {after}");
+        assert_eq!(clipped.examples, 1);
+        assert_eq!(clipped.clipped.int64_value(&[]), i64::from(norm > clip));
         if norm <= clip {
-            assert!(clipped.equal(&message));
+            assert!((&clipped.sums[0] - &message).abs().max().double_value(&[]) < 1e-6 * norm);
         } else {
-            assert!((after - clip).abs() < 1e-12);
+            assert!((after - clip).abs() < 1e-5 * clip, "{after}");
         }
     }
-    // A diverged client (∞ or NaN in its message) contributes zeros, not NaN.
+    // A diverged client (∞ or NaN in its message) contributes zeros, not NaN, and counts as
+    // clipped.
     for bad in [f64::INFINITY, f64::NAN] {
         let message = Tensor::randn([m], OPTS);
         let _ = message.get(7).fill_(bad);
-        let norm = message.norm().double_value(&[]);
-        assert!(!norm.is_finite());
-        let clipped = clip_message(&message, norm, clip);
+        let clipped = engine.clip_update(&message);
         assert_eq!(
-            clipped.abs().sum(Kind::Double).double_value(&[]),
+            clipped.sums[0].abs().sum(Kind::Double).double_value(&[]),
             0.0,
             "{bad}"
         );
+        assert_eq!(clipped.clipped.int64_value(&[]), 1);
     }
     // (Σ + N(0, σ² S² I)) / (C N): the noise's standard deviation per coordinate is σ S / (C N),
-    // and it is there even when no client was sampled (an all-zero sum).
-    let privacy = FlPrivacy {
-        clip,
-        noise_multiplier: 1.7,
-        delta: 1e-5,
-        accountant: Default::default(),
-    };
+    // it is there even when no client was sampled (an all-zero sum), and the round is counted.
     let expected_clients = 12.5;
-    let zero = Tensor::zeros([m], OPTS);
-    let noisy = private_mean(&zero, &privacy, expected_clients);
+    let mut nobody = dpcomp::privacy::engine::Clipped::empty(&[Tensor::zeros([m], OPTS)]);
+    nobody.examples = 0;
+    let noisy = engine
+        .privatize(&nobody, expected_clients)
+        .unwrap()
+        .remove(0);
+    assert_eq!(engine.accountant().steps(), 1);
     let std = noisy.std(true).double_value(&[]);
     let want = 1.7 * clip / expected_clients;
     assert!(

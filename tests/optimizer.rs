@@ -148,7 +148,7 @@ fn dp_adam_applies_adam_to_the_noised_clipped_mean() {
         assert!(max_abs(sum, &want) < 1e-12, "{name}");
     }
     tch::manual_seed(9);
-    let noisy = engine.privatize(&clipped.sums, expected_batch).unwrap();
+    let noisy = engine.privatize(&clipped, expected_batch).unwrap();
     assert_eq!(engine.accountant().steps(), 1);
     // The noise is there: the noisy mean is not the clipped mean.
     let gap = max_abs(&noisy[0], &(&clipped.sums[0] / expected_batch));

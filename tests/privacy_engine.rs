@@ -1,6 +1,8 @@
 //! The privacy engine (`privacy::engine`): flat and per-layer clipping against per-example
 //! autograd, the noise's scale (σ x sensitivity, sqrt(Σ C_l²) per layer), one accounted step per
-//! noised step, and settings it refuses.
+//! noised step, and settings it refuses; adaptive clipping (Andrew et al. 2021). Every test holds
+//! `common::serial()`: LibTorch's generator is global, and draws made beside a trainer test would
+//! shift that run's noise.
 
 mod common;
 
@@ -9,7 +11,7 @@ use dpcomp::config::{ClippingMode, Task, TrainConfig};
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear};
-use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
+use dpcomp::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
 use dpcomp::privacy::noise::NoiseSource;
 use dpcomp::train::private::per_sample_in_order;
 use dpcomp::train::Trainer;
@@ -61,6 +63,16 @@ fn engine(clipping: Clipping, parameters: usize) -> PrivacyEngine {
     PrivacyEngine::new(1.0, 0.25, clipping, NoiseSource::Seeded, parameters).unwrap()
 }
 
+/// Clipped sums given directly (nothing clipped, `examples` summed), for the noise tests.
+fn sums_of(sums: &[Tensor], examples: i64) -> Clipped {
+    Clipped {
+        sums: sums.iter().map(|s| s.shallow_clone()).collect(),
+        norms: Tensor::zeros([0], (Kind::Float, Device::Cpu)),
+        clipped: Tensor::zeros([], (Kind::Int64, Device::Cpu)),
+        examples,
+    }
+}
+
 fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {
     let scale = b.abs().max().double_value(&[]).max(1e-30);
     (a - b).abs().max().double_value(&[]) / scale
@@ -82,6 +94,7 @@ fn weighted(g: &Tensor, c: &Tensor) -> Tensor {
 
 #[test]
 fn flat_and_per_layer_clipping_equal_the_per_example_oracle() {
+    let _serial = common::serial();
     let model = Mlp::new();
     let batch = batch();
     let params = model.trainable_variables();
@@ -118,6 +131,16 @@ fn flat_and_per_layer_clipping_equal_the_per_example_oracle() {
                 max_norms: per_layer.clone(),
             },
         ),
+        // Adaptive clipping clips like flat clipping at its current radius.
+        (
+            "adaptive",
+            Clipping::Adaptive(AdaptiveClipping {
+                radius: 0.8 * median(&total),
+                target_quantile: 0.5,
+                learning_rate: 0.2,
+                count_noise: 1.0,
+            }),
+        ),
     ];
     for (label, clipping) in cases {
         let engine = engine(clipping.clone(), params.len());
@@ -129,10 +152,11 @@ fn flat_and_per_layer_clipping_equal_the_per_example_oracle() {
             let radius = match &clipping {
                 Clipping::Flat { max_norm } => *max_norm,
                 Clipping::PerLayer { max_norms } => max_norms[k],
+                Clipping::Adaptive(a) => a.radius,
             };
             let norm = match &clipping {
-                Clipping::Flat { .. } => &total,
                 Clipping::PerLayer { .. } => &per_param[k],
+                _ => &total,
             };
             let factors = (radius / (norm + 1e-6)).clamp_max(1.0);
             any_clipped = any_clipped.logical_or(&factors.lt(1.0));
@@ -173,6 +197,7 @@ fn flat_and_per_layer_clipping_equal_the_per_example_oracle() {
 
 #[test]
 fn privatize_adds_noise_at_sigma_times_sensitivity_and_counts_one_step() {
+    let _serial = common::serial();
     let clipping = Clipping::PerLayer {
         max_norms: vec![3.0, 4.0],
     };
@@ -184,7 +209,7 @@ fn privatize_adds_noise_at_sigma_times_sensitivity_and_counts_one_step() {
         Tensor::zeros([200_000], (Kind::Double, Device::Cpu)),
     ];
     for step in 1..=3u64 {
-        let noisy = engine.privatize(&zeros, 10.0).unwrap();
+        let noisy = engine.privatize(&sums_of(&zeros, 10), 10.0).unwrap();
         let all = Tensor::cat(&[noisy[0].shallow_clone(), noisy[1].shallow_clone()], 0) * 10.0;
         let std = all.std(true).double_value(&[]);
         // 500k draws: the sample std is within 0.5% of 3.5 with overwhelming probability.
@@ -200,6 +225,7 @@ fn privatize_adds_noise_at_sigma_times_sensitivity_and_counts_one_step() {
 
 #[test]
 fn the_engine_refuses_what_it_cannot_account() {
+    let _serial = common::serial();
     let err = |r: dpcomp::error::Result<PrivacyEngine>| r.err().expect("refused").to_string();
     let flat = |c: f64| Clipping::Flat { max_norm: c };
     let e = err(PrivacyEngine::new(
@@ -239,10 +265,13 @@ fn the_engine_refuses_what_it_cannot_account() {
     assert!(e.contains("3 radii for 2"), "{e}");
     // A checkpoint's history at another σ is refused on resume.
     let mut other = engine(flat(1.0), 2);
-    let _ = other.privatize(&[Tensor::zeros([3], (Kind::Float, Device::Cpu))], 1.0);
+    let _ = other.privatize(
+        &sums_of(&[Tensor::zeros([3], (Kind::Float, Device::Cpu))], 1),
+        1.0,
+    );
     let history = other.accountant().clone();
     let mut engine = PrivacyEngine::new(2.0, 0.25, flat(1.0), NoiseSource::Seeded, 2).unwrap();
-    let e = engine.resume(history).unwrap_err().to_string();
+    let e = engine.resume(history, None).unwrap_err().to_string();
     assert!(
         e.contains("sigma 1 and q 0.25, but this run's are sigma 2"),
         "{e}"
@@ -303,6 +332,7 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
 /// accountant agrees after those steps are taken.
 #[test]
 fn with_epsilon_picks_the_smallest_safe_sigma() {
+    let _serial = common::serial();
     use dpcomp::config::AccountantKind;
     use dpcomp::privacy::calibrate::epsilon_with;
     let (q, steps, delta) = (1.0 / 50.0, 200u64, 1e-5);
@@ -327,8 +357,246 @@ fn with_epsilon_picks_the_smallest_safe_sigma() {
         );
         let tiny = [Tensor::zeros([2], (Kind::Float, Device::Cpu))];
         for _ in 0..steps {
-            engine.privatize(&tiny, 1.0).unwrap();
+            engine.privatize(&sums_of(&tiny, 1), 1.0).unwrap();
         }
         assert_eq!(engine.epsilon(kind, delta).unwrap(), eps, "{kind:?}");
     }
+}
+
+/// Per-sample gradients of one [B, 1] parameter whose norms are exactly 1, 2, ..., B.
+fn fixed_norms(b: i64) -> Vec<(Tensor, dpcomp::nn::PerSample)> {
+    let g = Tensor::arange_start(1, b + 1, (Kind::Double, Device::Cpu)).view([b, 1]);
+    let p = Tensor::zeros([1], (Kind::Double, Device::Cpu));
+    vec![(p, dpcomp::nn::PerSample::Direct(g))]
+}
+
+/// Adaptive clipping without noise (σ = 0, σ_b = 0): the geometric update drives the radius to
+/// the γ-quantile of fixed norms 1..100 (Andrew et al. 2021, Section 2), from above and below.
+#[test]
+fn the_adaptive_radius_converges_to_the_target_quantile_without_noise() {
+    let _serial = common::serial();
+    let per_sample = fixed_norms(100);
+    for (gamma, start) in [(0.5, 400.0), (0.9, 3.0), (0.2, 0.5)] {
+        let adaptive = AdaptiveClipping {
+            radius: start,
+            target_quantile: gamma,
+            learning_rate: 0.2,
+            count_noise: 0.0,
+        };
+        let mut engine = PrivacyEngine::new(
+            0.0,
+            0.1,
+            Clipping::Adaptive(adaptive),
+            NoiseSource::Seeded,
+            1,
+        )
+        .unwrap();
+        let mut tail = Vec::new();
+        for step in 0..400 {
+            let clipped = engine.clip(&per_sample);
+            assert_eq!(clipped.examples, 100);
+            engine.privatize(&clipped, 100.0).unwrap();
+            if step >= 300 {
+                tail.push(engine.clip_radius().unwrap());
+            }
+        }
+        let mean = tail.iter().sum::<f64>() / tail.len() as f64;
+        // The γ-quantile of 1..100 is 100 γ; the update settles within one norm step of the
+        // fraction, i.e. within a few norms of it.
+        let want = 100.0 * gamma;
+        assert!(
+            (mean - want).abs() <= 3.0,
+            "gamma {gamma} from {start}: radius {mean}, want ~{want}"
+        );
+        assert_eq!(engine.accountant().steps(), 400);
+    }
+}
+
+/// With noise: the gradient is noised at σ_Δ = (σ^-2 - (2σ_b)^-2)^-1/2 times the current radius,
+/// the unclipped count at σ_b (the log-radius steps have std η σ_b / E[B] around -η (b - γ)),
+/// and the accountant records each step at σ, so ε equals flat clipping's at σ.
+#[test]
+fn adaptive_clipping_noises_at_sigma_delta_and_costs_what_flat_costs() {
+    let _serial = common::serial();
+    let (sigma, count_noise, eta, gamma, expected) = (1.0, 2.0, 0.2, 0.5, 100.0);
+    let adaptive = AdaptiveClipping {
+        radius: 30.5,
+        target_quantile: gamma,
+        learning_rate: eta,
+        count_noise,
+    };
+    let make = || {
+        PrivacyEngine::new(
+            sigma,
+            0.01,
+            Clipping::Adaptive(adaptive.clone()),
+            NoiseSource::Seeded,
+            1,
+        )
+        .unwrap()
+    };
+    let sigma_delta = (1.0f64 - 1.0 / 16.0).powf(-0.5);
+    let engine = make();
+    assert!((engine.gradient_noise_multiplier() - sigma_delta).abs() < 1e-12);
+    assert!((engine.noise_std() - sigma_delta * 30.5).abs() < 1e-9);
+
+    // The gradient noise: 400k draws on a zero sum, before the radius moves.
+    tch::manual_seed(21);
+    let mut engine = make();
+    let zero = [Tensor::zeros([400_000], (Kind::Double, Device::Cpu))];
+    let noisy = engine.privatize(&sums_of(&zero, 100), expected).unwrap();
+    let std = (&noisy[0] * expected).std(true).double_value(&[]);
+    assert!(
+        (std / (sigma_delta * 30.5) - 1.0).abs() < 5e-3,
+        "noise std {std}, want {}",
+        sigma_delta * 30.5
+    );
+
+    // The count noise: 3000 single steps from C = 30.5 on norms 1..100 (30 unclipped, b = 0.3).
+    tch::manual_seed(22);
+    let per_sample = fixed_norms(100);
+    let steps: Vec<f64> = (0..3000)
+        .map(|_| {
+            let mut engine = make();
+            let clipped = engine.clip(&per_sample);
+            engine.privatize(&clipped, expected).unwrap();
+            (engine.clip_radius().unwrap() / 30.5).ln()
+        })
+        .collect();
+    let n = steps.len() as f64;
+    let mean = steps.iter().sum::<f64>() / n;
+    let sd = (steps.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+    let (want_mean, want_sd) = (-eta * (0.3 - gamma), eta * count_noise / expected);
+    assert!(
+        (mean - want_mean).abs() < 4.0 * want_sd / n.sqrt(),
+        "mean {mean}, want {want_mean}"
+    );
+    assert!((sd / want_sd - 1.0).abs() < 0.05, "sd {sd}, want {want_sd}");
+
+    // ε: the adaptive engine's accountant equals a flat engine's after the same steps.
+    let mut adaptive_engine = make();
+    let mut flat = PrivacyEngine::new(
+        sigma,
+        0.01,
+        Clipping::Flat { max_norm: 1.0 },
+        NoiseSource::Seeded,
+        1,
+    )
+    .unwrap();
+    for _ in 0..50 {
+        let clipped = adaptive_engine.clip(&per_sample);
+        adaptive_engine.privatize(&clipped, expected).unwrap();
+        flat.privatize(
+            &sums_of(&[Tensor::zeros([1], (Kind::Double, Device::Cpu))], 100),
+            expected,
+        )
+        .unwrap();
+    }
+    let kind = dpcomp::config::AccountantKind::Rdp;
+    assert_eq!(
+        adaptive_engine.epsilon(kind, 1e-5).unwrap(),
+        flat.epsilon(kind, 1e-5).unwrap()
+    );
+}
+
+/// What adaptive clipping refuses: a count noised too little for σ (it would cost more than σ),
+/// a quantile outside (0, 1), and a resume that lost the radius.
+#[test]
+fn adaptive_clipping_refuses_what_would_break_its_guarantee() {
+    let _serial = common::serial();
+    let adaptive = |count_noise: f64, gamma: f64| {
+        Clipping::Adaptive(AdaptiveClipping {
+            radius: 1.0,
+            target_quantile: gamma,
+            learning_rate: 0.2,
+            count_noise,
+        })
+    };
+    let refuse = |c: Clipping| {
+        PrivacyEngine::new(1.0, 0.1, c, NoiseSource::Seeded, 1)
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    let e = refuse(adaptive(0.5, 0.5));
+    assert!(
+        e.contains("--count-noise") && e.contains("sigma / 2"),
+        "{e}"
+    );
+    let e = refuse(adaptive(0.0, 0.5));
+    assert!(e.contains("--count-noise"), "{e}");
+    let e = refuse(adaptive(5.0, 1.0));
+    assert!(e.contains("--target-quantile"), "{e}");
+    let mut engine =
+        PrivacyEngine::new(1.0, 0.1, adaptive(5.0, 0.5), NoiseSource::Seeded, 1).unwrap();
+    let zero = [Tensor::zeros([1], (Kind::Double, Device::Cpu))];
+    engine.privatize(&sums_of(&zero, 1), 10.0).unwrap();
+    let history = engine.accountant().clone();
+    let mut fresh =
+        PrivacyEngine::new(1.0, 0.1, adaptive(5.0, 0.5), NoiseSource::Seeded, 1).unwrap();
+    let e = fresh.resume(history.clone(), None).unwrap_err().to_string();
+    assert!(e.contains("needs its current positive radius"), "{e}");
+    fresh.resume(history.clone(), Some(0.75)).unwrap();
+    assert_eq!(fresh.clip_radius(), Some(0.75));
+    let mut flat = PrivacyEngine::new(
+        1.0,
+        0.1,
+        Clipping::Flat { max_norm: 1.0 },
+        NoiseSource::Seeded,
+        1,
+    )
+    .unwrap();
+    let e = flat.resume(history, Some(0.75)).unwrap_err().to_string();
+    assert!(e.contains("adaptive radius but this run clips flat"), "{e}");
+}
+
+/// `--clipping adaptive` on Surnames: the radius moves and is logged, a run resumed after one
+/// epoch ends with the uninterrupted run's weights and radius (C_t is checkpointed), and ε is
+/// flat clipping's at the same σ.
+#[test]
+fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
+    let _serial = common::serial();
+    let Some(root) = common::require_shared_data() else {
+        return;
+    };
+    let config = |epochs: usize, clipping: ClippingMode| {
+        let mut c = TrainConfig::paper_defaults(Task::Surnames);
+        c.epochs = epochs;
+        c.limit_train = Some(640);
+        c.limit_test = Some(128);
+        c.data_dir = Some(root.clone());
+        c.device = dpcomp::config::DeviceChoice::Cpu;
+        c.noise_multiplier = Some(0.8);
+        c.clipping = clipping;
+        c.max_grad_norm = 0.5;
+        c
+    };
+    let work = tempfile::tempdir().unwrap();
+    let (straight, split) = (work.path().join("straight"), work.path().join("split"));
+    let mut t = Trainer::new(config(2, ClippingMode::Adaptive), &straight).unwrap();
+    t.progress = false;
+    let summary = t.run().unwrap();
+    let weights: Vec<Tensor> = t.params.iter().map(|(_, p)| p.copy()).collect();
+    let history = t.history.clone();
+    drop(t);
+    let radii: Vec<f64> = history.iter().map(|m| m.clip_radius.unwrap()).collect();
+    assert!(
+        (radii[0] - 0.5).abs() > 0.05,
+        "the radius did not move from 0.5: {radii:?}"
+    );
+    let mut t = Trainer::new(config(1, ClippingMode::Adaptive), &split).unwrap();
+    t.progress = false;
+    t.run().unwrap();
+    drop(t);
+    let mut t = Trainer::resume(&split, Some(2)).unwrap();
+    t.progress = false;
+    let resumed = t.run().unwrap();
+    for ((name, p), w) in t.params.iter().zip(&weights) {
+        assert!(p.equal(w), "{name} differs after the resume");
+    }
+    assert_eq!(t.history[1].clip_radius, history[1].clip_radius);
+    assert_eq!(summary.epsilon, resumed.epsilon);
+    let mut t = Trainer::new(config(2, ClippingMode::Flat), &work.path().join("flat")).unwrap();
+    t.progress = false;
+    assert_eq!(t.run().unwrap().epsilon, summary.epsilon);
 }

@@ -33,7 +33,8 @@ pub mod sketch;
 use crate::config::{AccountantKind, DeviceChoice};
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};
-use crate::privacy::accountant::Accountant;
+use crate::privacy::engine::{Clipped, Clipping, PrivacyEngine};
+use crate::privacy::noise::NoiseSource;
 use client::{client_update, LocalTraining};
 use data::{FlData, FlDataset};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -359,7 +360,21 @@ pub fn run(
     } else {
         "accuracy"
     };
-    let mut accountant = Accountant::default();
+    // Client-level DP on the privacy engine: each client's message is one "example" clipped to
+    // S, and the noise and the accountant's step happen together once per round. The noise is
+    // seeded (reproducible experiments).
+    let mut engine = settings
+        .privacy
+        .map(|p| {
+            PrivacyEngine::new(
+                p.noise_multiplier,
+                settings.fraction,
+                Clipping::Flat { max_norm: p.clip },
+                NoiseSource::Seeded,
+                1,
+            )
+        })
+        .transpose()?;
     let mut momentum: Option<Tensor> = None;
     let mut error = Tensor::zeros([m], (Kind::Float, device));
     let mut rows: Vec<RoundMetrics> = Vec::new();
@@ -377,9 +392,9 @@ pub fn run(
         // Clients.
         let client_start = Instant::now();
         let mut sum = Tensor::zeros([m], (Kind::Float, device));
+        let mut round_clipped = Clipped::empty(&[sum.shallow_clone()]);
         let mut weight_total = 0.0;
         let mut norms = Vec::with_capacity(sampled.len());
-        let mut clipped = 0usize;
         for &k in &sampled {
             let update = client_update(
                 &mut client_model,
@@ -393,13 +408,8 @@ pub fn run(
             let message = round_codec.encode(&update);
             let norm = message.norm().double_value(&[]);
             norms.push(norm);
-            match &settings.privacy {
-                Some(p) => {
-                    if norm.is_nan() || norm > p.clip {
-                        clipped += 1;
-                    }
-                    sum += clip_message(&message, norm, p.clip);
-                }
+            match &engine {
+                Some(engine) => round_clipped.add(engine.clip_update(&message)),
                 None => {
                     let weight = shards[k].len() as f64;
                     sum += message * weight;
@@ -410,10 +420,13 @@ pub fn run(
         let client_seconds = client_start.elapsed().as_secs_f64();
         // Server: aggregate, privatise, decode, step.
         let server_start = Instant::now();
-        let aggregate = match &settings.privacy {
-            Some(p) => {
-                accountant.step(p.noise_multiplier, settings.fraction, 1)?;
-                private_mean(&sum, p, settings.fraction * settings.clients as f64)
+        // The noise is drawn (and the round counted) even when no client was sampled.
+        let aggregate = match engine.as_mut() {
+            Some(engine) => {
+                let expected_clients = settings.fraction * settings.clients as f64;
+                engine
+                    .privatize(&round_clipped, expected_clients)?
+                    .remove(0)
             }
             None if weight_total > 0.0 => sum / weight_total,
             None => sum,
@@ -456,10 +469,11 @@ pub fn run(
         let evaluation = evaluate(&global_model, &test_x, &test_y);
         let bits = message_bits(m) * sampled.len() as u64;
         upstream_total += bits;
-        let epsilon = match &settings.privacy {
-            Some(p) => Some(accountant.epsilon(p.accountant, p.delta)?.0),
-            None => None,
+        let epsilon = match (&settings.privacy, &engine) {
+            (Some(p), Some(engine)) => Some(engine.epsilon(p.accountant, p.delta)?),
+            _ => None,
         };
+        let clipped = round_clipped.clipped.int64_value(&[]) as usize;
         let row = RoundMetrics {
             round,
             clients: sampled.len(),
@@ -553,34 +567,6 @@ pub fn run(
             .map_err(|e| Error::io(dir.join("summary.json"), e))?;
     }
     Ok(summary)
-}
-
-/// A client's message scaled to norm at most S: m min(1, S / ‖m‖), given ‖m‖ = `norm`.
-/// A message whose norm is not finite (a client whose local training diverged) is sent as zeros:
-/// scaling would leave NaN (∞ · 0), and one client must not be able to turn the noisy mean into
-/// NaN, whatever its data (the sensitivity stays S).
-pub fn clip_message(message: &Tensor, norm: f64, clip: f64) -> Tensor {
-    if !norm.is_finite() {
-        message.zeros_like()
-    } else if norm > clip {
-        message * (clip / norm)
-    } else {
-        message.shallow_clone()
-    }
-}
-
-/// The Gaussian mechanism on the sum of clipped messages, over the expected number of clients
-/// C N (fixed, so one client changes the result by at most S / (C N)): (Σ + N(0, σ² S² I)) / (C N).
-/// The noise is drawn even when no client was sampled.
-pub fn private_mean(clipped_sum: &Tensor, privacy: &FlPrivacy, expected_clients: f64) -> Tensor {
-    crate::privacy::noise::noisy_mean(
-        clipped_sum,
-        privacy.noise_multiplier,
-        privacy.clip,
-        expected_clients,
-        // Client-level DP here keeps seeded noise (reproducible experiments).
-        &mut crate::privacy::noise::NoiseSource::Seeded,
-    )
 }
 
 /// Test metrics of `model` on (`x`, `y`), in batches of 2,000.

@@ -14,6 +14,17 @@
 //! sqrt(Σ_l C_l²) in L2, so that is the sensitivity the noise is scaled by (Opacus's
 //! `DPPerLayerOptimizer` uses the same norm of the radii); the trainer's per-layer default
 //! C_l = C / sqrt(L) keeps the sensitivity, and hence ε for a given σ, equal to flat clipping's.
+//!
+//! Adaptive clipping (Andrew et al. 2021, "Differentially private learning with adaptive
+//! clipping", Algorithm 1 with the geometric update): flat clipping at a radius C_t that tracks
+//! the γ-quantile of the per-example norms. After each step the engine releases the fraction of
+//! examples that were not clipped, b̃_t = (Σ_i (b_i - 1/2) + N(0, σ_b²)) / E[B] + 1/2 with
+//! b_i = 1{||g_i|| <= C_t} (centring makes the count's sensitivity 1/2), and sets
+//! C_{t+1} = C_t exp(-η (b̃_t - γ)). The two releases of a step compose to one Gaussian
+//! mechanism at the configured σ when the gradient is noised at σ_Δ = (σ^-2 - (2σ_b)^-2)^-1/2
+//! (their Theorem 1), so the accountant records the step at σ, exactly as for flat clipping,
+//! and the gradient noise is slightly larger (σ_Δ > σ; needs 2σ_b > σ). The count is read on the
+//! host once per step (the radius is a host number that scales the noise).
 
 use super::accountant::Accountant;
 use super::noise::{noisy_mean, NoiseSource};
@@ -29,6 +40,71 @@ pub enum Clipping {
     Flat { max_norm: f64 },
     /// One radius per parameter tensor, in the order of the parameters.
     PerLayer { max_norms: Vec<f64> },
+    /// One radius over all parameters that follows a quantile of the norms (see the module docs).
+    Adaptive(AdaptiveClipping),
+}
+
+/// Andrew et al. 2021's quantile-tracking radius: its current value and how it moves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdaptiveClipping {
+    /// C_t, the radius the next step clips at (the initial radius before the first step).
+    pub radius: f64,
+    /// γ: the share of examples that should end up unclipped (the paper's default 0.5).
+    pub target_quantile: f64,
+    /// η of the geometric update C <- C exp(-η (b̃ - γ)) (the paper's default 0.2).
+    pub learning_rate: f64,
+    /// σ_b: the standard deviation of the noise on the unclipped count, in examples (the
+    /// paper's suggestion: E[B] / 20). Must exceed σ / 2 under noise.
+    pub count_noise: f64,
+}
+
+impl AdaptiveClipping {
+    /// The paper's defaults around a starting radius: γ = 0.5, η = 0.2, σ_b = E[B] / 20.
+    pub fn new(initial: f64, expected_batch: f64) -> Self {
+        AdaptiveClipping {
+            radius: initial,
+            target_quantile: 0.5,
+            learning_rate: 0.2,
+            count_noise: expected_batch / 20.0,
+        }
+    }
+
+    /// One geometric update from the released unclipped fraction b̃.
+    pub fn update(&mut self, unclipped_fraction: f64) {
+        self.radius *= (-self.learning_rate * (unclipped_fraction - self.target_quantile)).exp();
+    }
+
+    fn validate(&self, noise_multiplier: f64) -> Result<()> {
+        if !(self.target_quantile > 0.0 && self.target_quantile < 1.0) {
+            return Err(Error::bad_value(
+                "--target-quantile",
+                format!("{}: expected 0 < gamma < 1", self.target_quantile),
+            ));
+        }
+        if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
+            return Err(Error::bad_value(
+                "--clip-learning-rate",
+                format!("{}: expected a finite eta >= 0", self.learning_rate),
+            ));
+        }
+        if !(self.count_noise.is_finite() && self.count_noise >= 0.0) {
+            return Err(Error::bad_value(
+                "--count-noise",
+                format!("{}: expected a finite sigma_b >= 0", self.count_noise),
+            ));
+        }
+        if noise_multiplier > 0.0 && 2.0 * self.count_noise <= noise_multiplier {
+            return Err(Error::bad_value(
+                "--count-noise",
+                format!(
+                    "{}: the unclipped count must be noised with sigma_b > sigma / 2 = {} so that the step still costs sigma {noise_multiplier} (Andrew et al. 2021, Theorem 1); E[B] / 20 is the paper's choice",
+                    self.count_noise,
+                    noise_multiplier / 2.0
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Clipping {
@@ -40,17 +116,37 @@ impl Clipping {
         }
     }
 
-    /// The L2 distance one example can move the clipped sum: C, or sqrt(Σ_l C_l²).
+    /// How errors and summaries name the rule.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Clipping::Flat { .. } => "flat",
+            Clipping::PerLayer { .. } => "per-layer",
+            Clipping::Adaptive(_) => "adaptive",
+        }
+    }
+
+    /// The L2 distance one example can move the clipped sum: C, sqrt(Σ_l C_l²), or C_t.
     pub fn sensitivity(&self) -> f64 {
         match self {
             Clipping::Flat { max_norm } => *max_norm,
             Clipping::PerLayer { max_norms } => max_norms.iter().map(|c| c * c).sum::<f64>().sqrt(),
+            Clipping::Adaptive(a) => a.radius,
         }
     }
 
-    fn validate(&self, parameters: usize) -> Result<()> {
+    fn validate(&self, parameters: usize, noise_multiplier: f64) -> Result<()> {
         let radii: Vec<f64> = match self {
             Clipping::Flat { max_norm } => vec![*max_norm],
+            Clipping::Adaptive(a) => {
+                a.validate(noise_multiplier)?;
+                if !a.radius.is_finite() {
+                    return Err(Error::bad_value(
+                        "clipping radius",
+                        "infinite: adaptive clipping starts from a finite radius",
+                    ));
+                }
+                vec![a.radius]
+            }
             Clipping::PerLayer { max_norms } => {
                 if max_norms.len() != parameters {
                     return Err(Error::bad_value(
@@ -87,8 +183,9 @@ impl Clipping {
             }
         };
         let factors = match self {
-            Clipping::Flat { max_norm } => {
-                let f = factor(&total, *max_norm);
+            Clipping::Flat { max_norm: c }
+            | Clipping::Adaptive(AdaptiveClipping { radius: c, .. }) => {
+                let f = factor(&total, *c);
                 squared.iter().map(|_| f.shallow_clone()).collect()
             }
             Clipping::PerLayer { max_norms } => squared
@@ -101,14 +198,40 @@ impl Clipping {
     }
 }
 
-/// One (physical) batch's clipped sums.
+/// A batch's clipped sums: one physical batch from `clip`, or a whole logical batch after
+/// `add`ing its chunks, which is what `privatize` takes.
 pub struct Clipped {
     /// Σ_i c_i g_i per parameter, in the order of the parameters.
     pub sums: Vec<Tensor>,
-    /// ||g_i|| over all parameters before clipping, [B].
+    /// ||g_i|| over all parameters before clipping, [B] (concatenated over chunks).
     pub norms: Tensor,
     /// Examples with any factor below 1 (0-d int64 on the device).
     pub clipped: Tensor,
+    /// B, the examples summed.
+    pub examples: i64,
+}
+
+impl Clipped {
+    /// Nothing summed yet: zero sums shaped like `parameters`.
+    pub fn empty(parameters: &[Tensor]) -> Self {
+        let device = parameters.first().map_or(tch::Device::Cpu, |p| p.device());
+        Clipped {
+            sums: parameters.iter().map(|p| p.zeros_like().detach()).collect(),
+            norms: Tensor::zeros([0], (Kind::Float, device)),
+            clipped: Tensor::zeros([], (Kind::Int64, device)),
+            examples: 0,
+        }
+    }
+
+    /// Adds another chunk of the same logical batch.
+    pub fn add(&mut self, chunk: Clipped) {
+        for (sum, part) in self.sums.iter_mut().zip(chunk.sums) {
+            *sum += part;
+        }
+        self.norms = Tensor::cat(&[&self.norms, &chunk.norms.to_kind(self.norms.kind())], 0);
+        self.clipped += chunk.clipped;
+        self.examples += chunk.examples;
+    }
 }
 
 pub struct PrivacyEngine {
@@ -130,7 +253,7 @@ impl PrivacyEngine {
         parameters: usize,
     ) -> Result<Self> {
         super::validate(sample_rate, noise_multiplier, 1)?;
-        clipping.validate(parameters)?;
+        clipping.validate(parameters, noise_multiplier)?;
         if noise_multiplier > 0.0 && !clipping.sensitivity().is_finite() {
             return Err(Error::bad_value(
                 "clipping radius",
@@ -171,9 +294,27 @@ impl PrivacyEngine {
         Self::new(sigma, sample_rate, clipping, noise, parameters)
     }
 
-    /// Continues from a checkpoint's accountant. Every recorded block must be at this engine's
-    /// σ and q (anything else would mix two mechanisms under one ε).
-    pub fn resume(&mut self, accountant: Accountant) -> Result<()> {
+    /// Continues from a checkpoint's accountant and, under adaptive clipping, its radius C_t.
+    /// Every recorded block must be at this engine's σ and q (anything else would mix two
+    /// mechanisms under one ε), and an adaptive run that has taken steps must have its radius.
+    pub fn resume(&mut self, accountant: Accountant, clip_radius: Option<f64>) -> Result<()> {
+        match (&mut self.clipping, clip_radius) {
+            (Clipping::Adaptive(a), Some(r)) if r.is_finite() && r > 0.0 => a.radius = r,
+            (Clipping::Adaptive(_), None) if accountant.steps() == 0 => {}
+            (Clipping::Adaptive(_), r) => {
+                return Err(Error::bad_value(
+                    "clip_radius",
+                    format!("{r:?}: an adaptive-clipping run that has taken {} steps needs its current positive radius to continue", accountant.steps()),
+                ))
+            }
+            (_, Some(r)) => {
+                return Err(Error::bad_value(
+                    "clip_radius",
+                    format!("{r}: the checkpoint has an adaptive radius but this run clips {}", self.clipping.label()),
+                ))
+            }
+            (_, None) => {}
+        }
         for b in &accountant.history {
             if b.noise_multiplier != self.noise_multiplier || b.sample_rate != self.sample_rate {
                 return Err(Error::bad_value(
@@ -201,9 +342,31 @@ impl PrivacyEngine {
         &self.clipping
     }
 
-    /// The standard deviation of the noise added to a clipped sum: σ x sensitivity.
+    /// The multiplier of the gradient's noise: σ, or under adaptive clipping σ_Δ =
+    /// (σ^-2 - (2σ_b)^-2)^-1/2, which with the count's noise composes to σ (Andrew et al. 2021,
+    /// Theorem 1).
+    pub fn gradient_noise_multiplier(&self) -> f64 {
+        let sigma = self.noise_multiplier;
+        match &self.clipping {
+            Clipping::Adaptive(a) if sigma > 0.0 => {
+                (sigma.powi(-2) - (2.0 * a.count_noise).powi(-2)).powf(-0.5)
+            }
+            _ => sigma,
+        }
+    }
+
+    /// The standard deviation of the noise added to a clipped sum: σ (σ_Δ under adaptive
+    /// clipping) x sensitivity.
     pub fn noise_std(&self) -> f64 {
-        self.noise_multiplier * self.clipping.sensitivity()
+        self.gradient_noise_multiplier() * self.clipping.sensitivity()
+    }
+
+    /// The adaptive radius C_t the next step clips at (`None` for fixed radii).
+    pub fn clip_radius(&self) -> Option<f64> {
+        match &self.clipping {
+            Clipping::Adaptive(a) => Some(a.radius),
+            _ => None,
+        }
     }
 
     /// "seeded" or "secure".
@@ -234,24 +397,65 @@ impl PrivacyEngine {
         let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0)
             .any_dim(0, false);
         Clipped {
+            examples: norms.size()[0],
             sums,
             norms,
             clipped: any.sum(Kind::Int64),
         }
     }
 
+    /// Clips one example's whole update, a single tensor of any shape (a federated client's
+    /// message under client-level DP: the "example" is a client). With flat or adaptive
+    /// clipping this is `clip` on one example; an update with a non-finite norm (a diverged
+    /// client) contributes zeros and counts as clipped, so it can neither poison the sum nor
+    /// exceed the radius. Reads the norm on the host.
+    pub fn clip_update(&self, update: &Tensor) -> Clipped {
+        let norm = update.norm().to_kind(Kind::Double).double_value(&[]);
+        if norm.is_finite() {
+            let direct = PerSample::Direct(update.unsqueeze(0));
+            return self.clip(&[(update.shallow_clone(), direct)]);
+        }
+        Clipped {
+            sums: vec![update.zeros_like()],
+            norms: Tensor::from_slice(&[norm]).to_device(update.device()),
+            clipped: Tensor::ones([], (Kind::Int64, update.device())),
+            examples: 1,
+        }
+    }
+
     /// The noised mean gradient of one logical batch from its clipped sums: each sum plus
     /// N(0, (σ sensitivity)²) per coordinate, divided by `expected_batch` (q N under Poisson
     /// sampling, never the realised size). The step is counted in the accountant first; if it
-    /// cannot be (σ or q invalid), no noise is drawn and nothing is returned.
-    pub fn privatize(&mut self, sums: &[Tensor], expected_batch: f64) -> Result<Vec<Tensor>> {
+    /// cannot be (σ or q invalid), no noise is drawn and nothing is returned. Under adaptive
+    /// clipping the gradient is noised at σ_Δ, and the noisy unclipped fraction then moves the
+    /// radius for the next step (module docs).
+    pub fn privatize(&mut self, batch: &Clipped, expected_batch: f64) -> Result<Vec<Tensor>> {
         self.accountant
             .step(self.noise_multiplier, self.sample_rate, 1)?;
-        let (sigma, sensitivity) = (self.noise_multiplier, self.clipping.sensitivity());
-        Ok(tch::no_grad(|| {
-            sums.iter()
+        let (sigma, sensitivity) = (
+            self.gradient_noise_multiplier(),
+            self.clipping.sensitivity(),
+        );
+        let grads = tch::no_grad(|| {
+            batch
+                .sums
+                .iter()
                 .map(|s| noisy_mean(s, sigma, sensitivity, expected_batch, &mut self.noise))
                 .collect()
-        }))
+        });
+        if let Clipping::Adaptive(a) = &mut self.clipping {
+            let unclipped = (batch.examples - batch.clipped.int64_value(&[])) as f64;
+            let noise = if a.count_noise > 0.0 {
+                let z = self
+                    .noise
+                    .standard_normal_like(&Tensor::zeros([1], (Kind::Double, tch::Device::Cpu)));
+                a.count_noise * z.double_value(&[0])
+            } else {
+                0.0
+            };
+            let centred = unclipped - batch.examples as f64 / 2.0;
+            a.update((centred + noise) / expected_batch + 0.5);
+        }
+        Ok(grads)
     }
 }

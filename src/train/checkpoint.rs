@@ -25,6 +25,9 @@ pub struct TrainState {
     /// Every DP step taken so far: a resumed run continues its ε, never restarts it.
     #[serde(default)]
     pub accountant: Option<crate::privacy::accountant::Accountant>,
+    /// Adaptive clipping's current radius C_t (`privacy::engine::AdaptiveClipping`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_radius: Option<f64>,
     /// Why training stopped before its last epoch (the privacy budget).
     #[serde(default)]
     pub stopped: Option<String>,

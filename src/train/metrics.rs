@@ -33,6 +33,9 @@ pub struct EpochMetrics {
     /// Where the DP noise came from: "seeded" or "secure" (`privacy::noise`; DP runs).
     #[serde(default)]
     pub noise: Option<String>,
+    /// Adaptive clipping's radius C_t after this epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clip_radius: Option<f64>,
     /// Upstream bits this worker sent in this epoch's messages (`upstream.csv` has every step).
     #[serde(default)]
     pub upstream_bits: u64,
@@ -230,6 +233,7 @@ mod tests {
             epoch_seconds: 1.0,
             wall_seconds: 3.0,
             epsilon: Some(2.0),
+            clip_radius: None,
             clipped_fraction: Some(1.0),
             noise: Some("seeded".into()),
             upstream_bits: 7,

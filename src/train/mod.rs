@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::accountant::Accountant;
-use crate::privacy::engine::{Clipping, PrivacyEngine};
+use crate::privacy::engine::{AdaptiveClipping, Clipping, PrivacyEngine};
 use crate::privacy::noise::NoiseSource;
 use crate::run_lock::RunLock;
 use crate::tasks;
@@ -259,7 +259,7 @@ impl Trainer {
             (trainer.privacy.as_mut(), state.accountant.clone())
         {
             engine
-                .resume(accountant)
+                .resume(accountant, state.clip_radius)
                 .map_err(|e| Error::bad_file(dir.join("state.json"), e.to_string()))?;
         }
         checkpoint::load_weights(trainer.model.var_store(), &dir.join("model.safetensors"))?;
@@ -384,6 +384,17 @@ impl Trainer {
                     },
                     ClippingMode::PerLayer => {
                         Clipping::per_layer_even(config.max_grad_norm, params.len())
+                    }
+                    ClippingMode::Adaptive => {
+                        let expected_batch = data.train.len() as f64 / steps_per_epoch as f64;
+                        let mut adaptive =
+                            AdaptiveClipping::new(config.max_grad_norm, expected_batch);
+                        adaptive.target_quantile = config.target_quantile;
+                        adaptive.learning_rate = config.clip_learning_rate;
+                        if let Some(count_noise) = config.count_noise {
+                            adaptive.count_noise = count_noise;
+                        }
+                        Clipping::Adaptive(adaptive)
                     }
                 };
                 let q = 1.0 / steps_per_epoch as f64;
@@ -737,6 +748,7 @@ impl Trainer {
                 epsilon: self.epsilon()?,
                 clipped_fraction: self.config.private().then(|| per_example(&clipped)),
                 noise: self.noise_label(),
+                clip_radius: self.privacy.as_ref().and_then(PrivacyEngine::clip_radius),
                 upstream_bits: upstream.iter().map(|r| r.2).sum(),
                 upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
                 upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
@@ -819,6 +831,7 @@ impl Trainer {
             &self.updater.compressor.state(),
             &TrainState {
                 accountant: self.accountant().cloned(),
+                clip_radius: self.privacy.as_ref().and_then(PrivacyEngine::clip_radius),
                 ..self.state.clone()
             },
         )

@@ -9,7 +9,7 @@ use crate::data::{Batch, Dataset};
 use crate::error::{Error, Result};
 use crate::models::Model;
 use crate::nn::Ctx;
-use crate::privacy::engine::PrivacyEngine;
+use crate::privacy::engine::{Clipped, PrivacyEngine};
 use crate::privacy::grad_sample::{per_sample_gradients, PerSample};
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
@@ -74,13 +74,13 @@ pub fn per_sample_in_order(
     })
 }
 
-/// Clipped gradient sums in the order of `params`, plus (loss sum, correct, clipped count).
+/// Clipped gradient sums in the order of `params`, plus (loss sum, correct).
 fn clipped_sums_tape(
     model: &dyn Model,
     params: &[(String, Tensor)],
     batch: &Batch,
     engine: &PrivacyEngine,
-) -> Result<(Vec<Tensor>, [Tensor; 3])> {
+) -> Result<(Clipped, [Tensor; 2])> {
     let PerSampleBatch {
         per_sample,
         logits,
@@ -91,7 +91,7 @@ fn clipped_sums_tape(
         .argmax(-1, false)
         .eq_tensor(&batch.labels)
         .sum(Kind::Int64);
-    Ok((clipped.sums, [loss_sum.detach(), correct, clipped.clipped]))
+    Ok((clipped, [loss_sum.detach(), correct]))
 }
 
 /// The same from per-example autograd, one example at a time (`--grad-sample oracle`).
@@ -100,7 +100,7 @@ fn clipped_sums_oracle(
     params: &[(String, Tensor)],
     batch: &Batch,
     engine: &PrivacyEngine,
-) -> Result<(Vec<Tensor>, [Tensor; 3])> {
+) -> Result<(Clipped, [Tensor; 2])> {
     let device = batch.labels.device();
     let mut sums: Vec<Tensor> = params
         .iter()
@@ -109,6 +109,7 @@ fn clipped_sums_oracle(
     let mut loss_sum = Tensor::zeros([], (Kind::Float, device));
     let mut correct = Tensor::zeros([], (Kind::Int64, device));
     let mut over = Tensor::zeros([], (Kind::Int64, device));
+    let mut norms = Vec::with_capacity(batch.len() as usize);
     for i in 0..batch.len() {
         let index = Tensor::from_slice(&[i]).to_device(device);
         let features = batch.features.select_trimmed(&index, None);
@@ -132,7 +133,8 @@ fn clipped_sums_oracle(
             })
             .collect();
         let squares: Vec<Tensor> = grads.iter().map(|g| g.square().sum(g.kind())).collect();
-        let (factors, _) = engine.clipping().factors(&squares);
+        let (factors, norm) = engine.clipping().factors(&squares);
+        norms.push(norm.reshape([1]));
         for ((sum, g), f) in sums.iter_mut().zip(&grads).zip(&factors) {
             *sum += g * f;
         }
@@ -141,7 +143,13 @@ fn clipped_sums_oracle(
         correct += logits.argmax(-1, false).eq_tensor(&label).sum(Kind::Int64);
         over += any.to_kind(Kind::Int64);
     }
-    Ok((sums, [loss_sum, correct, over]))
+    let clipped = Clipped {
+        sums,
+        norms: Tensor::cat(&norms, 0),
+        clipped: over,
+        examples: batch.len(),
+    };
+    Ok((clipped, [loss_sum, correct]))
 }
 
 /// One logical DP-SGD step on the examples `index` of `data`: clipped by the engine, noised
@@ -158,39 +166,33 @@ pub fn dp_step(
     engine: &mut PrivacyEngine,
 ) -> Result<StepTotals> {
     let n = index.size()[0];
-    let mut sums: Vec<Tensor> = params
-        .iter()
-        .map(|(_, p)| p.zeros_like().detach())
-        .collect();
+    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+    let mut logical = Clipped::empty(&tensors);
     let mut totals = [
         Tensor::zeros([], (Kind::Float, device)),
-        Tensor::zeros([], (Kind::Int64, device)),
         Tensor::zeros([], (Kind::Int64, device)),
     ];
     let chunk = settings.physical_batch.unwrap_or(n).max(1);
     let mut start = 0;
     while start < n {
         let batch = data.batch(&index.narrow(0, start, chunk.min(n - start)), device, true);
-        let (chunk_sums, chunk_totals) = match settings.mode {
+        let (part, chunk_totals) = match settings.mode {
             GradSampleMode::Tape => clipped_sums_tape(model, params, &batch, engine)?,
             GradSampleMode::Oracle => clipped_sums_oracle(model, params, &batch, engine)?,
         };
-        for (sum, part) in sums.iter_mut().zip(chunk_sums) {
-            *sum += part;
-        }
+        logical.add(part);
         for (total, part) in totals.iter_mut().zip(chunk_totals) {
             *total += part.to_kind(total.kind());
         }
         start += chunk;
     }
     // Noise and the accountant's step, together (`PrivacyEngine::privatize`).
-    let grads = engine.privatize(&sums, settings.expected_batch)?;
-    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+    let grads = engine.privatize(&logical, settings.expected_batch)?;
     updater.apply(&tensors, &grads)?;
-    let [loss_sum, correct, clipped] = totals;
+    let [loss_sum, correct] = totals;
     Ok(StepTotals {
         loss_sum,
         correct,
-        clipped,
+        clipped: logical.clipped,
     })
 }
