@@ -25,3 +25,23 @@ pub use config::{Task, TrainConfig};
 pub use error::{Error, Result};
 pub use models::Model;
 pub use train::Trainer;
+
+/// What a private training loop over a model and data of one's own needs: the layers and the
+/// context that records them, the trait for a layer kind of one's own, the per-sample gradients
+/// of a forward pass, the privacy engine, the optimisers and Poisson sampling. See
+/// `examples/private_tabular.rs` for the whole loop.
+pub mod prelude {
+    pub use crate::config::AccountantKind;
+    pub use crate::data::sampler::{poisson_batches, shuffled_batches};
+    pub use crate::error::{Error, Result};
+    pub use crate::nn::{
+        Conv2d, Ctx, Embedding, GroupNorm, InstanceNorm2d, LayerGradients, LayerNorm, Linear, Lstm,
+        PerSample, PerSampleGradient, Recorded,
+    };
+    pub use crate::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
+    pub use crate::privacy::grad_sample::per_sample_of;
+    pub use crate::privacy::noise::NoiseSource;
+    pub use crate::train::adam::Adam;
+    pub use crate::train::optimizer::Optimizer;
+    pub use crate::train::sgd::Sgd;
+}

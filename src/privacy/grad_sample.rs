@@ -16,7 +16,8 @@
 
 use super::engine::Clipping;
 use crate::error::{Error, Result};
-use crate::nn::{LayerGradients, Record, Tape};
+use crate::nn::{Ctx, LayerGradients, Record, Tape};
+use std::collections::HashMap;
 use tch::Tensor;
 
 pub use crate::nn::per_sample::{
@@ -82,6 +83,39 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
         }
     }
     Ok(out)
+}
+
+/// The per-sample gradient recipes of a private forward pass (`Ctx::private`) for `params`, in
+/// their order, from the summed per-example loss: what a training loop over a model of one's
+/// own hands to `PrivacyEngine::clip`. The model's input can be anything; only its layers'
+/// records matter. A trainable parameter that no record covers is an error: it would escape
+/// clipping. Takes the context's tape (the context records nothing afterwards).
+pub fn per_sample_of(
+    ctx: &mut Ctx,
+    params: &[(String, Tensor)],
+    loss_sum: &Tensor,
+) -> Result<Vec<(Tensor, PerSample)>> {
+    let tape = ctx.take_tape().ok_or_else(|| {
+        Error::bad_value(
+            "context",
+            "no tape: run the forward pass under Ctx::private to get per-sample gradients",
+        )
+    })?;
+    let mut by_ptr: HashMap<usize, (Tensor, PerSample)> = per_sample_gradients(tape, loss_sum)?
+        .into_iter()
+        .map(|(p, r)| (p.data_ptr() as usize, (p, r)))
+        .collect();
+    params
+        .iter()
+        .map(|(name, p)| {
+            by_ptr.remove(&(p.data_ptr() as usize)).ok_or_else(|| {
+                Error::bad_value(
+                    "model",
+                    format!("trainable parameter {name} is not on the per-sample tape: it would escape clipping"),
+                )
+            })
+        })
+        .collect()
 }
 
 /// Per-sample norms over all parameters and the clipped sum of each parameter's gradients.

@@ -6,12 +6,11 @@
 use super::update::Updater;
 use crate::config::GradSampleMode;
 use crate::data::{Batch, Dataset};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::engine::{Clipped, PrivacyEngine};
-use crate::privacy::grad_sample::{per_sample_gradients, PerSample};
-use std::collections::HashMap;
+use crate::privacy::grad_sample::{per_sample_of, PerSample};
 use tch::{Device, Kind, Reduction, Tensor};
 
 /// How a logical batch is processed (σ, q and the clipping rule are the engine's).
@@ -54,19 +53,7 @@ pub fn per_sample_in_order(
     let losses =
         logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
     let loss_sum = losses.sum(losses.kind());
-    let tape = ctx.take_tape().expect("private context has a tape");
-    let mut by_ptr: HashMap<usize, (Tensor, PerSample)> = per_sample_gradients(tape, &loss_sum)?
-        .into_iter()
-        .map(|(p, r)| (p.data_ptr() as usize, (p, r)))
-        .collect();
-    let ordered = params
-        .iter()
-        .map(|(name, p)| {
-            by_ptr.remove(&(p.data_ptr() as usize)).ok_or_else(|| {
-                Error::bad_value("model", format!("trainable parameter {name} is not on the per-sample tape: it would escape clipping"))
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let ordered = per_sample_of(&mut ctx, params, &loss_sum)?;
     Ok(PerSampleBatch {
         per_sample: ordered,
         logits,
