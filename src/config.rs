@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// The paper's four tasks (`../shared/papers/dp-and-gradient-compression.txt`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Task {
     Surnames,
@@ -34,7 +35,8 @@ impl std::fmt::Display for Task {
 }
 
 /// `--device auto|cpu|cuda`: auto picks CUDA when LibTorch sees a GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceChoice {
     #[default]
@@ -60,7 +62,8 @@ impl DeviceChoice {
 /// How DP training draws its batches. Poisson sampling (each example independently with
 /// probability q) is what the accountants assume; shuffled fixed-size batches are offered as the
 /// common approximation and are reported as such in the run's metadata.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Sampling {
     #[default]
@@ -69,7 +72,8 @@ pub enum Sampling {
 }
 
 /// The optimiser the (under DP: privatised) gradient drives (`train::optimizer`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
     /// SGD with optional heavy-ball momentum (the paper's).
@@ -80,7 +84,8 @@ pub enum OptimizerKind {
 }
 
 /// How DP training bounds each example's gradient (`privacy::engine::Clipping`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum ClippingMode {
     /// One radius C (--max-grad-norm) over all parameters (Abadi et al. 2016).
@@ -95,7 +100,8 @@ pub enum ClippingMode {
 }
 
 /// Which accountant turns DP-SGD steps into ε.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum AccountantKind {
     /// Rényi DP, equal to Opacus's RDPAccountant.
@@ -103,13 +109,14 @@ pub enum AccountantKind {
     Rdp,
     /// Privacy loss distribution composed by FFT (tighter; equal to Google's dp_accounting PLD).
     /// Also accepted as `prv`, the name the issue uses for the tight accountant.
-    #[value(alias = "prv")]
+    #[cfg_attr(feature = "cli", value(alias = "prv"))]
     #[serde(alias = "prv")]
     Pld,
 }
 
 /// How per-sample gradients are computed in DP training.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum GradSampleMode {
     /// One backward pass over the recorded tape (`privacy::grad_sample`).
@@ -478,132 +485,136 @@ impl TrainConfig {
 
 /// Optional settings, from a `--config` TOML file or from flags; each given one replaces the
 /// default. Unknown keys in the file are errors that name the file and the key.
-#[derive(Debug, Clone, Default, Deserialize, clap::Args)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 #[serde(deny_unknown_fields)]
 pub struct TrainOverrides {
     /// Task (a config file may set it instead).
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub task: Option<Task>,
     /// Passes over the training set [default: the paper's, 100; SNLI 1].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub epochs: Option<usize>,
     /// Examples per step; under Poisson sampling the expected batch, q = batch / N [default: the
     /// paper's: Surnames 32, CIFAR-10 128, CIFAR-100 64, SNLI 32].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub batch_size: Option<usize>,
     /// SGD learning rate [default: the paper's: Surnames 2.0, CIFAR-10 0.1, CIFAR-100 1.0, SNLI 0.05].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub lr: Option<f64>,
     /// SGD momentum, 0 <= m < 1 [default: 0, the paper's plain SGD].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub momentum: Option<f64>,
     /// sgd or adam (DP-Adam under --noise-multiplier) [default: sgd].
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub optimizer: Option<OptimizerKind>,
     /// Adam's β1 [default: 0.9].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub adam_beta1: Option<f64>,
     /// Adam's β2 [default: 0.999].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub adam_beta2: Option<f64>,
     /// Adam's ε [default: 1e-8].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub adam_eps: Option<f64>,
     /// Clipping radius C (the global gradient norm is clipped even without privacy).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub max_grad_norm: Option<f64>,
     /// Seed of the initial weights, the batches and (unless --secure-noise) the DP noise
     /// [default: 0].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub seed: Option<u64>,
     /// Train on the first N training examples only.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub limit_train: Option<usize>,
     /// Evaluate on the first N test examples only.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub limit_test: Option<usize>,
     /// Data folder (default: $DPCOMP_DATA, else data/).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub data_dir: Option<PathBuf>,
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub device: Option<DeviceChoice>,
     /// Random crop and horizontal flip on CIFAR training images.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub augment: Option<bool>,
     /// SNLI: longest WordPiece pair kept (longer pairs are truncated).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub max_seq_len: Option<usize>,
     /// SNLI: the BERT folder (config.json, model.safetensors, tokenizer.json or vocab.txt)
     /// [default: models/all-MiniLM-L6-v2, installed by scripts/setup.sh].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub bert_dir: Option<PathBuf>,
     /// Examples per evaluation batch (memory only; results do not depend on it).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub eval_batch_size: Option<usize>,
     /// DP-SGD noise multiplier sigma (turns on per-sample clipping and noise; 0 clips only).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub noise_multiplier: Option<f64>,
     /// δ of the reported (ε, δ) [default: the paper's: Surnames 8e-5, CIFAR 1e-5, SNLI 1/N].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub delta: Option<f64>,
     /// Stop before a step that would exceed this epsilon.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub target_epsilon: Option<f64>,
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub sampling: Option<Sampling>,
     /// DP clipping: flat (one radius C) or per-layer (C / sqrt(L) per parameter tensor, the
     /// same noise) [default: flat].
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub clipping: Option<ClippingMode>,
     /// Adaptive clipping: the share of examples the radius should leave unclipped [default: 0.5].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub target_quantile: Option<f64>,
     /// Adaptive clipping: step size of the radius's geometric update [default: 0.2].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub clip_learning_rate: Option<f64>,
     /// Adaptive clipping: standard deviation of the noise on the unclipped count, in examples;
     /// must exceed sigma / 2 [default: the expected batch / 20].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub count_noise: Option<f64>,
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub accountant: Option<AccountantKind>,
     /// Largest chunk of a logical batch processed at once.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub physical_batch_size: Option<usize>,
     /// Per-sample gradients from the tape (fast) or per-example autograd (oracle).
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub grad_sample: Option<GradSampleMode>,
     /// Gradient compressor, applied after clipping and noise [default: identity].
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub compressor: Option<crate::compress::CompressorKind>,
     /// DGC/Denoise: dense fp32 bits / message bits (the paper: 1, 16, 256) [default: 1].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub rate: Option<f64>,
     /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub rank: Option<i64>,
     /// Compressor setting key=value, repeatable. dgc: value_bits (9-32), index_bits (32|min),
     /// momentum, masking, warmup_epochs, topk (sampled|exact), sample_ratio. powersgd: shape
     /// (square|rows), min_rate, epsilon, warm_start, seed. denoise: beta, decay, scope
     /// (layer|model), value_bits, index_bits, topk, sample_ratio, clip.
-    #[arg(long = "compressor-option", value_name = "KEY=VALUE")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "compressor-option", value_name = "KEY=VALUE")
+    )]
     #[serde(alias = "compressor_option")]
     pub compressor_options: Option<Vec<String>>,
     /// Measure the gradient error after these epochs (comma-separated, 0 = before training):
     /// clip / noise / compress error against the true mean gradient, bias² and variance, in
     /// grad_error.jsonl.
-    #[arg(long, value_delimiter = ',')]
+    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
     pub grad_error_epochs: Option<Vec<usize>>,
     /// Fixed batches per gradient-error measurement [default: 4].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub grad_error_batches: Option<usize>,
     /// Noise draws per batch per gradient-error measurement [default: 8].
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub grad_error_draws: Option<usize>,
     /// Draw the DP noise from a CSPRNG seeded by the operating system (and the epochs' Poisson
     /// batches from OS-seeded LibTorch), never from --seed: for models released from sensitive
     /// data. Not reproducible. [default: false, seeded noise for reproducible experiments]
-    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    #[cfg_attr(feature = "cli", arg(long, num_args = 0..=1, default_missing_value = "true"))]
     pub secure_noise: Option<bool>,
 }
 

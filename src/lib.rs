@@ -4,7 +4,6 @@
 pub mod allocator;
 pub mod analysis;
 pub mod bench;
-pub mod cli;
 pub mod compress;
 pub mod config;
 pub mod convex;

@@ -9,31 +9,35 @@
 
 use super::{synchronize, BenchSetup, Prepared};
 use crate::compress::{dense_fp32_bits, CompressorKind, CompressorSpec};
+use crate::error::Result;
 use crate::nn::Ctx;
-use anyhow::Result;
 use std::time::Instant;
 use tch::{Reduction, Tensor};
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct CompressBenchArgs {
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub setup: BenchSetup,
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub compressor: CompressorKind,
     /// DGC/Denoise rate (dense fp32 bits / message bits).
-    #[arg(long, default_value_t = 1.0)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1.0))]
     pub rate: f64,
     /// PowerSGD rank.
-    #[arg(long, default_value_t = 1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub rank: i64,
     /// Compressor setting key=value, repeatable (as for `dpcomp train`).
-    #[arg(long = "compressor-option", value_name = "KEY=VALUE")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "compressor-option", value_name = "KEY=VALUE")
+    )]
     pub compressor_options: Vec<String>,
     /// Alternating rounds the timed steps are split into.
-    #[arg(long, default_value_t = 4)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 4))]
     pub rounds: usize,
     /// Noise added to the gradients before each compression: σ C / batch per coordinate.
-    #[arg(long, default_value_t = 0.8)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.8))]
     pub noise_multiplier: f64,
 }
 

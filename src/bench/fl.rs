@@ -14,38 +14,42 @@
 //! error ‖ŝ − s‖ / ‖s‖ is printed for both row choices, and for a real (dense) client update.
 
 use super::median;
+use crate::error::Result;
 use crate::fl::client::{client_update, LocalTraining};
 use crate::fl::model::FlModel;
 use crate::fl::owlqn::{fista, owlqn, Measurement, OwlqnSettings};
 use crate::fl::scheme::{Codec, Scheme};
 use crate::fl::sketch::{ChunkedDct, DctRows};
-use anyhow::Result;
 use serde::Serialize;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct FlBenchArgs {
     /// Model sizes n.
-    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, value_delimiter = ',', default_value = "100000,1000000")
+    )]
     pub sizes: Vec<i64>,
     /// r = m / n.
-    #[arg(long, default_value_t = 0.1)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.1))]
     pub ratio: f64,
     /// OWL-QN iterations per reconstruction (the experiment's 50).
-    #[arg(long, default_value_t = 50)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 50))]
     pub iterations: usize,
     /// Clients per round, local steps and batch of the client round it is compared with.
-    #[arg(long, default_value_t = 10)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub clients: usize,
-    #[arg(long, default_value_t = 10)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub local_steps: usize,
-    #[arg(long, default_value_t = 20)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 20))]
     pub batch: usize,
     /// Alternating timed rounds (client round, reconstruction).
-    #[arg(long, default_value_t = 3)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 3))]
     pub rounds: usize,
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub json: bool,
 }
 
@@ -181,7 +185,8 @@ pub fn fl_bench(args: FlBenchArgs) -> Result<()> {
             "{}",
             serde_json::to_string_pretty(
                 &serde_json::json!({"speed": speed, "recovery": recovery})
-            )?
+            )
+            .expect("numbers serialise")
         );
         return Ok(());
     }

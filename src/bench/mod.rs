@@ -15,48 +15,50 @@ pub mod fl;
 
 use crate::config::{DeviceChoice, Task, TrainConfig};
 use crate::data::{Batch, Features};
+use crate::error::Result;
 use crate::models::{BertClassifier, BertConfig, Model};
 use crate::tasks;
 use crate::train::sgd::Sgd;
 use crate::train::train_step;
 use crate::train::update::Updater;
-use anyhow::Result;
 use std::path::PathBuf;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 /// What every benchmark takes: the task, its batch, the device, how many steps.
-#[derive(Debug, clap::Args)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct BenchSetup {
-    #[arg(long, value_enum)]
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub task: Task,
     /// Default: the paper's batch size for the task.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub batch_size: Option<i64>,
     /// Timed steps (of each kind), at least 1.
-    #[arg(long, default_value_t = 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 20, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)))]
     pub steps: usize,
     /// Untimed steps first.
-    #[arg(long, default_value_t = 3)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 3))]
     pub warmup: usize,
     /// Sequence length of the synthetic batch (Surnames 12, SNLI 64 by default).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub seq_len: Option<i64>,
-    #[arg(long, value_enum, default_value = "auto")]
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value = "auto"))]
     pub device: DeviceChoice,
     /// BERT folder for --task snli (architecture from its config.json; weights do not matter).
-    #[arg(long, default_value = "models/all-MiniLM-L6-v2")]
+    #[cfg_attr(feature = "cli", arg(long, default_value = "models/all-MiniLM-L6-v2"))]
     pub bert_dir: PathBuf,
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub json: bool,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct TrainBenchArgs {
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub setup: BenchSetup,
     /// Write the batch as safetensors (features and `labels`).
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub batch_out: Option<PathBuf>,
 }
 
@@ -99,18 +101,19 @@ pub fn synthetic_batch(
     }
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct DpBenchArgs {
-    #[command(flatten)]
+    #[cfg_attr(feature = "cli", command(flatten))]
     pub setup: BenchSetup,
     /// Alternating rounds the timed steps are split into.
-    #[arg(long, default_value_t = 4)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 4))]
     pub rounds: usize,
-    #[arg(long, default_value_t = 0.8)]
+    #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.8))]
     pub noise_multiplier: f64,
     /// Draw the DP step's noise from the secure source (an OS-seeded ChaCha12 stream on the CPU,
     /// copied to the device) instead of LibTorch's seeded generator, to measure its cost.
-    #[arg(long)]
+    #[cfg_attr(feature = "cli", arg(long))]
     pub secure_noise: bool,
 }
 
@@ -404,7 +407,6 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             defaults.max_grad_norm,
         )
         .map(|_| ())
-        .map_err(Into::into)
     })?;
     for _ in 0..setup.warmup {
         let _ = train_step(

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tch::Device;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum CompressorKind {
     /// Dense fp32, the uncompressed baseline.

@@ -133,6 +133,31 @@ pub fn breast_cancer(data_dir: &Path) -> Result<Tabular> {
     Ok(data)
 }
 
+/// The table named by `spec` (`--data`, a grid's `data`): `breast_cancer`, `csv:PATH` or
+/// `synthetic:N:D` (N >= 10 rows of D features, seed 0).
+pub fn named(spec: &str, data_dir: Option<&Path>) -> Result<Tabular> {
+    if spec == "breast_cancer" {
+        return breast_cancer(&data_dir_or_default(data_dir));
+    }
+    if let Some(path) = spec.strip_prefix("csv:") {
+        return read_csv(Path::new(path), path);
+    }
+    if let Some(rest) = spec.strip_prefix("synthetic:") {
+        let parts: Vec<&str> = rest.split(':').collect();
+        if let [n, d] = parts.as_slice() {
+            if let (Ok(n), Ok(d)) = (n.parse::<usize>(), d.parse::<i64>()) {
+                if n >= 10 && d >= 1 {
+                    return Ok(synthetic(n, d, 4.0, 0));
+                }
+            }
+        }
+    }
+    Err(Error::bad_value(
+        "--data",
+        format!("{spec:?}: expected breast_cancer, csv:PATH or synthetic:N:D (N >= 10)"),
+    ))
+}
+
 /// `--data-dir`, else $DPCOMP_DATA, else data/ (as the other datasets).
 pub fn data_dir_or_default(data_dir: Option<&Path>) -> std::path::PathBuf {
     crate::data::data_dir(data_dir)

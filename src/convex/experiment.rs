@@ -114,7 +114,7 @@ pub fn run(
     let seeds: Vec<u64> = (0..profile_settings.seeds).collect();
     let mut rows = Vec::new();
     for data_spec in &experiment.grid.data {
-        let data = crate::cli::convex_data(data_spec, data_dir)
+        let data = super::data::named(data_spec, data_dir)
             .map_err(|e| Error::bad_value("grid.data", e.to_string()))?;
         for loss_spec in &experiment.grid.loss {
             let loss = super::loss::Loss::parse(loss_spec)?;

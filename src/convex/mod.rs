@@ -30,7 +30,8 @@ use tch::{Kind, Tensor};
 /// Confidence level γ in the step-size rule.
 pub const GAMMA: f64 = 0.1;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Algorithm {
     /// Algorithm 1: SGD, iterate average, Gaussian noise calibrated to Theorem 7's Δ_SGD.
@@ -42,7 +43,8 @@ pub enum Algorithm {
 }
 
 /// How gradient perturbation's σ is chosen.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Calibration {
     /// Theorem 11: β search, λ and σ from the paper's closed form.

@@ -8,14 +8,18 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum FlDataset {
     /// Fashion-MNIST (Debian package dataset-fashion-mnist, or <data-dir>/fashion-mnist).
     FashionMnist,
     /// The Wisconsin breast-cancer table (<data-dir>/breast_cancer), the stand-in for the
     /// paper's non-public hospital data.
-    #[value(name = "breast_cancer", alias = "breast-cancer")]
+    #[cfg_attr(
+        feature = "cli",
+        value(name = "breast_cancer", alias = "breast-cancer")
+    )]
     #[serde(rename = "breast_cancer", alias = "breast-cancer")]
     BreastCancer,
 }

@@ -11,7 +11,8 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Scheme {
     Std,

@@ -16,7 +16,8 @@ use tch::{Device, Tensor};
 /// Which DCT coefficients of a chunk are kept: the first m/P (the paper's choice, low
 /// frequencies) or a shared-seed random subset of that size (the classic compressive-sensing
 /// partial Fourier ensemble), the same for every chunk and round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum DctRows {
     First,

@@ -1,14 +1,14 @@
 //! The `dpcomp` command line: train, eval, data fetch, bench.
 
-use crate::bench;
-use crate::config::{AccountantKind, DeviceChoice, Task, TrainConfig, TrainOverrides};
-use crate::data::{self, fetch};
-use crate::error::Error;
-use crate::privacy;
-use crate::tasks;
-use crate::train::{self, checkpoint, Trainer};
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use dpcomp::bench;
+use dpcomp::config::{AccountantKind, DeviceChoice, Task, TrainConfig, TrainOverrides};
+use dpcomp::data::{self, fetch};
+use dpcomp::error::Error;
+use dpcomp::privacy;
+use dpcomp::tasks;
+use dpcomp::train::{self, checkpoint, Trainer};
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -189,9 +189,9 @@ pub struct ConvexArgs {
     #[arg(long, default_value = "hinge")]
     pub loss: String,
     #[arg(long, value_enum, default_value = "gradient")]
-    pub algorithm: crate::convex::Algorithm,
+    pub algorithm: dpcomp::convex::Algorithm,
     #[arg(long, value_enum, default_value = "theorem11")]
-    pub calibration: crate::convex::Calibration,
+    pub calibration: dpcomp::convex::Calibration,
     #[arg(long, default_value_t = 1.0)]
     pub epsilon: f64,
     /// Default 1/n² (the paper's choice).
@@ -221,9 +221,9 @@ pub struct ConvexArgs {
 #[derive(Debug, clap::Args)]
 pub struct FlArgs {
     #[arg(long, value_enum, default_value = "fashion-mnist")]
-    pub dataset: crate::fl::data::FlDataset,
+    pub dataset: dpcomp::fl::data::FlDataset,
     #[arg(long, value_enum, default_value = "cs")]
-    pub scheme: crate::fl::scheme::Scheme,
+    pub scheme: dpcomp::fl::scheme::Scheme,
     /// r = m / n (FL-STD sends everything and ignores it).
     #[arg(long, default_value_t = 0.1)]
     pub ratio: f64,
@@ -232,7 +232,7 @@ pub struct FlArgs {
     pub chunks: Option<i64>,
     /// DCT rows kept per chunk: the first ones (the paper's) or a shared-seed random subset.
     #[arg(long, value_enum, default_value = "first")]
-    pub rows: crate::fl::sketch::DctRows,
+    pub rows: dpcomp::fl::sketch::DctRows,
     /// Client-level DP (needs --target-epsilon or --noise-multiplier).
     #[arg(long)]
     pub dp: bool,
@@ -420,23 +420,23 @@ pub fn run(cli: Cli) -> Result<()> {
                     parent.unwrap_or_default().to_string_lossy()
                 )
             });
-            let clipping = args.runs.join(crate::analysis::clipping::FILE);
+            let clipping = args.runs.join(dpcomp::analysis::clipping::FILE);
             let convex = args.runs.join("results.csv");
             let is_convex = std::fs::read_to_string(&convex)
                 .is_ok_and(|t| t.starts_with("data,loss,algorithm,epsilon"));
             let is_fl = std::fs::read_to_string(&convex)
                 .is_ok_and(|t| t.starts_with("dataset,scheme,ratio,dp"));
             let written = if is_fl {
-                let cells = crate::fl::experiment::read_cells(&args.runs)?;
-                crate::fl::experiment::figures(&cells, &out)?
+                let cells = dpcomp::fl::experiment::read_cells(&args.runs)?;
+                dpcomp::fl::experiment::figures(&cells, &out)?
             } else if is_convex {
-                let rows = crate::convex::experiment::read_rows(&convex)?;
-                crate::convex::experiment::figures_of(&rows, &out)?
+                let rows = dpcomp::convex::experiment::read_rows(&convex)?;
+                dpcomp::convex::experiment::figures_of(&rows, &out)?
             } else if clipping.is_file() {
-                let sweeps = crate::analysis::clipping::read(&args.runs)?;
-                crate::plot::analysis::clipping_figures(&sweeps, &out)?
+                let sweeps = dpcomp::analysis::clipping::read(&args.runs)?;
+                dpcomp::plot::analysis::clipping_figures(&sweeps, &out)?
             } else {
-                crate::plot::plot(&args.runs, &out, &title)?
+                dpcomp::plot::plot(&args.runs, &out, &title)?
             };
             for path in written {
                 println!("{}", path.display());
@@ -453,16 +453,16 @@ pub fn run(cli: Cli) -> Result<()> {
         } => clipping_command(*args),
         Command::Bench {
             command: BenchCommand::Train(args),
-        } => bench::train_bench(args),
+        } => Ok(bench::train_bench(args)?),
         Command::Bench {
             command: BenchCommand::Dp(args),
-        } => bench::dp_bench(args),
+        } => Ok(bench::dp_bench(args)?),
         Command::Bench {
             command: BenchCommand::Compress(args),
-        } => bench::compress::compress_bench(args),
+        } => Ok(bench::compress::compress_bench(args)?),
         Command::Bench {
             command: BenchCommand::FlReconstruction(args),
-        } => bench::fl::fl_bench(args),
+        } => Ok(bench::fl::fl_bench(args)?),
         Command::CheckDevice(args) => check_device_command(args),
     }
 }
@@ -546,10 +546,10 @@ fn train_command(args: TrainArgs) -> Result<()> {
     }
     if let Some(e) = summary.epsilon {
         let caveat = match trainer.config.sampling {
-            crate::config::Sampling::Shuffle => {
+            dpcomp::config::Sampling::Shuffle => {
                 " (shuffled batches: the accountant assumes Poisson sampling, so this ε is an approximation)"
             }
-            crate::config::Sampling::Poisson => "",
+            dpcomp::config::Sampling::Poisson => "",
         };
         println!(
             "epsilon {e:.4} at delta {}, {} noise{caveat}",
@@ -671,20 +671,20 @@ fn epsilon_command(args: EpsilonArgs) -> Result<()> {
 }
 
 fn grid_command(args: GridArgs) -> Result<()> {
-    if crate::convex::experiment::is_convex(&args.experiment)? {
+    if dpcomp::convex::experiment::is_convex(&args.experiment)? {
         return convex_grid_command(&args);
     }
-    if crate::fl::experiment::is_fl(&args.experiment)? {
+    if dpcomp::fl::experiment::is_fl(&args.experiment)? {
         return fl_grid_command(&args);
     }
-    let experiment = crate::grid::Experiment::from_file(&args.experiment)?;
-    let only = crate::grid::parse_only(&args.only)?;
+    let experiment = dpcomp::grid::Experiment::from_file(&args.experiment)?;
+    let only = dpcomp::grid::parse_only(&args.only)?;
     if args.list {
         let root = args.runs.join(&experiment.name).join(&args.profile);
         let cells = experiment.cells(&args.profile, &only)?;
-        let uploads = crate::grid::upload_estimates(&cells);
+        let uploads = dpcomp::grid::upload_estimates(&cells);
         for (cell, upload) in cells.iter().zip(uploads) {
-            let state = crate::grid::cell_state(&root.join(&cell.name), &cell.config)?;
+            let state = dpcomp::grid::cell_state(&root.join(&cell.name), &cell.config)?;
             let upload = match upload {
                 Ok(u) => format!(
                     "upload {} steps, {:.4} Gb on the wire, {:.2} in the paper's unit",
@@ -694,7 +694,7 @@ fn grid_command(args: GridArgs) -> Result<()> {
                 ),
                 Err(e) => format!("upload not estimated ({e})"),
             };
-            let in_use = crate::run_lock::holder(&root.join(&cell.name))
+            let in_use = dpcomp::run_lock::holder(&root.join(&cell.name))
                 .map_or(String::new(), |owner| format!(" (running: {owner})"));
             println!(
                 "{}  {:?}{in_use}  epochs {}  {upload}",
@@ -704,9 +704,9 @@ fn grid_command(args: GridArgs) -> Result<()> {
         return Ok(());
     }
     let rows = if args.tables_only {
-        crate::grid::write_results(&experiment, &args.profile, &args.runs)?
+        dpcomp::grid::write_results(&experiment, &args.profile, &args.runs)?
     } else {
-        crate::grid::run(&experiment, &args.profile, &only, &args.runs, true)?
+        dpcomp::grid::run(&experiment, &args.profile, &only, &args.runs, true)?
     };
     let root = args.runs.join(&experiment.name).join(&args.profile);
     if let Some(dir) = &args.results_dir {
@@ -758,7 +758,7 @@ fn run_folders(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 }
 
 fn gradient_error_command(args: GradientErrorArgs) -> Result<()> {
-    use crate::analysis::gradient_error;
+    use dpcomp::analysis::gradient_error;
     for run in run_folders(&args.runs)? {
         let mut trainer =
             Trainer::resume(&run, None).with_context(|| format!("loading {}", run.display()))?;
@@ -803,7 +803,7 @@ fn gradient_error_command(args: GradientErrorArgs) -> Result<()> {
 }
 
 fn clipping_command(args: ClippingArgs) -> Result<()> {
-    use crate::analysis::{clipping, fixed_batches};
+    use dpcomp::analysis::{clipping, fixed_batches};
     let (config, weights) = match &args.run {
         Some(run) => {
             let config = TrainConfig::from_toml_file(&run.join("config.toml"))?;
@@ -863,44 +863,15 @@ fn clipping_command(args: ClippingArgs) -> Result<()> {
             s.measured_at_median_norm
         );
     }
-    for path in crate::plot::analysis::clipping_figures(&sweeps, &args.out)? {
+    for path in dpcomp::plot::analysis::clipping_figures(&sweeps, &args.out)? {
         println!("{}", path.display());
     }
     Ok(())
 }
 
-/// The tabular data named by `--data`.
-pub fn convex_data(
-    spec: &str,
-    data_dir: Option<&std::path::Path>,
-) -> Result<crate::convex::data::Tabular> {
-    use crate::convex::data;
-    if spec == "breast_cancer" {
-        return Ok(data::breast_cancer(&data::data_dir_or_default(data_dir))?);
-    }
-    if let Some(path) = spec.strip_prefix("csv:") {
-        return Ok(data::read_csv(std::path::Path::new(path), path)?);
-    }
-    if let Some(rest) = spec.strip_prefix("synthetic:") {
-        let parts: Vec<&str> = rest.split(':').collect();
-        if let [n, d] = parts.as_slice() {
-            if let (Ok(n), Ok(d)) = (n.parse::<usize>(), d.parse::<i64>()) {
-                if n >= 10 && d >= 1 {
-                    return Ok(data::synthetic(n, d, 4.0, 0));
-                }
-            }
-        }
-    }
-    Err(Error::bad_value(
-        "--data",
-        format!("{spec:?}: expected breast_cancer, csv:PATH or synthetic:N:D (N >= 10)"),
-    )
-    .into())
-}
-
 fn convex_command(args: ConvexArgs) -> Result<()> {
-    use crate::convex::{self, loss::Loss, ConvexSettings};
-    let data = convex_data(&args.data, args.data_dir.as_deref())?;
+    use dpcomp::convex::{self, loss::Loss, ConvexSettings};
+    let data = dpcomp::convex::data::named(&args.data, args.data_dir.as_deref())?;
     let settings = ConvexSettings {
         loss: Loss::parse(&args.loss)?,
         algorithm: args.algorithm,
@@ -967,7 +938,7 @@ fn convex_command(args: ConvexArgs) -> Result<()> {
 /// finished, into runs/<name>/<profile>/ (and --results-dir: <name>.<profile>.{csv,md} and
 /// <name>/ figures).
 fn fl_grid_command(args: &GridArgs) -> Result<()> {
-    use crate::fl::experiment::{self, FlExperiment};
+    use dpcomp::fl::experiment::{self, FlExperiment};
     let e = FlExperiment::from_file(&args.experiment)?;
     if !args.only.is_empty() {
         return Err(Error::bad_value("--only", "not supported for federated experiments").into());
@@ -1032,7 +1003,7 @@ fn copy_results(
 /// `dpcomp grid` on a `kind = "convex"` file: every setting over the profile's seeds, into
 /// runs/<name>/<profile>/ (and --results-dir: <name>.<profile>.{csv,md} and <name>/ figures).
 fn convex_grid_command(args: &GridArgs) -> Result<()> {
-    use crate::convex::experiment::{self, ConvexExperiment};
+    use dpcomp::convex::experiment::{self, ConvexExperiment};
     if args.list || !args.only.is_empty() {
         return Err(Error::bad_value(
             "--list/--only",
@@ -1057,11 +1028,11 @@ fn convex_grid_command(args: &GridArgs) -> Result<()> {
 
 /// The settings `dpcomp fl` runs with: the dataset's defaults, overridden by the flags, and σ
 /// calibrated when --target-epsilon is given.
-pub fn fl_settings(args: &FlArgs) -> Result<crate::fl::FlSettings> {
-    use crate::fl::{default_clip, default_full_clip, FlPrivacy, FlSettings};
+pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
+    use dpcomp::fl::{default_clip, default_full_clip, FlPrivacy, FlSettings};
     let mut s = FlSettings::defaults(args.dataset);
     s.scheme = args.scheme;
-    s.ratio = if args.scheme == crate::fl::scheme::Scheme::Std {
+    s.ratio = if args.scheme == dpcomp::fl::scheme::Scheme::Std {
         1.0
     } else {
         args.ratio
@@ -1075,7 +1046,7 @@ pub fn fl_settings(args: &FlArgs) -> Result<crate::fl::FlSettings> {
     s.local.learning_rate = args.local_lr.unwrap_or(s.local.learning_rate);
     s.rounds = args.rounds.unwrap_or(s.rounds);
     s.patience = args.patience;
-    s.partition = crate::data::partition::Partition::parse(&args.non_iid)?;
+    s.partition = dpcomp::data::partition::Partition::parse(&args.non_iid)?;
     s.server_learning_rate = args.server_lr;
     s.server_momentum = args.server_momentum;
     s.lambda = args.lambda.unwrap_or(s.lambda);
@@ -1120,8 +1091,8 @@ pub fn fl_settings(args: &FlArgs) -> Result<crate::fl::FlSettings> {
 fn fl_command(args: FlArgs) -> Result<()> {
     let settings = fl_settings(&args)?;
     let data_dir = data::data_dir(args.data_dir.as_deref());
-    let fl_data = crate::fl::data::FlData::load(settings.dataset, &data_dir)?;
-    let summary = crate::fl::run(&settings, &fl_data, args.out.as_deref(), !args.json)?;
+    let fl_data = dpcomp::fl::data::FlData::load(settings.dataset, &data_dir)?;
+    let summary = dpcomp::fl::run(&settings, &fl_data, args.out.as_deref(), !args.json)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(());

@@ -1,0 +1,55 @@
+//! The library builds without the command line's crates (`cargo check --lib
+//! --no-default-features`, run by hand when this test fails): clap may only appear behind the
+//! `cli` feature, anyhow not at all outside `src/bin/`. Checked on the sources because a second
+//! build of the library without features would add minutes to every CI run.
+
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|n| n == "bin") {
+                continue;
+            }
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn clap_only_behind_the_cli_feature_and_anyhow_only_in_the_binary() {
+    let mut files = Vec::new();
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    assert!(files.len() > 50, "found only {} library files", files.len());
+    let mut offending = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            let clap = code.contains("clap") && !code.starts_with("#[cfg_attr(feature = \"cli\"");
+            if clap || code.contains("anyhow") {
+                offending.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offending.is_empty(),
+        "CLI crates in the library:\n{}",
+        offending.join("\n")
+    );
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains("cli = [\"dep:clap\", \"dep:anyhow\"]"),
+        "Cargo.toml's cli feature"
+    );
+}
