@@ -413,6 +413,19 @@ impl TrainConfig {
                 "applies to DP training (--noise-multiplier); a non-private step clips its mean gradient with --max-grad-norm",
             ));
         }
+        let adaptive_settings = [
+            ("target_quantile", self.target_quantile != half()),
+            ("clip_learning_rate", self.clip_learning_rate != one_fifth()),
+            ("count_noise", self.count_noise.is_some()),
+        ];
+        if let Some((field, _)) = adaptive_settings.iter().find(|(_, given)| *given) {
+            if self.clipping != ClippingMode::Adaptive {
+                return Err(Error::bad_value(
+                    *field,
+                    "applies to adaptive clipping only (--clipping adaptive)",
+                ));
+            }
+        }
         if self.physical_batch_size == Some(0) {
             return Err(Error::bad_value(
                 "physical_batch_size",

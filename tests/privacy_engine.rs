@@ -600,3 +600,23 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
     t.progress = false;
     assert_eq!(t.run().unwrap().epsilon, summary.epsilon);
 }
+
+/// The adaptive settings are refused with another clipping mode (a flag that does not apply).
+#[test]
+fn adaptive_settings_without_adaptive_clipping_are_refused() {
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.noise_multiplier = Some(1.0);
+    c.count_noise = Some(3.0);
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("count_noise") && e.contains("--clipping adaptive"),
+        "{e}"
+    );
+    c.clipping = ClippingMode::Adaptive;
+    c.validate().unwrap();
+    c.clipping = ClippingMode::PerLayer;
+    c.count_noise = None;
+    c.target_quantile = 0.9;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("target_quantile"), "{e}");
+}
