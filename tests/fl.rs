@@ -210,7 +210,7 @@ fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
         let clipped = engine.clip_update(&message);
         let after = clipped.sums[0].norm().double_value(&[]);
         assert!(after <= clip * (1.0 + 1e-6), "scale {scale}: {after}");
-        assert_eq!(clipped.examples, 1);
+        assert_eq!(clipped.examples(), 1);
         assert_eq!(clipped.clipped.int64_value(&[]), i64::from(norm > clip));
         if norm <= clip {
             assert!((&clipped.sums[0] - &message).abs().max().double_value(&[]) < 1e-6 * norm);
@@ -234,8 +234,7 @@ fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
     // (Σ + N(0, σ² S² I)) / (C N): the noise's standard deviation per coordinate is σ S / (C N),
     // it is there even when no client was sampled (an all-zero sum), and the round is counted.
     let expected_clients = 12.5;
-    let mut nobody = dpcomp::privacy::engine::Clipped::empty(&[Tensor::zeros([m], OPTS)]);
-    nobody.examples = 0;
+    let nobody = dpcomp::privacy::engine::Clipped::empty(&[Tensor::zeros([m], OPTS)]);
     let noisy = engine
         .privatize(&nobody, expected_clients)
         .unwrap()

@@ -67,9 +67,8 @@ fn engine(clipping: Clipping, parameters: usize) -> PrivacyEngine {
 fn sums_of(sums: &[Tensor], examples: i64) -> Clipped {
     Clipped {
         sums: sums.iter().map(|s| s.shallow_clone()).collect(),
-        norms: Tensor::zeros([0], (Kind::Float, Device::Cpu)),
+        norms: Tensor::zeros([examples], (Kind::Float, Device::Cpu)),
         clipped: Tensor::zeros([], (Kind::Int64, Device::Cpu)),
-        examples,
     }
 }
 
@@ -394,7 +393,7 @@ fn the_adaptive_radius_converges_to_the_target_quantile_without_noise() {
         let mut tail = Vec::new();
         for step in 0..400 {
             let clipped = engine.clip(&per_sample);
-            assert_eq!(clipped.examples, 100);
+            assert_eq!(clipped.examples(), 100);
             engine.privatize(&clipped, 100.0).unwrap();
             if step >= 300 {
                 tail.push(engine.clip_radius().unwrap());

@@ -207,8 +207,6 @@ pub struct Clipped {
     pub norms: Tensor,
     /// Examples with any factor below 1 (0-d int64 on the device).
     pub clipped: Tensor,
-    /// B, the examples summed.
-    pub examples: i64,
 }
 
 impl Clipped {
@@ -219,8 +217,12 @@ impl Clipped {
             sums: parameters.iter().map(|p| p.zeros_like().detach()).collect(),
             norms: Tensor::zeros([0], (Kind::Float, device)),
             clipped: Tensor::zeros([], (Kind::Int64, device)),
-            examples: 0,
         }
+    }
+
+    /// B, the examples summed (one norm each).
+    pub fn examples(&self) -> i64 {
+        self.norms.size()[0]
     }
 
     /// Adds another chunk of the same logical batch.
@@ -230,7 +232,6 @@ impl Clipped {
         }
         self.norms = Tensor::cat(&[&self.norms, &chunk.norms.to_kind(self.norms.kind())], 0);
         self.clipped += chunk.clipped;
-        self.examples += chunk.examples;
     }
 }
 
@@ -397,7 +398,6 @@ impl PrivacyEngine {
         let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0)
             .any_dim(0, false);
         Clipped {
-            examples: norms.size()[0],
             sums,
             norms,
             clipped: any.sum(Kind::Int64),
@@ -405,22 +405,17 @@ impl PrivacyEngine {
     }
 
     /// Clips one example's whole update, a single tensor of any shape (a federated client's
-    /// message under client-level DP: the "example" is a client). With flat or adaptive
-    /// clipping this is `clip` on one example; an update with a non-finite norm (a diverged
-    /// client) contributes zeros and counts as clipped, so it can neither poison the sum nor
-    /// exceed the radius. Reads the norm on the host.
+    /// message under client-level DP: the "example" is a client): `clip` on one example. An
+    /// update with any non-finite value (a diverged client) contributes zeros and counts as
+    /// clipped, so it can neither poison the sum nor exceed the radius. No host read.
     pub fn clip_update(&self, update: &Tensor) -> Clipped {
-        let norm = update.norm().to_kind(Kind::Double).double_value(&[]);
-        if norm.is_finite() {
-            let direct = PerSample::Direct(update.unsqueeze(0));
-            return self.clip(&[(update.shallow_clone(), direct)]);
-        }
-        Clipped {
-            sums: vec![update.zeros_like()],
-            norms: Tensor::from_slice(&[norm]).to_device(update.device()),
-            clipped: Tensor::ones([], (Kind::Int64, update.device())),
-            examples: 1,
-        }
+        let finite = update.isfinite().all();
+        let safe = update.where_self(&finite, &update.zeros_like());
+        let direct = PerSample::Direct(safe.unsqueeze(0));
+        let mut clipped = self.clip(&[(safe, direct)]);
+        clipped.norms = update.norm().reshape([1]).to_kind(clipped.norms.kind());
+        clipped.clipped += finite.logical_not().to_kind(Kind::Int64);
+        clipped
     }
 
     /// The noised mean gradient of one logical batch from its clipped sums: each sum plus
@@ -444,7 +439,8 @@ impl PrivacyEngine {
                 .collect()
         });
         if let Clipping::Adaptive(a) = &mut self.clipping {
-            let unclipped = (batch.examples - batch.clipped.int64_value(&[])) as f64;
+            let examples = batch.examples() as f64;
+            let unclipped = examples - batch.clipped.int64_value(&[]) as f64;
             let noise = if a.count_noise > 0.0 {
                 let z = self
                     .noise
@@ -453,7 +449,7 @@ impl PrivacyEngine {
             } else {
                 0.0
             };
-            let centred = unclipped - batch.examples as f64 / 2.0;
+            let centred = unclipped - examples / 2.0;
             a.update((centred + noise) / expected_batch + 0.5);
         }
         Ok(grads)

@@ -134,7 +134,6 @@ fn clipped_sums_oracle(
         sums,
         norms: Tensor::cat(&norms, 0),
         clipped: over,
-        examples: batch.len(),
     };
     Ok((clipped, [loss_sum, correct]))
 }
