@@ -175,10 +175,10 @@ pub struct TrainConfig {
     #[serde(default)]
     pub clipping: ClippingMode,
     /// Adaptive clipping: γ, the share of examples left unclipped (Andrew et al.: 0.5).
-    #[serde(default = "half")]
+    #[serde(default = "default_target_quantile")]
     pub target_quantile: f64,
     /// Adaptive clipping: η of C <- C exp(-η (b̃ - γ)) (Andrew et al.: 0.2).
-    #[serde(default = "one_fifth")]
+    #[serde(default = "default_clip_learning_rate")]
     pub clip_learning_rate: f64,
     /// Adaptive clipping: σ_b, the noise on the unclipped count; `None`: E[B] / 20 (Andrew et al.).
     #[serde(default)]
@@ -228,12 +228,12 @@ fn adam_eps() -> f64 {
     1e-8
 }
 
-fn half() -> f64 {
-    0.5
+fn default_target_quantile() -> f64 {
+    crate::privacy::engine::AdaptiveClipping::DEFAULT_TARGET_QUANTILE
 }
 
-fn one_fifth() -> f64 {
-    0.2
+fn default_clip_learning_rate() -> f64 {
+    crate::privacy::engine::AdaptiveClipping::DEFAULT_LEARNING_RATE
 }
 
 fn four() -> usize {
@@ -290,8 +290,8 @@ impl TrainConfig {
             target_epsilon: None,
             sampling: Sampling::Poisson,
             clipping: ClippingMode::Flat,
-            target_quantile: half(),
-            clip_learning_rate: one_fifth(),
+            target_quantile: default_target_quantile(),
+            clip_learning_rate: default_clip_learning_rate(),
             count_noise: None,
             accountant: AccountantKind::Rdp,
             physical_batch_size: None,
@@ -414,8 +414,14 @@ impl TrainConfig {
             ));
         }
         let adaptive_settings = [
-            ("target_quantile", self.target_quantile != half()),
-            ("clip_learning_rate", self.clip_learning_rate != one_fifth()),
+            (
+                "target_quantile",
+                self.target_quantile != default_target_quantile(),
+            ),
+            (
+                "clip_learning_rate",
+                self.clip_learning_rate != default_clip_learning_rate(),
+            ),
             ("count_noise", self.count_noise.is_some()),
         ];
         if let Some((field, _)) = adaptive_settings.iter().find(|(_, given)| *given) {

@@ -59,13 +59,23 @@ pub struct AdaptiveClipping {
 }
 
 impl AdaptiveClipping {
+    /// Andrew et al.'s γ.
+    pub const DEFAULT_TARGET_QUANTILE: f64 = 0.5;
+    /// Andrew et al.'s η.
+    pub const DEFAULT_LEARNING_RATE: f64 = 0.2;
+
+    /// Andrew et al.'s σ_b for an expected batch E[B]: E[B] / 20.
+    pub fn default_count_noise(expected_batch: f64) -> f64 {
+        expected_batch / 20.0
+    }
+
     /// The paper's defaults around a starting radius: γ = 0.5, η = 0.2, σ_b = E[B] / 20.
     pub fn new(initial: f64, expected_batch: f64) -> Self {
         AdaptiveClipping {
             radius: initial,
-            target_quantile: 0.5,
-            learning_rate: 0.2,
-            count_noise: expected_batch / 20.0,
+            target_quantile: Self::DEFAULT_TARGET_QUANTILE,
+            learning_rate: Self::DEFAULT_LEARNING_RATE,
+            count_noise: Self::default_count_noise(expected_batch),
         }
     }
 

@@ -387,14 +387,14 @@ impl Trainer {
                     }
                     ClippingMode::Adaptive => {
                         let expected_batch = data.train.len() as f64 / steps_per_epoch as f64;
-                        let mut adaptive =
-                            AdaptiveClipping::new(config.max_grad_norm, expected_batch);
-                        adaptive.target_quantile = config.target_quantile;
-                        adaptive.learning_rate = config.clip_learning_rate;
-                        if let Some(count_noise) = config.count_noise {
-                            adaptive.count_noise = count_noise;
-                        }
-                        Clipping::Adaptive(adaptive)
+                        Clipping::Adaptive(AdaptiveClipping {
+                            radius: config.max_grad_norm,
+                            target_quantile: config.target_quantile,
+                            learning_rate: config.clip_learning_rate,
+                            count_noise: config.count_noise.unwrap_or_else(|| {
+                                AdaptiveClipping::default_count_noise(expected_batch)
+                            }),
+                        })
                     }
                 };
                 let q = 1.0 / steps_per_epoch as f64;
