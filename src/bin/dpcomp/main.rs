@@ -4,6 +4,7 @@
 use clap::Parser;
 
 mod cli;
+mod commands;
 
 fn main() {
     dpcomp::allocator::keep_freed_memory();

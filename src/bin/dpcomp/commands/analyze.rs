@@ -1,0 +1,213 @@
+//! `dpcomp analyze`: the paper's gradient-error and clipping-radius analyses.
+
+use anyhow::{Context, Result};
+use clap::Subcommand;
+use dpcomp::config::{TrainConfig, TrainOverrides};
+use dpcomp::error::Error;
+use dpcomp::tasks;
+use dpcomp::train::{checkpoint, Trainer};
+use std::path::PathBuf;
+
+#[derive(Debug, Subcommand)]
+pub enum AnalyzeCommand {
+    /// Gradient error after clipping, noise and compression (bias² and variance) at the final
+    /// checkpoint of runs, appended to each run's grad_error.jsonl. Diagnostic: reads training
+    /// data outside the privacy accountant.
+    GradientError(GradientErrorArgs),
+    /// Gradient error against the clipping radius C: measured on fixed batches and modelled
+    /// (analysis::clipping), with both minimisers; writes clipping.{json,csv} and figures.
+    /// Diagnostic: reads training data outside the privacy accountant.
+    Clipping(Box<ClippingArgs>),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GradientErrorArgs {
+    /// Run folders, or grid folders (runs/<experiment>/<profile>) whose cells are all measured.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Fixed batches per measurement.
+    #[arg(long, default_value_t = 4)]
+    pub batches: usize,
+    /// Noise draws per batch.
+    #[arg(long, default_value_t = 8)]
+    pub draws: usize,
+    /// Measure again when the final epoch already has a record (replacing it).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ClippingArgs {
+    /// TOML file with training settings (as `dpcomp train --config`); flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Analyse this run's final weights (its settings replace --config and the flags).
+    #[arg(long)]
+    pub run: Option<PathBuf>,
+    /// Noise multipliers to sweep at (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0.4,0.8")]
+    pub sigmas: Vec<f64>,
+    /// Fixed batches (of the task's batch size).
+    #[arg(long, default_value_t = 4)]
+    pub batches: usize,
+    /// Noise draws per batch and radius.
+    #[arg(long, default_value_t = 4)]
+    pub draws: usize,
+    /// Log-spaced radii (G and both model minimisers are added).
+    #[arg(long, default_value_t = 40)]
+    pub points: usize,
+    /// Output folder: clipping.json, clipping.csv and the figures.
+    #[arg(long)]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub settings: TrainOverrides,
+}
+
+/// The run folders named by `paths`: a folder with config.toml is a run, any other folder is a
+/// grid whose sub-folders with config.toml are its runs (sorted).
+fn run_folders(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut runs = Vec::new();
+    for path in paths {
+        if path.join("config.toml").is_file() {
+            runs.push(path.clone());
+            continue;
+        }
+        let mut cells: Vec<PathBuf> = std::fs::read_dir(path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("config.toml").is_file())
+            .collect();
+        if cells.is_empty() {
+            return Err(Error::bad_value(
+                "runs",
+                format!(
+                    "{}: neither a run (config.toml) nor a folder of runs",
+                    path.display()
+                ),
+            )
+            .into());
+        }
+        cells.sort();
+        runs.extend(cells);
+    }
+    Ok(runs)
+}
+
+fn gradient_error(args: GradientErrorArgs) -> Result<()> {
+    use dpcomp::analysis::gradient_error;
+    for run in run_folders(&args.runs)? {
+        let mut trainer =
+            Trainer::resume(&run, None).with_context(|| format!("loading {}", run.display()))?;
+        trainer.config.grad_error_batches = args.batches;
+        trainer.config.grad_error_draws = args.draws;
+        trainer.config.validate()?;
+        let epoch = trainer.state.epochs_done;
+        let mut records = gradient_error::read(&run)?;
+        if records.iter().any(|r| r.epoch == epoch) {
+            if !args.force {
+                println!(
+                    "{}: epoch {epoch} already measured (--force to redo)",
+                    run.display()
+                );
+                continue;
+            }
+            records.retain(|r| r.epoch != epoch);
+        }
+        let record = trainer.measure_gradient_error()?;
+        records.push(record.clone());
+        records.sort_by_key(|r| r.epoch);
+        gradient_error::write(&run, &records)?;
+        let stage = |name: &str| {
+            record.stage(name).map_or(String::new(), |s| {
+                format!(
+                    "{name} {:.4e} (bias² {:.3e}, var {:.3e})",
+                    s.error, s.bias2, s.variance
+                )
+            })
+        };
+        println!(
+            "{} epoch {epoch}: {}  {}  {}  |ḡ| {:.4} median |g_i| {:.4}",
+            run.display(),
+            stage("clip"),
+            stage("noise"),
+            stage("compress"),
+            record.mean_gradient_norm,
+            record.median_norm
+        );
+    }
+    Ok(())
+}
+
+fn clipping(args: ClippingArgs) -> Result<()> {
+    use dpcomp::analysis::{clipping, fixed_batches};
+    let (config, weights) = match &args.run {
+        Some(run) => {
+            let config = TrainConfig::from_toml_file(&run.join("config.toml"))?;
+            let dir = checkpoint::find(run).ok_or_else(|| {
+                Error::bad_value("--run", format!("{}: no checkpoint", run.display()))
+            })?;
+            checkpoint::verify(&dir)?;
+            let epochs = checkpoint::read_state(&dir)?.epochs_done;
+            (config, Some((dir, epochs)))
+        }
+        None => {
+            let file = match &args.config {
+                Some(path) => TrainOverrides::from_toml_file(path)?,
+                None => TrainOverrides::default(),
+            };
+            (args.settings.or(file).resolve()?, None)
+        }
+    };
+    let (device, data, model) = tasks::prepare(&config)?;
+    let epoch = match &weights {
+        Some((dir, epochs)) => {
+            checkpoint::load_weights(model.var_store(), &dir.join("model.safetensors"))?;
+            *epochs
+        }
+        None => 0,
+    };
+    let params = model.trainable_variables();
+    let batches = fixed_batches(data.train.len(), config.batch_size, args.batches);
+    let sweeps = clipping::sweep(
+        config.task.name(),
+        epoch,
+        model.as_ref(),
+        &params,
+        &data.train,
+        device,
+        &batches,
+        &args.sigmas,
+        args.draws,
+        args.points,
+    )?;
+    clipping::write(&args.out, &sweeps)?;
+    for s in &sweeps {
+        println!(
+            "{} sigma {}: median norm G {:.4}, |mean grad| {:.4}, m {}, B {}; C* measured {:.4} (error {:.4e}), model median-only {:.4} (measured error there {:.4e}), model mean-informed {:.4} ({:.4e}); at C = G: {:.4e}",
+            s.task,
+            s.model.noise_multiplier,
+            s.model.median_norm,
+            s.model.mean_gradient_norm,
+            s.model.parameters,
+            s.model.batch_size,
+            s.measured_minimiser,
+            s.measured_minimum,
+            s.model_median_minimiser,
+            s.measured_at_model_median,
+            s.model_mean_minimiser,
+            s.measured_at_model_mean,
+            s.measured_at_median_norm
+        );
+    }
+    for path in dpcomp::plot::analysis::clipping_figures(&sweeps, &args.out)? {
+        println!("{}", path.display());
+    }
+    Ok(())
+}
+
+pub fn run(command: AnalyzeCommand) -> Result<()> {
+    match command {
+        AnalyzeCommand::GradientError(args) => gradient_error(args),
+        AnalyzeCommand::Clipping(args) => clipping(*args),
+    }
+}

@@ -1,0 +1,29 @@
+//! `dpcomp bench`: the benchmarks quoted in the README and the issues.
+
+use anyhow::Result;
+use clap::Subcommand;
+use dpcomp::bench;
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Mean time of one non-private training step on a fixed batch.
+    Train(bench::TrainBenchArgs),
+    /// Non-private versus DP-SGD step time and peak memory, side by side.
+    Dp(bench::DpBenchArgs),
+    /// A compressor's compress + decompress time against the model's backward pass, and its
+    /// wire bits against dense fp32.
+    Compress(bench::compress::CompressBenchArgs),
+    /// FL-CS's chunked OWL-QN reconstruction per round against one round of client training
+    /// (n = 10^5 and 10^6), and the recovery error of first versus random DCT rows.
+    FlReconstruction(bench::fl::FlBenchArgs),
+}
+
+pub fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Train(args) => bench::train_bench(args)?,
+        BenchCommand::Dp(args) => bench::dp_bench(args)?,
+        BenchCommand::Compress(args) => bench::compress::compress_bench(args)?,
+        BenchCommand::FlReconstruction(args) => bench::fl::fl_bench(args)?,
+    }
+    Ok(())
+}

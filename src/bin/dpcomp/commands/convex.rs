@@ -1,0 +1,108 @@
+//! `dpcomp convex`: DP-SGD for convex losses on tabular data.
+
+use anyhow::Result;
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub struct ConvexArgs {
+    /// breast_cancer (../shared/data), csv:PATH (features..., label 0/1 or -1/+1), or
+    /// synthetic:N:D (separable with margin, hinge optimum 0 known).
+    #[arg(long, default_value = "breast_cancer")]
+    pub data: String,
+    /// hinge, qhinge:Q (1 < Q <= 2), logistic or least_squares.
+    #[arg(long, default_value = "hinge")]
+    pub loss: String,
+    #[arg(long, value_enum, default_value = "gradient")]
+    pub algorithm: dpcomp::convex::Algorithm,
+    #[arg(long, value_enum, default_value = "theorem11")]
+    pub calibration: dpcomp::convex::Calibration,
+    #[arg(long, default_value_t = 1.0)]
+    pub epsilon: f64,
+    /// Default 1/n² (the paper's choice).
+    #[arg(long)]
+    pub delta: Option<f64>,
+    /// R of the domain B(0, R).
+    #[arg(long, default_value_t = 1.0)]
+    pub radius: f64,
+    /// Output perturbation without projection (Theorem 7(a), unbounded domain).
+    #[arg(long)]
+    pub unbounded: bool,
+    /// T (default: Theorem 12's).
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// η (default: Theorem 12's).
+    #[arg(long)]
+    pub step_size: Option<f64>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Data folder (default: $DPCOMP_DATA, else data/).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: ConvexArgs) -> Result<()> {
+    use dpcomp::convex::{self, loss::Loss, ConvexSettings};
+    let data = dpcomp::convex::data::named(&args.data, args.data_dir.as_deref())?;
+    let settings = ConvexSettings {
+        loss: Loss::parse(&args.loss)?,
+        algorithm: args.algorithm,
+        calibration: args.calibration,
+        epsilon: args.epsilon,
+        delta: args.delta,
+        radius: args.radius,
+        unbounded: args.unbounded,
+        steps: args.steps,
+        step_size: args.step_size,
+        seed: args.seed,
+    };
+    let report = convex::run(&data, &settings)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "{} ({} train examples, d {}), {} loss (alpha {}, L {:.4}, M {:.4}), {:?}, R {}, T {}, eta {:.5}",
+        report.data,
+        report.examples,
+        report.dim,
+        report.loss,
+        report.alpha,
+        report.holder_constant,
+        report.gradient_bound_at_zero,
+        report.algorithm,
+        report
+            .radius
+            .map_or("unbounded".to_string(), |r| r.to_string()),
+        report.steps,
+        report.step_size
+    );
+    if let (Some(eps), Some(delta), Some(sigma)) = (report.epsilon, report.delta, report.sigma) {
+        let beta = report
+            .beta
+            .map_or(String::new(), |b| format!(", beta {b:.3e}"));
+        let lambda = report
+            .lambda
+            .map_or(String::new(), |l| format!(", lambda {l:.2}"));
+        let delta_sgd = report
+            .sensitivity
+            .map_or(String::new(), |d| format!(", Delta_SGD {d:.4e}"));
+        let check = report.accountant_epsilon.map_or(String::new(), |e| {
+            format!("; RDP accountant epsilon of this noise {e:.4}")
+        });
+        println!(
+            "privacy: epsilon {eps}, delta {delta:.3e}, sigma {sigma:.4e}{beta}{lambda}{delta_sgd}{check}"
+        );
+    }
+    println!(
+        "train risk {:.4} (accuracy {:.2}%), test risk {:.4} (accuracy {:.2}%), excess empirical risk {:.4} (reference min {:.4})",
+        report.train_risk,
+        100.0 * report.train_accuracy,
+        report.test_risk,
+        100.0 * report.test_accuracy,
+        report.excess_empirical_risk,
+        report.reference_risk
+    );
+    Ok(())
+}

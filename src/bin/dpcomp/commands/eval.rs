@@ -1,0 +1,72 @@
+//! `dpcomp eval`: the test accuracy of a run's checkpoint.
+
+use anyhow::{Context, Result};
+use dpcomp::config::{DeviceChoice, TrainConfig};
+use dpcomp::error::Error;
+use dpcomp::tasks;
+use dpcomp::train::{self, checkpoint};
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// A run folder (or its checkpoint/ folder).
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    #[arg(long, value_enum)]
+    pub device: Option<DeviceChoice>,
+    /// Data folder (default: the run's, else $DPCOMP_DATA, else data/).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(args: EvalArgs) -> Result<()> {
+    let (run_dir, ckpt) = if args.checkpoint.join("state.json").is_file() {
+        let run = args
+            .checkpoint
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_default();
+        (run, args.checkpoint.clone())
+    } else {
+        let ckpt = checkpoint::find(&args.checkpoint).ok_or_else(|| {
+            Error::bad_value(
+                "--checkpoint",
+                format!("{}: no checkpoint here", args.checkpoint.display()),
+            )
+        })?;
+        (args.checkpoint.clone(), ckpt)
+    };
+    checkpoint::verify(&ckpt)?;
+    let mut config = TrainConfig::from_toml_file(&run_dir.join("config.toml"))?;
+    if let Some(d) = args.device {
+        config.device = d;
+    }
+    if args.data_dir.is_some() {
+        config.data_dir = args.data_dir;
+    }
+    // A stored config.toml is user data too (a batch size of 0 would reach LibTorch).
+    config
+        .validate()
+        .with_context(|| format!("{}", run_dir.join("config.toml").display()))?;
+    let (device, data, model) = tasks::prepare(&config)?;
+    checkpoint::load_weights(model.var_store(), &ckpt.join("model.safetensors"))?;
+    let (loss, accuracy) =
+        train::evaluate(model.as_ref(), &data.test, config.eval_batch_size, device)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::json!({"task": config.task, "test_loss": loss, "test_accuracy": accuracy, "examples": data.test.len()})
+        );
+    } else {
+        println!(
+            "{}: test accuracy {:.2}% (loss {:.4}) on {} examples",
+            config.task,
+            100.0 * accuracy,
+            loss,
+            data.test.len()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,210 @@
+//! `dpcomp fl`: one federated run (FL-STD, FL-RND, FL-FREQ, FL-CS), with or without client-level DP.
+
+use anyhow::Result;
+use dpcomp::config::{AccountantKind, DeviceChoice};
+use dpcomp::data;
+use dpcomp::error::Error;
+use dpcomp::privacy;
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub struct FlArgs {
+    #[arg(long, value_enum, default_value = "fashion-mnist")]
+    pub dataset: dpcomp::fl::data::FlDataset,
+    #[arg(long, value_enum, default_value = "cs")]
+    pub scheme: dpcomp::fl::scheme::Scheme,
+    /// r = m / n (FL-STD sends everything and ignores it).
+    #[arg(long, default_value_t = 0.1)]
+    pub ratio: f64,
+    /// P, chunks of FL-FREQ and FL-CS (default ⌈n / 1024⌉).
+    #[arg(long)]
+    pub chunks: Option<i64>,
+    /// DCT rows kept per chunk: the first ones (the paper's) or a shared-seed random subset.
+    #[arg(long, value_enum, default_value = "first")]
+    pub rows: dpcomp::fl::sketch::DctRows,
+    /// Client-level DP (needs --target-epsilon or --noise-multiplier).
+    #[arg(long)]
+    pub dp: bool,
+    /// Calibrate σ so that ε after --rounds rounds is at most this.
+    #[arg(long, conflicts_with = "noise_multiplier")]
+    pub target_epsilon: Option<f64>,
+    /// σ: noise N(0, σ² S²) on the sum of the sampled clients' messages.
+    #[arg(long)]
+    pub noise_multiplier: Option<f64>,
+    #[arg(long, default_value_t = 1e-5)]
+    pub delta: f64,
+    /// S, the clip radius of a message in the domain it is sent in (default: --full-clip × √r).
+    #[arg(long)]
+    pub clip: Option<f64>,
+    /// S₁, the clip radius for a whole update (default: the dataset's, see `dpcomp fl --help`).
+    #[arg(long)]
+    pub full_clip: Option<f64>,
+    #[arg(long, value_enum, default_value = "rdp")]
+    pub accountant: AccountantKind,
+    /// N (default: 1000 for Fashion-MNIST, 50 for breast cancer).
+    #[arg(long)]
+    pub clients: Option<usize>,
+    /// C, the probability that a client takes part in a round.
+    #[arg(long)]
+    pub fraction: Option<f64>,
+    /// T_gd, local steps a round.
+    #[arg(long)]
+    pub local_steps: Option<usize>,
+    /// Examples per local step (0: full-batch gradient descent).
+    #[arg(long)]
+    pub local_batch: Option<usize>,
+    #[arg(long)]
+    pub local_lr: Option<f64>,
+    /// T_cl.
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// Stop after this many rounds without improvement (0: never).
+    #[arg(long, default_value_t = 0)]
+    pub patience: usize,
+    /// iid, dirichlet:ALPHA or shards:K.
+    #[arg(long, default_value = "iid")]
+    pub non_iid: String,
+    #[arg(long, default_value_t = 1.0)]
+    pub server_lr: f64,
+    #[arg(long, default_value_t = 0.0)]
+    pub server_momentum: f64,
+    /// FL-CS: BPDN's λ as a fraction of ‖Aᵀy‖∞ per chunk.
+    #[arg(long)]
+    pub lambda: Option<f64>,
+    /// FL-CS: OWL-QN iterations per round.
+    #[arg(long)]
+    pub owlqn_iterations: Option<usize>,
+    /// Test examples evaluated after each round (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub eval_examples: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Run folder for config.json, metrics.jsonl, summary.json.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Data folder (default: $DPCOMP_DATA, else data/); Fashion-MNIST is read from
+    /// <data-dir>/fashion-mnist, else /usr/share/datasets/fashion-mnist.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: DeviceChoice,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The settings `dpcomp fl` runs with: the dataset's defaults, overridden by the flags, and σ
+/// calibrated when --target-epsilon is given.
+pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
+    use dpcomp::fl::{default_clip, default_full_clip, FlPrivacy, FlSettings};
+    let mut s = FlSettings::defaults(args.dataset);
+    s.scheme = args.scheme;
+    s.ratio = if args.scheme == dpcomp::fl::scheme::Scheme::Std {
+        1.0
+    } else {
+        args.ratio
+    };
+    s.chunks = args.chunks;
+    s.rows = args.rows;
+    s.clients = args.clients.unwrap_or(s.clients);
+    s.fraction = args.fraction.unwrap_or(s.fraction);
+    s.local.steps = args.local_steps.unwrap_or(s.local.steps);
+    s.local.batch = args.local_batch.unwrap_or(s.local.batch);
+    s.local.learning_rate = args.local_lr.unwrap_or(s.local.learning_rate);
+    s.rounds = args.rounds.unwrap_or(s.rounds);
+    s.patience = args.patience;
+    s.partition = dpcomp::data::partition::Partition::parse(&args.non_iid)?;
+    s.server_learning_rate = args.server_lr;
+    s.server_momentum = args.server_momentum;
+    s.lambda = args.lambda.unwrap_or(s.lambda);
+    s.owlqn_iterations = args.owlqn_iterations.unwrap_or(s.owlqn_iterations);
+    s.eval_examples = args.eval_examples;
+    s.seed = args.seed;
+    s.device = args.device;
+    if args.dp {
+        let noise_multiplier = match (args.noise_multiplier, args.target_epsilon) {
+            (Some(sigma), None) => sigma,
+            (None, Some(target)) => privacy::calibrate::noise_multiplier_for(
+                args.accountant,
+                target,
+                s.fraction,
+                s.rounds as u64,
+                args.delta,
+            )?,
+            _ => {
+                return Err(Error::bad_value(
+                    "--dp",
+                    "expected --target-epsilon E or --noise-multiplier SIGMA",
+                )
+                .into())
+            }
+        };
+        let full = args.full_clip.unwrap_or(default_full_clip(args.dataset));
+        s.privacy = Some(FlPrivacy {
+            clip: args.clip.unwrap_or(default_clip(full, s.scheme, s.ratio)),
+            noise_multiplier,
+            delta: args.delta,
+            accountant: args.accountant,
+        });
+    } else if args.target_epsilon.is_some() || args.noise_multiplier.is_some() {
+        return Err(
+            Error::bad_value("--target-epsilon/--noise-multiplier", "only with --dp").into(),
+        );
+    }
+    s.validate()?;
+    Ok(s)
+}
+
+pub fn run(args: FlArgs) -> Result<()> {
+    let settings = fl_settings(&args)?;
+    let data_dir = data::data_dir(args.data_dir.as_deref());
+    let fl_data = dpcomp::fl::data::FlData::load(settings.dataset, &data_dir)?;
+    let summary = dpcomp::fl::run(&settings, &fl_data, args.out.as_deref(), !args.json)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+        return Ok(());
+    }
+    println!(
+        "{} on {}: n {}, m {} (r {:.4}{}), {} clients, C {}, {} rounds{}",
+        summary.scheme,
+        summary.dataset,
+        summary.parameters,
+        summary.message_length,
+        summary.ratio,
+        summary.chunks.map_or(String::new(), |p| format!(", P {p}")),
+        summary.clients,
+        summary.fraction,
+        summary.rounds_run,
+        if summary.stopped_early {
+            " (stopped early)"
+        } else {
+            ""
+        }
+    );
+    if let (Some(s), Some(sigma), Some(eps), Some(delta)) = (
+        summary.clip,
+        summary.noise_multiplier,
+        summary.epsilon,
+        summary.delta,
+    ) {
+        println!(
+            "client-level DP: S {s:.4}, sigma {sigma:.4}, epsilon {eps:.4} at delta {delta:e}"
+        );
+    }
+    println!(
+        "best {} {:.4} at round {} (accuracy {:.4}{}), cost {:.2} kB (r n 32 round C)",
+        summary.metric,
+        summary.best,
+        summary.best_round,
+        summary.accuracy_at_best,
+        summary
+            .auroc_at_best
+            .map_or(String::new(), |a| format!(", AUROC {a:.4}")),
+        summary.cost_bits / 8e3
+    );
+    println!(
+        "mean seconds a round: clients {:.3}, server {:.3}; wall {:.1} s",
+        summary.mean_client_seconds, summary.mean_server_seconds, summary.wall_seconds
+    );
+    Ok(())
+}

@@ -1,0 +1,13 @@
+//! One file per `dpcomp` subcommand: its clap arguments and the code that runs it.
+
+pub mod analyze;
+pub mod bench;
+pub mod check_device;
+pub mod convex;
+pub mod data;
+pub mod epsilon;
+pub mod eval;
+pub mod fl;
+pub mod grid;
+pub mod plot;
+pub mod train;

@@ -1,0 +1,54 @@
+//! `dpcomp plot`: the figures of one grid's run folder (training, convex, federated or a
+//! clipping sweep, told apart by the files it holds).
+
+use anyhow::Result;
+use std::path::PathBuf;
+
+#[derive(Debug, clap::Args)]
+pub struct PlotArgs {
+    /// A grid's run folder, runs/<experiment>/<profile>.
+    pub runs: PathBuf,
+    /// Where the figures go (default: <runs>/figures).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Title prefix of every figure (default: the folder's experiment name).
+    #[arg(long)]
+    pub title: Option<String>,
+}
+
+pub fn run(args: PlotArgs) -> Result<()> {
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.runs.join("figures"));
+    let title = args.title.clone().unwrap_or_else(|| {
+        let profile = args.runs.file_name().unwrap_or_default().to_string_lossy();
+        let parent = args.runs.parent().and_then(|p| p.file_name());
+        format!(
+            "{} ({profile})",
+            parent.unwrap_or_default().to_string_lossy()
+        )
+    });
+    let clipping = args.runs.join(dpcomp::analysis::clipping::FILE);
+    let convex = args.runs.join("results.csv");
+    let is_convex = std::fs::read_to_string(&convex)
+        .is_ok_and(|t| t.starts_with("data,loss,algorithm,epsilon"));
+    let is_fl =
+        std::fs::read_to_string(&convex).is_ok_and(|t| t.starts_with("dataset,scheme,ratio,dp"));
+    let written = if is_fl {
+        let cells = dpcomp::fl::experiment::read_cells(&args.runs)?;
+        dpcomp::fl::experiment::figures(&cells, &out)?
+    } else if is_convex {
+        let rows = dpcomp::convex::experiment::read_rows(&convex)?;
+        dpcomp::convex::experiment::figures_of(&rows, &out)?
+    } else if clipping.is_file() {
+        let sweeps = dpcomp::analysis::clipping::read(&args.runs)?;
+        dpcomp::plot::analysis::clipping_figures(&sweeps, &out)?
+    } else {
+        dpcomp::plot::plot(&args.runs, &out, &title)?
+    };
+    for path in written {
+        println!("{}", path.display());
+    }
+    Ok(())
+}
