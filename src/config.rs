@@ -52,7 +52,7 @@ impl DeviceChoice {
             DeviceChoice::Cpu => Ok(tch::Device::Cpu),
             DeviceChoice::Cuda if tch::Cuda::is_available() => Ok(tch::Device::Cuda(0)),
             DeviceChoice::Cuda => Err(Error::bad_value(
-                "--device",
+                "device",
                 "cuda requested but LibTorch finds no CUDA device",
             )),
         }
@@ -376,7 +376,7 @@ impl TrainConfig {
             if !self.private() {
                 return Err(Error::bad_value(
                     "target_epsilon",
-                    "needs --noise-multiplier (DP training)",
+                    "needs `noise_multiplier` (DP training)",
                 ));
             }
             positive("target_epsilon", e)?;
@@ -384,14 +384,14 @@ impl TrainConfig {
         if self.physical_batch_size.is_some() && !self.private() {
             return Err(Error::bad_value(
                 "physical_batch_size",
-                "applies to DP training (--noise-multiplier), whose per-sample gradients it computes in chunks; a non-private step takes its whole batch at once",
+                "applies to DP training (`noise_multiplier`), whose per-sample gradients it computes in chunks; a non-private step takes its whole batch at once",
             ));
         }
         if self.optimizer == OptimizerKind::Adam {
             if self.momentum != 0.0 {
                 return Err(Error::bad_value(
                     "momentum",
-                    format!("{}: SGD's momentum; Adam's is --adam-beta1", self.momentum),
+                    format!("{}: SGD's momentum; Adam's is `adam_beta1`", self.momentum),
                 ));
             }
             for (field, beta) in [
@@ -410,7 +410,7 @@ impl TrainConfig {
         if self.clipping != ClippingMode::Flat && !self.private() {
             return Err(Error::bad_value(
                 "clipping",
-                "applies to DP training (--noise-multiplier); a non-private step clips its mean gradient with --max-grad-norm",
+                "applies to DP training (`noise_multiplier`); a non-private step clips its mean gradient with `max_grad_norm`",
             ));
         }
         let adaptive_settings = [
@@ -428,7 +428,7 @@ impl TrainConfig {
             if self.clipping != ClippingMode::Adaptive {
                 return Err(Error::bad_value(
                     *field,
-                    "applies to adaptive clipping only (--clipping adaptive)",
+                    "applies to adaptive clipping only (`clipping` adaptive)",
                 ));
             }
         }
@@ -445,7 +445,7 @@ impl TrainConfig {
         {
             return Err(Error::bad_value(
                 "momentum",
-                "DGC's momentum correction applies the momentum before compression; set the optimiser's --momentum to 0",
+                "DGC's momentum correction applies the momentum before compression; set the optimiser's `momentum` to 0",
             ));
         }
         if self.limit_train == Some(0) || self.limit_test == Some(0) {
@@ -467,7 +467,7 @@ impl TrainConfig {
             .collect();
         if !beyond.is_empty() {
             warnings.push(format!(
-                "grad_error_epochs {beyond:?} lie beyond the run's {} epochs and will not be measured (extend the run with --resume --epochs)",
+                "grad_error_epochs {beyond:?} lie beyond the run's {} epochs and will not be measured (resume the run with more `epochs`)",
                 self.epochs
             ));
         }
@@ -741,9 +741,9 @@ impl TrainOverrides {
 
     /// Paper defaults for the task, then these settings. Errors when no task is given.
     pub fn resolve(self) -> Result<TrainConfig> {
-        let task = self.task.ok_or_else(|| {
-            Error::bad_value("--task", "missing: give --task or set task in --config")
-        })?;
+        let task = self
+            .task
+            .ok_or_else(|| Error::bad_value("task", "missing: every run names its task"))?;
         let mut config = TrainConfig::paper_defaults(task);
         self.apply(&mut config);
         config.validate()?;

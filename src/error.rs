@@ -1,5 +1,7 @@
 //! The library's error type. The binary wraps these in `anyhow` for context; every variant names
-//! the file, record, field or flag that was wrong and what was expected.
+//! the file, record or field that was wrong and what was expected. Fields are the library's
+//! names (`TrainConfig`'s and the settings structs' fields, as TOML spells them); a field named
+//! inside a message is written in backticks, so the command line can show it as its flag.
 
 use std::path::PathBuf;
 
@@ -18,9 +20,22 @@ pub enum Error {
     /// A configuration value, flag or option outside its allowed range.
     #[error("{field}: {what}")]
     BadValue { field: String, what: String },
+    /// A resume given settings that differ from the run's `config.toml` in fields that may not
+    /// change (the checkpoint and the accountant's history were made with the saved ones).
+    #[error(
+        "{}: trained with other settings; only {} may change on resume ({})",
+        run_dir.display(),
+        may_change.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", "),
+        conflicts.iter().map(|c| format!("`{}`: the run has {}, given {}", c.field, c.saved, c.given)).collect::<Vec<_>>().join("; ")
+    )]
+    ResumeConflict {
+        run_dir: PathBuf,
+        may_change: Vec<String>,
+        conflicts: Vec<SettingConflict>,
+    },
     /// Another process holds the run folder's lock (`run_lock`).
     #[error(
-        "{}: in use by another dpcomp process ({owner}; lock file {}/.lock): wait for it to finish or choose another --out",
+        "{}: in use by another dpcomp process ({owner}; lock file {}/.lock): wait for it to finish or choose another run folder",
         dir.display(),
         dir.display()
     )]
@@ -30,6 +45,15 @@ pub enum Error {
     /// Download or archive problems in `dpcomp data fetch`.
     #[error("{0}")]
     Fetch(String),
+}
+
+/// One setting whose resumed value differs from the run's: its field name and both values as
+/// TOML writes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SettingConflict {
+    pub field: String,
+    pub saved: String,
+    pub given: String,
 }
 
 impl Error {

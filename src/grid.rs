@@ -134,7 +134,7 @@ impl Experiment {
             if !self.grid.contains_key(axis) && !profile_axes.is_some_and(|g| g.contains_key(axis))
             {
                 return Err(Error::bad_value(
-                    "--only",
+                    "only",
                     format!(
                         "{axis} is not an axis of {}; axes: {}",
                         self.name,
@@ -585,7 +585,7 @@ pub fn parse_only(items: &[String]) -> Result<Vec<(String, String)>> {
         .map(|item| {
             item.split_once('=')
                 .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                .ok_or_else(|| Error::bad_value("--only", format!("{item:?}: expected axis=value")))
+                .ok_or_else(|| Error::bad_value("only", format!("{item:?}: expected axis=value")))
         })
         .collect()
 }
@@ -598,7 +598,7 @@ pub fn unknown_profile<'a>(
 ) -> Error {
     let known: Vec<&str> = known.map(String::as_str).collect();
     Error::bad_value(
-        "--profile",
+        "profile",
         format!(
             "{profile}: experiment {name} has profiles {}",
             known.join(", ")

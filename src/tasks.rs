@@ -101,9 +101,9 @@ pub fn resolve_bert_dir(dir: &Path) -> Result<PathBuf> {
         return Ok(found.clone());
     }
     Err(crate::error::Error::bad_value(
-        "--bert-dir",
+        "bert_dir",
         format!(
-            "no BERT folder (config.json, model.safetensors, tokenizer) at {}; run scripts/setup.sh or pass --bert-dir",
+            "no BERT folder (config.json, model.safetensors, tokenizer) at {}; run scripts/setup.sh or set `bert_dir`",
             candidates
                 .iter()
                 .map(|c| c.display().to_string())

@@ -93,18 +93,18 @@ fn calibration_inverts_the_accountant() {
     let err = noise_multiplier_for(AccountantKind::Rdp, -1.0, 0.01, 10, 1e-5)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("--target-epsilon"), "{err}");
+    assert!(err.starts_with("target_epsilon:"), "{err}");
 }
 
 #[test]
 fn bad_values_are_clear_errors() {
     let e = |r: dpcomp::Result<f64>| r.unwrap_err().to_string();
-    assert!(e(epsilon_for(1.0, 0.0, 10, 1e-5)).contains("--sample-rate"));
-    assert!(e(epsilon_for(1.0, 1.5, 10, 1e-5)).contains("--sample-rate"));
-    assert!(e(epsilon_for(-1.0, 0.1, 10, 1e-5)).contains("--noise-multiplier"));
-    assert!(e(epsilon_for(1.0, 0.1, 0, 1e-5)).contains("--steps"));
-    assert!(e(epsilon_for(1.0, 0.1, 10, 1.0)).contains("--delta"));
-    assert!(e(epsilon_for(1.0, 0.1, 10, 0.0)).contains("--delta"));
+    assert!(e(epsilon_for(1.0, 0.0, 10, 1e-5)).starts_with("sample_rate:"));
+    assert!(e(epsilon_for(1.0, 1.5, 10, 1e-5)).starts_with("sample_rate:"));
+    assert!(e(epsilon_for(-1.0, 0.1, 10, 1e-5)).starts_with("noise_multiplier:"));
+    assert!(e(epsilon_for(1.0, 0.1, 0, 1e-5)).starts_with("steps:"));
+    assert!(e(epsilon_for(1.0, 0.1, 10, 1.0)).starts_with("delta:"));
+    assert!(e(epsilon_for(1.0, 0.1, 10, 0.0)).starts_with("delta:"));
     // sigma = 0 is allowed and gives infinite epsilon.
     assert!(epsilon_for(0.0, 0.1, 10, 1e-5).unwrap().is_infinite());
 }
@@ -283,11 +283,11 @@ fn accountant_arguments_refuse_nan_and_out_of_range_values() {
     assert!(validate(1.0, 0.0, 1).is_ok());
     for sigma in [f64::NAN, -1.0, f64::INFINITY] {
         let err = validate(0.01, sigma, 100).unwrap_err().to_string();
-        assert!(err.contains("--noise-multiplier"), "sigma {sigma}: {err}");
+        assert!(err.starts_with("noise_multiplier:"), "sigma {sigma}: {err}");
     }
     for rate in [f64::NAN, 0.0, -0.1, 1.5] {
         let err = validate(rate, 1.0, 100).unwrap_err().to_string();
-        assert!(err.contains("--sample-rate"), "rate {rate}: {err}");
+        assert!(err.starts_with("sample_rate:"), "rate {rate}: {err}");
     }
 }
 

@@ -123,7 +123,7 @@ fn fetch_verifies_and_unpacks_only_the_dataset_folder() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("already exists") && err.contains("--force"),
+        err.contains("already exists") && err.contains("`force`"),
         "{err}"
     );
     assert_eq!(std::fs::read(dir.join("data_batch_1.bin")).unwrap(), b"abc");

@@ -321,7 +321,7 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
         .expect("refused")
         .to_string();
     assert!(
-        e.contains("clipping") && e.contains("--noise-multiplier"),
+        e.starts_with("clipping:") && e.contains("`noise_multiplier`"),
         "{e}"
     );
 }
@@ -519,13 +519,13 @@ fn adaptive_clipping_refuses_what_would_break_its_guarantee() {
     };
     let e = refuse(adaptive(0.5, 0.5));
     assert!(
-        e.contains("--count-noise") && e.contains("sigma / 2"),
+        e.starts_with("count_noise:") && e.contains("sigma / 2"),
         "{e}"
     );
     let e = refuse(adaptive(0.0, 0.5));
-    assert!(e.contains("--count-noise"), "{e}");
+    assert!(e.starts_with("count_noise:"), "{e}");
     let e = refuse(adaptive(5.0, 1.0));
-    assert!(e.contains("--target-quantile"), "{e}");
+    assert!(e.starts_with("target_quantile:"), "{e}");
     let mut engine =
         PrivacyEngine::new(1.0, 0.1, adaptive(5.0, 0.5), NoiseSource::Seeded, 1).unwrap();
     let zero = [Tensor::zeros([1], (Kind::Double, Device::Cpu))];
@@ -608,7 +608,7 @@ fn adaptive_settings_without_adaptive_clipping_are_refused() {
     c.count_noise = Some(3.0);
     let e = c.validate().unwrap_err().to_string();
     assert!(
-        e.contains("count_noise") && e.contains("--clipping adaptive"),
+        e.starts_with("count_noise:") && e.contains("`clipping` adaptive"),
         "{e}"
     );
     c.clipping = ClippingMode::Adaptive;

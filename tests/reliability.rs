@@ -416,7 +416,7 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
     trainer.progress = false;
     let err = trainer.run().unwrap_err().to_string();
     assert!(
-        err.contains("--target-epsilon") && err.contains("inf"),
+        err.starts_with("target_epsilon:") && err.contains("inf"),
         "{err}"
     );
 
@@ -764,7 +764,7 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
     let positions = original["max_position_embeddings"].as_u64().unwrap() as usize;
     let err = dpcomp::data::snli::load(&root.join("snli_1.0"), &source, positions + 1)
         .expect_err("a sequence length beyond the position table was accepted");
-    assert!(err.to_string().contains("--max-seq-len"), "{err}");
+    assert!(err.to_string().starts_with("max_seq_len:"), "{err}");
 
     // A run folder whose config.toml says batch_size = 0: eval and resume refuse it.
     let run = one_epoch_run(&root, work.path());
@@ -866,19 +866,19 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
     for (flags, expected) in [
         (
             &["--rate", "16"][..],
-            "rate: 16: the rate applies to dgc and denoise, not identity",
+            "--rate: 16: the rate applies to dgc, denoise and the fl sketches, not identity",
         ),
         (
             &["--compressor", "dgc", "--rank", "4"][..],
-            "rank: 4: the rank applies to powersgd, not dgc",
+            "--rank: 4: the rank applies to powersgd, not dgc",
         ),
         (
             &["--compressor", "powersgd", "--rate", "16"][..],
-            "the rate applies to dgc and denoise, not powersgd",
+            "the rate applies to dgc, denoise and the fl sketches, not powersgd",
         ),
         (
             &["--physical-batch-size", "8"][..],
-            "physical_batch_size: applies to DP training (--noise-multiplier)",
+            "--physical-batch-size: applies to DP training (--noise-multiplier)",
         ),
     ] {
         let mut args = vec!["train", "--task", "surnames", "--out", &out_dir];
@@ -905,7 +905,7 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
     config.grad_error_epochs = vec![0, 1, 10, 50, 100];
     assert_eq!(
         config.warnings(),
-        vec!["grad_error_epochs [50, 100] lie beyond the run's 10 epochs and will not be measured (extend the run with --resume --epochs)".to_string()]
+        vec!["grad_error_epochs [50, 100] lie beyond the run's 10 epochs and will not be measured (resume the run with more `epochs`)".to_string()]
     );
     config.epochs = 100;
     assert!(config.warnings().is_empty());

@@ -153,7 +153,7 @@ pub fn named(spec: &str, data_dir: Option<&Path>) -> Result<Tabular> {
         }
     }
     Err(Error::bad_value(
-        "--data",
+        "data",
         format!("{spec:?}: expected breast_cancer, csv:PATH or synthetic:N:D (N >= 10)"),
     ))
 }

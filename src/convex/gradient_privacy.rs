@@ -67,7 +67,7 @@ impl GradientPrivacyProblem {
         }
         if !(self.epsilon > 0.0 && self.delta > 0.0 && self.delta < 1.0) {
             return Err(Error::bad_value(
-                "--epsilon/--delta",
+                "epsilon/delta",
                 format!(
                     "epsilon {} and delta {}: expected epsilon > 0 and 0 < delta < 1",
                     self.epsilon, self.delta
@@ -127,7 +127,7 @@ impl GradientPrivacyProblem {
                 sensitivity: 2.0 * self.gradient_bound,
             }),
             None => Err(Error::bad_value(
-                "--epsilon",
+                "epsilon",
                 format!(
                     "no feasible beta in (0, 1) for n {}, T {}, epsilon {}, delta {}: Theorem 11's conditions (32)-(33) fail everywhere (raise epsilon, n or delta)",
                     self.examples, self.steps, self.epsilon, self.delta

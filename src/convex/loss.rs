@@ -47,7 +47,7 @@ impl Loss {
                 match q {
                     Some(q) if q > 1.0 && q <= 2.0 => Ok(Loss::QHinge(q)),
                     _ => Err(Error::bad_value(
-                        "--loss",
+                        "loss",
                         format!(
                             "{text:?}: expected hinge, qhinge:Q with 1 < Q <= 2, logistic or least_squares"
                         ),

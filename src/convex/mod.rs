@@ -193,26 +193,26 @@ pub fn run_seeds(
     let loss = settings.loss;
     if !(settings.radius > 0.0 && settings.radius.is_finite()) {
         return Err(Error::bad_value(
-            "--radius",
+            "radius",
             format!("{}: expected a positive radius", settings.radius),
         ));
     }
     if let Some(eta) = settings.step_size {
         if !(eta > 0.0 && eta.is_finite()) {
             return Err(Error::bad_value(
-                "--step-size",
+                "step_size",
                 format!("{eta}: expected a positive, finite step size"),
             ));
         }
     }
     if settings.steps == Some(0) {
-        return Err(Error::bad_value("--steps", "0: expected at least one step"));
+        return Err(Error::bad_value("steps", "0: expected at least one step"));
     }
     if settings.algorithm != Algorithm::Nonprivate
         && !(settings.epsilon > 0.0 && settings.epsilon.is_finite())
     {
         return Err(Error::bad_value(
-            "--epsilon",
+            "epsilon",
             format!("{}: expected a positive, finite epsilon", settings.epsilon),
         ));
     }
@@ -380,7 +380,7 @@ pub fn run_seeds(
         return Err(Error::bad_value(
             "convex",
             format!(
-                "training diverged: non-finite training risk for seed {} after {} steps at step size {}; lower --step-size",
+                "training diverged: non-finite training risk for seed {} after {} steps at step size {}; lower `step_size`",
                 r.seed, r.steps, r.step_size
             ),
         ));

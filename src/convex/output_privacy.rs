@@ -130,7 +130,7 @@ impl OutputPrivacyProblem {
         };
         if self.step_size > limit {
             return Err(Error::bad_value(
-                "--step-size",
+                "step_size",
                 format!(
                     "{}: Theorem 7's constants as derived here need eta <= {limit:.4} for this loss",
                     self.step_size
@@ -179,7 +179,7 @@ pub fn gaussian_delta(epsilon: f64, sigma: f64, delta_f: f64) -> f64 {
 pub fn analytic_gaussian_sigma(epsilon: f64, delta: f64, delta_f: f64) -> Result<f64> {
     if !(epsilon > 0.0 && delta > 0.0 && delta < 1.0 && delta_f > 0.0) {
         return Err(Error::bad_value(
-            "--epsilon/--delta",
+            "epsilon/delta",
             format!("epsilon {epsilon}, delta {delta}, sensitivity {delta_f}: expected positive values and delta < 1"),
         ));
     }

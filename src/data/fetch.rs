@@ -105,7 +105,7 @@ pub fn fetch(source: &Source, data_dir: &Path, force: bool, progress: bool) -> R
     let target = data_dir.join(&source.folder);
     if target.exists() && !force {
         return Err(Error::Fetch(format!(
-            "{} already exists; pass --force to replace it",
+            "{} already exists; fetch with `force` to replace it",
             target.display()
         )));
     }

@@ -339,7 +339,7 @@ pub(crate) fn require_dir(path: &Path, what: &str) -> Result<()> {
         Err(Error::bad_file(
             path,
             format!(
-                "no such folder; expected {what} (set --data-dir or DPCOMP_DATA, or run `dpcomp data fetch`)"
+                "no such folder; expected {what} (set `data_dir` or DPCOMP_DATA, or run `dpcomp data fetch`)"
             ),
         ))
     }

@@ -28,7 +28,7 @@ impl Partition {
     pub fn parse(text: &str) -> Result<Partition> {
         let bad = || {
             Error::bad_value(
-                "--non-iid",
+                "partition",
                 format!("{text:?}: expected iid, dirichlet:ALPHA (ALPHA > 0) or shards:K (K >= 1)"),
             )
         };
@@ -67,7 +67,7 @@ impl Partition {
         let n = labels.len();
         if clients == 0 || clients > n {
             return Err(Error::bad_value(
-                "--clients",
+                "clients",
                 format!("{clients}: expected 1..={n} (one example per client at least)"),
             ));
         }
@@ -82,7 +82,7 @@ impl Partition {
                 let shards = clients * per_client;
                 if shards > n {
                     return Err(Error::bad_value(
-                        "--non-iid",
+                        "partition",
                         format!("shards:{per_client} with {clients} clients needs {shards} shards of at least one of {n} examples"),
                     ));
                 }
@@ -127,7 +127,7 @@ fn dirichlet_split(
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Vec<Vec<i64>>> {
     let gamma = Gamma::new(alpha, 1.0)
-        .map_err(|e| Error::bad_value("--non-iid", format!("dirichlet:{alpha}: {e}")))?;
+        .map_err(|e| Error::bad_value("partition", format!("dirichlet:{alpha}: {e}")))?;
     let classes = labels.iter().copied().max().unwrap_or(0) as usize + 1;
     let mut parts = vec![Vec::new(); clients];
     for class in 0..classes {

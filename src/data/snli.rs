@@ -191,7 +191,7 @@ pub fn load(dir: &Path, model_dir: &Path, max_len: usize) -> Result<TaskData> {
     let config = crate::models::bert::BertConfig::from_file(&config_path)?;
     if max_len as i64 > config.max_position_embeddings {
         return Err(Error::bad_value(
-            "--max-seq-len",
+            "max_seq_len",
             format!(
                 "{max_len}: {} has only {} position embeddings",
                 config_path.display(),

@@ -43,7 +43,7 @@ pub fn noise_multiplier_for(
     validate_delta(delta)?;
     if !(target_epsilon > 0.0 && target_epsilon.is_finite()) {
         return Err(Error::bad_value(
-            "--target-epsilon",
+            "target_epsilon",
             format!("{target_epsilon}: expected a positive, finite epsilon"),
         ));
     }
@@ -53,7 +53,7 @@ pub fn noise_multiplier_for(
         high *= 2.0;
         if high > 1e6 {
             return Err(Error::bad_value(
-                "--target-epsilon",
+                "target_epsilon",
                 format!("{target_epsilon}: not reachable with any sigma below 1e6"),
             ));
         }

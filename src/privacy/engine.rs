@@ -87,25 +87,25 @@ impl AdaptiveClipping {
     fn validate(&self, noise_multiplier: f64) -> Result<()> {
         if !(self.target_quantile > 0.0 && self.target_quantile < 1.0) {
             return Err(Error::bad_value(
-                "--target-quantile",
+                "target_quantile",
                 format!("{}: expected 0 < gamma < 1", self.target_quantile),
             ));
         }
         if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
             return Err(Error::bad_value(
-                "--clip-learning-rate",
+                "clip_learning_rate",
                 format!("{}: expected a finite eta >= 0", self.learning_rate),
             ));
         }
         if !(self.count_noise.is_finite() && self.count_noise >= 0.0) {
             return Err(Error::bad_value(
-                "--count-noise",
+                "count_noise",
                 format!("{}: expected a finite sigma_b >= 0", self.count_noise),
             ));
         }
         if noise_multiplier > 0.0 && 2.0 * self.count_noise <= noise_multiplier {
             return Err(Error::bad_value(
-                "--count-noise",
+                "count_noise",
                 format!(
                     "{}: the unclipped count must be noised with sigma_b > sigma / 2 = {} so that the step still costs sigma {noise_multiplier} (Andrew et al. 2021, Theorem 1); E[B] / 20 is the paper's choice",
                     self.count_noise,

@@ -11,22 +11,22 @@ pub mod rdp;
 
 use crate::error::{Error, Result};
 
-/// Checks the arguments every accountant takes, with errors that name the flag.
+/// Checks the arguments every accountant takes, with errors that name the argument.
 pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<()> {
     if !(sample_rate > 0.0 && sample_rate <= 1.0) {
         return Err(Error::bad_value(
-            "--sample-rate",
+            "sample_rate",
             format!("{sample_rate}: expected 0 < q <= 1"),
         ));
     }
     if !noise_multiplier.is_finite() || noise_multiplier < 0.0 {
         return Err(Error::bad_value(
-            "--noise-multiplier",
+            "noise_multiplier",
             format!("{noise_multiplier}: expected a finite sigma >= 0"),
         ));
     }
     if steps == 0 {
-        return Err(Error::bad_value("--steps", "0: expected at least one step"));
+        return Err(Error::bad_value("steps", "0: expected at least one step"));
     }
     Ok(())
 }
@@ -36,7 +36,7 @@ pub fn validate_delta(delta: f64) -> Result<()> {
         Ok(())
     } else {
         Err(Error::bad_value(
-            "--delta",
+            "delta",
             format!("{delta}: expected 0 < delta < 1"),
         ))
     }

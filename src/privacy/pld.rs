@@ -406,10 +406,10 @@ pub fn epsilon_detailed(blocks: &[StepBlock], delta: f64) -> Result<PldEpsilon> 
         }
     }
     Err(Error::bad_value(
-        "--accountant pld",
+        "accountant",
         format!(
             "no grid spacing up to {interval:e} fits the composition of {blocks:?} in \
-             {MAX_FFT_LEN} points; use --accountant rdp"
+             {MAX_FFT_LEN} points; use the `accountant` rdp"
         ),
     ))
 }

@@ -214,9 +214,9 @@ pub fn verify(dir: &Path) -> Result<()> {
 pub fn open(run_dir: &Path) -> Result<PathBuf> {
     let dir = find(run_dir).ok_or_else(|| {
         Error::bad_value(
-            "--resume",
+            "resume",
             format!(
-                "{} has no checkpoint yet; start it without --resume",
+                "{} has no checkpoint yet; start it afresh instead of resuming (`resume`)",
                 run_dir.display()
             ),
         )

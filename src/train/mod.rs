@@ -20,7 +20,7 @@ use crate::compress::message::paper_gib;
 use crate::config::{ClippingMode, OptimizerKind, Sampling, TrainConfig, TrainOverrides};
 use crate::data::sampler;
 use crate::data::{Batch, Dataset, TaskData};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SettingConflict};
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::accountant::Accountant;
@@ -164,9 +164,9 @@ impl Trainer {
         config.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
         if checkpoint::find(run_dir).is_some() {
             return Err(Error::bad_value(
-                "--out",
+                "run_dir",
                 format!(
-                    "{} already holds a run; pass --resume to continue it or choose another --out",
+                    "{} already holds a run; resume it (`resume`) or choose another run folder",
                     run_dir.display()
                 ),
             ));
@@ -213,38 +213,29 @@ impl Trainer {
         let saved = TrainConfig::from_toml_file(&config_path)?;
         let mut config = saved.clone();
         overrides.apply(&mut config);
-        let conflicts: Vec<String> = saved
+        let conflicts: Vec<SettingConflict> = saved
             .differences(&config)
             .into_iter()
             .filter(|(field, _, _)| !RESUME_MAY_CHANGE.contains(&field.as_str()))
-            .map(|(field, was, now)| {
-                format!(
-                    "--{}: the run has {was}, given {now}",
-                    field.replace('_', "-")
-                )
+            .map(|(field, saved, given)| SettingConflict {
+                field,
+                saved,
+                given,
             })
             .collect();
         if !conflicts.is_empty() {
-            return Err(Error::bad_value(
-                "--resume",
-                format!(
-                    "{} was trained with other settings; only {} may change on resume ({})",
-                    run_dir.display(),
-                    RESUME_MAY_CHANGE
-                        .iter()
-                        .map(|f| format!("--{}", f.replace('_', "-")))
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    conflicts.join("; ")
-                ),
-            ));
+            return Err(Error::ResumeConflict {
+                run_dir: run_dir.to_path_buf(),
+                may_change: RESUME_MAY_CHANGE.iter().map(|f| f.to_string()).collect(),
+                conflicts,
+            });
         }
         config.validate()?;
         let dir = checkpoint::open(run_dir)?;
         let state = checkpoint::read_state(&dir)?;
         if config.epochs < state.epochs_done {
             return Err(Error::bad_value(
-                "--epochs",
+                "epochs",
                 format!(
                     "{}: {} has already trained {} epochs; give at least that many",
                     config.epochs,
@@ -629,7 +620,7 @@ impl Trainer {
             one.step(sigma, q, 1)?;
             let eps = one.epsilon(self.config.accountant, self.config.delta)?.0;
             return Err(Error::bad_value(
-                "--target-epsilon",
+                "target_epsilon",
                 format!(
                     "{}: a single step at noise multiplier {sigma} and sampling rate {q:.6} already spends epsilon {eps:.4} (delta {}); raise the target or the noise multiplier",
                     self.config.target_epsilon.unwrap_or(f64::NAN),

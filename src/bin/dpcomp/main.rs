@@ -5,12 +5,14 @@ use clap::Parser;
 
 mod cli;
 mod commands;
+mod errors;
 
 fn main() {
     dpcomp::allocator::keep_freed_memory();
     let cli = cli::Cli::parse();
     if let Err(e) = cli::run(cli) {
-        eprintln!("error: {e:#}");
+        let args: Vec<String> = std::env::args().collect();
+        eprintln!("error: {}", errors::render(&e, &args));
         std::process::exit(1);
     }
 }
