@@ -14,12 +14,12 @@
 //! error ‖ŝ − s‖ / ‖s‖ is printed for both row choices, and for a real (dense) client update.
 
 use super::median;
+use crate::compress::chunked_dct::{ChunkedDct, DctRows};
+use crate::compress::linear_sketch::{Codec, Scheme};
+use crate::compress::owlqn::{fista, owlqn, Measurement, OwlqnSettings};
 use crate::error::Result;
 use crate::fl::client::{client_update, LocalTraining};
 use crate::fl::model::FlModel;
-use crate::fl::owlqn::{fista, owlqn, Measurement, OwlqnSettings};
-use crate::fl::scheme::{Codec, Scheme};
-use crate::fl::sketch::{ChunkedDct, DctRows};
 use serde::Serialize;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};

@@ -53,7 +53,7 @@ impl ChunkedDct {
     ) -> Result<Self> {
         if length < 1 || chunks < 1 || chunks > length || !(ratio > 0.0 && ratio <= 1.0) {
             return Err(Error::bad_value(
-                "--ratio/--chunks",
+                "ratio/chunks",
                 format!(
                     "ratio {ratio}, {chunks} chunks for {length} parameters: expected 0 < ratio <= 1 and 1 <= chunks <= parameters"
                 ),

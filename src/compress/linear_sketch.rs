@@ -5,7 +5,7 @@
 //! coefficients of the shuffled update (`sketch::ChunkedDct`), reconstructed on the server by
 //! BPDN (`owlqn`). Every encoding is linear, so the server may sum messages before decoding.
 
-use super::sketch::{ChunkedDct, DctRows};
+use super::chunked_dct::{ChunkedDct, DctRows};
 use crate::error::{Error, Result};
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -60,7 +60,7 @@ impl Codec {
     ) -> Result<Codec> {
         if !(ratio > 0.0 && ratio <= 1.0) {
             return Err(Error::bad_value(
-                "--ratio",
+                "ratio",
                 format!("{ratio}: expected 0 < r <= 1"),
             ));
         }

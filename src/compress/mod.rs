@@ -11,13 +11,18 @@
 //! saved in every checkpoint (`Link::state`, names `encoder.*` / `decoder.*`). All tensor work
 //! stays on the gradients' device.
 
+pub mod chunked_dct;
+pub mod dct;
 pub mod denoise;
 pub mod dgc;
 pub mod encoding;
 pub mod identity;
+pub mod linear_sketch;
 pub mod message;
 pub mod options;
+pub mod owlqn;
 pub mod powersgd;
+pub mod sketched;
 pub mod topk;
 pub mod unpack;
 pub mod wire;
@@ -28,6 +33,7 @@ pub use identity::DenseEncoder;
 pub use message::{Message, Payload};
 pub use options::{CompressorKind, CompressorSpec};
 pub use powersgd::PowerSgdEncoder;
+pub use sketched::{SketchDecoder, SketchEncoder};
 pub use unpack::Unpack;
 
 use crate::error::Result;
@@ -53,6 +59,11 @@ pub trait Encoder {
     /// Called at the start of every epoch (0-based), for schedules such as DGC's warm-up.
     fn start_epoch(&mut self, _epoch: usize) {}
 
+    /// Numbers the next message `step` (the sketches draw FL-RND's coordinates from it). A
+    /// training run's encoder counts its own steps; a federated round creates its clients'
+    /// encoders afresh and tells them the round.
+    fn set_step(&mut self, _step: usize) {}
+
     /// Everything the encoder carries from one step to the next, by name. A checkpoint saves
     /// it; `load_state` copies it back exactly.
     fn state(&self) -> Vec<(String, Tensor)>;
@@ -69,6 +80,9 @@ pub trait Encoder {
 pub trait Decoder {
     /// The update the receiver reconstructs from `message` (the shapes the encoder was given).
     fn decode(&mut self, message: &Message) -> Vec<Tensor>;
+
+    /// Numbers the next message `step`, as `Encoder::set_step` does on the sender.
+    fn set_step(&mut self, _step: usize) {}
 
     /// What the decoder carries from one message to the next, by name (empty when stateless).
     fn state(&self) -> Vec<(String, Tensor)> {
@@ -153,6 +167,26 @@ impl Link {
         self.encoder.load_state(encoder)?;
         self.decoder.load_state(decoder)
     }
+}
+
+/// The tensors of `update` flattened and joined into one vector, in order.
+pub fn flatten(update: &[Tensor]) -> Tensor {
+    let parts: Vec<Tensor> = update.iter().map(|t| t.reshape([-1])).collect();
+    Tensor::cat(&parts, 0)
+}
+
+/// The inverse of `flatten`: `flat` cut into tensors of `shapes` (views, in order).
+pub fn split(flat: &Tensor, shapes: &[Vec<i64>]) -> Vec<Tensor> {
+    let mut offset = 0;
+    shapes
+        .iter()
+        .map(|shape| {
+            let numel: i64 = shape.iter().product();
+            let part = flat.narrow(0, offset, numel).view(shape.as_slice());
+            offset += numel;
+            part
+        })
+        .collect()
 }
 
 /// Bits of `update` sent as dense fp32: the uncompressed baseline every rate is relative to.

@@ -2,11 +2,14 @@
 //! `--compressor-option key=value` (repeatable; in TOML `compressor_options = ["key=value"]`).
 //! Unknown keys and bad values are errors that list what each compressor accepts.
 
+use super::chunked_dct::DctRows;
 use super::denoise::{DenoiseDecoder, DenoiseEncoder, DenoiseOptions};
 use super::dgc::{DgcEncoder, DgcOptions, Warmup};
 use super::encoding::{Budget, IndexBits};
 use super::identity::DenseEncoder;
+use super::linear_sketch::Scheme;
 use super::powersgd::{MatrixShape, PowerSgdEncoder, PowerSgdOptions};
+use super::sketched::{SketchDecoder, SketchEncoder, SketchOptions};
 use super::topk::TopK;
 use super::unpack::Unpack;
 use super::{Decoder, Encoder, Link, Scope};
@@ -28,6 +31,15 @@ pub enum CompressorKind {
     Powersgd,
     /// The paper's Denoise: top-k of velocity or acceleration, whichever loses less.
     Denoise,
+    /// FL-RND: n / rate coordinates chosen by a shared seed, new every step (`sketched`).
+    #[serde(rename = "fl-rnd")]
+    FlRnd,
+    /// FL-FREQ: the first DCT coefficients of contiguous chunks (`sketched`).
+    #[serde(rename = "fl-freq")]
+    FlFreq,
+    /// FL-CS: DCT coefficients of the shuffled update, reconstructed by BPDN (`sketched`).
+    #[serde(rename = "fl-cs")]
+    FlCs,
 }
 
 impl CompressorKind {
@@ -37,7 +49,18 @@ impl CompressorKind {
             CompressorKind::Dgc => "dgc",
             CompressorKind::Powersgd => "powersgd",
             CompressorKind::Denoise => "denoise",
+            CompressorKind::FlRnd => "fl-rnd",
+            CompressorKind::FlFreq => "fl-freq",
+            CompressorKind::FlCs => "fl-cs",
         }
+    }
+
+    /// The federated paper's linear sketches (`sketched`).
+    pub fn is_sketch(self) -> bool {
+        matches!(
+            self,
+            CompressorKind::FlRnd | CompressorKind::FlFreq | CompressorKind::FlCs
+        )
     }
 
     /// Option keys this compressor accepts, for error messages and `--help`.
@@ -69,6 +92,16 @@ impl CompressorKind {
                 "clip",
                 "budget",
             ],
+            CompressorKind::FlRnd => &["seed", "error_feedback"],
+            CompressorKind::FlFreq => &["chunks"],
+            CompressorKind::FlCs => &[
+                "chunks",
+                "rows",
+                "seed",
+                "lambda",
+                "iterations",
+                "error_feedback",
+            ],
         }
     }
 }
@@ -83,7 +116,8 @@ impl std::fmt::Display for CompressorKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompressorSpec {
     pub kind: CompressorKind,
-    /// Target ratio dense fp32 bits / message bits for the sparsifiers (DGC, Denoise); 1 = dense.
+    /// Target ratio dense fp32 bits / message bits for the sparsifiers (DGC, Denoise) and the
+    /// sketches (n / m); 1 = dense.
     pub rate: f64,
     /// PowerSGD's rank.
     pub rank: i64,
@@ -106,17 +140,18 @@ impl CompressorSpec {
             ));
         }
         // A setting the chosen compressor does not read would be silently ignored: refuse it.
-        let uses_rate = matches!(kind, CompressorKind::Dgc | CompressorKind::Denoise);
+        let uses_rate =
+            matches!(kind, CompressorKind::Dgc | CompressorKind::Denoise) || kind.is_sketch();
         if rate != 1.0 && !uses_rate {
             return Err(Error::bad_value(
                 "rate",
-                format!("{rate}: the rate applies to dgc and denoise, not {kind} (remove it, or choose --compressor dgc|denoise)"),
+                format!("{rate}: the rate applies to dgc, denoise and the fl sketches, not {kind} (remove it, or choose another `compressor`)"),
             ));
         }
         if rank != 1 && kind != CompressorKind::Powersgd {
             return Err(Error::bad_value(
                 "rank",
-                format!("{rank}: the rank applies to powersgd, not {kind} (remove it, or choose --compressor powersgd)"),
+                format!("{rank}: the rank applies to powersgd, not {kind} (remove it, or choose `compressor` powersgd)"),
             ));
         }
         let mut map = BTreeMap::new();
@@ -161,6 +196,9 @@ impl CompressorSpec {
             CompressorKind::Denoise => {
                 spec.denoise_options()?;
             }
+            CompressorKind::FlRnd | CompressorKind::FlFreq | CompressorKind::FlCs => {
+                spec.sketch_options()?;
+            }
         }
         Ok(spec)
     }
@@ -178,6 +216,9 @@ impl CompressorSpec {
             CompressorKind::Denoise => {
                 Box::new(DenoiseEncoder::new(shapes, device, self.denoise_options()?))
             }
+            CompressorKind::FlRnd | CompressorKind::FlFreq | CompressorKind::FlCs => {
+                Box::new(SketchEncoder::new(shapes, device, self.sketch_options()?)?)
+            }
         })
     }
 
@@ -193,6 +234,9 @@ impl CompressorSpec {
                 device,
                 self.denoise_options()?.scope,
             )),
+            CompressorKind::FlRnd | CompressorKind::FlFreq | CompressorKind::FlCs => {
+                Box::new(SketchDecoder::new(shapes, device, self.sketch_options()?)?)
+            }
         })
     }
 
@@ -388,6 +432,68 @@ impl CompressorSpec {
             topk: self.topk()?,
             clip,
             budget: self.budget()?,
+        })
+    }
+
+    /// The sketch of `fl-rnd`, `fl-freq` and `fl-cs`: r = 1 / rate; `chunks` P (default
+    /// ⌈n / 1024⌉); `rows=first|random` (FL-CS); `seed` (default 0); `lambda` (FL-CS, default
+    /// 0.01, the federated runs' default); `iterations` (FL-CS OWL-QN, default 100);
+    /// `error_feedback` (FL-RND: off by default; FL-CS: on, Algorithm 3's error).
+    pub fn sketch_options(&self) -> Result<SketchOptions> {
+        let scheme = match self.kind {
+            CompressorKind::FlRnd => Scheme::Rnd,
+            CompressorKind::FlFreq => Scheme::Freq,
+            CompressorKind::FlCs => Scheme::Cs,
+            kind => {
+                return Err(Error::bad_value(
+                    "compressor",
+                    format!("{kind} is not one of the fl sketches"),
+                ))
+            }
+        };
+        let chunks: Option<i64> = match self.options.get("chunks") {
+            None => None,
+            Some(_) => Some(self.get("chunks", 1, "a whole number of chunks >= 1")?),
+        };
+        if chunks.is_some_and(|p| p < 1) {
+            return Err(Error::bad_value(
+                "compressor option chunks",
+                "expected a whole number of chunks >= 1",
+            ));
+        }
+        let rows = match self.options.get("rows").map(String::as_str) {
+            None | Some("first") => DctRows::First,
+            Some("random") => DctRows::Random,
+            Some(v) => {
+                return Err(Error::bad_value(
+                    "compressor option rows",
+                    format!("{v:?}: expected first (the paper's) or random"),
+                ))
+            }
+        };
+        let lambda: f64 = self.get("lambda", 0.01, "a finite number >= 0")?;
+        if !(lambda.is_finite() && lambda >= 0.0) {
+            return Err(Error::bad_value(
+                "compressor option lambda",
+                format!("{lambda}: expected a finite number >= 0"),
+            ));
+        }
+        let iterations: usize = self.get("iterations", 100, "a whole number >= 1")?;
+        if iterations == 0 {
+            return Err(Error::bad_value(
+                "compressor option iterations",
+                "0: FL-CS reconstructs with at least one OWL-QN iteration",
+            ));
+        }
+        Ok(SketchOptions {
+            scheme,
+            ratio: 1.0 / self.rate,
+            chunks,
+            rows,
+            seed: self.get("seed", 0, "an integer")?,
+            lambda,
+            iterations,
+            error_feedback: self.get("error_feedback", scheme == Scheme::Cs, "true or false")?,
         })
     }
 }

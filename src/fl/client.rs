@@ -1,9 +1,12 @@
 //! One client's part of a round (Algorithm 1 of `../shared/papers/compression-boosts-dp-fl.txt`):
 //! start from the global model, run T_gd local steps of mini-batch SGD (or full-batch gradient
 //! descent) on the client's own examples, return the update Δw = w_local − w_global. A client
-//! reads only the global model and its own data, so clients could run in parallel.
+//! reads only the global model and its own data, so clients could run in parallel. The local
+//! steps use the optimiser every run uses (`train::Sgd`, no momentum).
 
 use super::model::FlModel;
+use crate::train::optimizer::Optimizer;
+use crate::train::sgd::Sgd;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -41,6 +44,7 @@ pub fn client_update(
     let mut order: Vec<i64> = examples.to_vec();
     let mut position = size;
     let variables = model.variables();
+    let mut sgd = Sgd::new(local.learning_rate, 0.0);
     for _ in 0..local.steps {
         if position + batch > size {
             order.shuffle(&mut rng);
@@ -57,12 +61,8 @@ pub fn client_update(
             }
         }
         loss.backward();
-        tch::no_grad(|| {
-            for v in &variables {
-                let mut v = v.shallow_clone();
-                let _ = v.g_add_(&(v.grad() * -local.learning_rate));
-            }
-        });
+        let grads: Vec<Tensor> = variables.iter().map(Tensor::grad).collect();
+        sgd.step(&variables, &grads);
     }
     model.flat() - global
 }

@@ -8,9 +8,9 @@
 //! `summary.json`); a cell whose summary exists with the same settings is not run again.
 
 use super::data::{FlData, FlDataset};
-use super::scheme::Scheme;
-use super::sketch::DctRows;
 use super::{default_clip, read_rows, FlPrivacy, FlSettings, FlSummary, RoundMetrics};
+use crate::compress::chunked_dct::DctRows;
+use crate::compress::linear_sketch::Scheme;
 use crate::config::AccountantKind;
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! server ──w_{t-1}──▶ clients sampled with probability C each (Poisson, what the accountant assumes)
-//!   client k: T_gd local SGD steps ──Δw_k──▶ encode C(Δw_k) [m] (scheme.rs)
+//!   client k: T_gd local SGD steps ──Δw_k──▶ encode C(Δw_k) [m], sent as bytes (messages.rs)
 //!             DP: clip the message to norm S (in the domain it is sent in)
 //!   server:   y = Σ_k |D_k| C(Δw_k) / Σ_k |D_k|                          (no DP)
 //!             y = (Σ_k clip_S(C(Δw_k)) + N(0, σ² S² I_m)) / (C N)          (DP: noise on the sum,
@@ -16,20 +16,24 @@
 //!   others:   d = Cᵀ y (zero filling);  u = β u + d;  w += η u
 //! ```
 //!
-//! For FL-RND and FL-FREQ, C Cᵀ = I, so error feedback in the compressed domain is identically
-//! zero and is not kept; FL-RND's coordinates change every round, so its momentum lives in the
-//! model's domain (for FL-STD and FL-FREQ both domains give the same result by linearity).
+//! The encodings are the compressors of `compress::sketched` (the client's `SketchEncoder`, the
+//! server's `SketchDecoder`, which holds FL-CS's error e). For FL-RND and FL-FREQ, C Cᵀ = I, so
+//! error feedback in the compressed domain is identically zero and is not kept; FL-RND's
+//! coordinates change every round, so its momentum lives in the model's domain (for FL-STD and
+//! FL-FREQ both domains give the same result by linearity). With `compressor` (DGC, PowerSGD)
+//! the server decodes each message and C is the identity above: clipping, sum and noise on the
+//! n model coordinates.
 
 pub mod client;
 pub mod data;
-pub mod dct;
 pub mod experiment;
+pub mod messages;
 pub mod metrics;
 pub mod model;
-pub mod owlqn;
-pub mod scheme;
-pub mod sketch;
 
+use crate::compress::chunked_dct::DctRows;
+use crate::compress::linear_sketch::Scheme;
+use crate::compress::{CompressorKind, CompressorSpec};
 use crate::config::{AccountantKind, DeviceChoice};
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};
@@ -39,11 +43,8 @@ use client::{client_update, LocalTraining};
 use data::{FlData, FlDataset};
 use indicatif::{ProgressBar, ProgressStyle};
 use metrics::Evaluation;
-use owlqn::{Measurement, OwlqnSettings};
 use rand::{Rng, SeedableRng};
-use scheme::{message_bits, Codec, Scheme};
 use serde::{Deserialize, Serialize};
-use sketch::DctRows;
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
@@ -95,6 +96,37 @@ pub struct FlSettings {
     pub seed: u64,
     #[serde(default)]
     pub device: DeviceChoice,
+    /// DGC or PowerSGD for the clients' messages (with `scheme` std), decoded per client
+    /// (`messages`); none: the scheme's linear sketch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressor: Option<FlCompressor>,
+}
+
+/// A deep-learning compressor in a federated run: its kind and settings as `dpcomp train`
+/// takes them (`--compressor`, `--rate`, `--rank`, `--compressor-option`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlCompressor {
+    pub kind: CompressorKind,
+    #[serde(default = "one")]
+    pub rate: f64,
+    #[serde(default = "one_rank")]
+    pub rank: i64,
+    #[serde(default)]
+    pub options: Vec<String>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+fn one_rank() -> i64 {
+    1
+}
+
+impl FlCompressor {
+    pub fn spec(&self) -> Result<CompressorSpec> {
+        CompressorSpec::new(self.kind, self.rate, self.rank, &self.options)
+    }
 }
 
 impl FlSettings {
@@ -142,68 +174,88 @@ impl FlSettings {
             eval_examples: 0,
             seed: 0,
             device: DeviceChoice::Cpu,
+            compressor: None,
         }
     }
 
     pub fn validate(&self) -> Result<()> {
-        let positive = |flag: &str, v: f64| {
+        let positive = |field: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
             } else {
                 Err(Error::bad_value(
-                    flag,
+                    field,
                     format!("{v}: expected a positive, finite number"),
                 ))
             }
         };
-        positive("--local-lr", self.local.learning_rate)?;
-        positive("--server-lr", self.server_learning_rate)?;
+        positive("local.learning_rate", self.local.learning_rate)?;
+        positive("server_learning_rate", self.server_learning_rate)?;
         if !(0.0..1.0).contains(&self.server_momentum) {
             return Err(Error::bad_value(
-                "--server-momentum",
+                "server_momentum",
                 format!("{}: expected 0 <= beta < 1", self.server_momentum),
             ));
         }
         if !(self.ratio > 0.0 && self.ratio <= 1.0) {
             return Err(Error::bad_value(
-                "--ratio",
+                "ratio",
                 format!("{}: expected 0 < r <= 1", self.ratio),
             ));
         }
         if self.clients == 0 {
             return Err(Error::bad_value(
-                "--clients",
+                "clients",
                 "0: expected at least one client",
             ));
         }
         if self.scheme == Scheme::Cs && self.owlqn_iterations == 0 {
             return Err(Error::bad_value(
-                "--owlqn-iterations",
+                "owlqn_iterations",
                 "0: FL-CS reconstructs each round's update with at least one OWL-QN iteration",
             ));
         }
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {
             return Err(Error::bad_value(
-                "--fraction",
+                "fraction",
                 format!("{}: expected 0 < C <= 1", self.fraction),
             ));
         }
         if self.rounds == 0 || self.local.steps == 0 {
             return Err(Error::bad_value(
-                "--rounds/--local-steps",
+                "rounds/local.steps",
                 "expected at least one round and one local step",
             ));
         }
         if !(self.lambda.is_finite() && self.lambda >= 0.0) {
             return Err(Error::bad_value(
-                "--lambda",
+                "lambda",
                 format!("{}: expected a finite lambda >= 0", self.lambda),
             ));
+        }
+        if let Some(c) = &self.compressor {
+            if !matches!(c.kind, CompressorKind::Dgc | CompressorKind::Powersgd) {
+                return Err(Error::bad_value(
+                    "compressor",
+                    format!("{}: federated runs take dgc or powersgd here (the federated sketches are `scheme`s; denoise's receiver follows a single sender's velocity)", c.kind),
+                ));
+            }
+            if self.scheme != Scheme::Std {
+                return Err(Error::bad_value(
+                    "compressor",
+                    format!(
+                        "{} compresses the whole update: use it with `scheme` std, not {}",
+                        c.kind,
+                        self.scheme.name()
+                    ),
+                ));
+            }
+            c.spec()?;
         }
         if let Some(p) = &self.privacy {
             if !(p.clip > 0.0 && p.clip.is_finite()) {
                 return Err(Error::bad_value(
-                    "--clip",
+                    "privacy.clip",
                     format!("{}: expected a positive, finite S", p.clip),
                 ));
             }
@@ -214,11 +266,6 @@ impl FlSettings {
     }
 }
 
-/// The clip radius S in the sent domain from S₁, the radius for the whole update: S₁ √r. After
-/// the shared shuffle (FL-CS) or a random subset (FL-RND) the update's energy spreads evenly over
-/// what is kept, so the message's norm is about √r times the update's, and the same share of
-/// clients is clipped at every ratio. (FL-FREQ keeps low frequencies of unshuffled chunks, which
-/// may hold more than r of the energy; it gets the same S, as the paper gives one S per ratio.)
 /// Round `round`'s clients, each included independently with probability `fraction` (Poisson
 /// sampling, which client-level DP's amplification assumes: the accountant is run at
 /// q = fraction). Seeded by the run's seed and the round, so a run is reproducible.
@@ -231,6 +278,11 @@ pub fn sample_clients(seed: u64, round: usize, clients: usize, fraction: f64) ->
         .collect()
 }
 
+/// The clip radius S in the sent domain from S₁, the radius for the whole update: S₁ √r. After
+/// the shared shuffle (FL-CS) or a random subset (FL-RND) the update's energy spreads evenly over
+/// what is kept, so the message's norm is about √r times the update's, and the same share of
+/// clients is clipped at every ratio. (FL-FREQ keeps low frequencies of unshuffled chunks, which
+/// may hold more than r of the energy; it gets the same S, as the paper gives one S per ratio.)
 pub fn default_clip(full_clip: f64, scheme: Scheme, ratio: f64) -> f64 {
     match scheme {
         Scheme::Std => full_clip,
@@ -324,16 +376,8 @@ pub fn run(
     let mut client_model = data.model(device);
     let mut w = global_model.flat();
     let n = w.size()[0];
-    let codec = Codec::new(
-        settings.scheme,
-        n,
-        settings.ratio,
-        settings.chunks,
-        settings.rows,
-        settings.seed ^ 0x5eed,
-        device,
-    )?;
-    let m = codec.message_length();
+    let shapes: Vec<Vec<i64>> = global_model.variables().iter().map(Tensor::size).collect();
+    let mut messages = messages::RoundMessages::new(settings, &shapes, device)?;
     let labels: Vec<i64> = Vec::try_from(&data.train_y.to_device(tch::Device::Cpu))?;
     let shards = settings
         .partition
@@ -376,25 +420,23 @@ pub fn run(
         })
         .transpose()?;
     let mut momentum: Option<Tensor> = None;
-    let mut error = Tensor::zeros([m], (Kind::Float, device));
     let mut rows: Vec<RoundMetrics> = Vec::new();
     let mut upstream_total = 0u64;
     let mut best: Option<(f64, usize)> = None;
-    let owlqn_settings = OwlqnSettings {
-        max_iterations: settings.owlqn_iterations,
-        ..OwlqnSettings::default()
-    };
+    // m: the sketch's length, or (compressors) the elements of the last message.
+    let (mut m, chunks) = messages.sketch_shape().unwrap_or((n, None));
     let bar = progress_bar(progress, settings.rounds);
     let mut stopped_early = false;
     for round in 1..=settings.rounds {
-        let round_codec = codec.for_round(round, device);
         let sampled = sample_clients(settings.seed, round, settings.clients, settings.fraction);
-        // Clients.
+        // Clients: each message crosses as bytes; the server aggregates what it reads.
         let client_start = Instant::now();
-        let mut sum = Tensor::zeros([m], (Kind::Float, device));
+        let aggregated_length = if messages.is_linear() { m } else { n };
+        let mut sum = Tensor::zeros([aggregated_length], (Kind::Float, device));
         let mut round_clipped = Clipped::empty(&[sum.shallow_clone()]);
         let mut weight_total = 0.0;
         let mut norms = Vec::with_capacity(sampled.len());
+        let mut bits = 0u64;
         for &k in &sampled {
             let update = client_update(
                 &mut client_model,
@@ -405,14 +447,18 @@ pub fn run(
                 &settings.local,
                 settings.seed ^ ((round * settings.clients + k) as u64).wrapping_mul(0x9E37_79B9),
             );
-            let message = round_codec.encode(&update);
-            let norm = message.norm().double_value(&[]);
-            norms.push(norm);
+            let received = messages.send(&update, round)?;
+            bits += 8 * received.bytes as u64;
+            if !messages.is_linear() {
+                m = received.elements as i64;
+            }
+            let value = received.value;
+            norms.push(value.norm().double_value(&[]));
             match &engine {
-                Some(engine) => round_clipped.add(engine.clip_update(&message)),
+                Some(engine) => round_clipped.add(engine.clip_update(&value)),
                 None => {
                     let weight = shards[k].len() as f64;
-                    sum += message * weight;
+                    sum += value * weight;
                     weight_total += weight;
                 }
             }
@@ -432,42 +478,28 @@ pub fn run(
             None => sum,
         };
         let beta = settings.server_momentum;
-        let step = match settings.scheme {
-            Scheme::Cs => {
-                let sketch = codec.sketch.as_ref().expect("FL-CS has a sketch");
-                let u = match momentum.take() {
-                    Some(u) if beta > 0.0 => u * beta + &aggregate,
-                    _ => aggregate,
-                };
-                error += &u * settings.server_learning_rate;
-                momentum = Some(u);
-                // Solved in f64: the line search's sufficient-decrease test needs the precision.
-                let y = sketch.measurements(&error).to_kind(Kind::Double);
-                let lambda =
-                    sketch.adjoint(&y).abs().amax([1i64].as_slice(), true) * settings.lambda;
-                let solution =
-                    owlqn::owlqn(sketch, &y, &lambda, sketch.chunk_length, &owlqn_settings);
-                let s = sketch.unshuffle(&solution.s.to_kind(Kind::Float));
-                error -= sketch.compress(&s);
-                s
-            }
-            _ => {
-                let d = round_codec.zero_fill(&aggregate);
-                let u = match momentum.take() {
-                    Some(u) if beta > 0.0 => u * beta + d,
-                    _ => d,
-                };
-                let step = &u * settings.server_learning_rate;
-                momentum = Some(u);
-                step
-            }
+        let with_momentum = |momentum: &mut Option<Tensor>, d: Tensor| {
+            let u = match momentum.take() {
+                Some(u) if beta > 0.0 => u * beta + d,
+                _ => d,
+            };
+            *momentum = Some(u.shallow_clone());
+            u
+        };
+        let step = if settings.scheme == Scheme::Cs && settings.compressor.is_none() {
+            // Algorithm 3: momentum and the error in the compressed domain; the decoder adds
+            // η u to its error, reconstructs s by BPDN and keeps e − A s.
+            let u = with_momentum(&mut momentum, aggregate);
+            messages.decode(&(&u * settings.server_learning_rate), round)
+        } else {
+            let d = messages.decode(&aggregate, round);
+            with_momentum(&mut momentum, d) * settings.server_learning_rate
         };
         w += step;
         let server_seconds = server_start.elapsed().as_secs_f64();
         // Evaluate.
         global_model.set_flat(&w);
         let evaluation = evaluate(&global_model, &test_x, &test_y);
-        let bits = message_bits(m) * sampled.len() as u64;
         upstream_total += bits;
         let epsilon = match (&settings.privacy, &engine) {
             (Some(p), Some(engine)) => Some(engine.epsilon(p.accountant, p.delta)?),
@@ -500,7 +532,7 @@ pub fn run(
             return Err(Error::bad_value(
                 "fl",
                 format!(
-                    "training diverged: non-finite test loss after round {round} (mean message norm {:.4}); lower --local-lr or --server-lr",
+                    "training diverged: non-finite test loss after round {round} (mean message norm {:.4}); lower `local.learning_rate` or `server_learning_rate`",
                     row.message_norm
                 ),
             ));
@@ -533,14 +565,15 @@ pub fn run(
         |f: &dyn Fn(&RoundMetrics) -> f64| rows.iter().map(f).sum::<f64>() / rounds_run as f64;
     let summary = FlSummary {
         dataset: settings.dataset.name().to_string(),
-        scheme: match (settings.scheme, settings.rows) {
-            (Scheme::Cs, DctRows::Random) => "FL-CS (random rows)".to_string(),
-            (scheme, _) => scheme.name().to_string(),
+        scheme: match (settings.scheme, settings.rows, &settings.compressor) {
+            (_, _, Some(c)) => format!("{} {}", settings.scheme.name(), c.spec()?.label()),
+            (Scheme::Cs, DctRows::Random, None) => "FL-CS (random rows)".to_string(),
+            (scheme, _, None) => scheme.name().to_string(),
         },
-        ratio: codec.ratio(),
+        ratio: m as f64 / n as f64,
         parameters: n,
         message_length: m,
-        chunks: codec.sketch.as_ref().map(|s| s.chunks),
+        chunks,
         clients: settings.clients,
         fraction: settings.fraction,
         rounds_run,
@@ -551,7 +584,7 @@ pub fn run(
         accuracy_at_best: at_best.accuracy,
         balanced_accuracy_at_best: at_best.balanced_accuracy,
         auroc_at_best: at_best.auroc,
-        cost_bits: codec.ratio() * n as f64 * 32.0 * best_round as f64 * settings.fraction,
+        cost_bits: m as f64 * 32.0 * best_round as f64 * settings.fraction,
         upstream_bits_at_best: at_best.upstream_bits_total,
         clip: settings.privacy.map(|p| p.clip),
         noise_multiplier: settings.privacy.map(|p| p.noise_multiplier),

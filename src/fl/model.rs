@@ -7,23 +7,26 @@
 //! - Breast cancer: a one-hidden-layer MLP 30→32→2 with ReLU (1,058 parameters); `hidden = 0`
 //!   gives logistic regression.
 //!
-//! Client-level DP clips whole updates, not per-sample gradients, so plain `tch::nn` layers do.
-//! The parameters are handled as one flat vector (sorted by name), the thing FL sends.
+//! The layers are dpcomp's own (`nn::Conv2d`, `nn::Linear`), the ones every private model is
+//! built from; client-level DP clips whole updates, not per-sample gradients, so nothing is
+//! recorded (`Ctx::eval`) and local training runs on autograd. Weights start as PyTorch's
+//! layers do (uniform ±1/√fan_in, `nn::uniform_init`). The parameters are handled as one flat
+//! vector (sorted by name), the thing FL sends.
 
-use tch::nn::{self, Module};
-use tch::{Device, Kind, Tensor};
+use crate::nn::{Conv2d, Ctx, Linear};
+use tch::{nn, Device, Kind, Tensor};
 
 // One per model, so the size difference of the variants does not matter.
 #[allow(clippy::large_enum_variant)]
 enum Net {
     Cnn {
-        conv1: nn::Conv2D,
-        conv2: nn::Conv2D,
-        fc: nn::Linear,
+        conv1: Conv2d,
+        conv2: Conv2d,
+        fc: Linear,
     },
     Mlp {
-        hidden: Option<nn::Linear>,
-        out: nn::Linear,
+        hidden: Option<Linear>,
+        out: Linear,
     },
 }
 
@@ -38,9 +41,9 @@ impl FlModel {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let net = Net::Cnn {
-            conv1: nn::conv2d(&root / "conv1", 1, 8, 5, Default::default()),
-            conv2: nn::conv2d(&root / "conv2", 8, 16, 5, Default::default()),
-            fc: nn::linear(&root / "fc", 256, 10, Default::default()),
+            conv1: Conv2d::new(&(&root / "conv1"), 1, 8, 5, 1, 0, true),
+            conv2: Conv2d::new(&(&root / "conv2"), 8, 16, 5, 1, 0, true),
+            fc: Linear::new(&(&root / "fc"), 256, 10, true),
         };
         FlModel { vs, net }
     }
@@ -51,18 +54,13 @@ impl FlModel {
         let root = vs.root();
         let (hidden_layer, width) = if hidden > 0 {
             (
-                Some(nn::linear(
-                    &root / "hidden",
-                    inputs,
-                    hidden,
-                    Default::default(),
-                )),
+                Some(Linear::new(&(&root / "hidden"), inputs, hidden, true)),
                 hidden,
             )
         } else {
             (None, inputs)
         };
-        let out = nn::linear(&root / "out", width, classes, Default::default());
+        let out = Linear::new(&(&root / "out"), width, classes, true);
         FlModel {
             vs,
             net: Net::Mlp {
@@ -74,15 +72,16 @@ impl FlModel {
 
     /// Logits [B, classes].
     pub fn forward(&self, xs: &Tensor) -> Tensor {
+        let ctx = &mut Ctx::eval();
         match &self.net {
             Net::Cnn { conv1, conv2, fc } => {
-                let xs = conv1.forward(xs).relu().max_pool2d_default(2);
-                let xs = conv2.forward(&xs).relu().max_pool2d_default(2);
-                fc.forward(&xs.flatten(1, -1))
+                let xs = conv1.forward(xs, ctx).relu().max_pool2d_default(2);
+                let xs = conv2.forward(&xs, ctx).relu().max_pool2d_default(2);
+                fc.forward(&xs.flatten(1, -1), ctx)
             }
             Net::Mlp { hidden, out } => match hidden {
-                Some(h) => out.forward(&h.forward(xs).relu()),
-                None => out.forward(xs),
+                Some(h) => out.forward(&h.forward(xs, ctx).relu(), ctx),
+                None => out.forward(xs, ctx),
             },
         }
     }

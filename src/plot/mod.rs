@@ -106,7 +106,7 @@ fn setting_order(c: &CellLog) -> f64 {
     use crate::compress::CompressorKind as K;
     match c.config.compressor {
         K::Identity => 0.0,
-        K::Dgc | K::Denoise => c.config.rate,
+        K::Dgc | K::Denoise | K::FlRnd | K::FlFreq | K::FlCs => c.config.rate,
         K::Powersgd => 1e6 / c.config.rank as f64,
     }
 }

@@ -12,16 +12,29 @@ pub struct FlArgs {
     #[arg(long, value_enum, default_value = "fashion-mnist")]
     pub dataset: dpcomp::fl::data::FlDataset,
     #[arg(long, value_enum, default_value = "cs")]
-    pub scheme: dpcomp::fl::scheme::Scheme,
+    pub scheme: dpcomp::compress::linear_sketch::Scheme,
     /// r = m / n (FL-STD sends everything and ignores it).
     #[arg(long, default_value_t = 0.1)]
     pub ratio: f64,
     /// P, chunks of FL-FREQ and FL-CS (default ⌈n / 1024⌉).
     #[arg(long)]
     pub chunks: Option<i64>,
+    /// Compress the clients' whole updates with DGC or PowerSGD instead of a sketch (with
+    /// --scheme std); the server decodes each message before the sum.
+    #[arg(long, value_enum)]
+    pub compressor: Option<dpcomp::compress::CompressorKind>,
+    /// --compressor dgc: dense fp32 bits / message bits.
+    #[arg(long, default_value_t = 1.0)]
+    pub rate: f64,
+    /// --compressor powersgd: the rank.
+    #[arg(long, default_value_t = 1)]
+    pub rank: i64,
+    /// --compressor's options, KEY=VALUE (repeatable), as `dpcomp train --compressor-option`.
+    #[arg(long = "compressor-option", value_name = "KEY=VALUE")]
+    pub compressor_options: Vec<String>,
     /// DCT rows kept per chunk: the first ones (the paper's) or a shared-seed random subset.
     #[arg(long, value_enum, default_value = "first")]
-    pub rows: dpcomp::fl::sketch::DctRows,
+    pub rows: dpcomp::compress::chunked_dct::DctRows,
     /// Client-level DP (needs --target-epsilon or --noise-multiplier).
     #[arg(long)]
     pub dp: bool,
@@ -99,11 +112,26 @@ pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
     use dpcomp::fl::{default_clip, default_full_clip, FlPrivacy, FlSettings};
     let mut s = FlSettings::defaults(args.dataset);
     s.scheme = args.scheme;
-    s.ratio = if args.scheme == dpcomp::fl::scheme::Scheme::Std {
+    s.ratio = if args.scheme == dpcomp::compress::linear_sketch::Scheme::Std {
         1.0
     } else {
         args.ratio
     };
+    s.compressor = args.compressor.map(|kind| dpcomp::fl::FlCompressor {
+        kind,
+        rate: args.rate,
+        rank: args.rank,
+        options: args.compressor_options.clone(),
+    });
+    if s.compressor.is_none()
+        && (args.rate != 1.0 || args.rank != 1 || !args.compressor_options.is_empty())
+    {
+        return Err(Error::bad_value(
+            "--rate/--rank/--compressor-option",
+            "only with --compressor",
+        )
+        .into());
+    }
     s.chunks = args.chunks;
     s.rows = args.rows;
     s.clients = args.clients.unwrap_or(s.clients);

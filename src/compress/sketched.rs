@@ -1,0 +1,242 @@
+//! The federated paper's linear sketches as compressors of any training run
+//! (`../shared/papers/compression-boosts-dp-fl.txt`; issue 16, step 8): the worker sends
+//! m = n / rate values of its whole update flattened (parameters in the order given), with no
+//! indices, because every participant derives the sketch from a shared seed:
+//!
+//! - `fl-rnd`: m coordinates drawn anew every step (FL-RND); decoded by zero filling;
+//! - `fl-freq`: the first m/P orthonormal DCT-II coefficients of P contiguous chunks (FL-FREQ);
+//!   decoded by zero filling;
+//! - `fl-cs`: the same coefficients of the update shuffled by the shared permutation (FL-CS),
+//!   reconstructed by basis pursuit denoising, min ½‖A s − e‖² + λ‖s‖₁ per chunk with OWL-QN,
+//!   λ a fraction of ‖Aᵀe‖∞ per chunk, from the receiver's error e in the compressed domain
+//!   (Algorithm 3's server without its momentum, which in a training run is the optimiser's):
+//!   e ← e + y; s ← BPDN(e); e ← e − A s.
+//!
+//! A message is one dense payload of m fp32 values, so its upstream bits are 32 m plus the
+//! wire header, and `rate` is exactly dense bits / message bits as for the sparsifiers.
+//!
+//! Worker-side error feedback (`error_feedback=true`, off by default as in the paper's FL-RND)
+//! is offered for `fl-rnd` only: it keeps r = x − Cᵀ C x, the coordinates not sent. FL-FREQ
+//! sends the same rows every step, so its residual would grow without ever being sent; FL-CS's
+//! feedback is the receiver's error above (`error_feedback=false` turns it off: each message
+//! is then reconstructed on its own).
+
+use super::chunked_dct::DctRows;
+use super::linear_sketch::{Codec, Scheme};
+use super::message::{Message, Payload};
+use super::owlqn::{owlqn, Measurement, OwlqnSettings};
+use super::{flatten, split, take_state, Decoder, Encoder};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use tch::{Device, Kind, Tensor};
+
+/// The sketch and its settings (`CompressorSpec::sketch_options`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SketchOptions {
+    pub scheme: Scheme,
+    /// r = m / n = 1 / rate.
+    pub ratio: f64,
+    /// P, the DCT chunks (default ⌈n / 1024⌉).
+    pub chunks: Option<i64>,
+    pub rows: DctRows,
+    /// The seed every participant shares (coordinates, permutation, random rows).
+    pub seed: u64,
+    /// FL-CS: λ as a fraction of ‖Aᵀe‖∞ per chunk.
+    pub lambda: f64,
+    /// FL-CS: OWL-QN iterations per message.
+    pub iterations: usize,
+    /// FL-RND: the worker's residual; FL-CS: the receiver's error in the compressed domain.
+    pub error_feedback: bool,
+}
+
+fn codec(options: &SketchOptions, shapes: &[Vec<i64>], device: Device) -> Result<Codec> {
+    let length: i64 = shapes.iter().map(|s| s.iter().product::<i64>()).sum();
+    Codec::new(
+        options.scheme,
+        length,
+        options.ratio,
+        options.chunks,
+        options.rows,
+        options.seed,
+        device,
+    )
+}
+
+/// A side's checkpointed state: its step counter (a 0-d tensor) and, when kept, its feedback
+/// tensor under `name`.
+fn counted_state(step: usize, name: &str, feedback: Option<&Tensor>) -> Vec<(String, Tensor)> {
+    let mut state = vec![("step".to_string(), Tensor::from(step as i64))];
+    if let Some(t) = feedback {
+        state.push((name.to_string(), t.shallow_clone()));
+    }
+    state
+}
+
+/// Restores `counted_state`: copies the feedback tensor back in place and returns the step.
+fn load_counted_state(
+    mut state: HashMap<String, Tensor>,
+    name: &str,
+    feedback: Option<&mut Tensor>,
+) -> Result<usize> {
+    let step = take_state(&mut state, "step", &[])?.int64_value(&[]);
+    if let Some(live) = feedback {
+        let saved = take_state(&mut state, name, &live.size())?;
+        tch::no_grad(|| live.copy_(&saved));
+    }
+    usize::try_from(step)
+        .map_err(|_| Error::bad_value("compressor state", format!("step {step}: expected >= 0")))
+}
+
+/// The worker's side: compresses the flattened update with the step's sketch.
+pub struct SketchEncoder {
+    codec: Codec,
+    step: usize,
+    /// FL-RND with error feedback: the coordinates not yet sent, [n].
+    residual: Option<Tensor>,
+    device: Device,
+}
+
+impl SketchEncoder {
+    pub fn new(shapes: &[Vec<i64>], device: Device, options: SketchOptions) -> Result<Self> {
+        let codec = codec(&options, shapes, device)?;
+        let residual = (options.error_feedback && options.scheme == Scheme::Rnd)
+            .then(|| Tensor::zeros([codec.length], (Kind::Float, device)));
+        Ok(SketchEncoder {
+            codec,
+            step: 0,
+            residual,
+            device,
+        })
+    }
+
+    /// m, the values of every message.
+    pub fn message_length(&self) -> i64 {
+        self.codec.message_length()
+    }
+
+    /// The sketch (its chunks, m, the scheme).
+    pub fn codec(&self) -> &Codec {
+        &self.codec
+    }
+}
+
+impl Encoder for SketchEncoder {
+    fn set_step(&mut self, step: usize) {
+        self.step = step;
+    }
+
+    fn encode(&mut self, update: &[Tensor]) -> Message {
+        let mut flat = flatten(update);
+        if let Some(residual) = &self.residual {
+            flat = &flat + residual.to_kind(flat.kind());
+        }
+        let round = self.codec.for_round(self.step, self.device);
+        let values = round.encode(&flat);
+        if let Some(residual) = &mut self.residual {
+            *residual = (&flat - round.zero_fill(&values)).to_kind(residual.kind());
+        }
+        self.step += 1;
+        Message::new(vec![Payload::Dense {
+            values,
+            value_bits: 32,
+        }])
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        counted_state(self.step, "residual", self.residual.as_ref())
+    }
+
+    fn load_state(&mut self, state: HashMap<String, Tensor>) -> Result<()> {
+        self.step = load_counted_state(state, "residual", self.residual.as_mut())?;
+        Ok(())
+    }
+}
+
+/// The receiver's side: zero filling (FL-RND, FL-FREQ) or BPDN reconstruction with the error
+/// kept in the compressed domain (FL-CS).
+pub struct SketchDecoder {
+    codec: Codec,
+    options: SketchOptions,
+    shapes: Vec<Vec<i64>>,
+    step: usize,
+    /// FL-CS with error feedback: e, [m].
+    error: Option<Tensor>,
+    device: Device,
+}
+
+impl SketchDecoder {
+    pub fn new(shapes: &[Vec<i64>], device: Device, options: SketchOptions) -> Result<Self> {
+        let codec = codec(&options, shapes, device)?;
+        let error = (options.error_feedback && options.scheme == Scheme::Cs)
+            .then(|| Tensor::zeros([codec.message_length()], (Kind::Float, device)));
+        Ok(SketchDecoder {
+            codec,
+            options,
+            shapes: shapes.to_vec(),
+            step: 0,
+            error,
+            device,
+        })
+    }
+
+    /// s = BPDN(y) per chunk, solved in f64 (the line search's sufficient-decrease test needs
+    /// the precision), as the FL server solves it.
+    fn reconstruct(&self, y: &Tensor) -> Tensor {
+        let sketch = self.codec.sketch.as_ref().expect("FL-CS has a sketch");
+        let measurements = sketch.measurements(y).to_kind(Kind::Double);
+        let lambda = sketch
+            .adjoint(&measurements)
+            .abs()
+            .amax([1i64].as_slice(), true)
+            * self.options.lambda;
+        let settings = OwlqnSettings {
+            max_iterations: self.options.iterations,
+            ..OwlqnSettings::default()
+        };
+        let solution = owlqn(
+            sketch as &dyn Measurement,
+            &measurements,
+            &lambda,
+            sketch.chunk_length,
+            &settings,
+        );
+        sketch.unshuffle(&solution.s.to_kind(y.kind()))
+    }
+}
+
+impl Decoder for SketchDecoder {
+    fn set_step(&mut self, step: usize) {
+        self.step = step;
+    }
+
+    fn decode(&mut self, message: &Message) -> Vec<Tensor> {
+        let values = message.payloads[0].to_dense();
+        let flat = match self.options.scheme {
+            Scheme::Cs => match self.error.take() {
+                Some(mut error) => {
+                    error += values.to_kind(error.kind());
+                    let s = self.reconstruct(&error);
+                    error -= self.codec.sketch.as_ref().expect("FL-CS").compress(&s);
+                    self.error = Some(error);
+                    s.to_kind(values.kind())
+                }
+                None => self.reconstruct(&values),
+            },
+            _ => self
+                .codec
+                .for_round(self.step, self.device)
+                .zero_fill(&values),
+        };
+        self.step += 1;
+        split(&flat, &self.shapes)
+    }
+
+    fn state(&self) -> Vec<(String, Tensor)> {
+        counted_state(self.step, "error", self.error.as_ref())
+    }
+
+    fn load_state(&mut self, state: HashMap<String, Tensor>) -> Result<()> {
+        self.step = load_counted_state(state, "error", self.error.as_mut())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! What a round's clients send and how the server reads it, on the compressors every training
+//! run uses (`compress::Encoder` / `Decoder`; issue 16, step 8). Every message crosses as bytes
+//! (`Message::to_bytes` on the client, `from_bytes` on the server) and the upstream bits are
+//! their length.
+//!
+//! - The paper's schemes (FL-STD, FL-RND, FL-FREQ, FL-CS) are linear sketches
+//!   (`compress::sketched`): the server may sum their messages before decoding, as secure
+//!   aggregation would, so clipping, the sum and the noise happen in the compressed domain of
+//!   m values, and the server decodes the aggregate once. FL-CS's decoder keeps Algorithm 3's
+//!   error in the compressed domain.
+//! - DGC and PowerSGD (`FlSettings::compressor`) are not linear: the server decodes each
+//!   client's message (statelessly), and clipping, the sum and the noise happen on the n
+//!   model coordinates. A client takes part in few rounds, so it keeps no error feedback: each
+//!   round's encoder starts afresh.
+
+use super::FlSettings;
+use crate::compress::linear_sketch::Scheme;
+use crate::compress::message::{Message, Payload};
+use crate::compress::sketched::{SketchEncoder, SketchOptions};
+use crate::compress::{flatten, split, CompressorSpec, Decoder, Encoder, SketchDecoder};
+use crate::error::Result;
+use tch::{Device, Tensor};
+
+enum Sender {
+    /// One encoder for every client: a linear sketch without worker state, told each round.
+    Sketch(SketchEncoder),
+    /// A fresh encoder per client and round, for parameters of these shapes.
+    Compressor(CompressorSpec, Vec<Vec<i64>>),
+}
+
+pub struct RoundMessages {
+    sender: Sender,
+    decoder: Box<dyn Decoder>,
+    device: Device,
+}
+
+/// One client's message as the server received it.
+pub struct Received {
+    /// What the server aggregates: the m sketch values (linear), or the decoded update [n].
+    pub value: Tensor,
+    /// The bytes that crossed.
+    pub bytes: usize,
+    /// Values (and factors) the message carried.
+    pub elements: u64,
+}
+
+impl RoundMessages {
+    /// `shapes` are the model's parameters in the order of its flat vector.
+    pub fn new(settings: &FlSettings, shapes: &[Vec<i64>], device: Device) -> Result<Self> {
+        let n: i64 = shapes.iter().map(|s| s.iter().product::<i64>()).sum();
+        Ok(match &settings.compressor {
+            Some(compressor) => {
+                let spec = compressor.spec()?;
+                let decoder = spec.decoder(shapes, device)?;
+                RoundMessages {
+                    sender: Sender::Compressor(spec, shapes.to_vec()),
+                    decoder,
+                    device,
+                }
+            }
+            None => {
+                let options = SketchOptions {
+                    scheme: settings.scheme,
+                    ratio: settings.ratio,
+                    chunks: settings.chunks,
+                    rows: settings.rows,
+                    seed: settings.seed ^ 0x5eed,
+                    lambda: settings.lambda,
+                    iterations: settings.owlqn_iterations,
+                    // FL-CS's server error (Algorithm 3); no client keeps a residual.
+                    error_feedback: settings.scheme == Scheme::Cs,
+                };
+                let flat = [vec![n]];
+                RoundMessages {
+                    sender: Sender::Sketch(SketchEncoder::new(&flat, device, options)?),
+                    decoder: Box::new(SketchDecoder::new(&flat, device, options)?),
+                    device,
+                }
+            }
+        })
+    }
+
+    /// Whether the server aggregates in the compressed domain (the linear sketches).
+    pub fn is_linear(&self) -> bool {
+        matches!(self.sender, Sender::Sketch(_))
+    }
+
+    /// The sketch's message length m and its chunks P (linear sketches only).
+    pub fn sketch_shape(&self) -> Option<(i64, Option<i64>)> {
+        match &self.sender {
+            Sender::Sketch(encoder) => Some((
+                encoder.message_length(),
+                encoder.codec().sketch.as_ref().map(|s| s.chunks),
+            )),
+            Sender::Compressor(..) => None,
+        }
+    }
+
+    /// Client side and wire: encodes `update` [n] for round `round`, sends it as bytes, and
+    /// returns what the server reads from them.
+    pub fn send(&mut self, update: &Tensor, round: usize) -> Result<Received> {
+        let message = match &mut self.sender {
+            Sender::Sketch(encoder) => {
+                encoder.set_step(round);
+                encoder.encode(std::slice::from_ref(update))
+            }
+            Sender::Compressor(spec, shapes) => {
+                let mut encoder = spec.encoder(shapes, self.device)?;
+                encoder.set_step(round);
+                encoder.encode(&split(update, shapes))
+            }
+        };
+        let bytes = message.to_bytes()?;
+        let received = Message::from_bytes(&bytes, self.device)?;
+        let value = match &self.sender {
+            Sender::Sketch(_) => received.payloads[0].to_dense(),
+            Sender::Compressor(..) => flatten(&self.decoder.decode(&received)),
+        };
+        Ok(Received {
+            value,
+            bytes: bytes.len(),
+            elements: received.elements(),
+        })
+    }
+
+    /// Server side: the update [n] of the aggregate of round `round`'s values (the sketch is
+    /// decoded: zero filling, or FL-CS's reconstruction of its error; a compressor's aggregate
+    /// is already an update).
+    pub fn decode(&mut self, aggregate: &Tensor, round: usize) -> Tensor {
+        match &self.sender {
+            Sender::Sketch(_) => {
+                self.decoder.set_step(round);
+                let message = Message::new(vec![Payload::Dense {
+                    values: aggregate.shallow_clone(),
+                    value_bits: 32,
+                }]);
+                flatten(&self.decoder.decode(&message))
+            }
+            Sender::Compressor(..) => aggregate.shallow_clone(),
+        }
+    }
+}
