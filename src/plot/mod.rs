@@ -17,6 +17,8 @@
 //! the same colour in every figure. Text uses the bundled DejaVu Sans (`assets/fonts`).
 
 pub mod analysis;
+pub mod convex;
+pub mod fl;
 
 use crate::analysis::gradient_error::{self, GradientErrorRecord};
 use crate::config::TrainConfig;

@@ -37,10 +37,10 @@ pub fn run(args: PlotArgs) -> Result<()> {
         std::fs::read_to_string(&convex).is_ok_and(|t| t.starts_with("dataset,scheme,ratio,dp"));
     let written = if is_fl {
         let cells = dpcomp::fl::experiment::read_cells(&args.runs)?;
-        dpcomp::fl::experiment::figures(&cells, &out)?
+        dpcomp::plot::fl::figures(&cells, &out)?
     } else if is_convex {
         let rows = dpcomp::convex::experiment::read_rows(&convex)?;
-        dpcomp::convex::experiment::figures_of(&rows, &out)?
+        dpcomp::plot::convex::figures_of(&rows, &out)?
     } else if clipping.is_file() {
         let sweeps = dpcomp::analysis::clipping::read(&args.runs)?;
         dpcomp::plot::analysis::clipping_figures(&sweeps, &out)?
