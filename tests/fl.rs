@@ -441,6 +441,7 @@ target_epsilon = 2.0
 delta = 1e-5
 lambda = 0.01
 owlqn_iterations = 20
+compressors = [{ kind = "dgc", rate = 16.0 }]
 
 [profiles.cpu.breast_cancer]
 rounds = 3
@@ -469,12 +470,21 @@ rounds = 3
     grid();
     let csv = std::fs::read_to_string(results.join("tiny_fl.cpu.csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
-    assert_eq!(lines.len(), 5, "{csv}");
+    assert_eq!(lines.len(), 7, "{csv}");
     assert!(lines[0].starts_with("dataset,scheme,ratio,dp,clip,sigma,epsilon"));
-    // No DP before DP, FL-STD before FL-CS; the private cells report ε <= 2 after 3 rounds.
+    // No DP before DP, FL-STD before FL-CS before the compressor cells; the private cells
+    // report ε <= 2 after 3 rounds.
     assert!(lines[1].starts_with("breast_cancer,FL-STD,1.0000,false"));
-    assert!(lines[4].starts_with("breast_cancer,FL-CS,0.1"));
-    assert!(lines[4].contains(",true,"));
+    assert!(
+        lines[3].starts_with("breast_cancer,FL-STD dgc x16,"),
+        "{csv}"
+    );
+    assert!(lines[5].starts_with("breast_cancer,FL-CS,0.1"));
+    assert!(lines[5].contains(",true,"));
+    assert!(lines[6].starts_with("breast_cancer,FL-STD dgc x16,") && lines[6].contains(",true,"));
+    assert!(runs
+        .join("tiny_fl/cpu/breast_cancer/dgc-x16-dp/summary.json")
+        .is_file());
     let md = std::fs::read_to_string(results.join("tiny_fl.cpu.md")).unwrap();
     assert!(
         md.contains("### breast_cancer with client-level DP"),

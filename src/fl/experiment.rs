@@ -8,9 +8,12 @@
 //! `summary.json`); a cell whose summary exists with the same settings is not run again.
 
 use super::data::{FlData, FlDataset};
-use super::{default_clip, read_rows, FlPrivacy, FlSettings, FlSummary, RoundMetrics};
+use super::{
+    default_clip, read_rows, FlCompressor, FlPrivacy, FlSettings, FlSummary, RoundMetrics,
+};
 use crate::compress::chunked_dct::DctRows;
 use crate::compress::linear_sketch::Scheme;
+use crate::compress::CompressorKind;
 use crate::config::AccountantKind;
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};
@@ -80,6 +83,10 @@ pub struct Grid {
     /// DCT rows of FL-CS: the paper's first ones, random ones, or both (FL-CS runs once each).
     #[serde(default = "first_rows")]
     pub rows: Vec<DctRows>,
+    /// DGC / PowerSGD cells beside the schemes: FL-STD whose whole updates are compressed,
+    /// e.g. `compressors = [{ kind = "dgc", rate = 16.0 }, { kind = "powersgd", rank = 1 }]`.
+    #[serde(default)]
+    pub compressors: Vec<FlCompressor>,
     #[serde(default)]
     pub seed: u64,
 }
@@ -200,6 +207,28 @@ impl FlExperiment {
                         }
                     }
                 }
+                for compressor in &self.grid.compressors {
+                    let mut s = base.clone();
+                    s.scheme = Scheme::Std;
+                    s.ratio = 1.0;
+                    s.compressor = Some(compressor.clone());
+                    s.privacy = dp.then(|| FlPrivacy {
+                        clip: default_clip(d.full_clip, Scheme::Std, 1.0),
+                        noise_multiplier: sigma,
+                        delta: self.grid.delta,
+                        accountant: self.grid.accountant,
+                    });
+                    let setting = match compressor.kind {
+                        CompressorKind::Powersgd => format!("r{}", compressor.rank),
+                        _ => format!("x{}", compressor.rate),
+                    };
+                    let name = format!(
+                        "{}-{setting}{}",
+                        compressor.kind,
+                        if dp { "-dp" } else { "" }
+                    );
+                    cells.push((d.dataset.name().to_string(), name, s));
+                }
             }
         }
         Ok(cells)
@@ -314,11 +343,17 @@ fn order_key(c: &Cell) -> (String, bool, usize, u64) {
         .position(|s| *s == c.settings.scheme)
         .unwrap_or(9)
         + usize::from(c.settings.rows == DctRows::Random && c.settings.scheme == Scheme::Cs);
+    // Compressor cells after the sketches, DGC by rate, PowerSGD by rank.
+    let (scheme, size) = match &c.settings.compressor {
+        Some(k) if k.kind == CompressorKind::Powersgd => (11, k.rank as u64),
+        Some(k) => (10, (k.rate * 1e6) as u64),
+        None => (scheme, (c.settings.ratio * 1e6) as u64),
+    };
     (
         c.dataset.clone(),
         c.settings.privacy.is_some(),
         scheme,
-        (c.settings.ratio * 1e6) as u64,
+        size,
     )
 }
 
