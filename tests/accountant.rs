@@ -320,7 +320,7 @@ fn accountants_fuzz_finite_monotone_and_ordered() {
             log_uniform(&mut rng, 1e-12, 0.1),
         ));
     }
-    let block = |q: f64, sigma: f64, steps: u64| dpcomp::privacy::accountant::StepBlock {
+    let block = |q: f64, sigma: f64, steps: u64| dpcomp::privacy::history::StepBlock {
         noise_multiplier: sigma,
         sample_rate: q,
         steps,

@@ -2,18 +2,11 @@
 //! accountant (Opacus's) or the tighter PLD accountant computes ε. The history is part of every
 //! checkpoint, so a resumed run continues its ε.
 
+use super::history::StepBlock;
 use super::{pld, rdp, validate, validate_delta};
 use crate::config::AccountantKind;
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
-
-/// `steps` identical steps at noise multiplier σ and sampling rate q.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct StepBlock {
-    pub noise_multiplier: f64,
-    pub sample_rate: f64,
-    pub steps: u64,
-}
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Accountant {

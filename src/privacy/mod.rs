@@ -5,6 +5,7 @@ pub mod accountant;
 pub mod calibrate;
 pub mod engine;
 pub mod grad_sample;
+pub mod history;
 pub mod noise;
 pub mod pld;
 pub mod rdp;

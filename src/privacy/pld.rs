@@ -22,7 +22,7 @@
 //! spacing, so a coarser grid only loosens ε (by about the spacing per unit of the composed loss's
 //! spread); `epsilon_detailed` returns the spacing used so callers can say when it was coarsened.
 
-use super::accountant::StepBlock;
+use super::history::StepBlock;
 use super::rdp::log_erfc;
 use super::{validate, validate_delta};
 use crate::error::{Error, Result};
