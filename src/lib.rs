@@ -34,8 +34,8 @@ pub mod prelude {
     pub use crate::data::sampler::{poisson_batches, shuffled_batches};
     pub use crate::error::{Error, Result};
     pub use crate::nn::{
-        Conv2d, Ctx, Embedding, GroupNorm, InstanceNorm2d, LayerGradients, LayerNorm, Linear, Lstm,
-        PerSample, PerSampleGradient, Recorded,
+        Conv2d, Ctx, Embedding, GroupNorm, Gru, InstanceNorm2d, LayerGradients, LayerNorm, Linear,
+        Lstm, MultiheadAttention, PerSample, PerSampleGradient, Recorded,
     };
     pub use crate::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
     pub use crate::privacy::grad_sample::per_sample_of;

@@ -11,7 +11,7 @@
 use super::{check_integer, check_range, wrong_features, Model};
 use crate::data::Features;
 use crate::error::{Error, Result};
-use crate::nn::{Ctx, Embedding, LayerNorm, Linear};
+use crate::nn::{Ctx, Embedding, LayerNorm, Linear, MultiheadAttention};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::Path;
@@ -95,6 +95,20 @@ impl BertConfig {
                 ),
             ));
         }
+        for (field, value) in [
+            ("hidden_dropout_prob", config.hidden_dropout_prob),
+            (
+                "attention_probs_dropout_prob",
+                config.attention_probs_dropout_prob,
+            ),
+        ] {
+            if !(0.0..1.0).contains(&value) {
+                return Err(Error::bad_file(
+                    path,
+                    format!("{field} {value}: expected a probability in [0, 1)"),
+                ));
+            }
+        }
         if config.hidden_size % config.num_attention_heads != 0 {
             return Err(Error::bad_file(
                 path,
@@ -113,10 +127,7 @@ pub struct Embeddings {
 }
 
 pub struct EncoderLayer {
-    pub query: Linear,
-    pub key: Linear,
-    pub value: Linear,
-    pub attention_out: Linear,
+    pub attention: MultiheadAttention,
     pub attention_norm: LayerNorm,
     pub intermediate: Linear,
     pub output: Linear,
@@ -137,10 +148,15 @@ impl EncoderLayer {
         let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
         let attn = p / "attention";
         EncoderLayer {
-            query: Linear::new(&(&attn / "self" / "query"), h, h, true),
-            key: Linear::new(&(&attn / "self" / "key"), h, h, true),
-            value: Linear::new(&(&attn / "self" / "value"), h, h, true),
-            attention_out: Linear::new(&(&attn / "output" / "dense"), h, h, true),
+            attention: MultiheadAttention::from_projections(
+                Linear::new(&(&attn / "self" / "query"), h, h, true),
+                Linear::new(&(&attn / "self" / "key"), h, h, true),
+                Linear::new(&(&attn / "self" / "value"), h, h, true),
+                Linear::new(&(&attn / "output" / "dense"), h, h, true),
+                c.num_attention_heads,
+                c.attention_probs_dropout_prob,
+            )
+            .expect("BertConfig::from_file checks the heads and the dropout"),
             attention_norm: LayerNorm::new(&(&attn / "output" / "LayerNorm"), h, eps),
             intermediate: Linear::new(&(p / "intermediate" / "dense"), h, i, true),
             output: Linear::new(&(p / "output" / "dense"), i, h, true),
@@ -150,34 +166,10 @@ impl EncoderLayer {
 
     /// Post-norm transformer layer. `mask`: bool [B, 1, 1, T], true where a key may be attended.
     fn forward(&self, xs: &Tensor, mask: &Tensor, c: &BertConfig, ctx: &mut Ctx) -> Tensor {
-        let (b, t) = (xs.size()[0], xs.size()[1]);
-        let heads = c.num_attention_heads;
-        let dh = c.hidden_size / heads;
-        let split = |ys: Tensor| ys.view([b, t, heads, dh]).transpose(1, 2);
-        let q = split(self.query.forward(xs, ctx));
-        let k = split(self.key.forward(xs, ctx));
-        let v = split(self.value.forward(xs, ctx));
-        let dropout = if ctx.train {
-            c.attention_probs_dropout_prob
-        } else {
-            0.0
-        };
-        let attended = Tensor::scaled_dot_product_attention(
-            &q,
-            &k,
-            &v,
-            Some(mask),
-            dropout,
-            false,
-            None,
-            false,
-        )
-        .transpose(1, 2)
-        .reshape([b, t, c.hidden_size]);
         let p = c.hidden_dropout_prob;
         let attended = self
-            .attention_out
-            .forward(&attended, ctx)
+            .attention
+            .forward(xs, Some(mask), ctx)
             .dropout(p, ctx.train);
         let xs = self.attention_norm.forward(&(attended + xs), ctx);
         let inner = self.intermediate.forward(&xs, ctx).gelu("none");

@@ -5,16 +5,20 @@
 //! Initialisations follow PyTorch's defaults for the same layer, so that our models start from the
 //! same distribution as the PyTorch baselines in `benches/`.
 
+pub mod attention;
 pub mod conv2d;
 pub mod embedding;
+pub mod gru;
 pub mod linear;
 pub mod lstm;
 pub mod norm;
 pub mod per_sample;
 pub mod tape;
 
+pub use attention::MultiheadAttention;
 pub use conv2d::{Conv2d, Conv2dRecord};
 pub use embedding::{Embedding, EmbeddingRecord};
+pub use gru::{Gru, GruRecord};
 pub use linear::{Linear, LinearRecord};
 pub use lstm::{Lstm, LstmRecord};
 pub use norm::{AffineRecord, GroupNorm, InstanceNorm2d, LayerNorm, Normalization};
