@@ -18,6 +18,8 @@ pub enum Task {
 }
 
 impl Task {
+    pub const ALL: [Task; 4] = [Task::Surnames, Task::Cifar10, Task::Cifar100, Task::Snli];
+
     pub fn name(self) -> &'static str {
         match self {
             Task::Surnames => "surnames",
@@ -31,6 +33,55 @@ impl Task {
 impl std::fmt::Display for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// What a run trains: one of the paper's tasks (data and model built by `tasks::prepare`), or a
+/// model and data of one's own handed to `Trainer::with_model` under a name of one's choosing.
+/// In `config.toml` both are a plain string (`task = "cifar10"`, `task = "my-tabular-mlp"`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum TaskName {
+    Builtin(Task),
+    Own(String),
+}
+
+impl TaskName {
+    /// The built-in task, or an error for a run of one's own (its model and data exist only in
+    /// the program that trained it: `Trainer::resume_with_model`).
+    pub fn builtin(&self) -> Result<Task> {
+        match self {
+            TaskName::Builtin(task) => Ok(*task),
+            TaskName::Own(name) => Err(Error::bad_value(
+                "task",
+                format!(
+                    "{name:?} is a model of one's own, not one of surnames, cifar10, cifar100, snli: \
+                     its model and data come from the program that trains it (`Trainer::with_model`, \
+                     `Trainer::resume_with_model`)"
+                ),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for TaskName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TaskName::Builtin(task) => task.fmt(f),
+            TaskName::Own(name) => f.write_str(name),
+        }
+    }
+}
+
+impl PartialEq<Task> for TaskName {
+    fn eq(&self, other: &Task) -> bool {
+        *self == TaskName::Builtin(*other)
+    }
+}
+
+impl From<Task> for TaskName {
+    fn from(task: Task) -> Self {
+        TaskName::Builtin(task)
     }
 }
 
@@ -130,7 +181,7 @@ pub enum GradSampleMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
-    pub task: Task,
+    pub task: TaskName,
     pub epochs: usize,
     pub batch_size: usize,
     pub lr: f64,
@@ -253,6 +304,22 @@ fn one_i64() -> i64 {
 }
 
 impl TrainConfig {
+    /// Settings for a model of one's own named `name` (`Trainer::with_model`): SGD at learning
+    /// rate 0.1, batch size 64, 10 epochs, radius C = 1, δ = 1e-5, no privacy until
+    /// `noise_multiplier` is set. Every field is public: set what differs.
+    pub fn own(name: &str) -> Self {
+        TrainConfig {
+            task: TaskName::Own(name.to_string()),
+            lr: 0.1,
+            batch_size: 64,
+            epochs: 10,
+            max_grad_norm: 1.0,
+            delta: 1e-5,
+            eval_batch_size: 1024,
+            ..TrainConfig::paper_defaults(Task::Cifar10)
+        }
+    }
+
     /// The paper's settings for `task`: learning rate, batch size, epochs and clipping radius.
     pub fn paper_defaults(task: Task) -> Self {
         let (lr, batch_size, epochs, max_grad_norm) = match task {
@@ -262,7 +329,7 @@ impl TrainConfig {
             Task::Cifar100 => (1.0, 64, 100, 1000.0),
         };
         TrainConfig {
-            task,
+            task: TaskName::Builtin(task),
             epochs,
             batch_size,
             lr,
@@ -333,6 +400,14 @@ impl TrainConfig {
                 ))
             }
         };
+        if let TaskName::Own(name) = &self.task {
+            if name.trim().is_empty() || Task::ALL.iter().any(|t| t.name() == name) {
+                return Err(Error::bad_value(
+                    "task",
+                    format!("{name:?}: a model of one's own needs a non-empty name that is not a built-in task's"),
+                ));
+            }
+        }
         positive("epochs", self.epochs as f64)?;
         positive("batch_size", self.batch_size as f64)?;
         positive("eval_batch_size", self.eval_batch_size as f64)?;
@@ -695,8 +770,10 @@ impl TrainOverrides {
         macro_rules! set_optional {
             ($($field:ident),* $(,)?) => { $( if self.$field.is_some() { config.$field = self.$field; } )* };
         }
+        if let Some(task) = self.task {
+            config.task = TaskName::Builtin(task);
+        }
         set!(
-            task,
             epochs,
             batch_size,
             lr,

@@ -560,7 +560,7 @@ pub fn upload_estimates(cells: &[Cell]) -> Vec<Result<crate::train::upload::Uplo
             if !known.iter().any(|(k, _, _)| *k == key) {
                 let data = crate::tasks::load_data(c)?;
                 let model = crate::tasks::build_model(
-                    c.task,
+                    c.task.builtin()?,
                     data.classes.len() as i64,
                     tch::Device::Cpu,
                     &c.bert_dir,

@@ -10,7 +10,7 @@ use tch::Device;
 /// Loads the task's train and test splits from the data folder, applying `limit_train`.
 pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
     let root = data::data_dir(config.data_dir.as_deref());
-    let mut data = match config.task {
+    let mut data = match config.task.builtin()? {
         Task::Surnames => names::load(&root.join("names"), config.seed)?,
         Task::Cifar10 => cifar::load_cifar10(&root.join("cifar-10-batches-bin"), config.augment)?,
         Task::Cifar100 => cifar::load_cifar100(
@@ -39,11 +39,12 @@ pub fn prepare(config: &TrainConfig) -> Result<(Device, TaskData, Box<dyn Model>
     let data = load_data(config)?;
     tch::manual_seed(config.seed as i64);
     let classes = data.classes.len() as i64;
-    let bert_dir = match config.task {
+    let task = config.task.builtin()?;
+    let bert_dir = match task {
         Task::Snli => resolve_bert_dir(&config.bert_dir)?,
         _ => config.bert_dir.clone(),
     };
-    let model = build_model(config.task, classes, device, &bert_dir)?;
+    let model = build_model(task, classes, device, &bert_dir)?;
     check_data(model.as_ref(), &data, classes)?;
     Ok((device, hold_on_device(data, device), model))
 }

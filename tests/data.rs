@@ -378,13 +378,13 @@ fn device_held_batches_equal_host_batches() {
                     Vec::try_from(&attention_mask.flatten(0, -1)).unwrap(),
                     vec![ids.size()[1]],
                 ],
-                Features::Images(_) => unreachable!(),
+                Features::Images(_) | Features::Rows(_) => unreachable!(),
             }
         };
         assert_eq!(flat(&a.features), flat(&b.features));
         let full_width = match &host.features {
             Features::Tokens { ids, .. } | Features::TextPair { ids, .. } => ids.size()[1],
-            Features::Images(_) => unreachable!(),
+            Features::Images(_) | Features::Rows(_) => unreachable!(),
         };
         let width = *flat(&b.features).last().unwrap().last().unwrap();
         assert!(width < full_width, "trimmed {width} of {full_width}");

@@ -288,7 +288,7 @@ fn config_file_then_flags_then_errors() {
             config.batch_size,
             config.max_grad_norm
         ),
-        (Task::Cifar10, 7, 0.01, 128, 5.0)
+        (Task::Cifar10.into(), 7, 0.01, 128, 5.0)
     );
 
     std::fs::write(&file, "task = \"cifar10\"\nepoch = 7\n").unwrap();

@@ -182,6 +182,7 @@ fn per_sample_checks(device: Device, bert_dir: Option<&std::path::Path>) -> Resu
         to_double(model.as_ref());
         let features = match features.to_device(device) {
             Features::Images(x) => Features::Images(x.to_kind(Kind::Double)),
+            Features::Rows(x) if x.is_floating_point() => Features::Rows(x.to_kind(Kind::Double)),
             other => other,
         };
         checks.extend(per_sample_gap(

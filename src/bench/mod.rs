@@ -131,6 +131,7 @@ fn save_batch(batch: &Batch, path: &std::path::Path) -> Result<()> {
             ("lengths", lengths.shallow_clone()),
         ],
         Features::Images(x) => vec![("images", x.shallow_clone())],
+        Features::Rows(x) => vec![("rows", x.shallow_clone())],
         Features::TextPair {
             ids,
             token_types,

@@ -27,6 +27,10 @@ pub enum Features {
         token_types: Tensor,
         attention_mask: Tensor,
     },
+    /// A model of one's own: any tensor with one example per index of its first dimension
+    /// (tabular rows [N, d], sequences of vectors [N, T, d], ...), float or integer, batched as
+    /// it is (no padding is trimmed, no transform applied).
+    Rows(Tensor),
 }
 
 impl Features {
@@ -44,7 +48,7 @@ impl Features {
     pub fn widths(&self) -> Option<Tensor> {
         match self {
             Features::Tokens { lengths, .. } => Some(lengths.shallow_clone()),
-            Features::Images(_) => None,
+            Features::Images(_) | Features::Rows(_) => None,
             Features::TextPair { attention_mask, .. } => {
                 Some(attention_mask.sum_dim_intlist(1, false, Kind::Int64))
             }
@@ -64,6 +68,7 @@ impl Features {
                 lengths: lengths.index_select(0, index),
             },
             Features::Images(images) => Features::Images(images.index_select(0, index)),
+            Features::Rows(rows) => Features::Rows(rows.index_select(0, index)),
             Features::TextPair {
                 ids,
                 token_types,
@@ -84,6 +89,7 @@ impl Features {
                 lengths: lengths.to_device(device),
             },
             Features::Images(images) => Features::Images(images.to_device(device)),
+            Features::Rows(rows) => Features::Rows(rows.to_device(device)),
             Features::TextPair {
                 ids,
                 token_types,
@@ -219,7 +225,7 @@ impl Dataset {
         let size = |t: &Tensor| t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
         let features = match &self.features {
             Features::Tokens { ids, lengths } => size(ids) + size(lengths),
-            Features::Images(images) => size(images),
+            Features::Images(images) | Features::Rows(images) => size(images),
             Features::TextPair {
                 ids,
                 token_types,

@@ -69,6 +69,7 @@ pub(crate) fn wrong_features(model: &str, expected: &str, features: &Features) -
     let got = match features {
         Features::Tokens { .. } => "token sequences",
         Features::Images(_) => "images",
+        Features::Rows(_) => "rows of a model of one's own",
         Features::TextPair { .. } => "sentence pairs",
     };
     Error::bad_value(

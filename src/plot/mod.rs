@@ -120,8 +120,12 @@ pub(crate) fn setting_label(c: &CellLog) -> String {
         .config
         .compressor_spec()
         .map_or_else(|_| c.summary.compressor.clone(), |s| s.label());
-    let default = TrainConfig::paper_defaults(c.config.task).max_grad_norm;
-    if c.config.max_grad_norm == default {
+    let default = c
+        .config
+        .task
+        .builtin()
+        .map(|task| TrainConfig::paper_defaults(task).max_grad_norm);
+    if default.ok() == Some(c.config.max_grad_norm) {
         label
     } else {
         format!("{label}, C {}", c.config.max_grad_norm)

@@ -17,7 +17,7 @@ pub mod upload;
 
 use crate::analysis::{fixed_batches, gradient_error};
 use crate::compress::message::paper_gib;
-use crate::config::{ClippingMode, OptimizerKind, Sampling, TrainConfig, TrainOverrides};
+use crate::config::{ClippingMode, OptimizerKind, Sampling, TaskName, TrainConfig, TrainOverrides};
 use crate::data::sampler;
 use crate::data::{Batch, Dataset, TaskData};
 use crate::error::{Error, Result, SettingConflict};
@@ -131,6 +131,12 @@ fn steps_per_epoch_of(examples: i64, batch_size: usize) -> i64 {
     (examples + batch - 1) / batch
 }
 
+/// A model and data of one's own, handed to `Trainer::with_model`.
+struct OwnTask {
+    model: Box<dyn Model>,
+    data: TaskData,
+}
+
 /// A model, its data and optimiser, and where the run writes.
 pub struct Trainer {
     pub config: TrainConfig,
@@ -156,12 +162,33 @@ pub struct Trainer {
 impl Trainer {
     /// A fresh run in `run_dir`, which must not hold another run's checkpoint. Writes
     /// `config.toml` before anything else.
-    pub fn new(mut config: TrainConfig, run_dir: &Path) -> Result<Self> {
+    pub fn new(config: TrainConfig, run_dir: &Path) -> Result<Self> {
+        Self::start(config, run_dir, None)
+    }
+
+    /// A fresh run of a model and data of one's own (`config.task` is `TaskName::Own`, e.g. from
+    /// `TrainConfig::own`): everything `new` gives a built-in task (Poisson sampling, the privacy
+    /// engine and its accountant, compressors, checkpoints, metrics, `resume_with_model`). The
+    /// model's forward takes the batches `data` gives (`Features::Rows` for tensors of one's
+    /// own); seed LibTorch (`tch::manual_seed`) before building it for a reproducible start.
+    pub fn with_model(
+        config: TrainConfig,
+        run_dir: &Path,
+        model: Box<dyn Model>,
+        data: TaskData,
+    ) -> Result<Self> {
+        Self::start(config, run_dir, Some(OwnTask { model, data }))
+    }
+
+    fn start(mut config: TrainConfig, run_dir: &Path, own: Option<OwnTask>) -> Result<Self> {
         config.validate()?;
         // Record the data folder this run reads, resolved ($DPCOMP_DATA or data/) and
         // absolute, so `eval`, `resume` and analyses find it later from anywhere.
-        let data = crate::data::data_dir(config.data_dir.as_deref());
-        config.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
+        // (A run of one's own reads no data folder.)
+        if own.is_none() {
+            let data = crate::data::data_dir(config.data_dir.as_deref());
+            config.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
+        }
         if checkpoint::find(run_dir).is_some() {
             return Err(Error::bad_value(
                 "run_dir",
@@ -180,7 +207,7 @@ impl Trainer {
         for stale in ["metrics.jsonl", "upstream.csv", "summary.json"] {
             let _ = std::fs::remove_file(run_dir.join(stale));
         }
-        Self::build(config, run_dir, lock).inspect_err(|_| {
+        Self::build(config, run_dir, lock, own).inspect_err(|_| {
             // A start that failed before training (missing data, a bad option) leaves nothing
             // behind: not a folder holding only config.toml that looks like a run.
             let _ = std::fs::remove_file(&config_path);
@@ -208,6 +235,26 @@ impl Trainer {
     /// done and the run's σ and q, the logs against the epochs done; `config.toml` is rewritten
     /// only after all of that has passed.
     pub fn resume_with(run_dir: &Path, overrides: TrainOverrides) -> Result<Self> {
+        Self::continue_run(run_dir, overrides, None)
+    }
+
+    /// Continues a run of a model and data of one's own (`with_model`) from its last checkpoint,
+    /// under the same rules as `resume_with`; `model` is built as it was at the start (its
+    /// weights are then read from the checkpoint).
+    pub fn resume_with_model(
+        run_dir: &Path,
+        overrides: TrainOverrides,
+        model: Box<dyn Model>,
+        data: TaskData,
+    ) -> Result<Self> {
+        Self::continue_run(run_dir, overrides, Some(OwnTask { model, data }))
+    }
+
+    fn continue_run(
+        run_dir: &Path,
+        overrides: TrainOverrides,
+        own: Option<OwnTask>,
+    ) -> Result<Self> {
         let lock = RunLock::acquire(run_dir)?;
         let config_path = run_dir.join("config.toml");
         let saved = TrainConfig::from_toml_file(&config_path)?;
@@ -244,7 +291,7 @@ impl Trainer {
                 ),
             ));
         }
-        let mut trainer = Self::build(config, run_dir, lock)?;
+        let mut trainer = Self::build(config, run_dir, lock, own)?;
         trainer.check_accountant(&state, &dir)?;
         if let (Some(engine), Some(accountant)) =
             (trainer.privacy.as_mut(), state.accountant.clone())
@@ -344,11 +391,39 @@ impl Trainer {
         }
     }
 
-    fn build(config: TrainConfig, run_dir: &Path, lock: RunLock) -> Result<Self> {
+    fn build(
+        config: TrainConfig,
+        run_dir: &Path,
+        lock: RunLock,
+        own: Option<OwnTask>,
+    ) -> Result<Self> {
         for warning in config.warnings() {
             eprintln!("warning: {warning}");
         }
-        let (device, data, model) = tasks::prepare(&config)?;
+        let (device, data, model) = match (own, &config.task) {
+            (None, _) => tasks::prepare(&config)?,
+            (Some(OwnTask { model, data }), TaskName::Own(_)) => {
+                let device = config.device.device()?;
+                tasks::check_data(model.as_ref(), &data, data.classes.len() as i64)?;
+                if let Some((name, p)) = model
+                    .trainable_variables()
+                    .into_iter()
+                    .find(|(_, p)| p.device() != device)
+                {
+                    return Err(Error::bad_value(
+                        "device",
+                        format!("{device:?}, but the model's parameter {name} is on {:?}: build the model on the run's device", p.device()),
+                    ));
+                }
+                (device, tasks::hold_on_device(data, device), model)
+            }
+            (Some(_), TaskName::Builtin(task)) => {
+                return Err(Error::bad_value(
+                    "task",
+                    format!("{task} is a built-in task, but a model was given: name a task of one's own (`TrainConfig::own`)"),
+                ))
+            }
+        };
         let params = model.trainable_variables();
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
         let compressor = config.compressor_spec()?.link(&shapes, device)?;

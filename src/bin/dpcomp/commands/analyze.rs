@@ -169,7 +169,7 @@ fn clipping(args: ClippingArgs) -> Result<()> {
     let params = model.trainable_variables();
     let batches = fixed_batches(data.train.len(), config.batch_size, args.batches);
     let sweeps = clipping::sweep(
-        config.task.name(),
+        &config.task.to_string(),
         epoch,
         model.as_ref(),
         &params,

@@ -47,7 +47,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         let out = args
             .out
             .clone()
-            .unwrap_or_else(|| PathBuf::from("runs").join(config.task.name()));
+            .unwrap_or_else(|| PathBuf::from("runs").join(config.task.to_string()));
         Trainer::new(config, &out)?
     };
     trainer.progress = !args.quiet;
