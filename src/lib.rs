@@ -10,8 +10,10 @@ pub mod convex;
 pub mod cuda_memory;
 pub mod data;
 pub mod error;
+pub mod experiment;
 pub mod fl;
 pub mod grid;
+pub mod json_floats;
 pub mod models;
 pub mod nn;
 pub mod plot;
@@ -25,14 +27,18 @@ pub use error::{Error, Result};
 pub use models::Model;
 pub use train::Trainer;
 
-/// What a private training loop over a model and data of one's own needs: the layers and the
-/// context that records them, the trait for a layer kind of one's own, the per-sample gradients
-/// of a forward pass, the privacy engine, the optimisers and Poisson sampling. See
-/// `examples/private_tabular.rs` for the whole loop.
+/// What training a model and data of one's own needs: the layers and the context that records
+/// them, the trait for a layer kind of one's own, the per-sample gradients of a forward pass, the
+/// privacy engine, the optimisers and Poisson sampling for a loop of one's own
+/// (`examples/private_tabular.rs`); or the `Trainer` with its configuration, datasets and
+/// compressors, which runs the loop with checkpoints and resumes (`examples/own_model_trainer.rs`).
 pub mod prelude {
-    pub use crate::config::AccountantKind;
+    pub use crate::compress::CompressorKind;
+    pub use crate::config::{AccountantKind, DeviceChoice, TrainConfig, TrainOverrides};
     pub use crate::data::sampler::{poisson_batches, shuffled_batches};
+    pub use crate::data::{Dataset, Features, TaskData};
     pub use crate::error::{Error, Result};
+    pub use crate::models::Model;
     pub use crate::nn::{
         Conv2d, Ctx, Embedding, GroupNorm, Gru, InstanceNorm2d, LayerGradients, LayerNorm, Linear,
         Lstm, MultiheadAttention, PerSample, PerSampleGradient, Recorded,
@@ -41,6 +47,8 @@ pub mod prelude {
     pub use crate::privacy::grad_sample::per_sample_of;
     pub use crate::privacy::noise::NoiseSource;
     pub use crate::train::adam::Adam;
+    pub use crate::train::metrics::Summary;
     pub use crate::train::optimizer::Optimizer;
     pub use crate::train::sgd::Sgd;
+    pub use crate::train::Trainer;
 }

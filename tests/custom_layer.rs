@@ -9,7 +9,7 @@ use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, LayerGradients, Linear, PerSample, PerSampleGradient, Recorded};
 use dpcomp::privacy::grad_sample::clip_and_sum;
-use dpcomp::train::private::{per_sample_in_order, PerSampleBatch};
+use dpcomp::privacy::grad_sample::{per_sample_in_order, PerSampleBatch};
 use tch::{nn, Device, Kind, Tensor};
 
 /// y = x ⊙ w + b per feature (w, b in R^d): a learned per-feature scale and shift.
@@ -117,10 +117,10 @@ impl Net {
     }
 }
 
-/// Until the model input is opened (issue 16, step 6) a user's rows travel as `Features::Images`.
+/// A user's rows travel as `Features::Rows`.
 impl Model for Net {
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> dpcomp::error::Result<Tensor> {
-        let Features::Images(xs) = features else {
+        let Features::Rows(xs) = features else {
             panic!("rows expected");
         };
         let h = self.first.forward(xs, ctx).tanh();
@@ -141,7 +141,7 @@ fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {
 fn batch() -> Batch {
     tch::manual_seed(3);
     Batch {
-        features: Features::Images(Tensor::randn([5, 6], (Kind::Double, Device::Cpu))),
+        features: Features::Rows(Tensor::randn([5, 6], (Kind::Double, Device::Cpu))),
         labels: Tensor::from_slice(&[0i64, 2, 1, 1, 0]),
     }
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use dpcomp::experiment::ExperimentFile;
 use dpcomp::grid::{cell_state, CellState, Experiment};
 use dpcomp::privacy::calibrate::epsilon_for;
 
@@ -165,46 +166,48 @@ fn every_experiment_file_resolves_in_both_profiles() {
         if path.extension().is_none_or(|e| e != "toml") {
             continue;
         }
-        if dpcomp::convex::experiment::is_convex(&path).unwrap() {
-            let convex = dpcomp::convex::experiment::ConvexExperiment::from_file(&path).unwrap();
-            assert!(convex.profiles.contains_key("cpu") && convex.profiles.contains_key("full"));
-            assert_eq!(convex.profiles["cpu"].seeds, 20);
-            continue;
-        }
-        if dpcomp::fl::experiment::is_fl(&path).unwrap() {
-            let fl = dpcomp::fl::experiment::FlExperiment::from_file(&path).unwrap();
-            for profile in ["cpu", "full"] {
-                let cells = fl.cells(profile).unwrap();
-                // Per dataset: FL-STD, 3 ratios of RND and FREQ, 3 x 2 row choices of CS; x DP.
-                assert_eq!(cells.len(), 2 * 2 * (1 + 3 + 3 + 6), "{profile}");
-                let private = cells.iter().filter(|(_, _, s)| s.privacy.is_some()).count();
-                assert_eq!(
-                    private,
-                    cells.len() / 2,
-                    "{profile}: half the cells are private"
+        let experiment = match ExperimentFile::open(&path).unwrap() {
+            ExperimentFile::Training(experiment) => experiment,
+            ExperimentFile::Convex(convex) => {
+                assert!(
+                    convex.profiles.contains_key("cpu") && convex.profiles.contains_key("full")
                 );
-                for (dataset, name, settings) in &cells {
-                    settings.validate().unwrap();
-                    // Private cells reach ε <= 1 after their rounds (σ from the accountant).
-                    if let Some(p) = settings.privacy {
-                        let eps = dpcomp::privacy::calibrate::epsilon_for(
-                            p.noise_multiplier,
-                            settings.fraction,
-                            settings.rounds as u64,
-                            p.delta,
-                        )
-                        .unwrap();
-                        assert!(eps <= 1.0 + 1e-9 && eps > 0.99, "{dataset}/{name}: {eps}");
+                assert_eq!(convex.profiles["cpu"].seeds, 20);
+                continue;
+            }
+            ExperimentFile::Federated(fl) => {
+                for profile in ["cpu", "full"] {
+                    let cells = fl.cells(profile).unwrap();
+                    // Per dataset: FL-STD, 3 ratios of RND and FREQ, 3 x 2 row choices of CS; x DP.
+                    assert_eq!(cells.len(), 2 * 2 * (1 + 3 + 3 + 6), "{profile}");
+                    let private = cells.iter().filter(|(_, _, s)| s.privacy.is_some()).count();
+                    assert_eq!(
+                        private,
+                        cells.len() / 2,
+                        "{profile}: half the cells are private"
+                    );
+                    for (dataset, name, settings) in &cells {
+                        settings.validate().unwrap();
+                        // Private cells reach ε <= 1 after their rounds (σ from the accountant).
+                        if let Some(p) = settings.privacy {
+                            let eps = dpcomp::privacy::calibrate::epsilon_for(
+                                p.noise_multiplier,
+                                settings.fraction,
+                                settings.rounds as u64,
+                                p.delta,
+                            )
+                            .unwrap();
+                            assert!(eps <= 1.0 + 1e-9 && eps > 0.99, "{dataset}/{name}: {eps}");
+                        }
                     }
                 }
+                let cpu = fl.cells("cpu").unwrap();
+                assert!(cpu
+                    .iter()
+                    .any(|(d, _, s)| d == "fashion-mnist" && s.rounds == 100));
+                continue;
             }
-            let cpu = fl.cells("cpu").unwrap();
-            assert!(cpu
-                .iter()
-                .any(|(d, _, s)| d == "fashion-mnist" && s.rounds == 100));
-            continue;
-        }
-        let experiment = Experiment::from_file(&path).unwrap();
+        };
         for profile in ["cpu", "full"] {
             let cells = experiment.cells(profile, &[]).unwrap();
             assert!(!cells.is_empty(), "{}", path.display());
@@ -222,6 +225,46 @@ fn every_experiment_file_resolves_in_both_profiles() {
         seen += 1;
     }
     assert!(seen >= 8);
+}
+
+#[test]
+fn experiment_files_are_routed_by_kind_and_only_training_grids_take_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("odd.toml");
+    std::fs::write(&path, "name = \"odd\"\nkind = \"quantum\"\n").unwrap();
+    let err = ExperimentFile::open(&path).err().unwrap().to_string();
+    assert!(
+        err.contains("kind \"quantum\"") && err.contains("odd.toml"),
+        "{err}"
+    );
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+    let only = vec![("seed".to_string(), "0".to_string())];
+    let runs = dir.path().join("runs");
+    for (file, kind) in [("convex.toml", "convex"), ("fl_cs.toml", "federated")] {
+        let experiment = ExperimentFile::open(&root.join(file)).unwrap();
+        let err = experiment
+            .run("cpu", &only, &runs, None, false)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.starts_with("only:") && err.contains(kind),
+            "{file}: {err}"
+        );
+    }
+    assert!(!runs.exists(), "a refused run wrote nothing");
+    let surnames = ExperimentFile::open(&root.join("surnames_dgc.toml")).unwrap();
+    assert_eq!(
+        surnames.folder(&runs, "cpu"),
+        runs.join("surnames_dgc").join("cpu")
+    );
+    let by_rate = vec![("rate".to_string(), "16".to_string())];
+    let listed = surnames.list("cpu", &by_rate, &runs).unwrap();
+    assert!(!listed.is_empty() && listed.iter().all(|c| c.state == "new"));
+    assert!(
+        listed.iter().all(|c| c.name.contains("rate-16")),
+        "--only selects"
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Gru, Linear, MultiheadAttention};
 use dpcomp::privacy::grad_sample::clip_and_sum;
-use dpcomp::train::private::{per_sample_in_order, PerSampleBatch};
+use dpcomp::privacy::grad_sample::{per_sample_in_order, PerSampleBatch};
 use tch::{nn, Device, Kind, Reduction, Tensor};
 
 fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -16,7 +16,7 @@ fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {
     (a - b).abs().max().double_value(&[]) / scale
 }
 
-/// Linear -> GRU -> the state at the last step -> Linear; rows are `Features::Images` [B, T, 5].
+/// Linear -> GRU -> the state at the last step -> Linear; rows are `Features::Rows` [B, T, 5].
 struct GruNet {
     vs: nn::VarStore,
     first: Linear,
@@ -46,7 +46,7 @@ impl GruNet {
 
 impl Model for GruNet {
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> dpcomp::error::Result<Tensor> {
-        let Features::Images(xs) = features else {
+        let Features::Rows(xs) = features else {
             panic!("sequences of rows expected");
         };
         let hs = self.gru.forward(&self.first.forward(xs, ctx).tanh(), ctx);
@@ -91,7 +91,7 @@ impl Model for AttentionNet {
     /// The mask is per example: the rows given are looked up by their first feature, which the
     /// batch sets to the example's index (so the per-example oracle sees the same mask row).
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> dpcomp::error::Result<Tensor> {
-        let Features::Images(xs) = features else {
+        let Features::Rows(xs) = features else {
             panic!("sequences of rows expected");
         };
         let index = xs.select(2, 0).select(1, 0).to_kind(Kind::Int64);
@@ -194,7 +194,7 @@ fn gru_hand_written_backward_equals_autograd() {
     let net = GruNet::new(2);
     let xs = Tensor::randn([5, 6, 5], (Kind::Double, Device::Cpu));
     let labels = Tensor::from_slice(&[0i64, 2, 1, 1, 2]);
-    let features = Features::Images(xs);
+    let features = Features::Rows(xs);
     let grads = |ctx: &mut Ctx| {
         for (_, p) in net.trainable_variables() {
             p.shallow_clone().zero_grad();
@@ -228,7 +228,7 @@ fn gru_per_sample_gradients_equal_per_example_autograd() {
     let net = GruNet::new(3);
     tch::manual_seed(30);
     let batch = Batch {
-        features: Features::Images(Tensor::randn([6, 5, 5], (Kind::Double, Device::Cpu))),
+        features: Features::Rows(Tensor::randn([6, 5, 5], (Kind::Double, Device::Cpu))),
         labels: Tensor::from_slice(&[0i64, 2, 1, 1, 0, 2]),
     };
     check_against_per_example_autograd(&net, &batch);
@@ -244,9 +244,9 @@ fn attention_per_sample_gradients_equal_per_example_autograd() {
     tch::manual_seed(40);
     let xs = Tensor::randn([5, 4, 5], (Kind::Double, Device::Cpu));
     let index = Tensor::arange(5, (Kind::Double, Device::Cpu));
-    let _ = xs.select(2, 0).select(1, 0).copy_(&index);
+    xs.select(2, 0).select(1, 0).copy_(&index);
     let batch = Batch {
-        features: Features::Images(xs),
+        features: Features::Rows(xs),
         labels: Tensor::from_slice(&[1i64, 0, 2, 2, 1]),
     };
     check_against_per_example_autograd(&net, &batch);

@@ -9,10 +9,10 @@ use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear};
 use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
+use dpcomp::privacy::grad_sample::per_sample_in_order;
 use dpcomp::privacy::noise::NoiseSource;
 use dpcomp::train::adam::Adam;
 use dpcomp::train::optimizer::Optimizer;
-use dpcomp::train::private::per_sample_in_order;
 use dpcomp::train::update::Updater;
 use dpcomp::train::{checkpoint, Trainer};
 use tch::{nn, Device, Kind, Tensor};
@@ -85,7 +85,7 @@ struct Mlp {
 
 impl Model for Mlp {
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> dpcomp::error::Result<Tensor> {
-        let Features::Images(xs) = features else {
+        let Features::Rows(xs) = features else {
             panic!("rows expected");
         };
         Ok(self.last.forward(&self.first.forward(xs, ctx).tanh(), ctx))
@@ -109,7 +109,7 @@ fn dp_adam_applies_adam_to_the_noised_clipped_mean() {
     vs.double();
     let model = Mlp { vs, first, last };
     let batch = Batch {
-        features: Features::Images(Tensor::randn([6, 4], (Kind::Double, Device::Cpu))),
+        features: Features::Rows(Tensor::randn([6, 4], (Kind::Double, Device::Cpu))),
         labels: Tensor::from_slice(&[0i64, 1, 2, 2, 1, 0]),
     };
     let params = model.trainable_variables();

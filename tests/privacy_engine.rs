@@ -12,13 +12,13 @@ use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear};
 use dpcomp::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
+use dpcomp::privacy::grad_sample::per_sample_in_order;
 use dpcomp::privacy::noise::NoiseSource;
-use dpcomp::train::private::per_sample_in_order;
 use dpcomp::train::Trainer;
 use std::collections::HashMap;
 use tch::{nn, Device, Kind, Tensor};
 
-/// Linear -> tanh -> Linear on rows (carried as `Features::Images` until model input opens).
+/// Linear -> tanh -> Linear on rows (`Features::Rows`).
 struct Mlp {
     vs: nn::VarStore,
     first: Linear,
@@ -39,7 +39,7 @@ impl Mlp {
 
 impl Model for Mlp {
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> dpcomp::error::Result<Tensor> {
-        let Features::Images(xs) = features else {
+        let Features::Rows(xs) = features else {
             panic!("rows expected");
         };
         let h = self.first.forward(xs, ctx).tanh();
@@ -54,7 +54,7 @@ impl Model for Mlp {
 fn batch() -> Batch {
     tch::manual_seed(4);
     Batch {
-        features: Features::Images(Tensor::randn([8, 5], (Kind::Double, Device::Cpu)) * 2.0),
+        features: Features::Rows(Tensor::randn([8, 5], (Kind::Double, Device::Cpu)) * 2.0),
         labels: Tensor::from_slice(&[0i64, 1, 2, 0, 1, 2, 0, 1]),
     }
 }

@@ -83,11 +83,6 @@ impl ConvexExperiment {
     }
 }
 
-/// Whether an experiment file is a convex one (`kind = "convex"`).
-pub fn is_convex(path: &Path) -> Result<bool> {
-    Ok(crate::grid::experiment_kind(path)?.as_deref() == Some("convex"))
-}
-
 fn mean_sd(values: &[f64]) -> (f64, f64) {
     let n = values.len() as f64;
     let mean = values.iter().sum::<f64>() / n;

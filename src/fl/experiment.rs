@@ -235,11 +235,6 @@ impl FlExperiment {
     }
 }
 
-/// Whether an experiment file is a federated one (`kind = "fl"`).
-pub fn is_fl(path: &Path) -> Result<bool> {
-    Ok(crate::grid::experiment_kind(path)?.as_deref() == Some("fl"))
-}
-
 /// A finished cell: its settings, summary and per-round metrics.
 #[derive(Debug, Clone)]
 pub struct Cell {
@@ -282,7 +277,7 @@ pub fn run(
 }
 
 /// A cell is finished when its summary exists and its config equals `settings`.
-fn finished(dir: &Path, settings: &FlSettings) -> bool {
+pub fn finished(dir: &Path, settings: &FlSettings) -> bool {
     let same_config = std::fs::read_to_string(dir.join("config.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<FlSettings>(&t).ok())
@@ -357,7 +352,7 @@ fn order_key(c: &Cell) -> (String, bool, usize, u64) {
     )
 }
 
-fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
+pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
     let mut csv = String::from(
         "dataset,scheme,ratio,dp,clip,sigma,epsilon,delta,metric,best,round,accuracy,balanced_accuracy,auroc,cost_kb,upstream_kb,rounds_run,parameters,message_length,server_s,client_s\n",
     );

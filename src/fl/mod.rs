@@ -307,7 +307,7 @@ pub fn default_full_clip(dataset: FlDataset) -> f64 {
 pub struct RoundMetrics {
     pub round: usize,
     pub clients: usize,
-    #[serde(deserialize_with = "crate::train::metrics::nan_if_null")]
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub test_loss: f64,
     pub accuracy: f64,
     pub balanced_accuracy: f64,

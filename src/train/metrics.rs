@@ -2,6 +2,7 @@
 //! `summary.json` at the end of a run.
 
 use crate::error::{Error, Result};
+use crate::json_floats::{epsilon_json, nan_if_null};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
@@ -46,46 +47,6 @@ pub struct EpochMetrics {
     /// element / 8 / 2^30 (`compress::message`; the paper's "Gb").
     #[serde(default, deserialize_with = "nan_if_null")]
     pub upstream_paper_gib: f64,
-}
-
-/// JSON has no NaN: serde_json writes a diverged run's NaN loss as `null`; read it back as NaN
-/// so that the run's logs stay readable (resume, plots, analyses).
-pub fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
-    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
-}
-
-/// ε in JSON: a number, "inf" when infinite (JSON has no infinity, and serde_json would write
-/// `null`, which reads as "not private"), or null without privacy.
-pub mod epsilon_json {
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(value: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-        match value {
-            Some(e) if e.is_infinite() => s.serialize_str("inf"),
-            Some(e) => s.serialize_f64(*e),
-            None => s.serialize_none(),
-        }
-    }
-
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Stored {
-        Number(f64),
-        Text(String),
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-        match Option::<Stored>::deserialize(d)? {
-            None => Ok(None),
-            Some(Stored::Number(e)) => Ok(Some(e)),
-            Some(Stored::Text(t)) if matches!(t.as_str(), "inf" | "infinity" | "Infinity") => {
-                Ok(Some(f64::INFINITY))
-            }
-            Some(Stored::Text(t)) => Err(serde::de::Error::custom(format!(
-                "epsilon {t:?}: expected a number, \"inf\" or null"
-            ))),
-        }
-    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

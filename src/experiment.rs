@@ -1,0 +1,239 @@
+//! One runner for the three kinds of experiment file (issue 16): deep-learning training grids
+//! (`grid::Experiment`, no `kind`), convex DP-SGD sweeps (`kind = "convex"`) and federated grids
+//! (`kind = "fl"`). Each kind keeps its own cells and tables; this module is what `dpcomp grid`
+//! and a program of one's own call: open the file, list its cells, run what is not finished
+//! (each kind resumes or skips finished cells), rewrite the tables, copy them out.
+//!
+//! Every kind writes under `<runs>/<name>/<profile>/`: cell folders, `results.{csv,md}` and, for
+//! the convex and federated kinds, their figures.
+
+use crate::convex::experiment::ConvexExperiment;
+use crate::error::{Error, Result};
+use crate::fl::experiment::FlExperiment;
+use crate::grid::{self, CellState};
+use std::path::{Path, PathBuf};
+
+/// An experiment file of any kind.
+pub enum ExperimentFile {
+    /// Deep-learning training cells (`dpcomp train` settings), one run folder per cell.
+    Training(grid::Experiment),
+    /// Convex DP-SGD: every data x loss x algorithm x ε setting over the profile's seeds.
+    Convex(ConvexExperiment),
+    /// Federated learning: every dataset x scheme x ratio x privacy cell.
+    Federated(FlExperiment),
+}
+
+/// One cell as `dpcomp grid --list` shows it.
+pub struct CellListing {
+    pub name: String,
+    /// "finished", "resumes after epoch 4", "new", "running: pid ...", or the cell's settings.
+    pub state: String,
+    /// Epochs or rounds, and what the cell will upload where that is known beforehand.
+    pub details: String,
+}
+
+/// What a run or a table rewrite produced.
+pub struct Outcome {
+    /// Finished cells (training, federated) or settings (convex) in the table.
+    pub finished: usize,
+    /// `<runs>/<name>/<profile>/`, which holds `results.md`.
+    pub folder: PathBuf,
+}
+
+impl ExperimentFile {
+    /// Reads `path`, routed by its `kind` (none: training; "convex"; "fl").
+    pub fn open(path: &Path) -> Result<Self> {
+        match grid::experiment_kind(path)?.as_deref() {
+            None => Ok(ExperimentFile::Training(grid::Experiment::from_file(path)?)),
+            Some("convex") => Ok(ExperimentFile::Convex(ConvexExperiment::from_file(path)?)),
+            Some("fl") => Ok(ExperimentFile::Federated(FlExperiment::from_file(path)?)),
+            Some(other) => Err(Error::bad_file(
+                path,
+                format!(
+                    "kind {other:?}: expected \"convex\", \"fl\", or no kind (a training grid)"
+                ),
+            )),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            ExperimentFile::Training(e) => &e.name,
+            ExperimentFile::Convex(e) => &e.name,
+            ExperimentFile::Federated(e) => &e.name,
+        }
+    }
+
+    /// `<runs>/<name>/<profile>/`.
+    pub fn folder(&self, runs: &Path, profile: &str) -> PathBuf {
+        runs.join(self.name()).join(profile)
+    }
+
+    /// The cells of `profile` and where each stands, without running anything. `only` selects
+    /// cells by axis value (training grids only).
+    pub fn list(
+        &self,
+        profile: &str,
+        only: &[(String, String)],
+        runs: &Path,
+    ) -> Result<Vec<CellListing>> {
+        self.check_only(only)?;
+        let root = self.folder(runs, profile);
+        match self {
+            ExperimentFile::Training(e) => {
+                let cells = e.cells(profile, only)?;
+                let uploads = grid::upload_estimates(&cells);
+                cells
+                    .iter()
+                    .zip(uploads)
+                    .map(|(cell, upload)| {
+                        let dir = root.join(&cell.name);
+                        let state = match crate::run_lock::holder(&dir) {
+                            Some(owner) => format!("running: {owner}"),
+                            None => match grid::cell_state(&dir, &cell.config)? {
+                                CellState::Finished => "finished".to_string(),
+                                CellState::Interrupted { epochs_done } => {
+                                    format!("resumes after epoch {epochs_done}")
+                                }
+                                CellState::New => "new".to_string(),
+                            },
+                        };
+                        let upload = match upload {
+                            Ok(u) => format!(
+                                "upload {} steps, {:.4} Gb on the wire, {:.2} in the paper's unit",
+                                u.steps,
+                                u.gigabits(),
+                                u.paper_gib()
+                            ),
+                            Err(e) => format!("upload not estimated ({e})"),
+                        };
+                        Ok(CellListing {
+                            name: cell.name.clone(),
+                            state,
+                            details: format!("epochs {}  {upload}", cell.config.epochs),
+                        })
+                    })
+                    .collect()
+            }
+            ExperimentFile::Federated(e) => Ok(e
+                .cells(profile)?
+                .into_iter()
+                .map(|(dataset, name, settings)| {
+                    let noise = settings.privacy.map_or(String::new(), |p| {
+                        format!("  S {:.4} sigma {:.4}", p.clip, p.noise_multiplier)
+                    });
+                    let dir = root.join(&dataset).join(&name);
+                    let finished = crate::fl::experiment::finished(&dir, &settings);
+                    CellListing {
+                        name: format!("{dataset}/{name}"),
+                        state: if finished { "finished" } else { "new" }.to_string(),
+                        details: format!("rounds {}{noise}", settings.rounds),
+                    }
+                })
+                .collect()),
+            ExperimentFile::Convex(_) => Err(Error::bad_value(
+                "list",
+                "not supported for convex experiments: they run as one sweep of seconds",
+            )),
+        }
+    }
+
+    /// Runs every cell of `profile` that has not finished (training cells resume from their
+    /// checkpoints; a cell another process holds is left to it), then writes the tables (and
+    /// figures) of everything finished. `data_dir` is where the convex and federated kinds
+    /// read their data (`None`: `DPCOMP_DATA` or `data/`); training cells name theirs.
+    pub fn run(
+        &self,
+        profile: &str,
+        only: &[(String, String)],
+        runs: &Path,
+        data_dir: Option<&Path>,
+        progress: bool,
+    ) -> Result<Outcome> {
+        self.check_only(only)?;
+        let folder = self.folder(runs, profile);
+        let finished = match self {
+            ExperimentFile::Training(e) => grid::run(e, profile, only, runs, progress)?.len(),
+            ExperimentFile::Convex(e) => {
+                crate::convex::experiment::run(e, profile, data_dir, &folder, progress)?.len()
+            }
+            ExperimentFile::Federated(e) => {
+                let data_dir = crate::data::data_dir(data_dir);
+                crate::fl::experiment::run(e, profile, &data_dir, &folder, progress)?.len()
+            }
+        };
+        Ok(Outcome { finished, folder })
+    }
+
+    /// Rewrites the tables (and figures) from the cells that have finished, training nothing:
+    /// for grids whose cells other processes are running.
+    pub fn write_tables(&self, profile: &str, runs: &Path) -> Result<Outcome> {
+        let folder = self.folder(runs, profile);
+        let finished = match self {
+            ExperimentFile::Training(e) => grid::write_results(e, profile, runs)?.len(),
+            ExperimentFile::Federated(_) => {
+                let cells = crate::fl::experiment::read_cells(&folder)?;
+                crate::fl::experiment::write_results(&cells, &folder)?;
+                crate::plot::fl::figures(&cells, &folder)?;
+                cells.len()
+            }
+            ExperimentFile::Convex(_) => {
+                return Err(Error::bad_value(
+                    "tables_only",
+                    "not supported for convex experiments: their tables are written by the sweep itself",
+                ))
+            }
+        };
+        Ok(Outcome { finished, folder })
+    }
+
+    /// Copies `results.{csv,md}` to `<dir>/<name>.<profile>.{csv,md}` and any figures
+    /// (`*.png`, `*.svg`) to `<dir>/<name>/`.
+    pub fn copy_results(&self, profile: &str, runs: &Path, dir: &Path) -> Result<()> {
+        let from = self.folder(runs, profile);
+        let name = self.name();
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        let figures = dir.join(name);
+        let entries = std::fs::read_dir(&from).map_err(|e| Error::io(&from, e))?;
+        for entry in entries {
+            let path = entry.map_err(|e| Error::io(&from, e))?.path();
+            if !path.is_file() {
+                continue;
+            }
+            let file = path
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            let to = match file.as_str() {
+                "results.csv" | "results.md" => {
+                    dir.join(format!("{name}.{profile}.{}", &file["results.".len()..]))
+                }
+                _ if file.ends_with(".png") || file.ends_with(".svg") => {
+                    std::fs::create_dir_all(&figures).map_err(|e| Error::io(&figures, e))?;
+                    figures.join(&file)
+                }
+                _ => continue,
+            };
+            std::fs::copy(&path, &to).map_err(|e| Error::io(&to, e))?;
+        }
+        Ok(())
+    }
+
+    /// `only` selects cells by the axes of a training grid; the other kinds have none.
+    fn check_only(&self, only: &[(String, String)]) -> Result<()> {
+        let kind = match self {
+            ExperimentFile::Training(_) => return Ok(()),
+            ExperimentFile::Convex(_) => "convex",
+            ExperimentFile::Federated(_) => "federated",
+        };
+        if only.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::bad_value(
+                "only",
+                format!("not supported for {kind} experiments (their cells are not axis products)"),
+            ))
+        }
+    }
+}
