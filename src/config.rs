@@ -150,20 +150,7 @@ pub enum ClippingMode {
     Adaptive,
 }
 
-/// Which accountant turns DP-SGD steps into ε.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum AccountantKind {
-    /// Rényi DP, equal to Opacus's RDPAccountant.
-    #[default]
-    Rdp,
-    /// Privacy loss distribution composed by FFT (tighter; equal to Google's dp_accounting PLD).
-    /// Also accepted as `prv`, the name the issue uses for the tight accountant.
-    #[cfg_attr(feature = "cli", value(alias = "prv"))]
-    #[serde(alias = "prv")]
-    Pld,
-}
+pub use crate::privacy::AccountantKind;
 
 /// How per-sample gradients are computed in DP training.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -155,11 +155,15 @@ impl ExperimentFile {
         let finished = match self {
             ExperimentFile::Training(e) => grid::run(e, profile, only, runs, progress)?.len(),
             ExperimentFile::Convex(e) => {
-                crate::convex::experiment::run(e, profile, data_dir, &folder, progress)?.len()
+                let rows = crate::convex::experiment::run(e, profile, data_dir, &folder, progress)?;
+                crate::plot::convex::draw_figures(&e.grid.data, &e.grid.loss, &rows, &folder)?;
+                rows.len()
             }
             ExperimentFile::Federated(e) => {
                 let data_dir = crate::data::data_dir(data_dir);
-                crate::fl::experiment::run(e, profile, &data_dir, &folder, progress)?.len()
+                let cells = crate::fl::experiment::run(e, profile, &data_dir, &folder, progress)?;
+                crate::plot::fl::figures(&cells, &folder)?;
+                cells.len()
             }
         };
         Ok(Outcome { finished, folder })

@@ -378,5 +378,17 @@ seeds = 3
     assert!(output_8.test_accuracy.0.is_finite() && output_8.excess_risk.1 >= 0.0);
     let table = std::fs::read_to_string(out.join("results.md")).unwrap();
     assert_eq!(table.matches("| synthetic:120:4 |").count(), 5);
-    assert!(out.join("convex_synthetic_120_4.png").is_file());
+    // The experiment runner (what `dpcomp grid` calls) writes the same table and the figures.
+    let runs = dir.path().join("runs");
+    let outcome = dpcomp::experiment::ExperimentFile::open(&file)
+        .unwrap()
+        .run("cpu", &[], &runs, None, false)
+        .unwrap();
+    assert_eq!(outcome.finished, rows.len());
+    assert_eq!(outcome.folder, runs.join("tiny").join("cpu"));
+    assert_eq!(
+        std::fs::read_to_string(outcome.folder.join("results.md")).unwrap(),
+        table
+    );
+    assert!(outcome.folder.join("convex_synthetic_120_4.png").is_file());
 }

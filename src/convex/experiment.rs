@@ -90,8 +90,8 @@ fn mean_sd(values: &[f64]) -> (f64, f64) {
     (mean, var.sqrt())
 }
 
-/// Runs every setting of `profile`, writes `results.{csv,md}` and the figures under
-/// `out_dir`, and returns the rows. `data_dir` is where `breast_cancer` is read from.
+/// Runs every setting of `profile`, writes `results.{csv,md}` under `out_dir`, and returns the
+/// rows (`experiment::ExperimentFile::run` then draws the figures). `data_dir` is where `breast_cancer` is read from.
 pub fn run(
     experiment: &ConvexExperiment,
     profile: &str,
@@ -166,12 +166,6 @@ pub fn run(
     }
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     write_tables(experiment, profile, &rows, out_dir)?;
-    crate::plot::convex::draw_figures(
-        &experiment.grid.data,
-        &experiment.grid.loss,
-        &rows,
-        out_dir,
-    )?;
     Ok(rows)
 }
 

@@ -245,8 +245,8 @@ pub struct Cell {
     pub rounds: Vec<RoundMetrics>,
 }
 
-/// Runs every cell of `profile` not yet finished, then writes `results.{csv,md}` and the figures
-/// into `out`.
+/// Runs every cell of `profile` not yet finished, then writes `results.{csv,md}` into `out`
+/// (`experiment::ExperimentFile::run` then draws the figures).
 pub fn run(
     experiment: &FlExperiment,
     profile: &str,
@@ -272,7 +272,6 @@ pub fn run(
     }
     let finished = read_cells(out)?;
     write_results(&finished, out)?;
-    crate::plot::fl::figures(&finished, out)?;
     Ok(finished)
 }
 

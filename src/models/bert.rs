@@ -255,7 +255,7 @@ impl BertClassifier {
             let src = tensors.get(name).ok_or_else(|| {
                 Error::bad_file(path, format!("missing tensor {name} (or bert.{name})"))
             })?;
-            crate::train::checkpoint::check_loaded(path, name, src, &var.size())?;
+            crate::nn::check_loaded(path, name, src, &var.size())?;
             tch::no_grad(|| var.copy_(&src.to_kind(Kind::Float)));
         }
         Ok(())

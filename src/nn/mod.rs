@@ -119,3 +119,33 @@ pub(crate) fn uniform_init(fan_in: i64) -> tch::nn::Init {
 pub fn all_finite(t: &tch::Tensor) -> bool {
     !t.is_floating_point() || t.numel() == 0 || bool::try_from(t.isfinite().all()).unwrap_or(false)
 }
+
+/// Checks a tensor read from `path` before it is copied into a model, optimiser or compressor:
+/// the expected shape, a floating-point kind, and finite values (the manifest catches damaged
+/// bytes; this catches a file that was written with NaNs or by another tool).
+pub fn check_loaded(
+    path: &std::path::Path,
+    name: &str,
+    tensor: &tch::Tensor,
+    shape: &[i64],
+) -> crate::error::Result<()> {
+    if tensor.size() != shape {
+        return Err(crate::error::Error::bad_file(
+            path,
+            format!("{name}: shape {:?}, expected {shape:?}", tensor.size()),
+        ));
+    }
+    if !tensor.is_floating_point() {
+        return Err(crate::error::Error::bad_file(
+            path,
+            format!("{name}: kind {:?}, expected floating point", tensor.kind()),
+        ));
+    }
+    if !all_finite(tensor) {
+        return Err(crate::error::Error::bad_file(
+            path,
+            format!("{name}: holds NaN or infinite values"),
+        ));
+    }
+    Ok(())
+}

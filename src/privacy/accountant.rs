@@ -3,8 +3,8 @@
 //! checkpoint, so a resumed run continues its ε.
 
 use super::history::StepBlock;
+use super::AccountantKind;
 use super::{pld, rdp, validate, validate_delta};
-use crate::config::AccountantKind;
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
 

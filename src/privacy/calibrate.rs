@@ -3,8 +3,8 @@
 //! returned σ gives ε <= target).
 
 use super::accountant::Accountant;
+use super::AccountantKind;
 use super::{validate, validate_delta};
-use crate::config::AccountantKind;
 use crate::error::{Error, Result};
 
 /// ε of `steps` steps at (σ, q) and δ with the RDP accountant (Opacus's).

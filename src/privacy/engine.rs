@@ -28,7 +28,7 @@
 
 use super::accountant::Accountant;
 use super::noise::{noisy_mean, NoiseSource};
-use crate::config::AccountantKind;
+use super::AccountantKind;
 use crate::error::{Error, Result};
 use crate::nn::PerSample;
 use tch::{Kind, Tensor};

@@ -11,6 +11,7 @@ pub mod pld;
 pub mod rdp;
 
 use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
 
 /// Checks the arguments every accountant takes, with errors that name the argument.
 pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<()> {
@@ -41,4 +42,19 @@ pub fn validate_delta(delta: f64) -> Result<()> {
             format!("{delta}: expected 0 < delta < 1"),
         ))
     }
+}
+
+/// Which accountant turns DP-SGD steps into ε.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum AccountantKind {
+    /// Rényi DP, equal to Opacus's RDPAccountant.
+    #[default]
+    Rdp,
+    /// Privacy loss distribution composed by FFT (tighter; equal to Google's dp_accounting PLD).
+    /// Also accepted as `prv`, the name the issue uses for the tight accountant.
+    #[cfg_attr(feature = "cli", value(alias = "prv"))]
+    #[serde(alias = "prv")]
+    Pld,
 }

@@ -43,31 +43,6 @@ pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoint")
 }
 
-/// Checks a tensor read from `path` before it is copied into a model, optimiser or compressor:
-/// the expected shape, a floating-point kind, and finite values (the manifest catches damaged
-/// bytes; this catches a file that was written with NaNs or by another tool).
-pub fn check_loaded(path: &Path, name: &str, tensor: &Tensor, shape: &[i64]) -> Result<()> {
-    if tensor.size() != shape {
-        return Err(Error::bad_file(
-            path,
-            format!("{name}: shape {:?}, expected {shape:?}", tensor.size()),
-        ));
-    }
-    if !tensor.is_floating_point() {
-        return Err(Error::bad_file(
-            path,
-            format!("{name}: kind {:?}, expected floating point", tensor.kind()),
-        ));
-    }
-    if !crate::nn::all_finite(tensor) {
-        return Err(Error::bad_file(
-            path,
-            format!("{name}: holds NaN or infinite values"),
-        ));
-    }
-    Ok(())
-}
-
 /// Copies every tensor of the safetensors file at `path` into the variable of the same name.
 /// Every variable must be present with the same shape, finite (`check_loaded`).
 pub fn load_weights(vs: &nn::VarStore, path: &Path) -> Result<()> {
@@ -79,7 +54,7 @@ pub fn load_weights(vs: &nn::VarStore, path: &Path) -> Result<()> {
         let src = tensors
             .get(&name)
             .ok_or_else(|| Error::bad_file(path, format!("missing tensor {name}")))?;
-        check_loaded(path, &name, src, &var.size())?;
+        crate::nn::check_loaded(path, &name, src, &var.size())?;
         tch::no_grad(|| var.copy_(src));
     }
     Ok(())

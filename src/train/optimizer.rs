@@ -38,6 +38,6 @@ pub(crate) fn take_like(
     let t = saved
         .get(key)
         .ok_or_else(|| Error::bad_file(path, format!("missing tensor {key}")))?;
-    super::checkpoint::check_loaded(path, key, t, &like.size())?;
+    crate::nn::check_loaded(path, key, t, &like.size())?;
     Ok(t.to_device(like.device()))
 }
