@@ -206,9 +206,19 @@ def main():
             print(f"{name} seed {c['seed']}: final {c['final']:.1f}, first 10 epochs mean {statistics.fmean(curve[:10]):.1f},"
                   f" last 10 {statistics.fmean(curve[-10:]):.1f}, peak {peak:.1f} at epoch {curve.index(peak) + 1}")
 
-    print("\n## Claim 6: compression cost without noise (σ 0: x1 - x256), Surnames full vs CIFAR-10 cpu profile")
+    print("\n## Claim 6: compression cost without noise (σ 0: x1 - x256), Surnames full vs CIFAR-10 full and cpu profiles")
     if finals(dgc, sigma=0.0, rate=256.0):
         print(f"Surnames: {diff(finals(dgc, sigma=0.0, rate=1.0), finals(dgc, sigma=0.0, rate=256.0))}")
+    x1, x256 = select(cifar_full, sigma=0.0, rate=1.0), select(cifar_full, sigma=0.0, rate=256.0)
+    paired = sorted({c["seed"] for c in x1} & {c["seed"] for c in x256})
+    if paired:
+        a = [c["final"] for c in x1 if c["seed"] in paired and not c["diverged"]]
+        b = [c["final"] for c in x256 if c["seed"] in paired and not c["diverged"]]
+        print(f"CIFAR-10 full profile, seeds {paired}: {diff(a, b)} (x1 {fmt(a)}, x256 {fmt(b)})")
+        for name, cells in (("x1", x1), ("x256", x256)):
+            for c in sorted(cells, key=lambda c: c["seed"]):
+                curve = c["curve"]
+                print(f"  {name} seed {c['seed']}: final {c['final']:.1f}, peak {max(curve):.1f} at epoch {curve.index(max(curve)) + 1}, first 10 epochs mean {statistics.fmean(curve[:10]):.1f}")
     if cifar:
         print(f"CIFAR-10 (cpu profile, one seed): {diff(finals(cifar, sigma=0.0, rate=1.0), finals(cifar, sigma=0.0, rate=256.0))}")
 
