@@ -520,7 +520,7 @@ impl TrainConfig {
     }
 
     /// Settings that are valid but will have no effect in this run, in words for the user
-    /// (the trainer prints them as warnings when it starts or resumes).
+    /// (the trainer reports them through `log::warn!` when it starts or resumes).
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
         let beyond: Vec<usize> = (self.grad_error_epochs.iter())

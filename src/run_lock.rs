@@ -52,8 +52,8 @@ impl RunLock {
             }
             let stale = read_owner(&mut file);
             if !stale.is_empty() {
-                eprintln!(
-                    "note: {} held a stale lock ({stale}) whose process is gone; taking it over",
+                log::info!(
+                    "{} held a stale lock ({stale}) whose process is gone; taking it over",
                     run_dir.display()
                 );
             }

@@ -909,6 +909,34 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
     );
     config.epochs = 100;
     assert!(config.warnings().is_empty());
+    // The library reports it through `log`; the command line shows it as a warning.
+    if let Some(root) = common::shared_data() {
+        let out_dir = work.path().join("warned");
+        let out = dpcomp(&[
+            "train",
+            "--task",
+            "surnames",
+            "--epochs",
+            "1",
+            "--limit-train",
+            "64",
+            "--limit-test",
+            "32",
+            "--grad-error-epochs",
+            "5",
+            "--quiet",
+            "--data-dir",
+            root.to_str().unwrap(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("warning: grad_error_epochs [5] lie beyond the run's 1 epochs"),
+            "{}",
+            stderr(&out)
+        );
+    }
     // An OS error is printed once (it was in the message and again as its cause).
     let out = dpcomp(&["train", "--task", "surnames", "--out", "/dev/null/run"]);
     let err = stderr(&out);

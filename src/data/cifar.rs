@@ -80,8 +80,8 @@ fn read_split(
         let (x, y) = read_records(path, label_bytes, offset, classes)?;
         let records = y.size()[0];
         if records != official {
-            eprintln!(
-                "warning: {}: {records} records, the official file has {official} (partial download?)",
+            log::warn!(
+                "{}: {records} records, the official file has {official} (partial download?)",
                 path.display()
             );
         }

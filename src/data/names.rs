@@ -60,8 +60,8 @@ pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
         }
         if examples.len() == before {
             // A class without examples still takes a label and an output unit.
-            eprintln!(
-                "warning: {}: no names; class {label} will have no examples",
+            log::warn!(
+                "{}: no names; class {label} will have no examples",
                 path.display()
             );
         }
@@ -69,8 +69,8 @@ pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
         classes.push(class.into_owned());
     }
     if classes.len() != OFFICIAL_CLASSES || examples.len() != OFFICIAL_NAMES {
-        eprintln!(
-            "warning: {}: {} names in {} classes, the official data has {OFFICIAL_NAMES} in {OFFICIAL_CLASSES}",
+        log::warn!(
+            "{}: {} names in {} classes, the official data has {OFFICIAL_NAMES} in {OFFICIAL_CLASSES}",
             dir.display(),
             examples.len(),
             classes.len()

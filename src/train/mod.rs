@@ -398,7 +398,7 @@ impl Trainer {
         own: Option<OwnTask>,
     ) -> Result<Self> {
         for warning in config.warnings() {
-            eprintln!("warning: {warning}");
+            log::warn!("{warning}");
         }
         let (device, data, model) = match (own, &config.task) {
             (None, _) => tasks::prepare(&config)?,

@@ -7,8 +7,36 @@ mod cli;
 mod commands;
 mod errors;
 
+/// The library's warnings and notes (`log::warn!`, `log::info!`) on stderr, as `warning: ...` and
+/// `note: ...`; debug and trace messages are not shown.
+struct StderrLogger;
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= log::Level::Info
+    }
+
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            let prefix = match record.level() {
+                log::Level::Error => "error",
+                log::Level::Warn => "warning",
+                _ => "note",
+            };
+            eprintln!("{prefix}: {}", record.args());
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static LOGGER: StderrLogger = StderrLogger;
+
 fn main() {
     dpcomp::allocator::keep_freed_memory();
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
     let cli = cli::Cli::parse();
     if let Err(e) = cli::run(cli) {
         let args: Vec<String> = std::env::args().collect();
