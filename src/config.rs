@@ -533,6 +533,28 @@ impl TrainConfig {
                 self.epochs
             ));
         }
+        let adam_changed = self.adam_beta1 != adam_beta1()
+            || self.adam_beta2 != adam_beta2()
+            || self.adam_eps != adam_eps();
+        if self.optimizer == OptimizerKind::Sgd && adam_changed {
+            warnings.push(
+                "adam_beta1/adam_beta2/adam_eps are set but the optimizer is SGD: they have no effect (set `optimizer` to adam)".to_string(),
+            );
+        }
+        if self.optimizer == OptimizerKind::Adam && self.momentum != 0.0 {
+            warnings.push(format!(
+                "momentum {} has no effect with Adam (its first moment is adam_beta1)",
+                self.momentum
+            ));
+        }
+        let adaptive_changed = self.target_quantile != default_target_quantile()
+            || self.clip_learning_rate != default_clip_learning_rate()
+            || self.count_noise.is_some();
+        if self.clipping != ClippingMode::Adaptive && adaptive_changed {
+            warnings.push(
+                "target_quantile/clip_learning_rate/count_noise are set but clipping is not adaptive: they have no effect (set `clipping` to adaptive)".to_string(),
+            );
+        }
         warnings
     }
 

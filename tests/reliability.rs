@@ -909,6 +909,21 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
     );
     config.epochs = 100;
     assert!(config.warnings().is_empty());
+    // Settings of an optimiser or clipping rule the run does not use.
+    let mut unused = config.clone();
+    unused.adam_beta2 = 0.99;
+    unused.target_quantile = 0.7;
+    let said = unused.warnings();
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(said[0].starts_with("adam_beta1/adam_beta2/adam_eps are set but the optimizer is SGD"));
+    assert!(said[1].contains("clipping is not adaptive"));
+    unused.optimizer = dpcomp::config::OptimizerKind::Adam;
+    unused.momentum = 0.9;
+    unused.clipping = dpcomp::config::ClippingMode::Adaptive;
+    assert_eq!(
+        unused.warnings(),
+        vec!["momentum 0.9 has no effect with Adam (its first moment is adam_beta1)".to_string()]
+    );
     // The library reports it through `log`; the command line shows it as a warning.
     if let Some(root) = common::shared_data() {
         let out_dir = work.path().join("warned");
