@@ -13,6 +13,7 @@
 //! step. `tests/layers.rs` checks it against autograd and the forward pass against PyTorch's GRU.
 
 use super::per_sample::{outer, Activations, PerSample};
+use super::recurrent::{hand_to_autograd, shift_in_zero, stack_steps};
 use super::tape::{LayerGradients, Recorded};
 use super::{uniform_init, Ctx, ManualBackward};
 use tch::{nn, Tensor};
@@ -43,9 +44,7 @@ pub struct GruCache {
 impl GruCache {
     /// h_{t-1} for every step, [T, B, H] (h_{-1} = 0).
     pub fn h_prev(&self) -> Tensor {
-        let steps = self.hs.size()[0];
-        let zero = self.hs.get(0).zeros_like().unsqueeze(0);
-        Tensor::cat(&[zero, self.hs.narrow(0, 0, steps - 1)], 0)
+        shift_in_zero(&self.hs)
     }
 }
 
@@ -127,15 +126,7 @@ impl Gru {
     /// Returns the hidden states batch-first [B, T, H] (a transposed view of the cache's `hs`).
     pub fn forward_cached(&self, xs: &Tensor) -> (Tensor, GruCache) {
         let steps = self.steps(xs);
-        let stack = |k: usize| {
-            Tensor::stack(
-                &steps
-                    .iter()
-                    .map(|s| s[k].shallow_clone())
-                    .collect::<Vec<_>>(),
-                0,
-            )
-        };
+        let stack = |k: usize| stack_steps(&steps, k);
         let cache = GruCache {
             xs: xs.transpose(0, 1).contiguous(),
             hs: stack(0),
@@ -267,25 +258,15 @@ impl ManualBackward for GruBackward {
                 d_gi.matmul(&g.w_ih).transpose(0, 1), // [B, T, in]
             )
         });
-        // One autograd call accumulates into `.grad()` and carries d_input further back, as in
-        // `LstmBackward`: d/dθ Σ θ ⊙ dθ = dθ, and d/dφ Σ x(φ) ⊙ dx = (∂x/∂φ)ᵀ dx.
-        let kind = self.output.kind();
-        let mut surrogate = Vec::new();
-        for (param, grad) in [
-            (&g.w_ih, &d_w_ih),
-            (&g.w_hh, &d_w_hh),
-            (&g.b_ih, &d_b_ih),
-            (&g.b_hh, &d_b_hh),
-        ] {
-            if param.requires_grad() {
-                surrogate.push((param * grad).sum(kind));
-            }
-        }
-        if g.input.requires_grad() {
-            surrogate.push((&g.input * d_input).sum(kind));
-        }
-        if !surrogate.is_empty() {
-            Tensor::stack(&surrogate, 0).sum(kind).backward();
-        }
+        hand_to_autograd(
+            &[
+                (&g.w_ih, &d_w_ih),
+                (&g.w_hh, &d_w_hh),
+                (&g.b_ih, &d_b_ih),
+                (&g.b_hh, &d_b_hh),
+            ],
+            &g.input,
+            &d_input,
+        );
     }
 }

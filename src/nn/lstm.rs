@@ -13,6 +13,7 @@
 //! time steps. `tests/lstm.rs` checks it against autograd through `forward_autograd`.
 
 use super::per_sample::{outer, Activations, PerSample};
+use super::recurrent::{hand_to_autograd, shift_in_zero, stack_steps};
 use super::tape::{LayerGradients, Recorded};
 use super::{uniform_init, Ctx, ManualBackward};
 use tch::{nn, Tensor};
@@ -47,13 +48,6 @@ impl LstmCache {
     pub fn h_prev(&self) -> Tensor {
         shift_in_zero(&self.hs)
     }
-}
-
-/// [x_0, ..., x_{T-1}] -> [0, x_0, ..., x_{T-2}] along the first dimension.
-fn shift_in_zero(xs: &Tensor) -> Tensor {
-    let steps = xs.size()[0];
-    let zero = xs.get(0).zeros_like().unsqueeze(0);
-    Tensor::cat(&[zero, xs.narrow(0, 0, steps - 1)], 0)
 }
 
 impl Lstm {
@@ -157,15 +151,7 @@ impl Lstm {
     /// hidden states batch-first [B, T, H] (a transposed view of the cache's `hs`).
     pub fn forward_cached(&self, xs: &Tensor) -> (Tensor, LstmCache) {
         let steps = self.steps(xs);
-        let stack = |k: usize| {
-            Tensor::stack(
-                &steps
-                    .iter()
-                    .map(|s| s[k].shallow_clone())
-                    .collect::<Vec<_>>(),
-                0,
-            )
-        };
+        let stack = |k: usize| stack_steps(&steps, k);
         let cache = LstmCache {
             xs: xs.transpose(0, 1).contiguous(),
             hs: stack(0),
@@ -255,27 +241,16 @@ impl ManualBackward for LstmBackward {
             let d_input = da.matmul(&self.w_ih).transpose(0, 1); // [B, T, in]
             (d_w_ih, d_w_hh, d_b, d_input)
         });
-        // One autograd call accumulates the parameter gradients into `.grad()` (exactly as
-        // `backward()` would) and carries d_input into the layers before the LSTM:
-        // d/dθ Σ θ ⊙ dθ = dθ, and d/dφ Σ x(φ) ⊙ dx = (∂x/∂φ)^T dx.
-        let kind = self.output.kind();
-        let mut surrogate = Vec::new();
-        for (param, grad) in [
-            (&self.w_ih, &d_w_ih),
-            (&self.w_hh, &d_w_hh),
-            (&self.b_ih, &d_b),
-            (&self.b_hh, &d_b),
-        ] {
-            if param.requires_grad() {
-                surrogate.push((param * grad).sum(kind));
-            }
-        }
-        if self.input.requires_grad() {
-            surrogate.push((&self.input * d_input).sum(kind));
-        }
-        if !surrogate.is_empty() {
-            Tensor::stack(&surrogate, 0).sum(kind).backward();
-        }
+        hand_to_autograd(
+            &[
+                (&self.w_ih, &d_w_ih),
+                (&self.w_hh, &d_w_hh),
+                (&self.b_ih, &d_b),
+                (&self.b_hh, &d_b),
+            ],
+            &self.input,
+            &d_input,
+        );
     }
 }
 

@@ -13,6 +13,7 @@ pub mod linear;
 pub mod lstm;
 pub mod norm;
 pub mod per_sample;
+mod recurrent;
 pub mod tape;
 
 pub use attention::MultiheadAttention;
