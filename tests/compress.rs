@@ -85,6 +85,7 @@ fn identity_dgc_rate_1_and_full_rank_powersgd_reproduce_the_input() {
 /// compressor restored from a checkpoint mid-run continues exactly, and another seed differs.
 #[test]
 fn powersgd_fresh_q_is_a_function_of_seed_layer_and_step() {
+    let _serial = common::serial();
     let shapes = shapes_of(&update(0));
     let build = |seed: &str| {
         spec(
@@ -146,6 +147,7 @@ fn powersgd_fresh_q_is_a_function_of_seed_layer_and_step() {
 
 #[test]
 fn powersgd_is_exact_on_matrices_of_rank_at_most_r() {
+    let _serial = common::serial();
     let mut draws = Draws::new(2);
     for (rank, n, m) in [(1, 30, 50), (4, 64, 48), (16, 100, 80)] {
         let low_rank = draws
@@ -172,6 +174,7 @@ fn powersgd_is_exact_on_matrices_of_rank_at_most_r() {
 
 #[test]
 fn gram_schmidt_gives_orthonormal_columns() {
+    let _serial = common::serial();
     let mut p = Draws::new(3).randn(&[50, 6], Kind::Float);
     orthogonalize(&mut p, 1e-8);
     let gram = p.tr().mm(&p);
@@ -180,6 +183,7 @@ fn gram_schmidt_gives_orthonormal_columns() {
 
 #[test]
 fn top_k_keeps_exactly_the_k_largest_in_both_modes() {
+    let _serial = common::serial();
     let mut draws = Draws::new(4);
     for n in [10i64, 1000, 100_000, 1 << 20] {
         let x = draws.randn(&[n], Kind::Float);
@@ -264,6 +268,7 @@ fn error_feedback_sent_plus_residual_equals_input_plus_old_residual() {
 
 #[test]
 fn dgc_momentum_correction_and_masking() {
+    let _serial = common::serial();
     let shapes = vec![vec![1000i64]];
     let options = spec(CompressorKind::Dgc, 32.0, 1, &["momentum=0.9"])
         .dgc_options()
@@ -548,6 +553,7 @@ fn dgc_reference_warmup_is_geometric_in_the_density() {
 
 #[test]
 fn low_order_bit_removal_truncates_toward_zero() {
+    let _serial = common::serial();
     let x = Tensor::from_slice(&[1.0f32 + 2f32.powi(-10), -3.3333333, 0.0, 1e-30]);
     // 16 bits: bfloat16's 7 mantissa bits.
     let t = truncate_mantissa(&x, 16);
@@ -861,6 +867,7 @@ fn fl_sketch_error_feedback_loses_nothing_and_resumes_exactly() {
 /// fl-reconstruction` measures both at larger n).
 #[test]
 fn fl_cs_recovers_a_sparse_update_that_zero_filling_smears() {
+    let _serial = common::serial();
     use dpcomp::compress::chunked_dct::DctRows;
     use dpcomp::compress::linear_sketch::{Codec, Scheme};
     let n = 4096;

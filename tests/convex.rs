@@ -33,6 +33,7 @@ fn points(n: i64, d: i64, seed: u64) -> (Tensor, Tensor) {
 
 #[test]
 fn loss_gradients_match_finite_differences() {
+    let _serial = common::serial();
     let (x, y) = points(12, 5, 1);
     for loss in LOSSES {
         for seed in 0..3 {
@@ -70,6 +71,7 @@ fn loss_gradients_match_finite_differences() {
 
 #[test]
 fn holder_inequality_and_gradient_bound_hold_on_random_pairs() {
+    let _serial = common::serial();
     let (x, y) = points(40, 6, 2);
     for loss in LOSSES {
         let l = loss.holder_constant(FEATURE_NORM_BOUND);

@@ -104,6 +104,7 @@ fn cifar10_real_data_has_50000_and_10000_balanced_images() {
 
 #[test]
 fn cifar_augmentation_crops_and_flips_within_padding() {
+    let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     for i in 1..=5 {

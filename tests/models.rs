@@ -9,6 +9,7 @@ use tch::{Device, Kind, Tensor};
 
 #[test]
 fn surnames_lstm_has_118034_parameters_and_reads_last_real_step() {
+    let _serial = common::serial();
     tch::manual_seed(0);
     let model = SurnamesLstm::new(Device::Cpu, 18);
     assert_eq!(model.parameter_count(), 118_034);
@@ -48,6 +49,7 @@ fn surnames_lstm_has_118034_parameters_and_reads_last_real_step() {
 
 #[test]
 fn cifar_cnn_has_the_papers_361290_parameters() {
+    let _serial = common::serial();
     let model = CifarCnn::new(Device::Cpu, 10);
     assert_eq!(model.parameter_count(), 361_290);
     assert_eq!(model.trainable_parameter_count(), 361_290);
@@ -70,6 +72,7 @@ fn cifar_cnn_has_the_papers_361290_parameters() {
 
 #[test]
 fn resnet18_groupnorm_with_2x2_pool() {
+    let _serial = common::serial();
     let model = ResNet18::new(Device::Cpu, 100);
     // 11,168,832 in the residual trunk + 2048 * 100 + 100 in the classifier.
     assert_eq!(model.parameter_count(), 11_373_732);
@@ -145,6 +148,7 @@ fn bert_trains_only_last_layer_pooler_and_classifier() {
 /// longer than the position table, labels outside the classes.
 #[test]
 fn inputs_a_model_cannot_read_are_errors_not_panics() {
+    let _serial = common::serial();
     tch::manual_seed(0);
     let message = |r: dpcomp::error::Result<Tensor>| r.expect_err("accepted").to_string();
     let images = |size: &[i64]| Features::Images(Tensor::zeros(size, (Kind::Float, Device::Cpu)));

@@ -38,6 +38,7 @@ fn adam_direct(theta: &Tensor, grads: &[Tensor], lr: f64, b1: f64, b2: f64, eps:
 
 #[test]
 fn adam_equals_the_direct_formula() {
+    let _serial = common::serial();
     tch::manual_seed(1);
     let theta = Tensor::randn([4, 3], (Kind::Double, Device::Cpu));
     let grads: Vec<Tensor> = (0..5)
@@ -99,6 +100,7 @@ impl Model for Mlp {
 /// moves the weights by the direct formula applied to exactly that noisy gradient.
 #[test]
 fn dp_adam_applies_adam_to_the_noised_clipped_mean() {
+    let _serial = common::serial();
     tch::manual_seed(2);
     let mut vs = nn::VarStore::new(Device::Cpu);
     let root = vs.root();

@@ -733,6 +733,7 @@ fn bench_needs_a_step_and_every_training_flag_is_documented() {
 /// or layers, a --max-seq-len beyond the position table, a stored config.toml with batch size 0.
 #[test]
 fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
+    let _serial = common::serial();
     use dpcomp::models::bert::BertConfig;
     let work = tempfile::tempdir().unwrap();
     let source = common::bert_dir();

@@ -2,6 +2,8 @@
 //! decodes to the very same tensors, the byte length is the payload bits plus the documented
 //! headers, and malformed bytes are refused with the field named.
 
+mod common;
+
 use dpcomp::compress::wire::{HEADER_BYTES, PAYLOAD_HEADER_BYTES};
 use dpcomp::compress::{CompressorKind, CompressorSpec, Message, Payload};
 use tch::{Device, Kind, Tensor};
@@ -121,6 +123,7 @@ fn every_compressor_round_trips_through_bytes_bit_for_bit() {
 
 #[test]
 fn dense_fp32_message_costs_its_values_plus_a_fixed_header() {
+    let _serial = common::serial();
     let values = Tensor::randn([10, 7], (Kind::Float, Device::Cpu));
     let message = Message::new(vec![Payload::Dense {
         values,
