@@ -72,13 +72,13 @@ pub fn data() -> TaskData {
 pub fn config(epochs: usize) -> TrainConfig {
     let mut config = TrainConfig::own("synthetic-gru");
     config.epochs = epochs;
-    config.batch_size = 100;
-    config.lr = 0.1;
-    config.momentum = 0.9;
-    config.noise_multiplier = Some(1.0);
-    config.max_grad_norm = 1.0;
-    config.compressor = CompressorKind::Dgc;
-    config.rate = 4.0;
+    config.optimizer.batch_size = 100;
+    config.optimizer.lr = 0.1;
+    config.optimizer.momentum = 0.9;
+    config.privacy.noise_multiplier = Some(1.0);
+    config.privacy.max_grad_norm = 1.0;
+    config.compression.kind = CompressorKind::Dgc;
+    config.compression.rate = 4.0;
     config.device = DeviceChoice::Cpu;
     config
 }

@@ -9,14 +9,29 @@ difference counts as outside seed noise when it is more than twice its standard 
 
     python3 experiments/claims.py [--runs experiments/runs]
 
-Standard library only, so it runs with any Python 3.
+Standard library only (tomllib: Python 3.11 or later).
 """
 
 import argparse
 import json
 import math
 import statistics
+import tomllib
 from pathlib import Path
+
+
+def flat_config(path):
+    """A run's config.toml as one flat dict of strings: the sections' settings (`[privacy]
+    noise_multiplier`) beside the top-level keys, as the runs written before the sections hold
+    them. The names this script reads are unique across sections."""
+    with open(path, "rb") as f:
+        table = tomllib.load(f)
+    flat = {}
+    for key, value in table.items():
+        items = value.items() if isinstance(value, dict) else [(key, value)]
+        for k, v in items:
+            flat[k] = str(v)
+    return flat
 
 
 def read_cells(root):
@@ -28,11 +43,7 @@ def read_cells(root):
         summary = d / "summary.json"
         if not summary.is_file():
             continue
-        config = {}
-        for line in (d / "config.toml").read_text().splitlines():
-            if "=" in line:
-                key, value = line.split("=", 1)
-                config[key.strip()] = value.strip().strip('"')
+        config = flat_config(d / "config.toml")
         metrics = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines() if l.strip()]
         errors = []
         if (d / "grad_error.jsonl").is_file():

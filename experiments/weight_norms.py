@@ -36,6 +36,9 @@ def load_safetensors(path):
 
 def report(run):
     config = tomllib.load(open(f"{run}/config.toml", "rb"))
+    # Runs written since the sections ([optimizer], [privacy], ...) hold these settings there.
+    for section in ("data", "model", "optimizer", "privacy", "compression", "analysis"):
+        config.update({k: v for k, v in config.pop(section, {}).items() if k not in ("kind", "options")})
     state = json.load(open(f"{run}/checkpoint/state.json"))
     weights = load_safetensors(f"{run}/checkpoint/model.safetensors")
     steps = state["steps_done"]

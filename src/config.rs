@@ -164,150 +164,394 @@ pub enum GradSampleMode {
     Oracle,
 }
 
-/// Everything a training run depends on. Saved as the run's `config.toml`.
+/// Defines one section of the training configuration from a list of settings, each written
+/// once: its doc comment (also the flag's help), the field's name in the section, its flat key
+/// (the flag's name with underscores, and the key of `--config` files, experiment files and the
+/// flat `config.toml` of runs made before the sections), its type, its default and clap's
+/// attributes. Generated: the section struct (serde, its `Default`), the overrides struct (every
+/// setting an `Option`, clap's arguments), `or`, `apply`, and the section's key table.
+/// Settings under `optional` are `Option`s in the section too (absent by default).
+macro_rules! settings_section {
+    (
+        $(#[$section_doc:meta])*
+        $name:ident, overrides $over:ident, section $section:literal, heading $heading:literal {
+            $(
+                $(#[$doc:meta])*
+                $field:ident / $flat:ident : $ty:ty = $default:expr, arg($($arg:tt)*);
+            )*
+        }
+        optional {
+            $(
+                $(#[$odoc:meta])*
+                $ofield:ident / $oflat:ident : $oty:ty, arg($($oarg:tt)*);
+            )*
+        }
+    ) => {
+        $(#[$section_doc])*
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $( $(#[$doc])* pub $field: $ty, )*
+            $( $(#[$odoc])* pub $ofield: Option<$oty>, )*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                $name { $( $field: $default, )* $( $ofield: None, )* }
+            }
+        }
+
+        impl $name {
+            /// The section's name in `config.toml` and in dotted field names.
+            pub const SECTION: &'static str = $section;
+            /// (field in the section, flat key) of every setting, in the section's order.
+            pub const KEYS: &'static [(&'static str, &'static str)] = &[
+                $( (stringify!($field), stringify!($flat)), )*
+                $( (stringify!($ofield), stringify!($oflat)), )*
+            ];
+        }
+
+        #[doc = concat!("The settings of [`", stringify!($name), "`] a user gave (flags, a `--config` file, an experiment's cell); each `None` keeps the value it replaces. Fields carry the flat keys.")]
+        #[derive(Debug, Clone, Default, Deserialize)]
+        #[cfg_attr(feature = "cli", derive(clap::Args))]
+        #[cfg_attr(feature = "cli", command(next_help_heading = $heading))]
+        #[serde(deny_unknown_fields)]
+        pub struct $over {
+            $( $(#[$doc])* #[cfg_attr(feature = "cli", arg($($arg)*))] pub $flat: Option<$ty>, )*
+            $( $(#[$odoc])* #[cfg_attr(feature = "cli", arg($($oarg)*))] pub $oflat: Option<$oty>, )*
+        }
+
+        impl $over {
+            /// `self` where given, else `base`.
+            pub fn or(self, base: Self) -> Self {
+                $over {
+                    $( $flat: self.$flat.or(base.$flat), )*
+                    $( $oflat: self.$oflat.or(base.$oflat), )*
+                }
+            }
+
+            /// Writes every given setting into `section`.
+            pub fn apply(self, section: &mut $name) {
+                $( if let Some(v) = self.$flat { section.$field = v; } )*
+                $( if self.$oflat.is_some() { section.$ofield = self.$oflat; } )*
+            }
+        }
+    };
+}
+
+settings_section! {
+    /// What is read and how (`config.toml` section `[data]`).
+    DataSettings, overrides DataOverrides, section "data", heading "Data" {
+        /// Random crop and horizontal flip on CIFAR training images.
+        augment / augment: bool = false, arg(long);
+        /// SNLI: longest WordPiece pair kept (longer pairs are truncated).
+        max_seq_len / max_seq_len: usize = crate::data::snli::DEFAULT_MAX_LEN, arg(long);
+        /// Examples per evaluation batch (memory only; results do not depend on it)
+        /// [default: 1024; SNLI 128].
+        eval_batch_size / eval_batch_size: usize = 1024, arg(long);
+    }
+    optional {
+        /// Train on the first N training examples only (after the deterministic split).
+        limit_train / limit_train: usize, arg(long);
+        /// Evaluate on the first N test examples only.
+        limit_test / limit_test: usize, arg(long);
+        /// Data folder (default: $DPCOMP_DATA, else data/).
+        data_dir / data_dir: PathBuf, arg(long);
+    }
+}
+
+settings_section! {
+    /// Pretrained weights a model starts from (`[model]`).
+    ModelSettings, overrides ModelOverrides, section "model", heading "Model" {
+        /// SNLI: the BERT folder (config.json, model.safetensors, tokenizer.json or vocab.txt)
+        /// [default: models/all-MiniLM-L6-v2, installed by scripts/setup.sh].
+        bert_dir / bert_dir: PathBuf = PathBuf::from("models/all-MiniLM-L6-v2"), arg(long);
+    }
+    optional {}
+}
+
+settings_section! {
+    /// The optimiser the (under DP: privatised) gradient drives, and its batch (`[optimizer]`).
+    OptimizerSettings, overrides OptimizerOverrides, section "optimizer", heading "Optimiser" {
+        /// sgd or adam (DP-Adam under --noise-multiplier) [default: sgd].
+        kind / optimizer: OptimizerKind = OptimizerKind::Sgd, arg(long, value_enum);
+        /// Examples per step; under Poisson sampling the expected batch, q = batch / N [default:
+        /// the paper's: Surnames 32, CIFAR-10 128, CIFAR-100 64, SNLI 32].
+        batch_size / batch_size: usize = 64, arg(long);
+        /// Learning rate [default: the paper's: Surnames 2.0, CIFAR-10 0.1, CIFAR-100 1.0, SNLI
+        /// 0.05].
+        lr / lr: f64 = 0.1, arg(long);
+        /// SGD momentum, 0 <= m < 1 [default: 0, the paper's plain SGD].
+        momentum / momentum: f64 = 0.0, arg(long);
+        /// Adam's β1 [default: 0.9].
+        adam_beta1 / adam_beta1: f64 = 0.9, arg(long);
+        /// Adam's β2 [default: 0.999].
+        adam_beta2 / adam_beta2: f64 = 0.999, arg(long);
+        /// Adam's ε [default: 1e-8].
+        adam_eps / adam_eps: f64 = 1e-8, arg(long);
+    }
+    optional {}
+}
+
+settings_section! {
+    /// DP-SGD: clipping, noise, sampling and accounting (`[privacy]`). Without
+    /// `noise_multiplier` the run is not private and only `max_grad_norm` applies.
+    PrivacySettings, overrides PrivacyOverrides, section "privacy", heading "Privacy" {
+        /// Clipping radius C (the global gradient norm is clipped even without privacy; inf
+        /// disables that) [default: the paper's: Surnames 3, CIFAR-10 5, CIFAR-100 1000, SNLI 21].
+        max_grad_norm / max_grad_norm: f64 = 1.0, arg(long);
+        /// δ of the reported (ε, δ) [default: the paper's: Surnames 8e-5, CIFAR 1e-5, SNLI 1/N].
+        delta / delta: f64 = 1e-5, arg(long);
+        /// How batches are drawn: Poisson (each example with probability q, what the accountants
+        /// assume) or shuffled fixed-size batches [default: poisson].
+        sampling / sampling: Sampling = Sampling::Poisson, arg(long, value_enum);
+        /// DP clipping: flat (one radius C), per-layer (C / sqrt(L) per parameter tensor, the
+        /// same noise) or adaptive (Andrew et al. 2021) [default: flat].
+        clipping / clipping: ClippingMode = ClippingMode::Flat, arg(long, value_enum);
+        /// Adaptive clipping: the share of examples the radius should leave unclipped [default: 0.5].
+        target_quantile / target_quantile: f64 =
+            crate::privacy::engine::AdaptiveClipping::DEFAULT_TARGET_QUANTILE, arg(long);
+        /// Adaptive clipping: step size of the radius's geometric update [default: 0.2].
+        clip_learning_rate / clip_learning_rate: f64 =
+            crate::privacy::engine::AdaptiveClipping::DEFAULT_LEARNING_RATE, arg(long);
+        /// The accountant that turns (q, σ, steps) into ε [default: rdp].
+        accountant / accountant: AccountantKind = AccountantKind::Rdp, arg(long, value_enum);
+        /// Per-sample gradients from the tape (fast) or per-example autograd (oracle).
+        grad_sample / grad_sample: GradSampleMode = GradSampleMode::Tape, arg(long, value_enum);
+        /// Draw the DP noise from a CSPRNG seeded by the operating system (and the epochs'
+        /// Poisson batches from OS-seeded LibTorch), never from --seed: for models released from
+        /// sensitive data. Not reproducible. [default: false, seeded noise for reproducible
+        /// experiments]
+        secure_noise / secure_noise: bool = false,
+            arg(long, num_args = 0..=1, default_missing_value = "true");
+    }
+    optional {
+        /// DP-SGD noise multiplier σ (turns on per-sample clipping and noise; 0 clips only, so
+        /// private and non-private runs differ only by the noise).
+        noise_multiplier / noise_multiplier: f64, arg(long);
+        /// Stop before a step that would take ε past this.
+        target_epsilon / target_epsilon: f64, arg(long);
+        /// Adaptive clipping: standard deviation of the noise on the unclipped count, in
+        /// examples; must exceed sigma / 2 [default: the expected batch / 20].
+        count_noise / count_noise: f64, arg(long);
+        /// Largest chunk of a logical batch processed at once (memory; the noise is still added
+        /// once per logical step).
+        physical_batch_size / physical_batch_size: usize, arg(long);
+    }
+}
+
+settings_section! {
+    /// The gradient compressor, applied after clipping and noise (`[compression]`).
+    CompressionSettings, overrides CompressionOverrides, section "compression", heading "Compression" {
+        /// Gradient compressor [default: identity].
+        kind / compressor: crate::compress::CompressorKind =
+            crate::compress::CompressorKind::Identity, arg(long, value_enum);
+        /// DGC/Denoise and the sketches: dense fp32 bits / message bits (the paper: 1, 16, 256)
+        /// [default: 1].
+        rate / rate: f64 = 1.0, arg(long);
+        /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
+        rank / rank: i64 = 1, arg(long);
+        /// Compressor setting key=value, repeatable. dgc: value_bits (9-32), index_bits
+        /// (32|min), momentum, masking, warmup_epochs, topk (sampled|exact), sample_ratio.
+        /// powersgd: shape (square|rows), min_rate, epsilon, warm_start, seed. denoise: beta,
+        /// decay, scope (layer|model), value_bits, index_bits, topk, sample_ratio, clip.
+        options / compressor_options: Vec<String> = Vec::new(),
+            arg(long = "compressor-option", value_name = "KEY=VALUE");
+    }
+    optional {}
+}
+
+settings_section! {
+    /// Measurements taken during training (`[analysis]`).
+    AnalysisSettings, overrides AnalysisOverrides, section "analysis", heading "Analysis" {
+        /// Measure the gradient error after these epochs (comma-separated, 1-based, 0 = before
+        /// training): clip / noise / compress error against the true mean gradient, bias² and
+        /// variance, in grad_error.jsonl.
+        grad_error_epochs / grad_error_epochs: Vec<usize> = Vec::new(),
+            arg(long, value_delimiter = ',');
+        /// Fixed batches per gradient-error measurement [default: 4].
+        grad_error_batches / grad_error_batches: usize = 4, arg(long);
+        /// Noise draws per batch per gradient-error measurement (bias²/variance split)
+        /// [default: 8].
+        grad_error_draws / grad_error_draws: usize = 8, arg(long);
+    }
+    optional {}
+}
+
+/// The keys at the top of `config.toml`, outside every section.
+pub const TOP_LEVEL_KEYS: [&str; 4] = ["task", "seed", "epochs", "device"];
+
+/// Every section: (its name, its (field, flat key) table).
+const SECTIONS: [(&str, &[(&str, &str)]); 6] = [
+    (DataSettings::SECTION, DataSettings::KEYS),
+    (ModelSettings::SECTION, ModelSettings::KEYS),
+    (OptimizerSettings::SECTION, OptimizerSettings::KEYS),
+    (PrivacySettings::SECTION, PrivacySettings::KEYS),
+    (CompressionSettings::SECTION, CompressionSettings::KEYS),
+    (AnalysisSettings::SECTION, AnalysisSettings::KEYS),
+];
+
+/// Flat keys written before they were renamed: (old key, flat key).
+const FLAT_ALIASES: [(&str, &str); 1] = [("compressor_option", "compressor_options")];
+
+/// The flat key (a flag's name with underscores) of a dotted field such as
+/// `privacy.noise_multiplier` or `optimizer.kind` (`optimizer`); a top-level key is its own.
+/// `None` for anything else.
+pub fn flat_key(field: &str) -> Option<&'static str> {
+    if let Some(top) = TOP_LEVEL_KEYS.iter().find(|k| **k == field) {
+        return Some(top);
+    }
+    let (section, name) = field.split_once('.')?;
+    SECTIONS
+        .iter()
+        .find(|(s, _)| *s == section)?
+        .1
+        .iter()
+        .find(|(f, _)| *f == name)
+        .map(|(_, flat)| *flat)
+}
+
+/// Every setting of a section: (dotted field such as `privacy.noise_multiplier`, flat key such
+/// as `noise_multiplier`), section by section; the top-level keys are not listed.
+pub fn section_settings() -> Vec<(String, &'static str)> {
+    SECTIONS
+        .iter()
+        .flat_map(|(section, keys)| {
+            keys.iter()
+                .map(move |(field, flat)| (format!("{section}.{field}"), *flat))
+        })
+        .collect()
+}
+
+/// Whether the keys of the nested table are the sections' field names (`config.toml`) or
+/// their flat keys (the overrides structs' fields).
+#[derive(Clone, Copy, PartialEq)]
+enum Naming {
+    Fields,
+    Flat,
+}
+
+/// `table` (flat keys, sections, or both) as sections keyed by `naming`. A flat key is moved
+/// into its section; a section's key may be its field name or its flat key. An unknown key, or
+/// one setting given twice, is an error naming it (`origin` says where the table came from).
+fn nest(table: toml::Table, naming: Naming, origin: &str) -> Result<toml::Table> {
+    let mut out = toml::Table::new();
+    let mut put = |section: Option<&str>, key: &str, value: toml::Value| -> Result<()> {
+        let (target, shown) = match section {
+            None => (&mut out, key.to_string()),
+            Some(s) => {
+                let t = out
+                    .entry(s)
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                let toml::Value::Table(t) = t else {
+                    unreachable!("sections are tables")
+                };
+                (t, format!("{s}.{key}"))
+            }
+        };
+        if target.insert(key.to_string(), value).is_some() {
+            return Err(Error::bad_file(
+                origin,
+                format!("`{shown}` is given twice (once flat, once in its section?)"),
+            ));
+        }
+        Ok(())
+    };
+    let name_of = |(field, flat): &(&'static str, &'static str)| match naming {
+        Naming::Fields => *field,
+        Naming::Flat => *flat,
+    };
+    for (key, value) in table {
+        if TOP_LEVEL_KEYS.contains(&key.as_str()) {
+            put(None, &key, value)?;
+            continue;
+        }
+        let section = SECTIONS.iter().find(|(s, _)| *s == key);
+        match (section, value) {
+            (Some((section, keys)), toml::Value::Table(inner)) => {
+                for (inner_key, inner_value) in inner {
+                    let found = keys
+                        .iter()
+                        .find(|(field, flat)| *field == inner_key || *flat == inner_key)
+                        .ok_or_else(|| {
+                            Error::bad_file(
+                                origin,
+                                format!(
+                                    "unknown setting `{section}.{inner_key}`; the section has {}",
+                                    keys.iter().map(|(f, _)| *f).collect::<Vec<_>>().join(", ")
+                                ),
+                            )
+                        })?;
+                    put(Some(section), name_of(found), inner_value)?;
+                }
+            }
+            (_, value) => {
+                let flat = FLAT_ALIASES
+                    .iter()
+                    .find(|(old, _)| *old == key)
+                    .map_or(key.as_str(), |(_, new)| new);
+                let found = SECTIONS.iter().find_map(|(section, keys)| {
+                    keys.iter()
+                        .find(|(_, f)| *f == flat)
+                        .map(|entry| (*section, entry))
+                });
+                let Some((section, entry)) = found else {
+                    return Err(Error::bad_file(
+                        origin,
+                        format!(
+                            "unknown setting `{key}`: expected one of {}, a flag's name with underscores, or a section ({})",
+                            TOP_LEVEL_KEYS.join(", "),
+                            SECTIONS.map(|(s, _)| s).join(", ")
+                        ),
+                    ));
+                };
+                put(Some(section), name_of(entry), value)?;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Everything a training run depends on. Saved as the run's `config.toml`: the run's identity
+/// (task, seed, epochs, device) at the top, then one table per section.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
     pub task: TaskName,
-    pub epochs: usize,
-    pub batch_size: usize,
-    pub lr: f64,
-    /// SGD momentum (0 = the paper's plain SGD).
-    pub momentum: f64,
-    /// SGD or Adam (older configs have none: SGD).
-    #[serde(default)]
-    pub optimizer: OptimizerKind,
-    /// Adam's β1, β2 and ε (torch.optim.Adam's defaults).
-    #[serde(default = "adam_beta1")]
-    pub adam_beta1: f64,
-    #[serde(default = "adam_beta2")]
-    pub adam_beta2: f64,
-    #[serde(default = "adam_eps")]
-    pub adam_eps: f64,
-    /// Clipping radius C: the global gradient norm is clipped to C even without privacy.
-    pub max_grad_norm: f64,
+    /// Seed of the initial weights, the batches and (unless `privacy.secure_noise`) the DP noise.
     pub seed: u64,
-    /// Train on the first N examples only (after the deterministic split).
-    pub limit_train: Option<usize>,
-    /// Evaluate on the first N test examples only.
-    pub limit_test: Option<usize>,
-    pub data_dir: Option<PathBuf>,
+    pub epochs: usize,
     pub device: DeviceChoice,
-    /// Random crop + flip on CIFAR training batches.
-    pub augment: bool,
-    /// SNLI: maximum tokens of a pair after WordPiece.
-    pub max_seq_len: usize,
-    /// SNLI: folder with config.json, model.safetensors and tokenizer.json or vocab.txt.
-    pub bert_dir: PathBuf,
-    pub eval_batch_size: usize,
-    /// DP-SGD noise multiplier σ; `None` trains without privacy (global-norm clipping only).
-    /// σ = 0 still clips every per-sample gradient, so private and non-private runs differ only
-    /// by the noise.
-    pub noise_multiplier: Option<f64>,
-    /// δ of the reported (ε, δ).
-    pub delta: f64,
-    /// Stop before a step that would take ε past this.
-    pub target_epsilon: Option<f64>,
-    pub sampling: Sampling,
-    /// Flat or per-layer clipping (older configs have none: flat).
-    #[serde(default)]
-    pub clipping: ClippingMode,
-    /// Adaptive clipping: γ, the share of examples left unclipped (Andrew et al.: 0.5).
-    #[serde(default = "default_target_quantile")]
-    pub target_quantile: f64,
-    /// Adaptive clipping: η of C <- C exp(-η (b̃ - γ)) (Andrew et al.: 0.2).
-    #[serde(default = "default_clip_learning_rate")]
-    pub clip_learning_rate: f64,
-    /// Adaptive clipping: σ_b, the noise on the unclipped count; `None`: E[B] / 20 (Andrew et al.).
-    #[serde(default)]
-    pub count_noise: Option<f64>,
-    pub accountant: AccountantKind,
-    /// Split each logical batch into chunks of at most this many examples (memory); the noise is
-    /// still added once per logical step.
-    pub physical_batch_size: Option<usize>,
-    pub grad_sample: GradSampleMode,
-    /// Gradient compressor applied after clipping and noise (issue 4).
-    #[serde(default)]
-    pub compressor: crate::compress::CompressorKind,
-    /// Compression rate of the sparsifiers: dense fp32 bits / message bits (1 = dense).
-    #[serde(default = "one")]
-    pub rate: f64,
-    /// PowerSGD's rank.
-    #[serde(default = "one_i64")]
-    pub rank: i64,
-    /// `key=value` settings of the compressor (see `dpcomp train --help`).
-    #[serde(default)]
-    pub compressor_options: Vec<String>,
-    /// Measure the gradient error (`analysis::gradient_error`) at the end of these epochs
-    /// (1-based; 0 = before training); written to the run's grad_error.jsonl.
-    #[serde(default)]
-    pub grad_error_epochs: Vec<usize>,
-    /// Fixed batches per gradient-error measurement.
-    #[serde(default = "four")]
-    pub grad_error_batches: usize,
-    /// Noise draws per batch in a gradient-error measurement (bias²/variance split).
-    #[serde(default = "eight")]
-    pub grad_error_draws: usize,
-    /// DP noise (and the epochs' sampling) from the operating system's randomness instead of the
-    /// seed: nobody holding the run folder can regenerate it (`privacy::noise`).
-    #[serde(default)]
-    pub secure_noise: bool,
-}
-
-fn adam_beta1() -> f64 {
-    0.9
-}
-
-fn adam_beta2() -> f64 {
-    0.999
-}
-
-fn adam_eps() -> f64 {
-    1e-8
-}
-
-fn default_target_quantile() -> f64 {
-    crate::privacy::engine::AdaptiveClipping::DEFAULT_TARGET_QUANTILE
-}
-
-fn default_clip_learning_rate() -> f64 {
-    crate::privacy::engine::AdaptiveClipping::DEFAULT_LEARNING_RATE
-}
-
-fn four() -> usize {
-    4
-}
-
-fn eight() -> usize {
-    8
-}
-
-fn one() -> f64 {
-    1.0
-}
-
-fn one_i64() -> i64 {
-    1
+    pub data: DataSettings,
+    pub model: ModelSettings,
+    pub optimizer: OptimizerSettings,
+    pub privacy: PrivacySettings,
+    pub compression: CompressionSettings,
+    pub analysis: AnalysisSettings,
 }
 
 impl TrainConfig {
-    /// Settings for a model of one's own named `name` (`Trainer::with_model`): SGD at learning
-    /// rate 0.1, batch size 64, 10 epochs, radius C = 1, δ = 1e-5, no privacy until
-    /// `noise_multiplier` is set. Every field is public: set what differs.
+    /// Settings for a model of one's own named `name` (`Trainer::with_model`): every section's
+    /// defaults (SGD at learning rate 0.1, batch size 64, radius C = 1, δ = 1e-5, no privacy
+    /// until `privacy.noise_multiplier` is set) and 10 epochs. Every field is public: set what
+    /// differs.
     pub fn own(name: &str) -> Self {
         TrainConfig {
             task: TaskName::Own(name.to_string()),
-            lr: 0.1,
-            batch_size: 64,
+            seed: 0,
             epochs: 10,
-            max_grad_norm: 1.0,
-            delta: 1e-5,
-            eval_batch_size: 1024,
-            ..TrainConfig::paper_defaults(Task::Cifar10)
+            device: DeviceChoice::Auto,
+            data: DataSettings::default(),
+            model: ModelSettings::default(),
+            optimizer: OptimizerSettings::default(),
+            privacy: PrivacySettings::default(),
+            compression: CompressionSettings::default(),
+            analysis: AnalysisSettings::default(),
         }
     }
 
-    /// The paper's settings for `task`: learning rate, batch size, epochs and clipping radius.
+    /// The paper's settings for `task`: learning rate, batch size, epochs, clipping radius and
+    /// δ (`../shared/papers/dp-and-gradient-compression.txt`), the rest the sections' defaults.
     pub fn paper_defaults(task: Task) -> Self {
         let (lr, batch_size, epochs, max_grad_norm) = match task {
             Task::Surnames => (2.0, 32, 100, 3.0),
@@ -315,65 +559,38 @@ impl TrainConfig {
             Task::Snli => (0.05, 32, 1, 21.0),
             Task::Cifar100 => (1.0, 64, 100, 1000.0),
         };
-        TrainConfig {
-            task: TaskName::Builtin(task),
-            epochs,
-            batch_size,
-            lr,
-            momentum: 0.0,
-            optimizer: OptimizerKind::Sgd,
-            adam_beta1: adam_beta1(),
-            adam_beta2: adam_beta2(),
-            adam_eps: adam_eps(),
-            max_grad_norm,
-            seed: 0,
-            limit_train: None,
-            limit_test: None,
-            data_dir: None,
-            device: DeviceChoice::Auto,
-            augment: false,
-            max_seq_len: crate::data::snli::DEFAULT_MAX_LEN,
-            bert_dir: PathBuf::from("models/all-MiniLM-L6-v2"),
-            eval_batch_size: if task == Task::Snli { 128 } else { 1024 },
-            noise_multiplier: None,
-            delta: match task {
-                Task::Surnames => 8e-5,
-                Task::Cifar10 | Task::Cifar100 => 1e-5,
-                Task::Snli => 1.0 / 549_361.0,
-            },
-            target_epsilon: None,
-            sampling: Sampling::Poisson,
-            clipping: ClippingMode::Flat,
-            target_quantile: default_target_quantile(),
-            clip_learning_rate: default_clip_learning_rate(),
-            count_noise: None,
-            accountant: AccountantKind::Rdp,
-            physical_batch_size: None,
-            grad_sample: GradSampleMode::Tape,
-            compressor: crate::compress::CompressorKind::Identity,
-            rate: 1.0,
-            rank: 1,
-            compressor_options: Vec::new(),
-            grad_error_epochs: Vec::new(),
-            grad_error_batches: four(),
-            grad_error_draws: eight(),
-            secure_noise: false,
+        let mut config = TrainConfig::own(task.name());
+        config.task = TaskName::Builtin(task);
+        config.epochs = epochs;
+        config.optimizer.lr = lr;
+        config.optimizer.batch_size = batch_size;
+        config.privacy.max_grad_norm = max_grad_norm;
+        config.privacy.delta = match task {
+            Task::Surnames => 8e-5,
+            Task::Cifar10 | Task::Cifar100 => 1e-5,
+            Task::Snli => 1.0 / 549_361.0,
+        };
+        config.data.eval_batch_size = if task == Task::Snli { 128 } else { 1024 };
+        config
+    }
+
+    /// The defaults of `task`: the paper's for a built-in task, `own`'s otherwise.
+    pub fn defaults_for(task: &TaskName) -> Self {
+        match task {
+            TaskName::Builtin(task) => TrainConfig::paper_defaults(*task),
+            TaskName::Own(name) => TrainConfig::own(name),
         }
     }
 
     /// The compressor settings, checked.
     pub fn compressor_spec(&self) -> Result<crate::compress::CompressorSpec> {
-        crate::compress::CompressorSpec::new(
-            self.compressor,
-            self.rate,
-            self.rank,
-            &self.compressor_options,
-        )
+        let c = &self.compression;
+        crate::compress::CompressorSpec::new(c.kind, c.rate, c.rank, &c.options)
     }
 
     /// Whether this run trains with DP-SGD.
     pub fn private(&self) -> bool {
-        self.noise_multiplier.is_some()
+        self.privacy.noise_multiplier.is_some()
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -395,70 +612,83 @@ impl TrainConfig {
                 ));
             }
         }
+        let (data, opt, privacy) = (&self.data, &self.optimizer, &self.privacy);
         positive("epochs", self.epochs as f64)?;
-        positive("batch_size", self.batch_size as f64)?;
-        positive("eval_batch_size", self.eval_batch_size as f64)?;
-        positive("lr", self.lr)?;
-        if self.max_grad_norm.is_nan() || self.max_grad_norm <= 0.0 {
+        positive("optimizer.batch_size", opt.batch_size as f64)?;
+        positive("data.eval_batch_size", data.eval_batch_size as f64)?;
+        positive("optimizer.lr", opt.lr)?;
+        if privacy.max_grad_norm.is_nan() || privacy.max_grad_norm <= 0.0 {
             return Err(Error::bad_value(
-                "max_grad_norm",
+                "privacy.max_grad_norm",
                 format!(
                     "{}: expected a positive number (inf disables clipping)",
-                    self.max_grad_norm
+                    privacy.max_grad_norm
                 ),
             ));
         }
-        if !(0.0..1.0).contains(&self.momentum) {
+        if !(0.0..1.0).contains(&opt.momentum) {
             return Err(Error::bad_value(
-                "momentum",
-                format!("{}: expected 0 <= momentum < 1", self.momentum),
+                "optimizer.momentum",
+                format!("{}: expected 0 <= momentum < 1", opt.momentum),
             ));
         }
-        positive("max_seq_len", self.max_seq_len as f64)?;
-        positive("grad_error_batches", self.grad_error_batches as f64)?;
-        positive("grad_error_draws", self.grad_error_draws as f64)?;
-        if let Some(sigma) = self.noise_multiplier {
+        positive("data.max_seq_len", data.max_seq_len as f64)?;
+        positive(
+            "analysis.grad_error_batches",
+            self.analysis.grad_error_batches as f64,
+        )?;
+        positive(
+            "analysis.grad_error_draws",
+            self.analysis.grad_error_draws as f64,
+        )?;
+        if let Some(sigma) = privacy.noise_multiplier {
             if !(sigma >= 0.0 && sigma.is_finite()) {
                 return Err(Error::bad_value(
-                    "noise_multiplier",
+                    "privacy.noise_multiplier",
                     format!("{sigma}: expected a finite sigma >= 0"),
                 ));
             }
-            if sigma > 0.0 && !self.max_grad_norm.is_finite() {
+            if sigma > 0.0 && !privacy.max_grad_norm.is_finite() {
                 return Err(Error::bad_value(
-                    "max_grad_norm",
+                    "privacy.max_grad_norm",
                     "inf: DP noise needs a finite clipping radius",
                 ));
             }
-            crate::privacy::validate_delta(self.delta).map_err(|_| {
-                Error::bad_value("delta", format!("{}: expected 0 < delta < 1", self.delta))
+            crate::privacy::validate_delta(privacy.delta).map_err(|_| {
+                Error::bad_value(
+                    "privacy.delta",
+                    format!("{}: expected 0 < delta < 1", privacy.delta),
+                )
             })?;
         }
-        if let Some(e) = self.target_epsilon {
+        if let Some(e) = privacy.target_epsilon {
             if !self.private() {
                 return Err(Error::bad_value(
-                    "target_epsilon",
-                    "needs `noise_multiplier` (DP training)",
+                    "privacy.target_epsilon",
+                    "needs `privacy.noise_multiplier` (DP training)",
                 ));
             }
-            positive("target_epsilon", e)?;
+            positive("privacy.target_epsilon", e)?;
         }
-        if self.physical_batch_size.is_some() && !self.private() {
+        if privacy.physical_batch_size.is_some() && !self.private() {
             return Err(Error::bad_value(
-                "physical_batch_size",
-                "applies to DP training (`noise_multiplier`), whose per-sample gradients it computes in chunks; a non-private step takes its whole batch at once",
+                "privacy.physical_batch_size",
+                "applies to DP training (`privacy.noise_multiplier`), whose per-sample gradients it computes in chunks; a non-private step takes its whole batch at once",
             ));
         }
-        if self.optimizer == OptimizerKind::Adam {
-            if self.momentum != 0.0 {
+        if opt.kind == OptimizerKind::Adam {
+            if opt.momentum != 0.0 {
                 return Err(Error::bad_value(
-                    "momentum",
-                    format!("{}: SGD's momentum; Adam's is `adam_beta1`", self.momentum),
+                    "optimizer.momentum",
+                    format!(
+                        "{}: SGD's momentum; Adam's is `optimizer.adam_beta1`",
+                        opt.momentum
+                    ),
                 ));
             }
             for (field, beta) in [
-                ("adam_beta1", self.adam_beta1),
-                ("adam_beta2", self.adam_beta2),
+                ("optimizer.adam_beta1", opt.adam_beta1),
+                ("optimizer.adam_beta2", opt.adam_beta2),
             ] {
                 if !(0.0..1.0).contains(&beta) {
                     return Err(Error::bad_value(
@@ -467,105 +697,110 @@ impl TrainConfig {
                     ));
                 }
             }
-            positive("adam_eps", self.adam_eps)?;
+            positive("optimizer.adam_eps", opt.adam_eps)?;
         }
-        if self.clipping != ClippingMode::Flat && !self.private() {
+        if privacy.clipping != ClippingMode::Flat && !self.private() {
             return Err(Error::bad_value(
-                "clipping",
-                "applies to DP training (`noise_multiplier`); a non-private step clips its mean gradient with `max_grad_norm`",
+                "privacy.clipping",
+                "applies to DP training (`privacy.noise_multiplier`); a non-private step clips its mean gradient with `privacy.max_grad_norm`",
             ));
         }
-        let adaptive_settings = [
-            (
-                "target_quantile",
-                self.target_quantile != default_target_quantile(),
-            ),
-            (
-                "clip_learning_rate",
-                self.clip_learning_rate != default_clip_learning_rate(),
-            ),
-            ("count_noise", self.count_noise.is_some()),
-        ];
-        if let Some((field, _)) = adaptive_settings.iter().find(|(_, given)| *given) {
-            if self.clipping != ClippingMode::Adaptive {
+        if let Some(field) = self.adaptive_settings_given().first() {
+            if privacy.clipping != ClippingMode::Adaptive {
                 return Err(Error::bad_value(
                     *field,
-                    "applies to adaptive clipping only (`clipping` adaptive)",
+                    "applies to adaptive clipping only (`privacy.clipping` adaptive)",
                 ));
             }
         }
-        if self.physical_batch_size == Some(0) {
+        if privacy.physical_batch_size == Some(0) {
             return Err(Error::bad_value(
-                "physical_batch_size",
+                "privacy.physical_batch_size",
                 "0: expected at least 1",
             ));
         }
         let spec = self.compressor_spec()?;
         if spec.kind == crate::compress::CompressorKind::Dgc
             && spec.dgc_options()?.momentum > 0.0
-            && self.momentum > 0.0
+            && opt.momentum > 0.0
         {
             return Err(Error::bad_value(
-                "momentum",
-                "DGC's momentum correction applies the momentum before compression; set the optimiser's `momentum` to 0",
+                "optimizer.momentum",
+                "DGC's momentum correction applies the momentum before compression; set the optimiser's `optimizer.momentum` to 0",
             ));
         }
-        if self.limit_train == Some(0) || self.limit_test == Some(0) {
+        if data.limit_train == Some(0) || data.limit_test == Some(0) {
             return Err(Error::bad_value(
-                "limit_train/limit_test",
+                "data.limit_train/data.limit_test",
                 "0: expected at least 1 example",
             ));
         }
         Ok(())
     }
 
+    /// The adaptive-clipping settings that differ from their defaults, as dotted fields.
+    fn adaptive_settings_given(&self) -> Vec<&'static str> {
+        let (p, default) = (&self.privacy, PrivacySettings::default());
+        [
+            (
+                "privacy.target_quantile",
+                p.target_quantile != default.target_quantile,
+            ),
+            (
+                "privacy.clip_learning_rate",
+                p.clip_learning_rate != default.clip_learning_rate,
+            ),
+            ("privacy.count_noise", p.count_noise.is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, given)| *given)
+        .map(|(field, _)| field)
+        .collect()
+    }
+
     /// Settings that are valid but will have no effect in this run, in words for the user
     /// (the trainer reports them through `log::warn!` when it starts or resumes).
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
-        let beyond: Vec<usize> = (self.grad_error_epochs.iter())
+        let beyond: Vec<usize> = (self.analysis.grad_error_epochs.iter())
             .copied()
             .filter(|&e| e > self.epochs)
             .collect();
         if !beyond.is_empty() {
             warnings.push(format!(
-                "grad_error_epochs {beyond:?} lie beyond the run's {} epochs and will not be measured (resume the run with more `epochs`)",
+                "`analysis.grad_error_epochs` {beyond:?} lie beyond the run's {} epochs and will not be measured (resume the run with more `epochs`)",
                 self.epochs
             ));
         }
-        let adam_changed = self.adam_beta1 != adam_beta1()
-            || self.adam_beta2 != adam_beta2()
-            || self.adam_eps != adam_eps();
-        if self.optimizer == OptimizerKind::Sgd && adam_changed {
+        let (opt, default) = (&self.optimizer, OptimizerSettings::default());
+        let adam_changed = opt.adam_beta1 != default.adam_beta1
+            || opt.adam_beta2 != default.adam_beta2
+            || opt.adam_eps != default.adam_eps;
+        if opt.kind == OptimizerKind::Sgd && adam_changed {
             warnings.push(
-                "adam_beta1/adam_beta2/adam_eps are set but the optimizer is SGD: they have no effect (set `optimizer` to adam)".to_string(),
+                "`optimizer.adam_beta1`/`optimizer.adam_beta2`/`optimizer.adam_eps` are set but the optimizer is SGD: they have no effect (set `optimizer.kind` to adam)".to_string(),
             );
         }
-        if self.optimizer == OptimizerKind::Adam && self.momentum != 0.0 {
+        if opt.kind == OptimizerKind::Adam && opt.momentum != 0.0 {
             warnings.push(format!(
-                "momentum {} has no effect with Adam (its first moment is adam_beta1)",
-                self.momentum
+                "`optimizer.momentum` {} has no effect with Adam (its first moment is `optimizer.adam_beta1`)",
+                opt.momentum
             ));
         }
-        let adaptive_changed = self.target_quantile != default_target_quantile()
-            || self.clip_learning_rate != default_clip_learning_rate()
-            || self.count_noise.is_some();
-        if self.clipping != ClippingMode::Adaptive && adaptive_changed {
+        if self.privacy.clipping != ClippingMode::Adaptive
+            && !self.adaptive_settings_given().is_empty()
+        {
             warnings.push(
-                "target_quantile/clip_learning_rate/count_noise are set but clipping is not adaptive: they have no effect (set `clipping` to adaptive)".to_string(),
+                "`privacy.target_quantile`/`privacy.clip_learning_rate`/`privacy.count_noise` are set but clipping is not adaptive: they have no effect (set `privacy.clipping` to adaptive)".to_string(),
             );
         }
         warnings
     }
 
-    /// The settings that differ between `self` and `other`, as (field, self's value, other's
-    /// value) in TOML notation; a setting absent from one side shows as "none".
+    /// The settings that differ between `self` and `other`, as (dotted field, self's value,
+    /// other's value) in TOML notation; a setting absent from one side shows as "none".
     pub fn differences(&self, other: &TrainConfig) -> Vec<(String, String, String)> {
-        let table = |c: &TrainConfig| match toml::Value::try_from(c) {
-            Ok(toml::Value::Table(t)) => t,
-            _ => unreachable!("TrainConfig serialises to a table"),
-        };
-        let (a, b) = (table(self), table(other));
+        let (a, b) = (self.dotted(), other.dotted());
         let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
         keys.sort();
         keys.dedup();
@@ -576,253 +811,205 @@ impl TrainConfig {
             .collect()
     }
 
+    /// Every setting under its dotted name (`privacy.noise_multiplier`), absent ones left out.
+    fn dotted(&self) -> std::collections::BTreeMap<String, toml::Value> {
+        let Ok(toml::Value::Table(table)) = toml::Value::try_from(self) else {
+            unreachable!("TrainConfig serialises to a table")
+        };
+        let mut out = std::collections::BTreeMap::new();
+        for (key, value) in table {
+            match value {
+                toml::Value::Table(section) => {
+                    for (field, v) in section {
+                        out.insert(format!("{key}.{field}"), v);
+                    }
+                }
+                v => {
+                    out.insert(key, v);
+                }
+            }
+        }
+        out
+    }
+
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("TrainConfig always serialises")
     }
 
+    /// Reads a run's `config.toml`: the sections, or the flat file of a run made before them
+    /// (each key moved into its section). A setting the file lacks (a run older than it) takes
+    /// its task's default, as the reading did before the sections.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))
+        let origin = path.display().to_string();
+        let table: toml::Table =
+            toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
+        TrainConfig::from_table(table, &origin)
+    }
+
+    /// `from_toml_file` on a table; `origin` names it in errors.
+    pub fn from_table(table: toml::Table, origin: &str) -> Result<Self> {
+        let mut nested = nest(table, Naming::Fields, origin)?;
+        let task: TaskName = nested
+            .get("task")
+            .cloned()
+            .ok_or_else(|| Error::bad_file(origin, "missing `task`"))?
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::bad_file(origin, format!("task: {e}")))?;
+        let Ok(toml::Value::Table(defaults)) = toml::Value::try_from(Self::defaults_for(&task))
+        else {
+            unreachable!("TrainConfig serialises to a table")
+        };
+        for (key, default) in defaults {
+            match (nested.get_mut(&key), default) {
+                (None, default) => {
+                    nested.insert(key, default);
+                }
+                (Some(toml::Value::Table(section)), toml::Value::Table(default)) => {
+                    for (field, v) in default {
+                        section.entry(field).or_insert(v);
+                    }
+                }
+                _ => {}
+            }
+        }
+        toml::Value::Table(nested)
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::bad_file(origin, e.to_string()))
     }
 }
 
-/// Optional settings, from a `--config` TOML file or from flags; each given one replaces the
-/// default. Unknown keys in the file are errors that name the file and the key.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Optional settings, from a `--config` TOML file, an experiment's cell or flags; each given one
+/// replaces the default. Files may use the flat keys (`noise_multiplier = 1`, the flags' names
+/// with underscores), the sections (`[privacy] noise_multiplier = 1`) or both; an unknown key
+/// is an error naming the file and the key.
+#[derive(Debug, Clone, Default)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
-#[serde(deny_unknown_fields)]
 pub struct TrainOverrides {
     /// Task (a config file may set it instead).
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub task: Option<Task>,
-    /// Passes over the training set [default: the paper's, 100; SNLI 1].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub epochs: Option<usize>,
-    /// Examples per step; under Poisson sampling the expected batch, q = batch / N [default: the
-    /// paper's: Surnames 32, CIFAR-10 128, CIFAR-100 64, SNLI 32].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub batch_size: Option<usize>,
-    /// SGD learning rate [default: the paper's: Surnames 2.0, CIFAR-10 0.1, CIFAR-100 1.0, SNLI 0.05].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub lr: Option<f64>,
-    /// SGD momentum, 0 <= m < 1 [default: 0, the paper's plain SGD].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub momentum: Option<f64>,
-    /// sgd or adam (DP-Adam under --noise-multiplier) [default: sgd].
-    #[cfg_attr(feature = "cli", arg(long, value_enum))]
-    pub optimizer: Option<OptimizerKind>,
-    /// Adam's β1 [default: 0.9].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub adam_beta1: Option<f64>,
-    /// Adam's β2 [default: 0.999].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub adam_beta2: Option<f64>,
-    /// Adam's ε [default: 1e-8].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub adam_eps: Option<f64>,
-    /// Clipping radius C (the global gradient norm is clipped even without privacy).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub max_grad_norm: Option<f64>,
     /// Seed of the initial weights, the batches and (unless --secure-noise) the DP noise
     /// [default: 0].
     #[cfg_attr(feature = "cli", arg(long))]
     pub seed: Option<u64>,
-    /// Train on the first N training examples only.
+    /// Passes over the training set [default: the paper's, 100; SNLI 1].
     #[cfg_attr(feature = "cli", arg(long))]
-    pub limit_train: Option<usize>,
-    /// Evaluate on the first N test examples only.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub limit_test: Option<usize>,
-    /// Data folder (default: $DPCOMP_DATA, else data/).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub data_dir: Option<PathBuf>,
+    pub epochs: Option<usize>,
+    /// auto picks CUDA when LibTorch sees a GPU [default: auto].
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub device: Option<DeviceChoice>,
-    /// Random crop and horizontal flip on CIFAR training images.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub augment: Option<bool>,
-    /// SNLI: longest WordPiece pair kept (longer pairs are truncated).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub max_seq_len: Option<usize>,
-    /// SNLI: the BERT folder (config.json, model.safetensors, tokenizer.json or vocab.txt)
-    /// [default: models/all-MiniLM-L6-v2, installed by scripts/setup.sh].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub bert_dir: Option<PathBuf>,
-    /// Examples per evaluation batch (memory only; results do not depend on it).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub eval_batch_size: Option<usize>,
-    /// DP-SGD noise multiplier sigma (turns on per-sample clipping and noise; 0 clips only).
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub noise_multiplier: Option<f64>,
-    /// δ of the reported (ε, δ) [default: the paper's: Surnames 8e-5, CIFAR 1e-5, SNLI 1/N].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub delta: Option<f64>,
-    /// Stop before a step that would exceed this epsilon.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub target_epsilon: Option<f64>,
-    #[cfg_attr(feature = "cli", arg(long, value_enum))]
-    pub sampling: Option<Sampling>,
-    /// DP clipping: flat (one radius C) or per-layer (C / sqrt(L) per parameter tensor, the
-    /// same noise) [default: flat].
-    #[cfg_attr(feature = "cli", arg(long, value_enum))]
-    pub clipping: Option<ClippingMode>,
-    /// Adaptive clipping: the share of examples the radius should leave unclipped [default: 0.5].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub target_quantile: Option<f64>,
-    /// Adaptive clipping: step size of the radius's geometric update [default: 0.2].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub clip_learning_rate: Option<f64>,
-    /// Adaptive clipping: standard deviation of the noise on the unclipped count, in examples;
-    /// must exceed sigma / 2 [default: the expected batch / 20].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub count_noise: Option<f64>,
-    #[cfg_attr(feature = "cli", arg(long, value_enum))]
-    pub accountant: Option<AccountantKind>,
-    /// Largest chunk of a logical batch processed at once.
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub physical_batch_size: Option<usize>,
-    /// Per-sample gradients from the tape (fast) or per-example autograd (oracle).
-    #[cfg_attr(feature = "cli", arg(long, value_enum))]
-    pub grad_sample: Option<GradSampleMode>,
-    /// Gradient compressor, applied after clipping and noise [default: identity].
-    #[cfg_attr(feature = "cli", arg(long, value_enum))]
-    pub compressor: Option<crate::compress::CompressorKind>,
-    /// DGC/Denoise: dense fp32 bits / message bits (the paper: 1, 16, 256) [default: 1].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub rate: Option<f64>,
-    /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub rank: Option<i64>,
-    /// Compressor setting key=value, repeatable. dgc: value_bits (9-32), index_bits (32|min),
-    /// momentum, masking, warmup_epochs, topk (sampled|exact), sample_ratio. powersgd: shape
-    /// (square|rows), min_rate, epsilon, warm_start, seed. denoise: beta, decay, scope
-    /// (layer|model), value_bits, index_bits, topk, sample_ratio, clip.
-    #[cfg_attr(
-        feature = "cli",
-        arg(long = "compressor-option", value_name = "KEY=VALUE")
-    )]
-    #[serde(alias = "compressor_option")]
-    pub compressor_options: Option<Vec<String>>,
-    /// Measure the gradient error after these epochs (comma-separated, 0 = before training):
-    /// clip / noise / compress error against the true mean gradient, bias² and variance, in
-    /// grad_error.jsonl.
-    #[cfg_attr(feature = "cli", arg(long, value_delimiter = ','))]
-    pub grad_error_epochs: Option<Vec<usize>>,
-    /// Fixed batches per gradient-error measurement [default: 4].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub grad_error_batches: Option<usize>,
-    /// Noise draws per batch per gradient-error measurement [default: 8].
-    #[cfg_attr(feature = "cli", arg(long))]
-    pub grad_error_draws: Option<usize>,
-    /// Draw the DP noise from a CSPRNG seeded by the operating system (and the epochs' Poisson
-    /// batches from OS-seeded LibTorch), never from --seed: for models released from sensitive
-    /// data. Not reproducible. [default: false, seeded noise for reproducible experiments]
-    #[cfg_attr(feature = "cli", arg(long, num_args = 0..=1, default_missing_value = "true"))]
-    pub secure_noise: Option<bool>,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub data: DataOverrides,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub model: ModelOverrides,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub optimizer: OptimizerOverrides,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub privacy: PrivacyOverrides,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub compression: CompressionOverrides,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub analysis: AnalysisOverrides,
+}
+
+/// The top-level part of `TrainOverrides`, as serde reads it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopLevelOverrides {
+    task: Option<Task>,
+    seed: Option<u64>,
+    epochs: Option<usize>,
+    device: Option<DeviceChoice>,
 }
 
 impl TrainOverrides {
     pub fn from_toml_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Settings from TOML text (flat keys, sections, or both); `origin` names it in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| Error::bad_file(origin, e.to_string()))?;
+        Self::from_table(table, origin)
+    }
+
+    /// Settings from a TOML table (flat keys, sections, or both); `origin` names it in errors.
+    pub fn from_table(table: toml::Table, origin: &str) -> Result<Self> {
+        let mut nested = nest(table, Naming::Flat, origin)?;
+        fn section<T: serde::de::DeserializeOwned + Default>(
+            nested: &mut toml::Table,
+            name: &str,
+            origin: &str,
+        ) -> Result<T> {
+            match nested.remove(name) {
+                None => Ok(T::default()),
+                Some(v) => v.try_into().map_err(|e: toml::de::Error| {
+                    Error::bad_file(origin, format!("[{name}]: {e}"))
+                }),
+            }
+        }
+        let data = section(&mut nested, DataSettings::SECTION, origin)?;
+        let model = section(&mut nested, ModelSettings::SECTION, origin)?;
+        let optimizer = section(&mut nested, OptimizerSettings::SECTION, origin)?;
+        let privacy = section(&mut nested, PrivacySettings::SECTION, origin)?;
+        let compression = section(&mut nested, CompressionSettings::SECTION, origin)?;
+        let analysis = section(&mut nested, AnalysisSettings::SECTION, origin)?;
+        let top: TopLevelOverrides = toml::Value::Table(nested)
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::bad_file(origin, e.to_string()))?;
+        Ok(TrainOverrides {
+            task: top.task,
+            seed: top.seed,
+            epochs: top.epochs,
+            device: top.device,
+            data,
+            model,
+            optimizer,
+            privacy,
+            compression,
+            analysis,
+        })
     }
 
     /// `self` where given, else `base`.
     pub fn or(self, base: TrainOverrides) -> TrainOverrides {
         TrainOverrides {
             task: self.task.or(base.task),
-            epochs: self.epochs.or(base.epochs),
-            batch_size: self.batch_size.or(base.batch_size),
-            lr: self.lr.or(base.lr),
-            momentum: self.momentum.or(base.momentum),
-            optimizer: self.optimizer.or(base.optimizer),
-            adam_beta1: self.adam_beta1.or(base.adam_beta1),
-            adam_beta2: self.adam_beta2.or(base.adam_beta2),
-            adam_eps: self.adam_eps.or(base.adam_eps),
-            max_grad_norm: self.max_grad_norm.or(base.max_grad_norm),
             seed: self.seed.or(base.seed),
-            limit_train: self.limit_train.or(base.limit_train),
-            limit_test: self.limit_test.or(base.limit_test),
-            data_dir: self.data_dir.or(base.data_dir),
+            epochs: self.epochs.or(base.epochs),
             device: self.device.or(base.device),
-            augment: self.augment.or(base.augment),
-            max_seq_len: self.max_seq_len.or(base.max_seq_len),
-            bert_dir: self.bert_dir.or(base.bert_dir),
-            eval_batch_size: self.eval_batch_size.or(base.eval_batch_size),
-            noise_multiplier: self.noise_multiplier.or(base.noise_multiplier),
-            delta: self.delta.or(base.delta),
-            target_epsilon: self.target_epsilon.or(base.target_epsilon),
-            sampling: self.sampling.or(base.sampling),
-            clipping: self.clipping.or(base.clipping),
-            target_quantile: self.target_quantile.or(base.target_quantile),
-            clip_learning_rate: self.clip_learning_rate.or(base.clip_learning_rate),
-            count_noise: self.count_noise.or(base.count_noise),
-            accountant: self.accountant.or(base.accountant),
-            physical_batch_size: self.physical_batch_size.or(base.physical_batch_size),
-            grad_sample: self.grad_sample.or(base.grad_sample),
-            compressor: self.compressor.or(base.compressor),
-            rate: self.rate.or(base.rate),
-            rank: self.rank.or(base.rank),
-            compressor_options: self.compressor_options.or(base.compressor_options),
-            grad_error_epochs: self.grad_error_epochs.or(base.grad_error_epochs),
-            grad_error_batches: self.grad_error_batches.or(base.grad_error_batches),
-            grad_error_draws: self.grad_error_draws.or(base.grad_error_draws),
-            secure_noise: self.secure_noise.or(base.secure_noise),
+            data: self.data.or(base.data),
+            model: self.model.or(base.model),
+            optimizer: self.optimizer.or(base.optimizer),
+            privacy: self.privacy.or(base.privacy),
+            compression: self.compression.or(base.compression),
+            analysis: self.analysis.or(base.analysis),
         }
     }
 
     /// Writes every given setting into `config`.
     pub fn apply(self, config: &mut TrainConfig) {
-        macro_rules! set {
-            ($($field:ident),* $(,)?) => { $( if let Some(v) = self.$field { config.$field = v; } )* };
-        }
-        macro_rules! set_optional {
-            ($($field:ident),* $(,)?) => { $( if self.$field.is_some() { config.$field = self.$field; } )* };
-        }
         if let Some(task) = self.task {
             config.task = TaskName::Builtin(task);
         }
-        set!(
-            epochs,
-            batch_size,
-            lr,
-            momentum,
-            optimizer,
-            adam_beta1,
-            adam_beta2,
-            adam_eps,
-            max_grad_norm,
-            seed,
-            device,
-            augment,
-            max_seq_len,
-            bert_dir,
-            eval_batch_size,
-            delta,
-            sampling,
-            clipping,
-            target_quantile,
-            clip_learning_rate,
-            accountant,
-            grad_sample,
-            compressor,
-            rate,
-            rank,
-            compressor_options,
-            grad_error_epochs,
-            grad_error_batches,
-            grad_error_draws,
-            secure_noise,
-        );
-        set_optional!(
-            limit_train,
-            limit_test,
-            data_dir,
-            noise_multiplier,
-            target_epsilon,
-            physical_batch_size,
-            count_noise
-        );
+        if let Some(seed) = self.seed {
+            config.seed = seed;
+        }
+        if let Some(epochs) = self.epochs {
+            config.epochs = epochs;
+        }
+        if let Some(device) = self.device {
+            config.device = device;
+        }
+        self.data.apply(&mut config.data);
+        self.model.apply(&mut config.model);
+        self.optimizer.apply(&mut config.optimizer);
+        self.privacy.apply(&mut config.privacy);
+        self.compression.apply(&mut config.compression);
+        self.analysis.apply(&mut config.analysis);
     }
 
     /// Paper defaults for the task, then these settings. Errors when no task is given.
@@ -834,5 +1021,66 @@ impl TrainOverrides {
         self.apply(&mut config);
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flat_keys_name_their_sections_fields() {
+        assert_eq!(flat_key("optimizer.kind"), Some("optimizer"));
+        assert_eq!(flat_key("compression.options"), Some("compressor_options"));
+        assert_eq!(
+            flat_key("privacy.noise_multiplier"),
+            Some("noise_multiplier")
+        );
+        assert_eq!(flat_key("epochs"), Some("epochs"));
+        assert_eq!(flat_key("privacy.clip"), None);
+        assert_eq!(flat_key("noise_multiplier"), None);
+        // Every flat key belongs to one setting only.
+        let mut flat: Vec<&str> = SECTIONS
+            .iter()
+            .flat_map(|(_, k)| k.iter().map(|(_, f)| *f))
+            .collect();
+        flat.extend(TOP_LEVEL_KEYS);
+        let n = flat.len();
+        flat.sort();
+        flat.dedup();
+        assert_eq!(flat.len(), n, "a flat key used twice");
+    }
+
+    #[test]
+    fn flat_and_sectioned_files_give_the_same_overrides() {
+        let flat = TrainOverrides::from_toml_str(
+            "task = \"surnames\"\noptimizer = \"adam\"\nnoise_multiplier = 0.5\ncompressor = \"dgc\"\ncompressor_option = [\"momentum=0\"]\n",
+            "flat",
+        )
+        .unwrap()
+        .resolve()
+        .unwrap();
+        let nested = TrainOverrides::from_toml_str(
+            "task = \"surnames\"\n[optimizer]\nkind = \"adam\"\n[privacy]\nnoise_multiplier = 0.5\n[compression]\nkind = \"dgc\"\noptions = [\"momentum=0\"]\n",
+            "nested",
+        )
+        .unwrap()
+        .resolve()
+        .unwrap();
+        assert_eq!(flat, nested);
+        assert_eq!(flat.optimizer.kind, OptimizerKind::Adam);
+        assert_eq!(flat.privacy.noise_multiplier, Some(0.5));
+        assert_eq!(flat.compression.options, vec!["momentum=0".to_string()]);
+        let twice = TrainOverrides::from_toml_str("lr = 1\n[optimizer]\nlr = 2\n", "twice")
+            .unwrap_err()
+            .to_string();
+        assert!(twice.contains("`optimizer.lr` is given twice"), "{twice}");
+        let unknown = TrainOverrides::from_toml_str("[privacy]\nsigma = 2\n", "f.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unknown.contains("f.toml") && unknown.contains("`privacy.sigma`"),
+            "{unknown}"
+        );
     }
 }

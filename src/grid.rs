@@ -202,9 +202,8 @@ impl Experiment {
                 }
             }
             let name = cell_name(&values);
-            let settings: TrainOverrides = toml::Value::Table(table).try_into().map_err(|e| {
-                Error::bad_value(format!("{} cell {name}", self.name), e.to_string())
-            })?;
+            let settings =
+                TrainOverrides::from_table(table, &format!("{} cell {name}", self.name))?;
             let config = settings.resolve().map_err(|e| {
                 Error::bad_value(format!("{} cell {name}", self.name), e.to_string())
             })?;
@@ -307,7 +306,7 @@ pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
     let mut comparable = saved.clone();
     comparable.epochs = config.epochs;
     // A run records the data folder it resolved; where the data lives is not a setting.
-    comparable.data_dir = config.data_dir.clone();
+    comparable.data.data_dir = config.data.data_dir.clone();
     if &comparable != config {
         return Err(Error::bad_value(
             "grid",
@@ -426,12 +425,12 @@ pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
         rows.push(Row {
             cell: cell.name.clone(),
             task: c.task.to_string(),
-            noise_multiplier: c.noise_multiplier.unwrap_or(0.0),
+            noise_multiplier: c.privacy.noise_multiplier.unwrap_or(0.0),
             epsilon: summary.epsilon.filter(|e| e.is_finite()),
-            delta: c.delta,
+            delta: c.privacy.delta,
             compressor: c.compressor_spec()?.label(),
-            rate: c.rate,
-            rank: c.rank,
+            rate: c.compression.rate,
+            rank: c.compression.rank,
             seed: c.seed,
             upstream_gigabits: summary.upstream_gigabits,
             upstream_paper_gib: summary.upstream_paper_gib,
@@ -556,14 +555,14 @@ pub fn upload_estimates(cells: &[Cell]) -> Vec<Result<crate::train::upload::Uplo
         .iter()
         .map(|cell| {
             let c = &cell.config;
-            let key = format!("{}|{:?}|{:?}", c.task, c.limit_train, c.data_dir);
+            let key = format!("{}|{:?}|{:?}", c.task, c.data.limit_train, c.data.data_dir);
             if !known.iter().any(|(k, _, _)| *k == key) {
                 let data = crate::tasks::load_data(c)?;
                 let model = crate::tasks::build_model(
                     c.task.builtin()?,
                     data.classes.len() as i64,
                     tch::Device::Cpu,
-                    &c.bert_dir,
+                    &c.model.bert_dir,
                 )?;
                 let shapes = model
                     .trainable_variables()

@@ -9,25 +9,27 @@ use tch::Device;
 
 /// Loads the task's train and test splits from the data folder, applying `limit_train`.
 pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
-    let root = data::data_dir(config.data_dir.as_deref());
+    let root = data::data_dir(config.data.data_dir.as_deref());
     let mut data = match config.task.builtin()? {
         Task::Surnames => names::load(&root.join("names"), config.seed)?,
-        Task::Cifar10 => cifar::load_cifar10(&root.join("cifar-10-batches-bin"), config.augment)?,
+        Task::Cifar10 => {
+            cifar::load_cifar10(&root.join("cifar-10-batches-bin"), config.data.augment)?
+        }
         Task::Cifar100 => cifar::load_cifar100(
             &root.join("cifar-100-binary"),
             cifar::Cifar100Labels::Fine,
-            config.augment,
+            config.data.augment,
         )?,
         Task::Snli => snli::load(
             &root.join("snli_1.0"),
-            &resolve_bert_dir(&config.bert_dir)?,
-            config.max_seq_len,
+            &resolve_bert_dir(&config.model.bert_dir)?,
+            config.data.max_seq_len,
         )?,
     };
-    if let Some(n) = config.limit_train {
+    if let Some(n) = config.data.limit_train {
         data.train = data.train.truncate(n as i64);
     }
-    if let Some(n) = config.limit_test {
+    if let Some(n) = config.data.limit_test {
         data.test = data.test.truncate(n as i64);
     }
     Ok(data)
@@ -41,8 +43,8 @@ pub fn prepare(config: &TrainConfig) -> Result<(Device, TaskData, Box<dyn Model>
     let classes = data.classes.len() as i64;
     let task = config.task.builtin()?;
     let bert_dir = match task {
-        Task::Snli => resolve_bert_dir(&config.bert_dir)?,
-        _ => config.bert_dir.clone(),
+        Task::Snli => resolve_bert_dir(&config.model.bert_dir)?,
+        _ => config.model.bert_dir.clone(),
     };
     let model = build_model(task, classes, device, &bert_dir)?;
     check_data(model.as_ref(), &data, classes)?;
@@ -102,9 +104,9 @@ pub fn resolve_bert_dir(dir: &Path) -> Result<PathBuf> {
         return Ok(found.clone());
     }
     Err(crate::error::Error::bad_value(
-        "bert_dir",
+        "model.bert_dir",
         format!(
-            "no BERT folder (config.json, model.safetensors, tokenizer) at {}; run scripts/setup.sh or set `bert_dir`",
+            "no BERT folder (config.json, model.safetensors, tokenizer) at {}; run scripts/setup.sh or set `model.bert_dir`",
             candidates
                 .iter()
                 .map(|c| c.display().to_string())

@@ -19,12 +19,12 @@ use tch::{Device, Kind, Reduction, Tensor};
 
 fn config(root: &Path) -> TrainConfig {
     let mut c = TrainConfig::paper_defaults(Task::Surnames);
-    c.limit_train = Some(512);
-    c.limit_test = Some(256);
-    c.data_dir = Some(root.to_path_buf());
+    c.data.limit_train = Some(512);
+    c.data.limit_test = Some(256);
+    c.data.data_dir = Some(root.to_path_buf());
     c.device = DeviceChoice::Cpu;
     c.seed = 11;
-    c.noise_multiplier = Some(0.8);
+    c.privacy.noise_multiplier = Some(0.8);
     c
 }
 
@@ -276,14 +276,14 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
         return;
     };
     let mut base = config(&root);
-    base.limit_train = Some(256);
+    base.data.limit_train = Some(256);
     base.epochs = 2;
-    base.compressor = CompressorKind::Dgc;
-    base.rate = 16.0;
+    base.compression.kind = CompressorKind::Dgc;
+    base.compression.rate = 16.0;
     let mut measured = base.clone();
-    measured.grad_error_epochs = vec![0, 2];
-    measured.grad_error_batches = 1;
-    measured.grad_error_draws = 2;
+    measured.analysis.grad_error_epochs = vec![0, 2];
+    measured.analysis.grad_error_batches = 1;
+    measured.analysis.grad_error_draws = 2;
     let weights = |c: TrainConfig, dir: &Path| {
         let mut t = Trainer::new(c, dir).unwrap();
         t.progress = false;

@@ -12,12 +12,12 @@ use std::path::Path;
 fn config(root: &Path, epochs: usize, limit: usize, sigma: Option<f64>) -> TrainConfig {
     let mut c = TrainConfig::paper_defaults(Task::Surnames);
     c.epochs = epochs;
-    c.limit_train = Some(limit);
-    c.limit_test = Some(1000);
-    c.data_dir = Some(root.to_path_buf());
+    c.data.limit_train = Some(limit);
+    c.data.limit_test = Some(1000);
+    c.data.data_dir = Some(root.to_path_buf());
     c.device = DeviceChoice::Cpu;
     c.seed = 5;
-    c.noise_multiplier = sigma;
+    c.privacy.noise_multiplier = sigma;
     c
 }
 
@@ -28,10 +28,10 @@ fn with(
     rank: i64,
     options: &[&str],
 ) -> TrainConfig {
-    c.compressor = kind;
-    c.rate = rate;
-    c.rank = rank;
-    c.compressor_options = options.iter().map(|s| s.to_string()).collect();
+    c.compression.kind = kind;
+    c.compression.rate = rate;
+    c.compression.rank = rank;
+    c.compression.options = options.iter().map(|s| s.to_string()).collect();
     c
 }
 

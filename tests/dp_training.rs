@@ -147,7 +147,7 @@ fn secure_noise_is_not_a_function_of_the_seed() {
     let work = tempfile::tempdir().unwrap();
     let run = |name: &str, secure: bool| {
         let mut c = dp_config(&root, 1);
-        c.secure_noise = secure;
+        c.privacy.secure_noise = secure;
         let dir = work.path().join(name);
         let mut t = Trainer::new(c, &dir).unwrap();
         t.progress = false;
@@ -167,7 +167,7 @@ fn secure_noise_is_not_a_function_of_the_seed() {
     // The batches themselves: the same for one seed, never the same under --secure-noise.
     let batches = |secure: bool, name: &str| {
         let mut c = dp_config(&root, 1);
-        c.secure_noise = secure;
+        c.privacy.secure_noise = secure;
         let t = Trainer::new(c, &work.path().join(name)).unwrap();
         let first = t.epoch_batches(0);
         assert!(first.len() > 10, "{} batches", first.len());
@@ -350,12 +350,12 @@ fn poisson_batches_have_the_expected_size() {
 fn dp_config(root: &std::path::Path, epochs: usize) -> TrainConfig {
     let mut c = TrainConfig::paper_defaults(Task::Surnames);
     c.epochs = epochs;
-    c.limit_train = Some(640);
-    c.limit_test = Some(500);
-    c.data_dir = Some(root.to_path_buf());
+    c.data.limit_train = Some(640);
+    c.data.limit_test = Some(500);
+    c.data.data_dir = Some(root.to_path_buf());
     c.device = dpcomp::config::DeviceChoice::Cpu;
-    c.noise_multiplier = Some(0.8);
-    c.lr = 0.5;
+    c.privacy.noise_multiplier = Some(0.8);
+    c.optimizer.lr = 0.5;
     c
 }
 
@@ -414,7 +414,7 @@ fn target_epsilon_stops_before_exceeding_it() {
     };
     // One step alone spends 2.04 here (q 0.05, σ 0.8), so a target of 4 leaves a few.
     let mut c = dp_config(&root, 50);
-    c.target_epsilon = Some(4.0);
+    c.privacy.target_epsilon = Some(4.0);
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
     t.progress = false;
@@ -442,10 +442,10 @@ fn surnames_dp_training_learns_something() {
     // stay below the majority class.
     let mut c = TrainConfig::paper_defaults(Task::Surnames);
     c.epochs = 2;
-    c.data_dir = Some(root);
+    c.data.data_dir = Some(root);
     c.device = dpcomp::config::DeviceChoice::Cpu;
-    c.noise_multiplier = Some(0.8);
-    c.max_grad_norm = 0.1;
+    c.privacy.noise_multiplier = Some(0.8);
+    c.privacy.max_grad_norm = 0.1;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
     t.progress = false;
@@ -468,8 +468,8 @@ fn target_epsilon_with_the_pld_accountant() {
     };
     // PLD is tighter than RDP: one step spends less than 2 here, so 2 leaves a few steps.
     let mut c = dp_config(&root, 50);
-    c.target_epsilon = Some(2.0);
-    c.accountant = dpcomp::config::AccountantKind::Pld;
+    c.privacy.target_epsilon = Some(2.0);
+    c.privacy.accountant = dpcomp::config::AccountantKind::Pld;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
     t.progress = false;
@@ -532,7 +532,10 @@ fn cli_dp_run_reports_the_epsilon_that_dpcomp_epsilon_prints() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let config = TrainConfig::from_toml_file(&out.join("config.toml")).unwrap();
-    assert_eq!(config.accountant, dpcomp::config::AccountantKind::Pld);
+    assert_eq!(
+        config.privacy.accountant,
+        dpcomp::config::AccountantKind::Pld
+    );
     // 320 examples / 32 = 10 steps an epoch: q = 0.1, 20 steps, delta 8e-5 (the Surnames default).
     let printed = std::process::Command::new(bin)
         .args([
@@ -587,7 +590,7 @@ fn poisson_steps_divide_by_the_expected_batch() {
         assert_eq!(s.expected_batch, 32.0, "realised {realised}");
     }
     let shuffle = trainer("shuffle", &|c| {
-        c.sampling = dpcomp::config::Sampling::Shuffle
+        c.privacy.sampling = dpcomp::config::Sampling::Shuffle
     });
     assert_eq!(shuffle.dp_settings(7).unwrap().expected_batch, 7.0);
     // Shuffled batches are accounted as if Poisson: the summary says so.
@@ -601,6 +604,6 @@ fn poisson_steps_divide_by_the_expected_batch() {
     let mut poisson = poisson;
     poisson.progress = false;
     assert_eq!(poisson.run().unwrap().sampling.as_deref(), Some("poisson"));
-    let plain = trainer("plain", &|c| c.noise_multiplier = None);
+    let plain = trainer("plain", &|c| c.privacy.noise_multiplier = None);
     assert!(plain.dp_settings(32).is_none());
 }

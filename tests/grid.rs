@@ -216,7 +216,7 @@ fn every_experiment_file_resolves_in_both_profiles() {
                     .validate()
                     .unwrap_or_else(|e| panic!("{} {profile} {}: {e}", path.display(), c.name));
                 assert!(
-                    c.config.noise_multiplier.is_some(),
+                    c.config.privacy.noise_multiplier.is_some(),
                     "{}: every cell clips per sample",
                     c.name
                 );
@@ -279,11 +279,11 @@ fn table_valued_axes_bundle_settings_under_a_label() {
         .unwrap();
     assert_eq!(dgc.len(), 9);
     assert_eq!(
-        dgc[0].config.compressor,
+        dgc[0].config.compression.kind,
         dpcomp::compress::CompressorKind::Dgc
     );
     assert_eq!(
-        dgc[0].config.compressor_options,
+        dgc[0].config.compression.options,
         vec!["budget=elements".to_string()]
     );
     let only = vec![
@@ -299,11 +299,11 @@ fn table_valued_axes_bundle_settings_under_a_label() {
         "noise_multiplier-0.8_rate-256_variant-denoise-model-clip"
     );
     assert_eq!(
-        c.config.compressor,
+        c.config.compression.kind,
         dpcomp::compress::CompressorKind::Denoise
     );
     assert_eq!(
-        c.config.compressor_options,
+        c.config.compression.options,
         vec![
             "budget=elements".to_string(),
             "scope=model".to_string(),
@@ -311,7 +311,11 @@ fn table_valued_axes_bundle_settings_under_a_label() {
         ]
     );
     assert_eq!(
-        (c.config.rate, c.config.noise_multiplier, c.config.epochs),
+        (
+            c.config.compression.rate,
+            c.config.privacy.noise_multiplier,
+            c.config.epochs
+        ),
         (256.0, Some(0.8), 15)
     );
     // The full profile adds a seed axis: 3 seeds of every cell.
@@ -403,7 +407,7 @@ fn full_profiles_estimate_the_papers_bandwidths() {
         for (c, u) in cells.iter().zip(&uploads) {
             let rate = uploads[0].paper_gib() / u.paper_gib();
             assert!(
-                (rate / c.config.rate - 1.0).abs() < 0.01,
+                (rate / c.config.compression.rate - 1.0).abs() < 0.01,
                 "{file} {}: {rate}",
                 c.name
             );

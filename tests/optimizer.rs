@@ -179,13 +179,13 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
     let config = |epochs: usize| {
         let mut c = TrainConfig::paper_defaults(Task::Surnames);
         c.epochs = epochs;
-        c.limit_train = Some(640);
-        c.limit_test = Some(128);
-        c.data_dir = Some(root.clone());
+        c.data.limit_train = Some(640);
+        c.data.limit_test = Some(128);
+        c.data.data_dir = Some(root.clone());
         c.device = dpcomp::config::DeviceChoice::Cpu;
-        c.noise_multiplier = Some(0.8);
-        c.optimizer = OptimizerKind::Adam;
-        c.lr = 0.002;
+        c.privacy.noise_multiplier = Some(0.8);
+        c.optimizer.kind = OptimizerKind::Adam;
+        c.optimizer.lr = 0.002;
         c
     };
     let weights = |run: &std::path::Path| -> Vec<(String, Tensor)> {
@@ -220,7 +220,7 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
     assert_eq!(summary.epsilon, resumed.epsilon);
     // Adam's momentum is its own: SGD's --momentum is refused beside it.
     let mut bad = config(1);
-    bad.momentum = 0.9;
+    bad.optimizer.momentum = 0.9;
     let e = Trainer::new(bad, &work.path().join("bad"))
         .err()
         .expect("refused")

@@ -289,12 +289,12 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
     let config = |clipping: ClippingMode| {
         let mut c = TrainConfig::paper_defaults(Task::Surnames);
         c.epochs = 1;
-        c.limit_train = Some(1280);
-        c.limit_test = Some(256);
-        c.data_dir = Some(root.clone());
+        c.data.limit_train = Some(1280);
+        c.data.limit_test = Some(256);
+        c.data.data_dir = Some(root.clone());
         c.device = dpcomp::config::DeviceChoice::Cpu;
-        c.noise_multiplier = Some(0.8);
-        c.clipping = clipping;
+        c.privacy.noise_multiplier = Some(0.8);
+        c.privacy.clipping = clipping;
         c
     };
     let run = |clipping: ClippingMode, name: &str| {
@@ -315,13 +315,13 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
         .fold(0.0, f64::max);
     assert!(moved > 1e-6, "per-layer clipping changed nothing");
     let mut plain = config(ClippingMode::PerLayer);
-    plain.noise_multiplier = None;
+    plain.privacy.noise_multiplier = None;
     let e = Trainer::new(plain, &work.path().join("plain"))
         .err()
         .expect("refused")
         .to_string();
     assert!(
-        e.starts_with("clipping:") && e.contains("`noise_multiplier`"),
+        e.starts_with("privacy.clipping:") && e.contains("`privacy.noise_multiplier`"),
         "{e}"
     );
 }
@@ -561,13 +561,13 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
     let config = |epochs: usize, clipping: ClippingMode| {
         let mut c = TrainConfig::paper_defaults(Task::Surnames);
         c.epochs = epochs;
-        c.limit_train = Some(640);
-        c.limit_test = Some(128);
-        c.data_dir = Some(root.clone());
+        c.data.limit_train = Some(640);
+        c.data.limit_test = Some(128);
+        c.data.data_dir = Some(root.clone());
         c.device = dpcomp::config::DeviceChoice::Cpu;
-        c.noise_multiplier = Some(0.8);
-        c.clipping = clipping;
-        c.max_grad_norm = 0.5;
+        c.privacy.noise_multiplier = Some(0.8);
+        c.privacy.clipping = clipping;
+        c.privacy.max_grad_norm = 0.5;
         c
     };
     let work = tempfile::tempdir().unwrap();
@@ -604,18 +604,18 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
 #[test]
 fn adaptive_settings_without_adaptive_clipping_are_refused() {
     let mut c = TrainConfig::paper_defaults(Task::Surnames);
-    c.noise_multiplier = Some(1.0);
-    c.count_noise = Some(3.0);
+    c.privacy.noise_multiplier = Some(1.0);
+    c.privacy.count_noise = Some(3.0);
     let e = c.validate().unwrap_err().to_string();
     assert!(
-        e.starts_with("count_noise:") && e.contains("`clipping` adaptive"),
+        e.starts_with("privacy.count_noise:") && e.contains("`privacy.clipping` adaptive"),
         "{e}"
     );
-    c.clipping = ClippingMode::Adaptive;
+    c.privacy.clipping = ClippingMode::Adaptive;
     c.validate().unwrap();
-    c.clipping = ClippingMode::PerLayer;
-    c.count_noise = None;
-    c.target_quantile = 0.9;
+    c.privacy.clipping = ClippingMode::PerLayer;
+    c.privacy.count_noise = None;
+    c.privacy.target_quantile = 0.9;
     let e = c.validate().unwrap_err().to_string();
     assert!(e.contains("target_quantile"), "{e}");
 }

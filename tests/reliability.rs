@@ -17,11 +17,11 @@ use std::process::{Command, Output};
 fn small_private(root: &Path) -> TrainConfig {
     let mut c = TrainConfig::paper_defaults(Task::Surnames);
     c.epochs = 2;
-    c.limit_train = Some(300);
-    c.limit_test = Some(200);
-    c.data_dir = Some(root.to_path_buf());
+    c.data.limit_train = Some(300);
+    c.data.limit_test = Some(200);
+    c.data.data_dir = Some(root.to_path_buf());
     c.device = dpcomp::config::DeviceChoice::Cpu;
-    c.noise_multiplier = Some(1.0);
+    c.privacy.noise_multiplier = Some(1.0);
     c.seed = 3;
     c
 }
@@ -382,7 +382,7 @@ fn resume_flags_must_match_the_run_except_epochs_data_and_device() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let saved = TrainConfig::from_toml_file(&run.join("config.toml")).unwrap();
-    assert_eq!(saved.data_dir.as_deref(), Some(moved.as_path()));
+    assert_eq!(saved.data.data_dir.as_deref(), Some(moved.as_path()));
     assert_eq!(saved.epochs, 2);
     // eval finds the data from the recorded folder, from another working directory.
     let out = Command::new(env!("CARGO_BIN_EXE_dpcomp"))
@@ -401,7 +401,7 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
     };
     let work = tempfile::tempdir().unwrap();
     let mut config = small_private(&root);
-    config.target_epsilon = Some(0.001);
+    config.privacy.target_epsilon = Some(0.001);
     let run = work.path().join("tiny-target");
     let mut trainer = Trainer::new(config.clone(), &run).unwrap();
     trainer.progress = false;
@@ -410,18 +410,18 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
     assert!(!run.join("metrics.jsonl").exists());
     assert!(!run.join("summary.json").exists());
 
-    config.noise_multiplier = Some(0.0);
-    config.target_epsilon = Some(5.0);
+    config.privacy.noise_multiplier = Some(0.0);
+    config.privacy.target_epsilon = Some(5.0);
     let mut trainer = Trainer::new(config.clone(), &work.path().join("sigma0-target")).unwrap();
     trainer.progress = false;
     let err = trainer.run().unwrap_err().to_string();
     assert!(
-        err.starts_with("target_epsilon:") && err.contains("inf"),
+        err.starts_with("privacy.target_epsilon:") && err.contains("inf"),
         "{err}"
     );
 
     // σ = 0 without a target trains (clipping only), and its ε is infinite, never 0 or null.
-    config.target_epsilon = None;
+    config.privacy.target_epsilon = None;
     let run = work.path().join("sigma0");
     let summary = train(config, &run);
     assert_eq!(summary.epsilon, Some(f64::INFINITY));
@@ -449,7 +449,7 @@ fn a_budget_spent_at_an_epoch_boundary_writes_no_empty_epoch() {
         .epsilon
         .unwrap();
     config.epochs = 3;
-    config.target_epsilon = Some(one * (1.0 + 1e-9));
+    config.privacy.target_epsilon = Some(one * (1.0 + 1e-9));
     let run = work.path().join("budget");
     let summary = train(config, &run);
     assert_eq!(summary.epochs, 1);
@@ -765,7 +765,7 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
     let positions = original["max_position_embeddings"].as_u64().unwrap() as usize;
     let err = dpcomp::data::snli::load(&root.join("snli_1.0"), &source, positions + 1)
         .expect_err("a sequence length beyond the position table was accepted");
-    assert!(err.to_string().starts_with("max_seq_len:"), "{err}");
+    assert!(err.to_string().starts_with("data.max_seq_len:"), "{err}");
 
     // A run folder whose config.toml says batch_size = 0: eval and resume refuse it.
     let run = one_epoch_run(&root, work.path());
@@ -898,32 +898,34 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
     }
     // With DP the physical batch applies and is accepted.
     let mut config = TrainConfig::paper_defaults(Task::Surnames);
-    config.noise_multiplier = Some(1.0);
-    config.physical_batch_size = Some(8);
+    config.privacy.noise_multiplier = Some(1.0);
+    config.privacy.physical_batch_size = Some(8);
     config.validate().unwrap();
 
     config.epochs = 10;
-    config.grad_error_epochs = vec![0, 1, 10, 50, 100];
+    config.analysis.grad_error_epochs = vec![0, 1, 10, 50, 100];
     assert_eq!(
         config.warnings(),
-        vec!["grad_error_epochs [50, 100] lie beyond the run's 10 epochs and will not be measured (resume the run with more `epochs`)".to_string()]
+        vec!["`analysis.grad_error_epochs` [50, 100] lie beyond the run's 10 epochs and will not be measured (resume the run with more `epochs`)".to_string()]
     );
     config.epochs = 100;
     assert!(config.warnings().is_empty());
     // Settings of an optimiser or clipping rule the run does not use.
     let mut unused = config.clone();
-    unused.adam_beta2 = 0.99;
-    unused.target_quantile = 0.7;
+    unused.optimizer.adam_beta2 = 0.99;
+    unused.privacy.target_quantile = 0.7;
     let said = unused.warnings();
     assert_eq!(said.len(), 2, "{said:?}");
-    assert!(said[0].starts_with("adam_beta1/adam_beta2/adam_eps are set but the optimizer is SGD"));
+    assert!(said[0].starts_with(
+        "`optimizer.adam_beta1`/`optimizer.adam_beta2`/`optimizer.adam_eps` are set but the optimizer is SGD"
+    ));
     assert!(said[1].contains("clipping is not adaptive"));
-    unused.optimizer = dpcomp::config::OptimizerKind::Adam;
-    unused.momentum = 0.9;
-    unused.clipping = dpcomp::config::ClippingMode::Adaptive;
+    unused.optimizer.kind = dpcomp::config::OptimizerKind::Adam;
+    unused.optimizer.momentum = 0.9;
+    unused.privacy.clipping = dpcomp::config::ClippingMode::Adaptive;
     assert_eq!(
         unused.warnings(),
-        vec!["momentum 0.9 has no effect with Adam (its first moment is adam_beta1)".to_string()]
+        vec!["`optimizer.momentum` 0.9 has no effect with Adam (its first moment is `optimizer.adam_beta1`)".to_string()]
     );
     // The library reports it through `log`; the command line shows it as a warning.
     if let Some(root) = common::shared_data() {
@@ -948,7 +950,7 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
         ]);
         assert!(out.status.success(), "{}", stderr(&out));
         assert!(
-            stderr(&out).contains("warning: grad_error_epochs [5] lie beyond the run's 1 epochs"),
+            stderr(&out).contains("warning: --grad-error-epochs [5] lie beyond the run's 1 epochs and will not be measured (resume the run with more --epochs)"),
             "{}",
             stderr(&out)
         );

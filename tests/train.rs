@@ -3,7 +3,9 @@
 mod common;
 
 use common::require_shared_data;
-use dpcomp::config::{Task, TrainConfig, TrainOverrides};
+use dpcomp::config::{
+    CompressionOverrides, OptimizerOverrides, PrivacyOverrides, Task, TrainConfig, TrainOverrides,
+};
 use dpcomp::train::{checkpoint, metrics, Trainer};
 use std::path::Path;
 use std::process::Command;
@@ -12,8 +14,8 @@ use tch::Tensor;
 fn surnames_config(root: &Path, epochs: usize, limit_train: Option<usize>) -> TrainConfig {
     let mut c = TrainConfig::paper_defaults(Task::Surnames);
     c.epochs = epochs;
-    c.limit_train = limit_train;
-    c.data_dir = Some(root.to_path_buf());
+    c.data.limit_train = limit_train;
+    c.data.data_dir = Some(root.to_path_buf());
     c.device = dpcomp::config::DeviceChoice::Cpu;
     c.seed = 11;
     c
@@ -71,7 +73,7 @@ fn surnames_two_epochs_beat_the_majority_class_by_far() {
     // config.toml is the resolved configuration, with the data folder made absolute.
     let saved = TrainConfig::from_toml_file(&dir.path().join("config.toml")).unwrap();
     let mut expected = surnames_config(&root, 2, None);
-    expected.data_dir = Some(std::path::absolute(&root).unwrap());
+    expected.data.data_dir = Some(std::path::absolute(&root).unwrap());
     assert_eq!(saved, expected);
 }
 
@@ -119,8 +121,8 @@ fn momentum_buffers_survive_resume() {
         return;
     };
     let mut config = surnames_config(&root, 2, Some(600));
-    config.momentum = 0.5;
-    config.lr = 0.5;
+    config.optimizer.momentum = 0.5;
+    config.optimizer.lr = 0.5;
     let straight = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(config.clone(), straight.path()).unwrap();
     t.progress = false;
@@ -252,9 +254,9 @@ fn cifar10_cnn_learns_on_a_subset() {
     };
     let mut c = TrainConfig::paper_defaults(Task::Cifar10);
     c.epochs = 2;
-    c.limit_train = Some(2560);
-    c.limit_test = Some(2000);
-    c.data_dir = Some(root);
+    c.data.limit_train = Some(2560);
+    c.data.limit_test = Some(2000);
+    c.data.data_dir = Some(root);
     c.device = dpcomp::config::DeviceChoice::Cpu;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
@@ -276,7 +278,10 @@ fn config_file_then_flags_then_errors() {
     std::fs::write(&file, "task = \"cifar10\"\nepochs = 7\nlr = 0.3\n").unwrap();
     let from_file = TrainOverrides::from_toml_file(&file).unwrap();
     let flags = TrainOverrides {
-        lr: Some(0.01),
+        optimizer: OptimizerOverrides {
+            lr: Some(0.01),
+            ..Default::default()
+        },
         ..Default::default()
     };
     let config = flags.or(from_file).resolve().unwrap();
@@ -284,9 +289,9 @@ fn config_file_then_flags_then_errors() {
         (
             config.task,
             config.epochs,
-            config.lr,
-            config.batch_size,
-            config.max_grad_norm
+            config.optimizer.lr,
+            config.optimizer.batch_size,
+            config.privacy.max_grad_norm
         ),
         (Task::Cifar10.into(), 7, 0.01, 128, 5.0)
     );
@@ -296,7 +301,7 @@ fn config_file_then_flags_then_errors() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("exp.toml") && err.contains("unknown field `epoch`"),
+        err.contains("exp.toml") && err.contains("unknown setting `epoch`"),
         "{err}"
     );
 
@@ -304,7 +309,10 @@ fn config_file_then_flags_then_errors() {
     assert!(err.starts_with("task: missing"), "{err}");
     let err = TrainOverrides {
         task: Some(Task::Snli),
-        lr: Some(-1.0),
+        optimizer: OptimizerOverrides {
+            lr: Some(-1.0),
+            ..Default::default()
+        },
         ..Default::default()
     }
     .resolve()
@@ -321,8 +329,11 @@ fn config_file_then_flags_then_errors() {
     ] {
         let err = TrainOverrides {
             task: Some(Task::Surnames),
-            max_grad_norm: Some(clip),
-            noise_multiplier: Some(sigma),
+            privacy: PrivacyOverrides {
+                max_grad_norm: Some(clip),
+                noise_multiplier: Some(sigma),
+                ..Default::default()
+            },
             ..Default::default()
         }
         .resolve()
@@ -333,13 +344,16 @@ fn config_file_then_flags_then_errors() {
     // C = ∞ (clipping off, the oracle mode) stays allowed.
     let config = TrainOverrides {
         task: Some(Task::Surnames),
-        max_grad_norm: Some(f64::INFINITY),
-        noise_multiplier: Some(0.0),
+        privacy: PrivacyOverrides {
+            max_grad_norm: Some(f64::INFINITY),
+            noise_multiplier: Some(0.0),
+            ..Default::default()
+        },
         ..Default::default()
     }
     .resolve()
     .unwrap();
-    assert!(config.max_grad_norm.is_infinite());
+    assert!(config.privacy.max_grad_norm.is_infinite());
 
     // Compressor settings from a file, flags on top; bad ones fail before training.
     std::fs::write(
@@ -348,7 +362,10 @@ fn config_file_then_flags_then_errors() {
     )
     .unwrap();
     let config = TrainOverrides {
-        compressor_options: Some(vec!["value_bits=12".into(), "index_bits=min".into()]),
+        compression: CompressionOverrides {
+            compressor_options: Some(vec!["value_bits=12".into(), "index_bits=min".into()]),
+            ..Default::default()
+        },
         ..Default::default()
     }
     .or(TrainOverrides::from_toml_file(&file).unwrap())
@@ -359,8 +376,11 @@ fn config_file_then_flags_then_errors() {
     assert_eq!(spec.dgc_options().unwrap().value_bits, 12);
     let err = TrainOverrides {
         task: Some(Task::Surnames),
-        compressor: Some(dpcomp::compress::CompressorKind::Powersgd),
-        compressor_options: Some(vec!["rate=3".into()]),
+        compression: CompressionOverrides {
+            compressor: Some(dpcomp::compress::CompressorKind::Powersgd),
+            compressor_options: Some(vec!["rate=3".into()]),
+            ..Default::default()
+        },
         ..Default::default()
     }
     .resolve()
@@ -372,9 +392,15 @@ fn config_file_then_flags_then_errors() {
     );
     let err = TrainOverrides {
         task: Some(Task::Surnames),
-        compressor: Some(dpcomp::compress::CompressorKind::Dgc),
-        momentum: Some(0.9),
-        compressor_options: Some(vec!["momentum=0.9".into()]),
+        optimizer: OptimizerOverrides {
+            momentum: Some(0.9),
+            ..Default::default()
+        },
+        compression: CompressionOverrides {
+            compressor: Some(dpcomp::compress::CompressorKind::Dgc),
+            compressor_options: Some(vec!["momentum=0.9".into()]),
+            ..Default::default()
+        },
         ..Default::default()
     }
     .resolve()
@@ -403,7 +429,7 @@ fn config_file_then_flags_then_errors() {
     );
     // Missing data folder: the error names it and the way out.
     let mut c = surnames_config(Path::new("/nonexistent"), 1, None);
-    c.data_dir = Some("/nonexistent".into());
+    c.data.data_dir = Some("/nonexistent".into());
     let err = Trainer::new(c, &dir.path().join("other"))
         .err()
         .unwrap()
@@ -421,10 +447,10 @@ fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
     common::write_tiny_cifar100(&dir.path().join("data"), 12, 5);
     let mut c = TrainConfig::paper_defaults(Task::Cifar100);
     c.epochs = 2;
-    c.batch_size = 4;
-    c.data_dir = Some(dir.path().join("data"));
+    c.optimizer.batch_size = 4;
+    c.data.data_dir = Some(dir.path().join("data"));
     c.device = dpcomp::config::DeviceChoice::Cpu;
-    c.augment = true;
+    c.data.augment = true;
     let run = dir.path().join("run");
     let mut t = Trainer::new(c, &run).unwrap();
     t.progress = false;
@@ -446,11 +472,11 @@ fn snli_bert_trains_only_its_last_layer_end_to_end() {
         return;
     };
     let mut c = TrainConfig::paper_defaults(Task::Snli);
-    c.limit_train = Some(64);
-    c.limit_test = Some(64);
-    c.max_seq_len = 48;
-    c.data_dir = Some(root);
-    c.bert_dir = common::bert_dir();
+    c.data.limit_train = Some(64);
+    c.data.limit_test = Some(64);
+    c.data.max_seq_len = 48;
+    c.data.data_dir = Some(root);
+    c.model.bert_dir = common::bert_dir();
     c.device = dpcomp::config::DeviceChoice::Cpu;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();

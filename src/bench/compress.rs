@@ -82,7 +82,7 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
         ))
     };
     let (gradients, _) = backward()?;
-    let noise_std = args.noise_multiplier * defaults.max_grad_norm / batch_size as f64;
+    let noise_std = args.noise_multiplier * defaults.privacy.max_grad_norm / batch_size as f64;
     let noisy = || -> Vec<Tensor> {
         gradients
             .iter()

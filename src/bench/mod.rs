@@ -234,7 +234,9 @@ impl BenchSetup {
     pub(crate) fn prepare(&self) -> Result<Prepared> {
         let device = self.device.device()?;
         let defaults = TrainConfig::paper_defaults(self.task);
-        let batch_size = self.batch_size.unwrap_or(defaults.batch_size as i64);
+        let batch_size = self
+            .batch_size
+            .unwrap_or(defaults.optimizer.batch_size as i64);
         let (model, vocab) = bench_model(self.task, device, &self.bert_dir)?;
         let seq_len = self.seq_len.unwrap_or(default_seq_len(self.task));
         let batch = synthetic_batch(self.task, batch_size, seq_len, classes(self.task), vocab);
@@ -264,7 +266,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     let index = Tensor::arange(batch_size, (Kind::Int64, Device::Cpu));
     let plain_batch = data.batch(&index, device, true);
     let params = model.trainable_variables();
-    let mut sgd = Updater::plain(Sgd::new(defaults.lr, 0.0));
+    let mut sgd = Updater::plain(Sgd::new(defaults.optimizer.lr, 0.0));
     let settings = crate::train::private::DpSettings {
         expected_batch: batch_size as f64,
         physical_batch: None,
@@ -276,7 +278,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             &params,
             sgd,
             &plain_batch,
-            defaults.max_grad_norm,
+            defaults.privacy.max_grad_norm,
         )?;
         let _ = loss.double_value(&[]);
         Ok(())
@@ -291,7 +293,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         args.noise_multiplier,
         1.0,
         crate::privacy::engine::Clipping::Flat {
-            max_norm: defaults.max_grad_norm,
+            max_norm: defaults.privacy.max_grad_norm,
         },
         noise,
         params.len(),
@@ -345,7 +347,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             serde_json::json!({
                 "task": setup.task, "batch_size": batch_size, "seq_len": seq_len, "steps": rounds * per_round,
                 "device": format!("{device:?}"), "noise_multiplier": args.noise_multiplier,
-                "max_grad_norm": defaults.max_grad_norm,
+                "max_grad_norm": defaults.privacy.max_grad_norm,
                 "nonprivate_mean_step_seconds": plain, "dp_mean_step_seconds": dp,
                 "ratio_dp_over_nonprivate": dp / plain,
                 "nonprivate_peak_rss_bytes": plain_peak, "dp_peak_rss_bytes": dp_peak,
@@ -398,14 +400,14 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
     }
     let batch = batch_to_device(&batch, device);
     let params = model.trainable_variables();
-    let mut sgd = Updater::plain(Sgd::new(defaults.lr, 0.0));
+    let mut sgd = Updater::plain(Sgd::new(defaults.optimizer.lr, 0.0));
     let (_, device_peak) = step_peaks(device, || {
         train_step(
             model.as_ref(),
             &params,
             &mut sgd,
             &batch,
-            defaults.max_grad_norm,
+            defaults.privacy.max_grad_norm,
         )
         .map(|_| ())
     })?;
@@ -415,7 +417,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             &params,
             &mut sgd,
             &batch,
-            defaults.max_grad_norm,
+            defaults.privacy.max_grad_norm,
         );
     }
     synchronize(device);
@@ -427,7 +429,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             &params,
             &mut sgd,
             &batch,
-            defaults.max_grad_norm,
+            defaults.privacy.max_grad_norm,
         )?;
         let _ = loss.double_value(&[]);
         synchronize(device);

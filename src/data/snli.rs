@@ -104,7 +104,7 @@ pub fn load_tokenizer(model_dir: &Path, max_len: usize) -> Result<Tokenizer> {
             strategy: TruncationStrategy::LongestFirst,
             ..Default::default()
         }))
-        .map_err(|e| Error::bad_value("max_seq_len", e.to_string()))?;
+        .map_err(|e| Error::bad_value("data.max_seq_len", e.to_string()))?;
     tokenizer.with_padding(None);
     Ok(tokenizer)
 }
@@ -191,7 +191,7 @@ pub fn load(dir: &Path, model_dir: &Path, max_len: usize) -> Result<TaskData> {
     let config = crate::models::bert::BertConfig::from_file(&config_path)?;
     if max_len as i64 > config.max_position_embeddings {
         return Err(Error::bad_value(
-            "max_seq_len",
+            "data.max_seq_len",
             format!(
                 "{max_len}: {} has only {} position embeddings",
                 config_path.display(),

@@ -99,17 +99,17 @@ pub fn read_cells(root: &Path) -> Result<Vec<CellLog>> {
 }
 
 pub(crate) fn sigma(c: &CellLog) -> f64 {
-    c.config.noise_multiplier.unwrap_or(0.0)
+    c.config.privacy.noise_multiplier.unwrap_or(0.0)
 }
 
 /// Compression settings ordered from none to most: identity/rate 1 first, then rising rates;
 /// PowerSGD by falling rank.
 fn setting_order(c: &CellLog) -> f64 {
     use crate::compress::CompressorKind as K;
-    match c.config.compressor {
+    match c.config.compression.kind {
         K::Identity => 0.0,
-        K::Dgc | K::Denoise | K::FlRnd | K::FlFreq | K::FlCs => c.config.rate,
-        K::Powersgd => 1e6 / c.config.rank as f64,
+        K::Dgc | K::Denoise | K::FlRnd | K::FlFreq | K::FlCs => c.config.compression.rate,
+        K::Powersgd => 1e6 / c.config.compression.rank as f64,
     }
 }
 
@@ -124,11 +124,11 @@ pub(crate) fn setting_label(c: &CellLog) -> String {
         .config
         .task
         .builtin()
-        .map(|task| TrainConfig::paper_defaults(task).max_grad_norm);
-    if default.ok() == Some(c.config.max_grad_norm) {
+        .map(|task| TrainConfig::paper_defaults(task).privacy.max_grad_norm);
+    if default.ok() == Some(c.config.privacy.max_grad_norm) {
         label
     } else {
-        format!("{label}, C {}", c.config.max_grad_norm)
+        format!("{label}, C {}", c.config.privacy.max_grad_norm)
     }
 }
 

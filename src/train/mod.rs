@@ -122,7 +122,7 @@ pub const DIVERGED: &str = "diverged";
 
 /// The settings `dpcomp train --resume` may change: more epochs, a moved data folder, another
 /// device (and `--quiet`, which is not a setting). Every other flag must match the run.
-pub const RESUME_MAY_CHANGE: [&str; 3] = ["epochs", "data_dir", "device"];
+pub const RESUME_MAY_CHANGE: [&str; 3] = ["epochs", "data.data_dir", "device"];
 
 /// ceil(examples / batch size): the steps of one epoch, and 1 / q under DP (one formula for the
 /// trainer's loop and the privacy engine's q).
@@ -186,8 +186,8 @@ impl Trainer {
         // absolute, so `eval`, `resume` and analyses find it later from anywhere.
         // (A run of one's own reads no data folder.)
         if own.is_none() {
-            let data = crate::data::data_dir(config.data_dir.as_deref());
-            config.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
+            let data = crate::data::data_dir(config.data.data_dir.as_deref());
+            config.data.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
         }
         if checkpoint::find(run_dir).is_some() {
             return Err(Error::bad_value(
@@ -359,7 +359,7 @@ impl Trainer {
     /// under-count ε, so the resume is refused.
     fn check_accountant(&self, state: &TrainState, dir: &Path) -> Result<()> {
         let path = dir.join("state.json");
-        match (&state.accountant, self.config.noise_multiplier) {
+        match (&state.accountant, self.config.privacy.noise_multiplier) {
             (None, None) => Ok(()),
             (Some(a), None) if a.history.is_empty() => Ok(()),
             (Some(_), None) => Err(Error::bad_file(
@@ -427,37 +427,40 @@ impl Trainer {
         let params = model.trainable_variables();
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
         let compressor = config.compressor_spec()?.link(&shapes, device)?;
-        let optimizer: Box<dyn Optimizer> = match config.optimizer {
-            OptimizerKind::Sgd => Box::new(Sgd::new(config.lr, config.momentum)),
+        let optimizer: Box<dyn Optimizer> = match config.optimizer.kind {
+            OptimizerKind::Sgd => {
+                Box::new(Sgd::new(config.optimizer.lr, config.optimizer.momentum))
+            }
             OptimizerKind::Adam => Box::new(Adam::new(
-                config.lr,
-                config.adam_beta1,
-                config.adam_beta2,
-                config.adam_eps,
+                config.optimizer.lr,
+                config.optimizer.adam_beta1,
+                config.optimizer.adam_beta2,
+                config.optimizer.adam_eps,
             )),
         };
-        let privacy = match config.noise_multiplier {
+        let privacy = match config.privacy.noise_multiplier {
             Some(sigma) => {
-                let steps_per_epoch = steps_per_epoch_of(data.train.len(), config.batch_size);
-                let noise = if config.secure_noise {
+                let steps_per_epoch =
+                    steps_per_epoch_of(data.train.len(), config.optimizer.batch_size);
+                let noise = if config.privacy.secure_noise {
                     NoiseSource::secure()
                 } else {
                     NoiseSource::Seeded
                 };
-                let clipping = match config.clipping {
+                let clipping = match config.privacy.clipping {
                     ClippingMode::Flat => Clipping::Flat {
-                        max_norm: config.max_grad_norm,
+                        max_norm: config.privacy.max_grad_norm,
                     },
                     ClippingMode::PerLayer => {
-                        Clipping::per_layer_even(config.max_grad_norm, params.len())
+                        Clipping::per_layer_even(config.privacy.max_grad_norm, params.len())
                     }
                     ClippingMode::Adaptive => {
                         let expected_batch = data.train.len() as f64 / steps_per_epoch as f64;
                         Clipping::Adaptive(AdaptiveClipping {
-                            radius: config.max_grad_norm,
-                            target_quantile: config.target_quantile,
-                            learning_rate: config.clip_learning_rate,
-                            count_noise: config.count_noise.unwrap_or_else(|| {
+                            radius: config.privacy.max_grad_norm,
+                            target_quantile: config.privacy.target_quantile,
+                            learning_rate: config.privacy.clip_learning_rate,
+                            count_noise: config.privacy.count_noise.unwrap_or_else(|| {
                                 AdaptiveClipping::default_count_noise(expected_batch)
                             }),
                         })
@@ -500,14 +503,14 @@ impl Trainer {
     }
 
     pub fn steps_per_epoch(&self) -> i64 {
-        steps_per_epoch_of(self.data.train.len(), self.config.batch_size)
+        steps_per_epoch_of(self.data.train.len(), self.config.optimizer.batch_size)
     }
 
     /// ε spent so far with the configured accountant; `None` without privacy.
     pub fn epsilon(&self) -> Result<Option<f64>> {
         match &self.privacy {
             Some(engine) => Ok(Some(
-                engine.epsilon(self.config.accountant, self.config.delta)?,
+                engine.epsilon(self.config.privacy.accountant, self.config.privacy.delta)?,
             )),
             None => Ok(None),
         }
@@ -516,7 +519,8 @@ impl Trainer {
     /// How many more DP steps the --target-epsilon budget allows (ε is monotone in the number
     /// of steps, so one bisection at the start of `run` replaces a check before every step).
     fn steps_within_budget(&self) -> Result<Option<u64>> {
-        let (Some(target), Some(engine)) = (self.config.target_epsilon, &self.privacy) else {
+        let (Some(target), Some(engine)) = (self.config.privacy.target_epsilon, &self.privacy)
+        else {
             return Ok(None);
         };
         let (sigma, accountant) = (engine.noise_multiplier(), engine.accountant());
@@ -524,13 +528,16 @@ impl Trainer {
         let fits = |extra: u64| -> Result<bool> {
             if extra == 0 {
                 return Ok(accountant
-                    .epsilon(self.config.accountant, self.config.delta)?
+                    .epsilon(self.config.privacy.accountant, self.config.privacy.delta)?
                     .0
                     <= target);
             }
             let mut next = accountant.clone();
             next.step(sigma, q, extra)?;
-            Ok(next.epsilon(self.config.accountant, self.config.delta)?.0 <= target)
+            Ok(next
+                .epsilon(self.config.privacy.accountant, self.config.privacy.delta)?
+                .0
+                <= target)
         };
         let remaining =
             (self.config.epochs - self.state.epochs_done) as u64 * self.steps_per_epoch() as u64;
@@ -553,16 +560,18 @@ impl Trainer {
     }
 
     fn budget_message(&self) -> Result<String> {
-        let target = self.config.target_epsilon.unwrap_or(f64::NAN);
-        let sigma = self.config.noise_multiplier.unwrap_or(0.0);
+        let target = self.config.privacy.target_epsilon.unwrap_or(f64::NAN);
+        let sigma = self.config.privacy.noise_multiplier.unwrap_or(0.0);
         let accountant = self.accountant().cloned().unwrap_or_default();
         let mut next = accountant.clone();
         next.step(sigma, self.sample_rate(), 1)?;
-        let eps = next.epsilon(self.config.accountant, self.config.delta)?.0;
+        let eps = next
+            .epsilon(self.config.privacy.accountant, self.config.privacy.delta)?
+            .0;
         Ok(format!(
             "stopped after {} steps: one more step would spend epsilon {eps:.4} > target {target} (delta {})",
             accountant.steps(),
-            self.config.delta
+            self.config.privacy.delta
         ))
     }
 
@@ -584,14 +593,15 @@ impl Trainer {
     /// run, a fresh copy of the compressor state), labelled with the epochs done so far.
     pub fn measure_gradient_error(&self) -> Result<gradient_error::GradientErrorRecord> {
         let n = self.data.train.len();
-        let batch_size = if self.config.private() && self.config.sampling == Sampling::Poisson {
-            (self.sample_rate() * n as f64).round().max(1.0) as usize
-        } else {
-            self.config.batch_size
-        };
-        let batches = fixed_batches(n, batch_size, self.config.grad_error_batches);
-        let max_norm = self.config.max_grad_norm;
-        let mechanism = match self.config.noise_multiplier {
+        let batch_size =
+            if self.config.private() && self.config.privacy.sampling == Sampling::Poisson {
+                (self.sample_rate() * n as f64).round().max(1.0) as usize
+            } else {
+                self.config.optimizer.batch_size
+            };
+        let batches = fixed_batches(n, batch_size, self.config.analysis.grad_error_batches);
+        let max_norm = self.config.privacy.max_grad_norm;
+        let mechanism = match self.config.privacy.noise_multiplier {
             Some(noise_multiplier) => gradient_error::Mechanism::PerSample {
                 noise_multiplier,
                 max_norm,
@@ -615,16 +625,16 @@ impl Trainer {
             mechanism,
             &source,
             &batches,
-            self.config.grad_error_draws,
+            self.config.analysis.grad_error_draws,
         )?;
         Ok(gradient_error::GradientErrorRecord {
             epoch: self.state.epochs_done,
             steps: self.state.steps_done,
-            noise_multiplier: self.config.noise_multiplier.unwrap_or(0.0),
+            noise_multiplier: self.config.privacy.noise_multiplier.unwrap_or(0.0),
             max_norm,
             batch_size: measured.batch_size,
             batches: batches.len(),
-            draws: self.config.grad_error_draws,
+            draws: self.config.analysis.grad_error_draws,
             parameters: measured.parameters,
             median_norm: measured.median_norm,
             mean_gradient_norm: measured.mean_gradient_norm,
@@ -638,6 +648,7 @@ impl Trainer {
     fn gradient_error_if_due(&self) -> Result<()> {
         if self
             .config
+            .analysis
             .grad_error_epochs
             .contains(&self.state.epochs_done)
         {
@@ -654,12 +665,12 @@ impl Trainer {
     pub fn dp_settings(&self, batch_len: i64) -> Option<DpSettings> {
         self.privacy.as_ref()?;
         Some(DpSettings {
-            expected_batch: match self.config.sampling {
+            expected_batch: match self.config.privacy.sampling {
                 Sampling::Poisson => self.sample_rate() * self.data.train.len() as f64,
                 Sampling::Shuffle => batch_len as f64,
             },
-            physical_batch: self.config.physical_batch_size.map(|p| p as i64),
-            mode: self.config.grad_sample,
+            physical_batch: self.config.privacy.physical_batch_size.map(|p| p as i64),
+            mode: self.config.privacy.grad_sample,
         })
     }
 
@@ -669,16 +680,16 @@ impl Trainer {
     /// uninterrupted one drew), or with `--secure-noise` from the operating system, because
     /// amplification by subsampling assumes no one can regenerate the batches.
     pub fn epoch_batches(&self, epoch: usize) -> Vec<Tensor> {
-        tch::manual_seed(if self.config.secure_noise {
+        tch::manual_seed(if self.config.privacy.secure_noise {
             crate::privacy::noise::os_seed()
         } else {
             epoch_seed(self.config.seed, epoch)
         });
         let n = self.data.train.len();
-        if self.config.private() && self.config.sampling == Sampling::Poisson {
+        if self.config.private() && self.config.privacy.sampling == Sampling::Poisson {
             sampler::poisson_batches(n, self.sample_rate(), self.steps_per_epoch() as usize)
         } else {
-            sampler::shuffled_batches(n, self.config.batch_size as i64)
+            sampler::shuffled_batches(n, self.config.optimizer.batch_size as i64)
         }
     }
 
@@ -690,16 +701,18 @@ impl Trainer {
         if budget == Some(0) && self.state.steps_done == 0 {
             // Not even one step fits the target: refuse rather than "finish" a run that never
             // trained (σ = 0 lands here too: its ε is infinite).
-            let sigma = self.config.noise_multiplier.unwrap_or(0.0);
+            let sigma = self.config.privacy.noise_multiplier.unwrap_or(0.0);
             let mut one = Accountant::default();
             one.step(sigma, q, 1)?;
-            let eps = one.epsilon(self.config.accountant, self.config.delta)?.0;
+            let eps = one
+                .epsilon(self.config.privacy.accountant, self.config.privacy.delta)?
+                .0;
             return Err(Error::bad_value(
-                "target_epsilon",
+                "privacy.target_epsilon",
                 format!(
                     "{}: a single step at noise multiplier {sigma} and sampling rate {q:.6} already spends epsilon {eps:.4} (delta {}); raise the target or the noise multiplier",
-                    self.config.target_epsilon.unwrap_or(f64::NAN),
-                    self.config.delta
+                    self.config.privacy.target_epsilon.unwrap_or(f64::NAN),
+                    self.config.privacy.delta
                 ),
             ));
         }
@@ -749,7 +762,7 @@ impl Trainer {
                         &self.params,
                         &mut self.updater,
                         &batch,
-                        self.config.max_grad_norm,
+                        self.config.privacy.max_grad_norm,
                     )?;
                     loss_sum += loss;
                     correct += right;
@@ -767,7 +780,7 @@ impl Trainer {
                 bar.inc(1);
                 if self.progress && step % 50 == 49 {
                     // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
-                    let live = self.config.accountant == crate::config::AccountantKind::Rdp;
+                    let live = self.config.privacy.accountant == crate::config::AccountantKind::Rdp;
                     let eps = match (self.epsilon_shown(live)?, live) {
                         (Some(e), true) => format!(" eps {e:.2}"),
                         (Some(e), false) => format!(" eps {e:.2} (epoch start)"),
@@ -794,7 +807,7 @@ impl Trainer {
             let (test_loss, test_accuracy) = evaluate(
                 self.model.as_ref(),
                 &self.data.test,
-                self.config.eval_batch_size,
+                self.config.data.eval_batch_size,
                 self.device,
             )?;
             let epoch_seconds = started.elapsed().as_secs_f64();
@@ -863,15 +876,19 @@ impl Trainer {
             last_test_accuracy: self.history.last().map_or(f64::NAN, |m| m.test_accuracy),
             wall_seconds: self.state.wall_seconds,
             epsilon: self.epsilon()?,
-            delta: self.config.private().then_some(self.config.delta),
-            noise_multiplier: self.config.noise_multiplier,
+            delta: self.config.private().then_some(self.config.privacy.delta),
+            noise_multiplier: self.config.privacy.noise_multiplier,
             sample_rate: self.config.private().then_some(q),
-            sampling: self.config.private().then(|| match self.config.sampling {
-                Sampling::Poisson => "poisson".to_string(),
-                Sampling::Shuffle => {
-                    "shuffle (approximation: the accountant assumes Poisson sampling)".to_string()
-                }
-            }),
+            sampling: self
+                .config
+                .private()
+                .then(|| match self.config.privacy.sampling {
+                    Sampling::Poisson => "poisson".to_string(),
+                    Sampling::Shuffle => {
+                        "shuffle (approximation: the accountant assumes Poisson sampling)"
+                            .to_string()
+                    }
+                }),
             noise: self.noise_label(),
             stopped: self.state.stopped.clone(),
             compressor: self.config.compressor_spec()?.label(),

@@ -35,7 +35,7 @@ impl Upload {
 pub fn estimate(config: &TrainConfig, train_examples: i64, shapes: &[Vec<i64>]) -> Result<Upload> {
     let spec = config.compressor_spec()?;
     let mut encoder = spec.encoder(shapes, Device::Cpu)?;
-    let batch = config.batch_size as i64;
+    let batch = config.optimizer.batch_size as i64;
     let steps_per_epoch = ((train_examples + batch - 1) / batch) as u64;
     // Epochs after the warm-up all send the same sizes: encode those once.
     let distinct = match spec.kind {

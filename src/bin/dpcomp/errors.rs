@@ -17,17 +17,24 @@ const FIELD_TO_ARGUMENT: &[(&str, &str)] = &[
     ("run_dir", "out"),
 ];
 
+/// The flag that sets the library's `field` in the subcommand whose `flags` are given.
+fn flag_of(field: &str, flags: &HashMap<String, String>) -> Option<String> {
+    // A training setting's dotted field (`privacy.noise_multiplier`) is set by the flag of its
+    // flat key (`--noise-multiplier`).
+    let id = FIELD_TO_ARGUMENT
+        .iter()
+        .find(|(f, _)| *f == field)
+        .map(|(_, id)| *id)
+        .or_else(|| dpcomp::config::flat_key(field))
+        .unwrap_or(field);
+    flags.get(id).map(|long| format!("--{long}"))
+}
+
 /// The error's chain as one line (anyhow's `{:#}`), with library fields shown as the flags of
 /// the subcommand named in `args` (the process's arguments).
 pub fn render(error: &anyhow::Error, args: &[String]) -> String {
     let flags = flags_of_subcommand(args);
-    let flag = |field: &str| -> Option<String> {
-        let id = FIELD_TO_ARGUMENT
-            .iter()
-            .find(|(f, _)| *f == field)
-            .map_or(field, |(_, id)| id);
-        flags.get(id).map(|long| format!("--{long}"))
-    };
+    let flag = |field: &str| flag_of(field, &flags);
     let fields = |text: &str| -> String {
         text.split('/')
             .map(|f| flag(f).unwrap_or_else(|| f.to_string()))
@@ -44,6 +51,13 @@ pub fn render(error: &anyhow::Error, args: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join(": ")
+}
+
+/// A library warning or note with the fields it names in backticks shown as flags, as `render`
+/// shows an error's.
+pub fn render_message(text: &str, args: &[String]) -> String {
+    let flags = flags_of_subcommand(args);
+    backticked_as_flags(text, &|field: &str| flag_of(field, &flags))
 }
 
 /// `text` with every `field` in backticks that is a flag replaced by that flag; other
@@ -122,6 +136,22 @@ mod tests {
         assert_eq!(render(&e, &eps), "epsilon/--delta: x");
         let e = anyhow::Error::from(dpcomp::Error::bad_value("steps", "unclosed `steps"));
         assert_eq!(render(&e, &eps), "--steps: unclosed `steps");
+        // Training settings are named by section; each shows as its flag.
+        let e = anyhow::Error::from(dpcomp::Error::bad_value(
+            "privacy.clipping",
+            "needs `privacy.noise_multiplier`; `optimizer.kind` adam",
+        ));
+        assert_eq!(
+            render(&e, &train),
+            "--clipping: needs --noise-multiplier; --optimizer adam"
+        );
+        let e = anyhow::Error::from(dpcomp::Error::bad_value(
+            "data.limit_train/data.limit_test",
+            "0",
+        ));
+        assert_eq!(render(&e, &train), "--limit-train/--limit-test: 0");
+        let e = anyhow::Error::from(dpcomp::Error::bad_value("compression.options", "x"));
+        assert_eq!(render(&e, &train), "--compressor-option: x");
         // A renamed flag: compressor_options is --compressor-option.
         let e = anyhow::Error::from(dpcomp::Error::bad_value("compressor_options", "x"));
         assert_eq!(render(&e, &train), "--compressor-option: x");

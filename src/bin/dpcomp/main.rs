@@ -23,7 +23,9 @@ impl log::Log for StderrLogger {
                 log::Level::Warn => "warning",
                 _ => "note",
             };
-            eprintln!("{prefix}: {}", record.args());
+            let args: Vec<String> = std::env::args().collect();
+            let text = errors::render_message(&record.args().to_string(), &args);
+            eprintln!("{prefix}: {text}");
         }
     }
 

@@ -98,8 +98,8 @@ fn gradient_error(args: GradientErrorArgs) -> Result<()> {
     for run in run_folders(&args.runs)? {
         let mut trainer =
             Trainer::resume(&run, None).with_context(|| format!("loading {}", run.display()))?;
-        trainer.config.grad_error_batches = args.batches;
-        trainer.config.grad_error_draws = args.draws;
+        trainer.config.analysis.grad_error_batches = args.batches;
+        trainer.config.analysis.grad_error_draws = args.draws;
         trainer.config.validate()?;
         let epoch = trainer.state.epochs_done;
         let mut records = gradient_error::read(&run)?;
@@ -167,7 +167,7 @@ fn clipping(args: ClippingArgs) -> Result<()> {
         None => 0,
     };
     let params = model.trainable_variables();
-    let batches = fixed_batches(data.train.len(), config.batch_size, args.batches);
+    let batches = fixed_batches(data.train.len(), config.optimizer.batch_size, args.batches);
     let sweeps = clipping::sweep(
         &config.task.to_string(),
         epoch,

@@ -44,7 +44,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
         config.device = d;
     }
     if args.data_dir.is_some() {
-        config.data_dir = args.data_dir;
+        config.data.data_dir = args.data_dir;
     }
     // A stored config.toml is user data too (a batch size of 0 would reach LibTorch).
     config
@@ -52,8 +52,12 @@ pub fn run(args: EvalArgs) -> Result<()> {
         .with_context(|| format!("{}", run_dir.join("config.toml").display()))?;
     let (device, data, model) = tasks::prepare(&config)?;
     checkpoint::load_weights(model.var_store(), &ckpt.join("model.safetensors"))?;
-    let (loss, accuracy) =
-        train::evaluate(model.as_ref(), &data.test, config.eval_batch_size, device)?;
+    let (loss, accuracy) = train::evaluate(
+        model.as_ref(),
+        &data.test,
+        config.data.eval_batch_size,
+        device,
+    )?;
     if args.json {
         println!(
             "{}",

@@ -64,7 +64,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
             trainer.run_dir.display()
         );
         if c.task == Task::Snli {
-            let dir = data::data_dir(c.data_dir.as_deref()).join("snli_1.0");
+            let dir = data::data_dir(c.data.data_dir.as_deref()).join("snli_1.0");
             eprintln!(
                 "snli: training on {} (evaluating on snli_1.0_test.jsonl)",
                 data::snli::train_file(&dir).display()
@@ -83,7 +83,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         ));
     }
     if let Some(e) = summary.epsilon {
-        let caveat = match trainer.config.sampling {
+        let caveat = match trainer.config.privacy.sampling {
             dpcomp::config::Sampling::Shuffle => {
                 " (shuffled batches: the accountant assumes Poisson sampling, so this ε is an approximation)"
             }
@@ -91,7 +91,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         };
         println!(
             "epsilon {e:.4} at delta {}, {} noise{caveat}",
-            trainer.config.delta,
+            trainer.config.privacy.delta,
             trainer.noise_label().unwrap_or_default()
         );
     }
