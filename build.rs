@@ -5,6 +5,9 @@
 //! It also links `libtorch_cuda.so` with `--no-as-needed` when the wheel has it: otherwise the
 //! linker drops the library (no symbol of it is referenced directly) and CUDA is never registered.
 //!
+//! It compiles `src/grad_hook.cpp` (a callback on a tensor's gradient, `nn::grad_hook`) against
+//! the wheel's headers, linked to `libtorch_cpu`.
+//!
 //! With a CUDA build of LibTorch it compiles `src/cuda_memory.cpp` (peak device memory from
 //! LibTorch's caching allocator, through c10's headers) and sets `cfg(dpcomp_cuda_memory)`;
 //! without one, device memory is reported as unavailable.
@@ -13,12 +16,28 @@ use std::path::Path;
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/cuda_memory.cpp");
+    println!("cargo:rerun-if-changed=src/grad_hook.cpp");
     println!("cargo::rustc-check-cfg=cfg(dpcomp_cuda_memory)");
-    let Ok(lib_dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
-        return;
-    };
+    let lib_dir = std::env::var("DEP_TCH_LIBTORCH_LIB").expect(
+        "torch-sys did not report LibTorch's lib folder (DEP_TCH_LIBTORCH_LIB): build with scripts/setup.sh's environment",
+    );
     let lib_dir = Path::new(&lib_dir);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    // The wheel's layout: torch/lib beside torch/include.
+    let include = lib_dir
+        .parent()
+        .expect("lib folder has a parent")
+        .join("include");
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .file("src/grad_hook.cpp")
+        .include(&include)
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .flag_if_supported("-w")
+        .compile("dpcomp_grad_hook");
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+    println!("cargo:rustc-link-lib=dylib=c10");
     if !lib_dir.join("libtorch_cuda.so").exists() {
         return;
     }
@@ -26,11 +45,6 @@ fn main() {
     println!("cargo:rustc-link-arg=-ltorch_cuda");
     println!("cargo:rustc-link-arg=-Wl,--as-needed");
 
-    // The wheel's layout: torch/lib beside torch/include.
-    let include = lib_dir
-        .parent()
-        .expect("lib folder has a parent")
-        .join("include");
     if !include.join("c10/core/CachingDeviceAllocator.h").exists() {
         println!("cargo:warning=LibTorch without c10 headers: peak device memory will be reported as unavailable");
         return;
@@ -42,6 +56,5 @@ fn main() {
         .include(&include)
         .flag_if_supported("-w")
         .compile("dpcomp_cuda_memory");
-    println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-cfg=dpcomp_cuda_memory");
 }

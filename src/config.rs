@@ -157,9 +157,17 @@ pub use crate::privacy::AccountantKind;
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum GradSampleMode {
-    /// One backward pass over the recorded tape (`privacy::grad_sample`).
+    /// One backward pass over the recorded tape to every trainable layer's output
+    /// (`privacy::grad_sample`): fastest; holds every layer's output gradient at once.
     #[default]
     Tape,
+    /// Two backward passes (`privacy::grad_sample::clipped_sums`): the per-sample norms taken
+    /// inside the first by gradient hooks, then the reweighted loss's: least memory (ResNet-18
+    /// DP / non-private peak 1.72x -> 1.38x with glibc's default allocator), about one more
+    /// backward pass of time. Per-layer clipping and models with an LSTM or GRU use one pass.
+    #[serde(rename = "two-pass")]
+    #[cfg_attr(feature = "cli", value(name = "two-pass"))]
+    TwoPass,
     /// Per-example autograd, one example at a time: slow and obviously correct.
     Oracle,
 }
@@ -316,7 +324,9 @@ settings_section! {
             crate::privacy::engine::AdaptiveClipping::DEFAULT_LEARNING_RATE, arg(long);
         /// The accountant that turns (q, σ, steps) into ε [default: rdp].
         accountant / accountant: AccountantKind = AccountantKind::Rdp, arg(long, value_enum);
-        /// Per-sample gradients from the tape (fast) or per-example autograd (oracle).
+        /// Per-sample gradients from the tape in one backward pass (tape, fastest), in two with
+        /// the norms taken inside the first (two-pass, least memory), or from per-example
+        /// autograd (oracle) [default: tape].
         grad_sample / grad_sample: GradSampleMode = GradSampleMode::Tape, arg(long, value_enum);
         /// Draw the DP noise from a CSPRNG seeded by the operating system (and the epochs'
         /// Poisson batches from OS-seeded LibTorch), never from --seed: for models released from

@@ -271,11 +271,87 @@ fn oracle_mode_and_physical_batches_give_the_same_step() {
     for (other, what) in [
         (run(GradSampleMode::Oracle, None), "oracle"),
         (run(GradSampleMode::Tape, Some(3)), "physical batches of 3"),
+        // The LSTM runs outside autograd: two-pass falls back to the one pass, exactly.
+        (
+            run(GradSampleMode::TwoPass, Some(3)),
+            "two-pass, physical batches of 3",
+        ),
     ] {
         for (x, y) in tape.iter().zip(&other) {
             let diff = (x - y).abs().max().double_value(&[]);
             assert!(diff < 1e-10, "{what}: {diff}");
         }
+    }
+}
+
+/// The two-pass step (norms inside the first backward pass, then the reweighted loss's) on a
+/// model whose layers all run in autograd equals the one-pass step: the same clipped count and,
+/// with the same noise draw, the same weights after the step (f64).
+#[test]
+fn two_pass_step_equals_the_one_pass_step_on_the_cnn() {
+    let _serial = common::serial();
+    tch::manual_seed(21);
+    let images = Tensor::randn([6, 3, 32, 32], (Kind::Double, Device::Cpu));
+    let labels = Tensor::from_slice(&[0i64, 3, 3, 9, 1, 5]);
+    let data = Dataset::new(dpcomp::data::Features::Images(images), labels, None);
+    let index = Tensor::arange(6, (Kind::Int64, Device::Cpu));
+    let build = || {
+        tch::manual_seed(22);
+        let m = dpcomp::models::CifarCnn::new(Device::Cpu, 10);
+        common::to_double(m.var_store());
+        m
+    };
+    let run = |mode, c: f64| {
+        let m = build();
+        let params = m.trainable_variables();
+        let mut sgd = Updater::plain(Sgd::new(0.5, 0.0));
+        tch::manual_seed(23); // the same noise draw in both runs
+        let totals = dp_step(
+            &m,
+            &params,
+            &mut sgd,
+            &data,
+            &index,
+            Device::Cpu,
+            &settings(6.0, mode, None),
+            &mut engine(0.7, c, params.len()),
+        )
+        .unwrap();
+        (totals.clipped.int64_value(&[]), weights(&m))
+    };
+    // C between the per-example norms, so that some examples are clipped and some are not.
+    let m = build();
+    let norms: Vec<f64> = (0..6)
+        .map(|i| {
+            let one = Tensor::from_slice(&[i]);
+            let batch = data.batch(&one, Device::Cpu, false);
+            let mut ctx = dpcomp::nn::Ctx::train();
+            let logits = m.forward(&batch.features, &mut ctx).unwrap();
+            let loss = logits.cross_entropy_for_logits(&batch.labels);
+            let params: Vec<Tensor> = m
+                .trainable_variables()
+                .into_iter()
+                .map(|(_, p)| p)
+                .collect();
+            let grads =
+                Tensor::run_backward(&[loss], &params.iter().collect::<Vec<_>>(), false, false);
+            grads
+                .iter()
+                .map(|g| g.square().sum(Kind::Double).double_value(&[]))
+                .sum::<f64>()
+                .sqrt()
+        })
+        .collect();
+    let mut sorted = norms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let c = (sorted[2] + sorted[3]) / 2.0;
+    let (clipped_one, one) = run(GradSampleMode::Tape, c);
+    let (clipped_two, two) = run(GradSampleMode::TwoPass, c);
+    assert_eq!(clipped_one, 3, "norms {norms:?}, C {c}");
+    assert_eq!(clipped_two, clipped_one);
+    for (x, y) in one.iter().zip(&two) {
+        let diff = (x - y).abs().max().double_value(&[]);
+        assert!(diff < 1e-10, "{diff}");
     }
 }
 

@@ -9,8 +9,10 @@ use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::data::Features;
 use dpcomp::models::{BertClassifier, BertConfig, CifarCnn, Model, ResNet18, SurnamesLstm};
 use dpcomp::nn::Ctx;
+use dpcomp::privacy::engine::Clipping;
 use dpcomp::privacy::grad_sample::{
-    clip_and_sum, patches, per_sample_gradients, Activations, PerSample,
+    clip_and_sum, clipped_sums, patches, per_sample_gradients, tape_runs_in_autograd, Activations,
+    PerSample,
 };
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
@@ -38,8 +40,9 @@ fn max_diff_at_scale(a: &Tensor, b: &Tensor, model_scale: f64) -> f64 {
     (a - b).abs().max().double_value(&[]) / scale
 }
 
-/// Runs every check on one model and batch.
-fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) {
+/// Runs every check on one model and batch; returns whether the training step's clipped sums
+/// took two backward passes (every layer in autograd) or one.
+fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -> bool {
     let expected = oracle(model, &features, &labels);
     let names: HashMap<usize, String> = model
         .trainable_variables()
@@ -120,6 +123,35 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) {
         clipped_norms.max().double_value(&[]) <= max_norm * (1.0 + 1e-9),
         "{clipped_norms}"
     );
+    // The training step's clipped sums (`clipped_sums`: two backward passes with the norms
+    // taken inside the first wherever every layer runs in autograd) equal the oracle's too.
+    let mut ctx = Ctx::private(false);
+    let logits = model.forward(&features, &mut ctx).unwrap();
+    let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+    let two_passes = tape_runs_in_autograd(ctx.tape().unwrap());
+    let params = model.trainable_variables();
+    let step = clipped_sums(&mut ctx, &params, &losses, &Clipping::Flat { max_norm }).unwrap();
+    assert!(
+        max_rel_diff(&step.norms, &total) < 1e-9,
+        "two passes {two_passes}: norms"
+    );
+    assert_eq!(
+        step.clipped.int64_value(&[]),
+        total.gt(max_norm).sum(Kind::Int64).int64_value(&[]),
+        "two passes {two_passes}: clipped count"
+    );
+    let by_name: HashMap<usize, &Tensor> = clipped
+        .grads
+        .iter()
+        .map(|(p, sum)| (p.data_ptr() as usize, sum))
+        .collect();
+    for ((name, param), sum) in params.iter().zip(&step.sums) {
+        let diff = max_diff_at_scale(sum, by_name[&(param.data_ptr() as usize)], model_scale);
+        assert!(
+            diff < 1e-9,
+            "{name}: the step's clipped sum (two passes {two_passes}) differs by {diff:e}"
+        );
+    }
     for ((param, sum), g) in clipped.grads.iter().zip(&materialized) {
         let mut shape = vec![1i64; g.dim()];
         shape[0] = -1;
@@ -132,6 +164,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) {
             names[&(param.data_ptr() as usize)]
         );
     }
+    two_passes
 }
 
 /// C between the smallest and largest per-sample norm.
@@ -149,9 +182,9 @@ fn median_norm_guess(model: &dyn Model, features: &Features, labels: &Tensor) ->
     0.5 * (lo + hi)
 }
 
-fn run(model: &dyn Model, features: Features, labels: Tensor) {
+fn run(model: &dyn Model, features: Features, labels: Tensor) -> bool {
     let c = median_norm_guess(model, &features, &labels);
-    check(model, features, labels, c);
+    check(model, features, labels, c)
 }
 
 #[test]
@@ -164,11 +197,12 @@ fn surnames_lstm_embedding_and_linear() {
     // Repeated ids inside one name exercise the embedding's ghost norm.
     let _ = ids.get(0).narrow(0, 0, 3).fill_(65);
     let lengths = Tensor::from_slice(&[7i64, 2, 5, 7]);
-    run(
+    let two_passes = run(
         &model,
         Features::Tokens { ids, lengths },
         Tensor::from_slice(&[0i64, 17, 4, 4]),
     );
+    assert!(!two_passes, "the LSTM runs outside autograd: one pass");
 }
 
 #[test]
@@ -178,11 +212,11 @@ fn cifar_cnn_conv_instance_norm_and_linear() {
     let model = CifarCnn::new(Device::Cpu, 10);
     common::to_double(model.var_store());
     let xs = Tensor::randn([3, 3, 32, 32], (Kind::Double, Device::Cpu));
-    run(
+    assert!(run(
         &model,
         Features::Images(xs),
         Tensor::from_slice(&[1i64, 9, 1]),
-    );
+    ));
 }
 
 #[test]
@@ -192,11 +226,11 @@ fn resnet18_group_norm_and_strided_convolutions() {
     let model = ResNet18::new(Device::Cpu, 100);
     common::to_double(model.var_store());
     let xs = Tensor::randn([2, 3, 32, 32], (Kind::Double, Device::Cpu));
-    run(
+    assert!(run(
         &model,
         Features::Images(xs),
         Tensor::from_slice(&[5i64, 99]),
-    );
+    ));
 }
 
 #[test]
@@ -215,7 +249,7 @@ fn bert_last_layer_sequence_linear_layer_norm_pooler() {
         Tensor::from_slice(&[0i64, 0, 0, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1]).view([3, 6]);
     let attention_mask =
         Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 0]).view([3, 6]);
-    run(
+    assert!(run(
         &model,
         Features::TextPair {
             ids,
@@ -223,7 +257,7 @@ fn bert_last_layer_sequence_linear_layer_norm_pooler() {
             attention_mask,
         },
         Tensor::from_slice(&[2i64, 0, 1]),
-    );
+    ));
 }
 
 #[test]
@@ -314,5 +348,33 @@ fn patches_equal_libtorch_im2col() {
             0.0,
             "values for {channels}x{size} k{kernel} s{stride} p{padding}"
         );
+    }
+}
+
+/// An empty Poisson batch through the two passes: zero sums, nothing clipped, no norms.
+#[test]
+fn two_passes_over_an_empty_batch_give_zero_sums() {
+    let _serial = common::serial();
+    tch::manual_seed(6);
+    let model = CifarCnn::new(Device::Cpu, 10);
+    let mut ctx = Ctx::private(false);
+    let xs = Tensor::zeros([0, 3, 32, 32], (Kind::Float, Device::Cpu));
+    let logits = model.forward(&Features::Images(xs), &mut ctx).unwrap();
+    let labels = Tensor::zeros([0], (Kind::Int64, Device::Cpu));
+    let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+    assert!(tape_runs_in_autograd(ctx.tape().unwrap()));
+    let params = model.trainable_variables();
+    let step = clipped_sums(
+        &mut ctx,
+        &params,
+        &losses,
+        &Clipping::Flat { max_norm: 1.0 },
+    )
+    .unwrap();
+    assert_eq!(step.norms.size(), vec![0]);
+    assert_eq!(step.clipped.int64_value(&[]), 0);
+    for ((name, p), sum) in params.iter().zip(&step.sums) {
+        assert_eq!(sum.size(), p.size(), "{name}");
+        assert_eq!(sum.abs().max().double_value(&[]), 0.0, "{name}");
     }
 }

@@ -115,6 +115,10 @@ pub struct DpBenchArgs {
     /// copied to the device) instead of LibTorch's seeded generator, to measure its cost.
     #[cfg_attr(feature = "cli", arg(long))]
     pub secure_noise: bool,
+    /// How the DP step forms its clipped sums: tape (one backward pass, fastest) or two-pass
+    /// (norms inside the first of two, least memory); oracle is per-example autograd.
+    #[cfg_attr(feature = "cli", arg(long, value_enum, default_value = "tape"))]
+    pub grad_sample: crate::config::GradSampleMode,
 }
 
 pub(crate) fn batch_to_device(batch: &Batch, device: Device) -> Batch {
@@ -270,7 +274,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     let settings = crate::train::private::DpSettings {
         expected_batch: batch_size as f64,
         physical_batch: None,
-        mode: crate::config::GradSampleMode::Tape,
+        mode: args.grad_sample,
     };
     let plain_step = |sgd: &mut Updater| -> Result<()> {
         let (loss, _) = train_step(
@@ -347,7 +351,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             serde_json::json!({
                 "task": setup.task, "batch_size": batch_size, "seq_len": seq_len, "steps": rounds * per_round,
                 "device": format!("{device:?}"), "noise_multiplier": args.noise_multiplier,
-                "max_grad_norm": defaults.privacy.max_grad_norm,
+                "max_grad_norm": defaults.privacy.max_grad_norm, "grad_sample": args.grad_sample,
                 "nonprivate_mean_step_seconds": plain, "dp_mean_step_seconds": dp,
                 "ratio_dp_over_nonprivate": dp / plain,
                 "nonprivate_peak_rss_bytes": plain_peak, "dp_peak_rss_bytes": dp_peak,

@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod conv2d;
 pub mod embedding;
+pub mod grad_hook;
 pub mod gru;
 pub mod linear;
 pub mod lstm;

@@ -13,14 +13,27 @@
 //! What each layer kind contributes is its record's `nn::Recorded::per_sample`; the recipes
 //! and their norms and sums are `nn::per_sample`. `tests/grad_sample.rs` checks everything
 //! here against per-example autograd.
+//!
+//! The training step clips in two passes where it can (`clipped_sums`): in the first, a
+//! gradient hook on every recorded output (`nn::grad_hook`) takes the layer's per-sample
+//! squared norms from its output gradient the moment autograd computes it, and the gradient
+//! goes, so no two layers' output gradients need to live at once; the second is one ordinary
+//! backward pass of Σ_i c_i loss_i, whose parameter gradients are exactly Σ_i c_i g_i. This is
+//! Opacus's "fast gradient clipping" (Bu et al. 2023, Algorithm 1's two passes) with the norms
+//! taken inside the first pass. It needs one factor c_i per example (flat or adaptive
+//! clipping) and every layer on the autograd graph; per-layer clipping and the recurrent layers
+//! (which hand their input's gradient back through `LayerGradients::upstream`) take the one
+//! backward pass to every recorded output (`per_sample_gradients`).
 
-use super::engine::Clipping;
+use super::engine::{Clipped, Clipping};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::models::Model;
-use crate::nn::{Ctx, LayerGradients, Record, Tape};
+use crate::nn::grad_hook::{on_grad, HookStatus};
+use crate::nn::{Ctx, LayerGradients, Record, Recorded, Tape};
 use std::collections::HashMap;
-use tch::{Reduction, Tensor};
+use std::sync::{Arc, Mutex};
+use tch::{Device, Kind, Reduction, Tensor};
 
 pub use crate::nn::per_sample::{
     ghost_is_cheaper, outer, patches, Activations, PerSample, PerSampleGradient,
@@ -103,7 +116,237 @@ pub fn per_sample_of(
             "no tape: run the forward pass under Ctx::private to get per-sample gradients",
         )
     })?;
-    let mut by_ptr: HashMap<usize, (Tensor, PerSample)> = per_sample_gradients(tape, loss_sum)?
+    in_parameter_order(per_sample_gradients(tape, loss_sum)?, params)
+}
+
+/// Whether the two-pass clipping can serve this tape: every record's output is on the autograd
+/// graph (none is a leaf that a layer run outside autograd made, as the LSTM's and the GRU's
+/// are).
+pub fn tape_runs_in_autograd(tape: &Tape) -> bool {
+    tape.records
+        .iter()
+        .all(|r| !r.output.requires_grad() || !r.output.is_leaf())
+}
+
+/// The records' layers still waiting for their output gradient, and the squared norms of those
+/// done; shared with the hooks.
+struct PendingNorms {
+    layers: Vec<Option<Box<dyn Recorded>>>,
+    /// (parameter, ||g_i||² of that parameter, [B]).
+    squares: Vec<(Tensor, Tensor)>,
+    /// A record handed back an `upstream` (it ran outside autograd): the caller's check failed.
+    upstream: bool,
+}
+
+/// `PendingNorms` behind a lock the hooks can hold. SAFETY of `Send`: the tensors and layers
+/// inside are only touched by the thread that runs the backward pass (the caller's on the CPU,
+/// autograd's device thread on CUDA) while the caller waits in `run_backward`, or by the
+/// caller before and after it; the mutex orders those accesses.
+struct SharedNorms(Mutex<PendingNorms>);
+unsafe impl Send for SharedNorms {}
+unsafe impl Sync for SharedNorms {}
+
+impl SharedNorms {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PendingNorms> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes record `k`'s norms from its output gradient and drops the record (its input goes
+    /// with it); a record already done is skipped.
+    fn take(&self, k: usize, output_grad: &Tensor) {
+        let layer = self.lock().layers[k].take();
+        if let Some(layer) = layer {
+            let LayerGradients {
+                parameters,
+                upstream,
+            } = layer.per_sample(output_grad);
+            let squares: Vec<(Tensor, Tensor)> = parameters
+                .into_iter()
+                .map(|(p, recipe)| (p, recipe.squared_norms()))
+                .collect();
+            let mut pending = self.lock();
+            pending.squares.extend(squares);
+            pending.upstream |= upstream.is_some();
+        }
+    }
+}
+
+/// Pass 1 of the two-pass clipping: every parameter on the tape with its per-sample squared
+/// norms [B], taken inside one backward pass of `loss_sum` by a hook on each recorded output.
+/// The backward pass asks only for the earliest recorded output's gradient (no weight gradient
+/// is computed) and keeps the graph for pass 2; a record its hook did not reach (not upstream
+/// of that output) is reached by a second backward pass to `params`, and one that no gradient
+/// reaches contributes zero norms. Every record's output must be on the autograd graph
+/// (`tape_runs_in_autograd`).
+pub fn squared_norms_in_backward(
+    tape: Tape,
+    loss_sum: &Tensor,
+    params: &[Tensor],
+) -> Result<Vec<(Tensor, Tensor)>> {
+    if !tape_runs_in_autograd(&tape) {
+        return Err(Error::bad_value(
+            "model",
+            "a layer ran outside autograd (an LSTM or GRU): its norms need the one-pass per-sample gradients",
+        ));
+    }
+    let count = tape.records.len();
+    let mut outputs = Vec::with_capacity(count);
+    let mut layers = Vec::with_capacity(count);
+    for record in tape.records {
+        outputs.push(record.output);
+        layers.push(Some(record.layer));
+    }
+    let shared = Arc::new(SharedNorms(Mutex::new(PendingNorms {
+        layers,
+        squares: Vec::new(),
+        upstream: false,
+    })));
+    let mut shapes: Vec<(Vec<i64>, Kind, Device)> = Vec::with_capacity(count);
+    let mut statuses: Vec<HookStatus> = Vec::new();
+    let mut first: Option<(usize, Tensor)> = None;
+    for (k, output) in outputs.into_iter().enumerate() {
+        shapes.push((output.size(), output.kind(), output.device()));
+        if !output.requires_grad() {
+            shared.take(k, &output.detach().zeros_like());
+            continue;
+        }
+        let hook_shared = shared.clone();
+        statuses.push(on_grad(&output, move |grad| hook_shared.take(k, &grad))?);
+        // Only the earliest output is kept (as the backward pass's target); the others live on
+        // in the graph as long as autograd needs them, not longer.
+        if first.is_none() {
+            first = Some((k, output));
+        }
+    }
+    if let Some((k, output)) = first {
+        let found = Tensor::run_backward(&[loss_sum], &[&output], true, false);
+        drop(output);
+        // A hook on the very tensor asked for may not run; its gradient is the one returned.
+        if let Some(grad) = found.into_iter().next().filter(|g| g.defined()) {
+            shared.take(k, &grad);
+        }
+        let waiting = shared.lock().layers.iter().any(|l| l.is_some());
+        if waiting && !params.is_empty() {
+            let refs: Vec<&Tensor> = params.iter().collect();
+            let _ = Tensor::run_backward(&[loss_sum], &refs, true, false);
+        }
+    }
+    for status in &statuses {
+        if let Some(what) = status.panicked() {
+            return Err(Error::bad_value(
+                "model",
+                format!("a layer's per-sample norms failed inside the backward pass: {what}"),
+            ));
+        }
+    }
+    for (k, (size, kind, device)) in shapes.iter().enumerate() {
+        if shared.lock().layers[k].is_some() {
+            shared.take(k, &Tensor::zeros(size.as_slice(), (*kind, *device)));
+        }
+    }
+    let mut pending = shared.lock();
+    if pending.upstream {
+        return Err(Error::bad_value(
+            "model",
+            "a layer handed back an upstream gradient (it ran outside autograd): use the one-pass per-sample gradients",
+        ));
+    }
+    let squares = std::mem::take(&mut pending.squares);
+    let mut seen = std::collections::HashSet::new();
+    for (param, _) in &squares {
+        if !seen.insert(param.data_ptr() as usize) {
+            return Err(Error::bad_value(
+                "model",
+                format!("a parameter of shape {:?} is used twice in one forward pass; per-sample gradients need each layer once", param.size()),
+            ));
+        }
+    }
+    Ok(squares)
+}
+
+/// The clipped sums of one private forward pass (`Ctx::private`, whose tape this takes) over a
+/// batch with per-example losses `losses` [B], for `params` in their order: in two passes
+/// (module docs) under flat or adaptive clipping when every layer runs in autograd, otherwise
+/// from the one-pass recipes (`per_sample_of`, then `clipping.factors` per parameter).
+/// A trainable parameter that no record covers is an error: it would escape clipping.
+pub fn clipped_sums(
+    ctx: &mut Ctx,
+    params: &[(String, Tensor)],
+    losses: &Tensor,
+    clipping: &Clipping,
+) -> Result<Clipped> {
+    let loss_sum = losses.sum(losses.kind());
+    let tape = ctx.take_tape().ok_or_else(|| {
+        Error::bad_value(
+            "context",
+            "no tape: run the forward pass under Ctx::private to get per-sample gradients",
+        )
+    })?;
+    if losses.size().first() == Some(&0) {
+        // No example (an empty Poisson batch): nothing to clip, nothing to sum.
+        return Ok(Clipped {
+            sums: params
+                .iter()
+                .map(|(_, p)| p.zeros_like().detach())
+                .collect(),
+            norms: losses.detach().zeros_like(),
+            clipped: Tensor::zeros([], (Kind::Int64, losses.device())),
+        });
+    }
+    let one_factor = matches!(clipping, Clipping::Flat { .. } | Clipping::Adaptive(_));
+    if !one_factor || !tape_runs_in_autograd(&tape) {
+        let per_sample = in_parameter_order(per_sample_gradients(tape, &loss_sum)?, params)?;
+        let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
+        let (factors, norms) = clipping.factors(&squared);
+        let sums = per_sample
+            .iter()
+            .zip(&factors)
+            .map(|((_, r), c)| r.weighted_sum(c))
+            .collect();
+        let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0)
+            .any_dim(0, false);
+        return Ok(Clipped {
+            sums,
+            norms,
+            clipped: any.sum(Kind::Int64),
+        });
+    }
+    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+    let squared = in_parameter_order(
+        squared_norms_in_backward(tape, &loss_sum, &tensors)?,
+        params,
+    )?;
+    let squared: Vec<Tensor> = squared.into_iter().map(|(_, s)| s).collect();
+    let (mut factors, norms) = clipping.factors(&squared);
+    let factor = factors.swap_remove(0).detach();
+    // Pass 2: d(Σ_i c_i loss_i)/dθ = Σ_i c_i g_i.
+    let weighted = (losses * factor.to_kind(losses.kind())).sum(losses.kind());
+    let refs: Vec<&Tensor> = tensors.iter().collect();
+    let sums = Tensor::run_backward(&[&weighted], &refs, false, false)
+        .into_iter()
+        .zip(&tensors)
+        .map(|(g, p)| {
+            if g.defined() {
+                g
+            } else {
+                p.zeros_like().detach()
+            }
+        })
+        .collect();
+    Ok(Clipped {
+        sums,
+        norms,
+        clipped: factor.lt(1.0).sum(Kind::Int64),
+    })
+}
+
+/// `found` (parameter, anything) reordered as `params`; a parameter missing from `found` is an
+/// error naming it (it would escape clipping).
+fn in_parameter_order<T>(
+    found: Vec<(Tensor, T)>,
+    params: &[(String, Tensor)],
+) -> Result<Vec<(Tensor, T)>> {
+    let mut by_ptr: HashMap<usize, (Tensor, T)> = found
         .into_iter()
         .map(|(p, r)| (p.data_ptr() as usize, (p, r)))
         .collect();

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::engine::{Clipped, PrivacyEngine};
-use crate::privacy::grad_sample::{per_sample_in_order, PerSampleBatch};
+use crate::privacy::grad_sample::{clipped_sums, per_sample_in_order, PerSampleBatch};
 use tch::{Device, Kind, Reduction, Tensor};
 
 /// How a logical batch is processed (σ, q and the clipping rule are the engine's).
@@ -30,7 +30,8 @@ pub struct StepTotals {
     pub clipped: Tensor,
 }
 
-/// Clipped gradient sums in the order of `params`, plus (loss sum, correct).
+/// Clipped gradient sums in the order of `params`, plus (loss sum, correct), from one backward
+/// pass to every recorded output (`--grad-sample tape`).
 fn clipped_sums_tape(
     model: &dyn Model,
     params: &[(String, Tensor)],
@@ -43,6 +44,27 @@ fn clipped_sums_tape(
         loss_sum,
     } = per_sample_in_order(model, params, batch, true)?;
     let clipped = engine.clip(&per_sample);
+    let correct = logits
+        .argmax(-1, false)
+        .eq_tensor(&batch.labels)
+        .sum(Kind::Int64);
+    Ok((clipped, [loss_sum.detach(), correct]))
+}
+
+/// The same from two backward passes with the norms taken inside the first, where the clipping
+/// and the layers allow (`--grad-sample two-pass`, `privacy::grad_sample::clipped_sums`).
+fn clipped_sums_two_pass(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    batch: &Batch,
+    engine: &PrivacyEngine,
+) -> Result<(Clipped, [Tensor; 2])> {
+    let mut ctx = Ctx::private(true);
+    let logits = model.forward(&batch.features, &mut ctx)?;
+    let losses =
+        logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
+    let clipped = clipped_sums(&mut ctx, params, &losses, engine.clipping())?;
+    let loss_sum = losses.detach().sum(losses.kind());
     let correct = logits
         .argmax(-1, false)
         .eq_tensor(&batch.labels)
@@ -133,6 +155,7 @@ pub fn dp_step(
         let batch = data.batch(&index.narrow(0, start, chunk.min(n - start)), device, true);
         let (part, chunk_totals) = match settings.mode {
             GradSampleMode::Tape => clipped_sums_tape(model, params, &batch, engine)?,
+            GradSampleMode::TwoPass => clipped_sums_two_pass(model, params, &batch, engine)?,
             GradSampleMode::Oracle => clipped_sums_oracle(model, params, &batch, engine)?,
         };
         logical.add(part);
