@@ -181,6 +181,25 @@ impl Clipping {
 
     /// Each parameter's clip factors [B] from each parameter's per-sample squared norms [B]
     /// (in the order of the parameters), and the per-sample norm over all parameters.
+    /// Clips `per_sample` (in the order of the parameters) by this rule and sums each
+    /// parameter's clipped gradients (`PrivacyEngine::clip`).
+    pub fn clip(&self, per_sample: &[(Tensor, PerSample)]) -> Clipped {
+        let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
+        let (factors, norms) = self.factors(&squared);
+        let sums = per_sample
+            .iter()
+            .zip(&factors)
+            .map(|((_, r), c)| r.weighted_sum(c))
+            .collect();
+        let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0)
+            .any_dim(0, false);
+        Clipped {
+            sums,
+            norms,
+            clipped: any.sum(Kind::Int64),
+        }
+    }
+
     pub fn factors(&self, squared: &[Tensor]) -> (Vec<Tensor>, Tensor) {
         let total = Tensor::stack(squared, 0)
             .sum_dim_intlist(0, false, squared[0].kind())
@@ -398,20 +417,7 @@ impl PrivacyEngine {
     /// gradients. A logical batch in several chunks is clipped chunk by chunk and its sums added
     /// before `privatize`.
     pub fn clip(&self, per_sample: &[(Tensor, PerSample)]) -> Clipped {
-        let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
-        let (factors, norms) = self.clipping.factors(&squared);
-        let sums = per_sample
-            .iter()
-            .zip(&factors)
-            .map(|((_, r), c)| r.weighted_sum(c))
-            .collect();
-        let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0)
-            .any_dim(0, false);
-        Clipped {
-            sums,
-            norms,
-            clipped: any.sum(Kind::Int64),
-        }
+        self.clipping.clip(per_sample)
     }
 
     /// Clips one example's whole update, a single tensor of any shape (a federated client's

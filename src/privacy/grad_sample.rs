@@ -88,8 +88,15 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
             accumulate(&mut grads, &records, &earlier, &root);
         }
     }
+    each_parameter_once(&out)?;
+    Ok(out)
+}
+
+/// An error if a parameter appears twice (a layer used twice in one forward pass would need its
+/// per-sample gradients summed first).
+fn each_parameter_once<T>(found: &[(Tensor, T)]) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
-    for (param, _) in &out {
+    for (param, _) in found {
         if !seen.insert(param.data_ptr() as usize) {
             return Err(Error::bad_value(
                 "model",
@@ -97,7 +104,7 @@ pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor
             ));
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The per-sample gradient recipes of a private forward pass (`Ctx::private`) for `params`, in
@@ -252,15 +259,7 @@ pub fn squared_norms_in_backward(
         ));
     }
     let squares = std::mem::take(&mut pending.squares);
-    let mut seen = std::collections::HashSet::new();
-    for (param, _) in &squares {
-        if !seen.insert(param.data_ptr() as usize) {
-            return Err(Error::bad_value(
-                "model",
-                format!("a parameter of shape {:?} is used twice in one forward pass; per-sample gradients need each layer once", param.size()),
-            ));
-        }
-    }
+    each_parameter_once(&squares)?;
     Ok(squares)
 }
 
@@ -296,20 +295,7 @@ pub fn clipped_sums(
     let one_factor = matches!(clipping, Clipping::Flat { .. } | Clipping::Adaptive(_));
     if !one_factor || !tape_runs_in_autograd(&tape) {
         let per_sample = in_parameter_order(per_sample_gradients(tape, &loss_sum)?, params)?;
-        let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
-        let (factors, norms) = clipping.factors(&squared);
-        let sums = per_sample
-            .iter()
-            .zip(&factors)
-            .map(|((_, r), c)| r.weighted_sum(c))
-            .collect();
-        let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0)
-            .any_dim(0, false);
-        return Ok(Clipped {
-            sums,
-            norms,
-            clipped: any.sum(Kind::Int64),
-        });
+        return Ok(clipping.clip(&per_sample));
     }
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
     let squared = in_parameter_order(
