@@ -172,6 +172,12 @@ for task in surnames cifar10 cifar100 snli; do
     bench "dp/$task" "$dpcomp" bench dp --task "$task" --device "$device" --steps "$steps" --warmup "$warmup" \
         --rounds "$rounds" --bert-dir "$bert" $b --json
 done
+# The two-pass DP step (norms taken in gradient hooks, which autograd runs on its device thread
+# on CUDA): its memory and time against the one-pass step's above (issue 16).
+for task in cifar10 cifar100; do
+    bench "dp_two_pass/$task" "$dpcomp" bench dp --task "$task" --device "$device" --steps "$steps" \
+        --warmup "$warmup" --rounds "$rounds" $small_batch --grad-sample two-pass --json
+done
 # On ResNet-18 (CIFAR-100), the issue's yardstick; the quick rehearsal exercises the same code on
 # the smaller CNN.
 compress_task=cifar100
