@@ -30,6 +30,11 @@ pub struct StepTotals {
     pub clipped: Tensor,
 }
 
+/// How many of the batch's examples the logits classify right (a device tensor, no host read).
+fn correct_of(logits: &Tensor, labels: &Tensor) -> Tensor {
+    logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64)
+}
+
 /// Clipped gradient sums in the order of `params`, plus (loss sum, correct), from one backward
 /// pass to every recorded output (`--grad-sample tape`).
 fn clipped_sums_tape(
@@ -44,10 +49,7 @@ fn clipped_sums_tape(
         loss_sum,
     } = per_sample_in_order(model, params, batch, true)?;
     let clipped = engine.clip(&per_sample);
-    let correct = logits
-        .argmax(-1, false)
-        .eq_tensor(&batch.labels)
-        .sum(Kind::Int64);
+    let correct = correct_of(&logits, &batch.labels);
     Ok((clipped, [loss_sum.detach(), correct]))
 }
 
@@ -65,10 +67,7 @@ fn clipped_sums_two_pass(
         logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
     let clipped = clipped_sums(&mut ctx, params, &losses, engine.clipping())?;
     let loss_sum = losses.detach().sum(losses.kind());
-    let correct = logits
-        .argmax(-1, false)
-        .eq_tensor(&batch.labels)
-        .sum(Kind::Int64);
+    let correct = correct_of(&logits, &batch.labels);
     Ok((clipped, [loss_sum.detach(), correct]))
 }
 
