@@ -27,3 +27,83 @@ int32_t dpcomp_register_grad_hook(at::Tensor *tensor, dpcomp_grad_callback callb
   }
 }
 }
+
+#include <torch/csrc/autograd/function.h>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+extern "C" {
+
+// For each of `count` tensors on the autograd graph: writes 1 to reaches_other[k] when the
+// backward pass from tensor k's node (grad_fn) goes on to the node of another of the tensors,
+// 0 when it does not (tensor k is among the earliest on the graph: no other one is upstream of
+// it). A backward pass asked for the gradients of the tensors marked 0 then runs through the
+// nodes of all the others. 0 on success, -1 on any error.
+int32_t dpcomp_reaches_another(at::Tensor **tensors, int64_t count, uint8_t *reaches_other) {
+  try {
+    using torch::autograd::Node;
+    std::unordered_set<Node *> marked;
+    std::vector<Node *> nodes(count, nullptr);
+    for (int64_t k = 0; k < count; ++k) {
+      nodes[k] = tensors[k]->grad_fn().get();
+      if (nodes[k] != nullptr) marked.insert(nodes[k]);
+    }
+    // reaches[n]: n is a marked node or leads to one (memoised over one depth-first walk; the
+    // graph is acyclic).
+    std::unordered_map<Node *, bool> reaches;
+    auto reaches_marked = [&](Node *start) -> bool {
+      std::vector<std::pair<Node *, size_t>> stack{{start, 0}};
+      while (!stack.empty()) {
+        auto &[node, next] = stack.back();
+        if (next == 0 && reaches.count(node) == 0 && marked.count(node) != 0) {
+          reaches[node] = true;
+        }
+        if (reaches.count(node) != 0 && next == 0) {
+          stack.pop_back();
+          continue;
+        }
+        const auto &edges = node->next_edges();
+        bool pushed = false;
+        while (next < edges.size()) {
+          Node *child = edges[next].function.get();
+          ++next;
+          if (child != nullptr && reaches.count(child) == 0) {
+            stack.push_back({child, 0});
+            pushed = true;
+            break;
+          }
+        }
+        if (pushed) continue;
+        bool any = false;
+        for (const auto &edge : edges) {
+          Node *child = edge.function.get();
+          if (child != nullptr && reaches[child]) {
+            any = true;
+            break;
+          }
+        }
+        reaches[node] = any;
+        stack.pop_back();
+      }
+      return reaches[start];
+    };
+    for (int64_t k = 0; k < count; ++k) {
+      uint8_t found = 0;
+      if (nodes[k] != nullptr) {
+        for (const auto &edge : nodes[k]->next_edges()) {
+          Node *child = edge.function.get();
+          if (child != nullptr && reaches_marked(child)) {
+            found = 1;
+            break;
+          }
+        }
+      }
+      reaches_other[k] = found;
+    }
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+}

@@ -11,8 +11,8 @@ use dpcomp::models::{BertClassifier, BertConfig, CifarCnn, Model, ResNet18, Surn
 use dpcomp::nn::Ctx;
 use dpcomp::privacy::engine::Clipping;
 use dpcomp::privacy::grad_sample::{
-    clip_and_sum, clipped_sums, patches, per_sample_gradients, tape_runs_in_autograd, Activations,
-    PerSample,
+    clip_and_sum, clipped_sums, patches, per_sample_gradients, per_sample_to_every_output,
+    tape_runs_in_autograd, Activations, BackwardPasses, PerSample,
 };
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
@@ -40,8 +40,8 @@ fn max_diff_at_scale(a: &Tensor, b: &Tensor, model_scale: f64) -> f64 {
     (a - b).abs().max().double_value(&[]) / scale
 }
 
-/// Runs every check on one model and batch; returns whether the training step's clipped sums
-/// took two backward passes (every layer in autograd) or one.
+/// Runs every check on one model and batch; returns whether every layer ran in autograd (the
+/// recipes formed by gradient hooks inside the backward pass).
 fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -> bool {
     let expected = oracle(model, &features, &labels);
     let names: HashMap<usize, String> = model
@@ -50,11 +50,37 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
         .map(|(n, p)| (p.data_ptr() as usize, n))
         .collect();
 
-    let mut ctx = Ctx::private(false);
-    let logits = model.forward(&features, &mut ctx).unwrap();
-    let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
-    let per_sample =
-        per_sample_gradients(ctx.take_tape().unwrap(), &losses.sum(Kind::Double)).unwrap();
+    // The recipes formed inside the backward pass by gradient hooks (wherever every layer runs
+    // in autograd) and those from every recorded output's gradient at once are the same values.
+    let recipes = |every_output: bool| {
+        let mut ctx = Ctx::private(false);
+        let logits = model.forward(&features, &mut ctx).unwrap();
+        let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+        let tape = ctx.take_tape().unwrap();
+        let loss_sum = losses.sum(Kind::Double);
+        if every_output {
+            per_sample_to_every_output(tape, &loss_sum).unwrap()
+        } else {
+            per_sample_gradients(tape, &loss_sum).unwrap()
+        }
+    };
+    let per_sample = recipes(false);
+    let at_once: HashMap<usize, Tensor> = recipes(true)
+        .into_iter()
+        .map(|(p, r)| (p.data_ptr() as usize, r.materialize()))
+        .collect();
+    assert_eq!(at_once.len(), per_sample.len());
+    for (param, recipe) in &per_sample {
+        let name = &names[&(param.data_ptr() as usize)];
+        let diff = max_rel_diff(
+            &recipe.materialize(),
+            &at_once[&(param.data_ptr() as usize)],
+        );
+        assert!(
+            diff < 1e-12,
+            "{name}: hooks and every-output recipes differ by {diff:e}"
+        );
+    }
 
     // Every trainable parameter has exactly one recipe.
     assert_eq!(per_sample.len(), names.len(), "parameters on the tape");
@@ -123,34 +149,37 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
         clipped_norms.max().double_value(&[]) <= max_norm * (1.0 + 1e-9),
         "{clipped_norms}"
     );
-    // The training step's clipped sums (`clipped_sums`: two backward passes with the norms
-    // taken inside the first wherever every layer runs in autograd) equal the oracle's too.
-    let mut ctx = Ctx::private(false);
-    let logits = model.forward(&features, &mut ctx).unwrap();
-    let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
-    let two_passes = tape_runs_in_autograd(ctx.tape().unwrap());
-    let params = model.trainable_variables();
-    let step = clipped_sums(&mut ctx, &params, &losses, &Clipping::Flat { max_norm }).unwrap();
-    assert!(
-        max_rel_diff(&step.norms, &total) < 1e-9,
-        "two passes {two_passes}: norms"
-    );
-    assert_eq!(
-        step.clipped.int64_value(&[]),
-        total.gt(max_norm).sum(Kind::Int64).int64_value(&[]),
-        "two passes {two_passes}: clipped count"
-    );
+    // The training step's clipped sums (`clipped_sums`: recipes and norms formed inside one
+    // backward pass, or two passes with the norms taken inside the first, wherever every layer
+    // runs in autograd) equal the oracle's too.
     let by_name: HashMap<usize, &Tensor> = clipped
         .grads
         .iter()
         .map(|(p, sum)| (p.data_ptr() as usize, sum))
         .collect();
-    for ((name, param), sum) in params.iter().zip(&step.sums) {
-        let diff = max_diff_at_scale(sum, by_name[&(param.data_ptr() as usize)], model_scale);
-        assert!(
-            diff < 1e-9,
-            "{name}: the step's clipped sum (two passes {two_passes}) differs by {diff:e}"
+    let mut in_autograd = false;
+    for passes in [BackwardPasses::One, BackwardPasses::Two] {
+        let mut ctx = Ctx::private(false);
+        let logits = model.forward(&features, &mut ctx).unwrap();
+        let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+        in_autograd = tape_runs_in_autograd(ctx.tape().unwrap());
+        let params = model.trainable_variables();
+        let clipping = Clipping::Flat { max_norm };
+        let step = clipped_sums(&mut ctx, &params, &losses, &clipping, passes).unwrap();
+        let how = format!("{passes:?} (every layer in autograd: {in_autograd})");
+        assert!(max_rel_diff(&step.norms, &total) < 1e-9, "{how}: norms");
+        assert_eq!(
+            step.clipped.int64_value(&[]),
+            total.gt(max_norm).sum(Kind::Int64).int64_value(&[]),
+            "{how}: clipped count"
         );
+        for ((name, param), sum) in params.iter().zip(&step.sums) {
+            let diff = max_diff_at_scale(sum, by_name[&(param.data_ptr() as usize)], model_scale);
+            assert!(
+                diff < 1e-9,
+                "{name}: the step's clipped sum ({how}) differs by {diff:e}"
+            );
+        }
     }
     for ((param, sum), g) in clipped.grads.iter().zip(&materialized) {
         let mut shape = vec![1i64; g.dim()];
@@ -164,7 +193,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
             names[&(param.data_ptr() as usize)]
         );
     }
-    two_passes
+    in_autograd
 }
 
 /// C between the smallest and largest per-sample norm.
@@ -351,30 +380,33 @@ fn patches_equal_libtorch_im2col() {
     }
 }
 
-/// An empty Poisson batch through the two passes: zero sums, nothing clipped, no norms.
+/// An empty Poisson batch through one or two passes: zero sums, nothing clipped, no norms.
 #[test]
-fn two_passes_over_an_empty_batch_give_zero_sums() {
+fn an_empty_batch_gives_zero_sums() {
     let _serial = common::serial();
     tch::manual_seed(6);
     let model = CifarCnn::new(Device::Cpu, 10);
-    let mut ctx = Ctx::private(false);
-    let xs = Tensor::zeros([0, 3, 32, 32], (Kind::Float, Device::Cpu));
-    let logits = model.forward(&Features::Images(xs), &mut ctx).unwrap();
-    let labels = Tensor::zeros([0], (Kind::Int64, Device::Cpu));
-    let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
-    assert!(tape_runs_in_autograd(ctx.tape().unwrap()));
-    let params = model.trainable_variables();
-    let step = clipped_sums(
-        &mut ctx,
-        &params,
-        &losses,
-        &Clipping::Flat { max_norm: 1.0 },
-    )
-    .unwrap();
-    assert_eq!(step.norms.size(), vec![0]);
-    assert_eq!(step.clipped.int64_value(&[]), 0);
-    for ((name, p), sum) in params.iter().zip(&step.sums) {
-        assert_eq!(sum.size(), p.size(), "{name}");
-        assert_eq!(sum.abs().max().double_value(&[]), 0.0, "{name}");
+    for passes in [BackwardPasses::One, BackwardPasses::Two] {
+        let mut ctx = Ctx::private(false);
+        let xs = Tensor::zeros([0, 3, 32, 32], (Kind::Float, Device::Cpu));
+        let logits = model.forward(&Features::Images(xs), &mut ctx).unwrap();
+        let labels = Tensor::zeros([0], (Kind::Int64, Device::Cpu));
+        let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+        assert!(tape_runs_in_autograd(ctx.tape().unwrap()));
+        let params = model.trainable_variables();
+        let step = clipped_sums(
+            &mut ctx,
+            &params,
+            &losses,
+            &Clipping::Flat { max_norm: 1.0 },
+            passes,
+        )
+        .unwrap();
+        assert_eq!(step.norms.size(), vec![0]);
+        assert_eq!(step.clipped.int64_value(&[]), 0);
+        for ((name, p), sum) in params.iter().zip(&step.sums) {
+            assert_eq!(sum.size(), p.size(), "{name}");
+            assert_eq!(sum.abs().max().double_value(&[]), 0.0, "{name}");
+        }
     }
 }

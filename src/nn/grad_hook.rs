@@ -23,6 +23,7 @@ extern "C" {
         context: *mut c_void,
         drop_context: extern "C" fn(*mut c_void),
     ) -> i32;
+    fn dpcomp_reaches_another(tensors: *const *mut C_tensor, count: i64, reaches: *mut u8) -> i32;
 }
 
 /// What a hook's callback left behind: the message of a panic inside it (a panic must not
@@ -97,6 +98,33 @@ pub fn on_grad(
     Ok(status)
 }
 
+/// For each tensor on the autograd graph, whether the backward pass from it goes on to another
+/// of `tensors` (one upstream of it). A backward pass asked for the gradients of those that do
+/// not (the earliest) runs through every other one's node, so their hooks fire, while holding
+/// only the earliest ones' gradients at its end. A tensor off the graph (a leaf, or one without
+/// grad) reaches nothing.
+pub fn reaches_another(tensors: &[&Tensor]) -> Result<Vec<bool>> {
+    let mut handles: Vec<Tensor> = tensors.iter().map(|t| t.shallow_clone()).collect();
+    let pointers: Vec<*mut C_tensor> = handles.iter_mut().map(|t| t.as_mut_ptr()).collect();
+    let mut reaches = vec![0u8; tensors.len()];
+    // SAFETY: `pointers` are valid tensor handles kept alive by `handles` for the call; `reaches`
+    // has one byte per tensor.
+    let done = unsafe {
+        dpcomp_reaches_another(
+            pointers.as_ptr(),
+            pointers.len() as i64,
+            reaches.as_mut_ptr(),
+        )
+    };
+    if done != 0 {
+        return Err(Error::bad_value(
+            "tensor",
+            "LibTorch failed to walk the autograd graph",
+        ));
+    }
+    Ok(reaches.into_iter().map(|r| r != 0).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +155,23 @@ mod tests {
         z.sum(tch::Kind::Double).backward();
         assert_eq!(status.panicked().as_deref(), Some("boom"));
         assert!(on_grad(&Tensor::from(1.0f64), |_| {}).is_err());
+    }
+
+    #[test]
+    fn the_earliest_tensors_on_the_graph_reach_no_other() {
+        let x = Tensor::from_slice(&[1.0f64, -2.0]).set_requires_grad(true);
+        let w = Tensor::from_slice(&[0.5f64, 4.0]).set_requires_grad(true);
+        // Two branches from x and one from w join: a and c are the earliest; b (from a), d (from
+        // b and c) and e (from d, through an op with no recorded tensor between) reach others.
+        let a = &x * 2.0;
+        let b = a.exp();
+        let c = &w + 1.0;
+        let d = &b * &c;
+        let e = d.sum(tch::Kind::Double).sin();
+        let reaches = reaches_another(&[&a, &b, &c, &d, &e]).unwrap();
+        assert_eq!(reaches, vec![false, true, false, true, true]);
+        // Leaves and tensors without grad are off the graph.
+        let reaches = reaches_another(&[&x, &Tensor::from(1.0f64), &a]).unwrap();
+        assert_eq!(reaches, vec![false, false, false]);
     }
 }

@@ -50,6 +50,32 @@ impl Activations {
         }
     }
 
+    /// Examples `start..start + len` of a, [len, T, in] (a convolution's patches cut for those
+    /// examples only).
+    fn rows(&self, start: i64, len: i64) -> Tensor {
+        match self {
+            Activations::Held(a) => a.narrow(0, start, len),
+            Activations::Patches {
+                input,
+                kernel,
+                stride,
+                padding,
+            } => patches(&input.narrow(0, start, len), *kernel, *stride, *padding).transpose(1, 2),
+        }
+    }
+
+    /// How many examples one chunk of a computation over this layer takes: enough that its
+    /// temporaries (the examples' patches, and `per_example` more elements each) stay within
+    /// `CHUNK_ELEMENTS`, at least one.
+    fn chunk_len(&self, per_example: i64) -> i64 {
+        let (batch, steps, input) = self.dims();
+        let patches = match self {
+            Activations::Held(_) => 0,
+            Activations::Patches { .. } => steps * input,
+        };
+        (CHUNK_ELEMENTS / (patches + per_example).max(1)).clamp(1, batch.max(1))
+    }
+
     /// (B, T, in) without cutting patches.
     fn dims(&self) -> (i64, i64, i64) {
         match self {
@@ -77,6 +103,23 @@ impl Activations {
     }
 }
 
+/// Elements (16 MiB of f32) that one chunk of a per-sample computation may allocate for its
+/// temporaries: a convolution's patches, instantiated per-sample gradients before their norm,
+/// the Gram matrices of the ghost norm. Computing layer by layer over chunks of examples keeps
+/// each temporary small, so that it fits in memory the backward pass just freed instead of
+/// growing the heap (issue 16: ResNet-18's layer1 patches are 151 MB for a batch of 64, and with
+/// them whole the DP step's peak resident memory was 1.45x the non-private step's while the
+/// bytes in use never exceeded the forward pass's).
+pub const CHUNK_ELEMENTS: i64 = 1 << 22;
+
+/// (start, len) of consecutive chunks of `len` examples covering `batch`; one empty chunk for
+/// an empty batch (so that its results keep their shapes).
+fn chunks(batch: i64, len: i64) -> impl Iterator<Item = (i64, i64)> {
+    (0..batch.max(1))
+        .step_by(len.max(1) as usize)
+        .map(move |start| (start, len.min(batch - start)))
+}
+
 /// How one parameter's per-sample gradients are formed.
 pub enum PerSample {
     /// g_i = Σ_t b_it a_itᵀ with a [B, T, in], b [B, T, out], viewed as `shape`, kept factored:
@@ -90,6 +133,9 @@ pub enum PerSample {
     },
     /// g_i given directly, [B, ...parameter shape].
     Direct(Tensor),
+    /// g_i instantiated in consecutive chunks of examples, each [len, ...parameter shape]: no
+    /// single allocation larger than a chunk (`CHUNK_ELEMENTS`).
+    Parts(Vec<Tensor>),
     /// Embedding rows: g_i = Σ_t e_{ids_it} b_itᵀ with ids [B, T], b [B, T, d], `rows` rows.
     Rows { ids: Tensor, b: Tensor, rows: i64 },
     /// A user layer's own form.
@@ -129,15 +175,25 @@ pub const KEEP_INSTANTIATED_FACTOR: i64 = 8;
 /// elements of the input the book-keeping holds for this layer anyway; a larger g is formed for
 /// the norm, dropped, and the clipped sum taken by contraction (issue 16, memory). ResNet-18's
 /// largest instantiated g, layer2's 3x3 128->128 convolution at batch 64, is 4.5x its input, so
-/// there every one is kept; the rule bounds what an unusual layer can hold.
+/// there every one is kept; the rule bounds what an unusual layer can hold. A kept g is formed
+/// and held in chunks of examples (`PerSample::Parts`), no allocation larger than
+/// `CHUNK_ELEMENTS` plus one chunk's patches.
 pub fn outer(a: Activations, b: Tensor, shape: Vec<i64>) -> PerSample {
     let (batch, steps, input) = a.dims();
     let output = b.size()[2];
     let ghost = ghost_is_cheaper(batch, steps, input, output);
     if !ghost && batch * input * output <= KEEP_INSTANTIATED_FACTOR * a.held_elements() {
-        let mut full = vec![batch];
-        full.extend(&shape);
-        PerSample::Direct(b.transpose(1, 2).bmm(&a.get()).reshape(full.as_slice()))
+        let parts = chunks(batch, a.chunk_len(input * output))
+            .map(|(start, len)| {
+                let mut full = vec![len];
+                full.extend(&shape);
+                b.narrow(0, start, len)
+                    .transpose(1, 2)
+                    .bmm(&a.rows(start, len))
+                    .reshape(full.as_slice())
+            })
+            .collect();
+        PerSample::Parts(parts)
     } else {
         PerSample::Outer { a, b, shape, ghost }
     }
@@ -149,27 +205,37 @@ impl PerSample {
     pub fn squared_norms(&self) -> Tensor {
         match self {
             PerSample::Outer { a, b, ghost, .. } => {
-                let a = a.get();
-                if !*ghost {
-                    return b
-                        .transpose(1, 2)
-                        .bmm(&a)
-                        .flatten(1, -1)
-                        .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
-                        .square();
-                }
+                let (batch, steps, input) = a.dims();
+                let output = b.size()[2];
                 let sum12 = |x: &Tensor| x.sum_dim_intlist([1, 2].as_slice(), false, x.kind());
-                if a.size()[1] == 1 {
-                    sum12(&a.square()) * sum12(&b.square())
+                let per_example = if *ghost {
+                    2 * steps * steps
                 } else {
-                    sum12(&(a.bmm(&a.transpose(1, 2)) * b.bmm(&b.transpose(1, 2))))
-                }
+                    input * output
+                };
+                let parts: Vec<Tensor> = chunks(batch, a.chunk_len(per_example))
+                    .map(|(start, len)| {
+                        let (a, b) = (a.rows(start, len), b.narrow(0, start, len));
+                        if !*ghost {
+                            b.transpose(1, 2)
+                                .bmm(&a)
+                                .flatten(1, -1)
+                                .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
+                                .square()
+                        } else if steps == 1 {
+                            sum12(&a.square()) * sum12(&b.square())
+                        } else {
+                            sum12(&(a.bmm(&a.transpose(1, 2)) * b.bmm(&b.transpose(1, 2))))
+                        }
+                    })
+                    .collect();
+                Tensor::cat(&parts, 0)
             }
             // A fused norm reduction: no B x P temporary for the squares.
-            PerSample::Direct(g) => g
-                .flatten(1, -1)
-                .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
-                .square(),
+            PerSample::Direct(g) => squared_norms_of(g),
+            PerSample::Parts(parts) => {
+                Tensor::cat(&parts.iter().map(squared_norms_of).collect::<Vec<_>>(), 0)
+            }
             PerSample::Rows { ids, b, .. } => {
                 let same = ids
                     .unsqueeze(2)
@@ -186,22 +252,34 @@ impl PerSample {
     pub fn weighted_sum(&self, c: &Tensor) -> Tensor {
         match self {
             PerSample::Outer { a, b, shape, .. } => {
-                let a = a.get();
-                let (input, output) = (a.size()[2], b.size()[2]);
-                let weighted = b * c.view([-1, 1, 1]);
-                weighted
-                    .reshape([-1, output])
-                    .tr()
-                    .mm(&a.reshape([-1, input]))
-                    .view(shape.as_slice())
+                let (batch, _, input) = a.dims();
+                let output = b.size()[2];
+                let c = c.to_kind(b.kind()).view([-1, 1, 1]);
+                let mut sum = Tensor::zeros([output, input], (b.kind(), b.device()));
+                for (start, len) in chunks(batch, a.chunk_len(0)) {
+                    let weighted = b.narrow(0, start, len) * c.narrow(0, start, len);
+                    let a = a.rows(start, len);
+                    sum += weighted
+                        .reshape([-1, output])
+                        .tr()
+                        .mm(&a.reshape([-1, input]));
+                }
+                sum.view(shape.as_slice())
             }
-            // One GEMV, c [1, B] x g [B, P]: no B x P temporary.
-            PerSample::Direct(g) => {
-                let batch = g.size()[0];
-                c.to_kind(g.kind())
-                    .unsqueeze(0)
-                    .mm(&g.reshape([batch, -1]))
-                    .view(&g.size()[1..])
+            PerSample::Direct(g) => weighted_sum_of(g, c),
+            PerSample::Parts(parts) => {
+                let mut start = 0;
+                let mut sum: Option<Tensor> = None;
+                for g in parts {
+                    let len = g.size()[0];
+                    let part = weighted_sum_of(g, &c.narrow(0, start, len));
+                    start += len;
+                    sum = Some(match sum {
+                        Some(total) => total + part,
+                        None => part,
+                    });
+                }
+                sum.expect("at least one example")
             }
             PerSample::Rows { ids, b, rows } => {
                 let d = b.size()[2];
@@ -225,6 +303,7 @@ impl PerSample {
                 b.transpose(1, 2).bmm(&a.get()).reshape(full.as_slice())
             }
             PerSample::Direct(g) => g.shallow_clone(),
+            PerSample::Parts(parts) => Tensor::cat(parts, 0),
             PerSample::Rows { ids, b, rows } => {
                 let (batch, d) = (ids.size()[0], b.size()[2]);
                 let offsets =
@@ -237,6 +316,23 @@ impl PerSample {
             PerSample::Custom(g) => g.materialize(),
         }
     }
+}
+
+/// ||g_i||² of instantiated g [B, ...]: a fused norm reduction, no B x P temporary for the
+/// squares.
+fn squared_norms_of(g: &Tensor) -> Tensor {
+    g.flatten(1, -1)
+        .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
+        .square()
+}
+
+/// Σ_i c_i g_i of instantiated g [B, ...]: one GEMV, c [1, B] x g [B, P], no B x P temporary.
+fn weighted_sum_of(g: &Tensor, c: &Tensor) -> Tensor {
+    let batch = g.size()[0];
+    c.to_kind(g.kind())
+        .unsqueeze(0)
+        .mm(&g.reshape([batch, -1]))
+        .view(&g.size()[1..])
 }
 
 /// The convolution's input patches, [B, C k k, L] in `im2col`'s layout (channel, kernel row,

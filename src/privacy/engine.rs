@@ -179,13 +179,21 @@ impl Clipping {
         }
     }
 
-    /// Each parameter's clip factors [B] from each parameter's per-sample squared norms [B]
-    /// (in the order of the parameters), and the per-sample norm over all parameters.
     /// Clips `per_sample` (in the order of the parameters) by this rule and sums each
     /// parameter's clipped gradients (`PrivacyEngine::clip`).
     pub fn clip(&self, per_sample: &[(Tensor, PerSample)]) -> Clipped {
         let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
-        let (factors, norms) = self.factors(&squared);
+        self.clip_with_squared_norms(per_sample, &squared)
+    }
+
+    /// `clip` with each parameter's ||g_i||² [B] already known (taken inside the backward pass,
+    /// `privacy::grad_sample::clipped_sums`), in the order of `per_sample`.
+    pub fn clip_with_squared_norms(
+        &self,
+        per_sample: &[(Tensor, PerSample)],
+        squared: &[Tensor],
+    ) -> Clipped {
+        let (factors, norms) = self.factors(squared);
         let sums = per_sample
             .iter()
             .zip(&factors)
@@ -200,6 +208,8 @@ impl Clipping {
         }
     }
 
+    /// Each parameter's clip factors [B] from each parameter's per-sample squared norms [B]
+    /// (in the order of the parameters), and the per-sample norm over all parameters.
     pub fn factors(&self, squared: &[Tensor]) -> (Vec<Tensor>, Tensor) {
         let total = Tensor::stack(squared, 0)
             .sum_dim_intlist(0, false, squared[0].kind())

@@ -14,22 +14,32 @@
 //! and their norms and sums are `nn::per_sample`. `tests/grad_sample.rs` checks everything
 //! here against per-example autograd.
 //!
-//! The training step clips in two passes where it can (`clipped_sums`): in the first, a
-//! gradient hook on every recorded output (`nn::grad_hook`) takes the layer's per-sample
-//! squared norms from its output gradient the moment autograd computes it, and the gradient
-//! goes, so no two layers' output gradients need to live at once; the second is one ordinary
-//! backward pass of Σ_i c_i loss_i, whose parameter gradients are exactly Σ_i c_i g_i. This is
-//! Opacus's "fast gradient clipping" (Bu et al. 2023, Algorithm 1's two passes) with the norms
-//! taken inside the first pass. It needs one factor c_i per example (flat or adaptive
-//! clipping) and every layer on the autograd graph; per-layer clipping and the recurrent layers
-//! (which hand their input's gradient back through `LayerGradients::upstream`) take the one
-//! backward pass to every recorded output (`per_sample_gradients`).
+//! Memory (issue 16). Where every layer runs in autograd, the backward pass asks only for the
+//! gradients of the earliest recorded outputs (`nn::grad_hook::reaches_another`) and a gradient
+//! hook on every recorded output (`nn::grad_hook::on_grad`) forms that layer's recipe (and, for
+//! clipping, its per-sample squared norms) the moment autograd computes the output's gradient;
+//! the record and the gradient go right after unless the recipe keeps them, and autograd frees
+//! what it saved for the forward pass as the pass goes, as in a non-private step. No weight
+//! gradient is computed. Recipes are computed over chunks of examples
+//! (`nn::per_sample::CHUNK_ELEMENTS`), so no temporary outgrows what the pass just freed. The
+//! clipped sums are then contracted from the kept recipes (`clipped_sums`,
+//! `BackwardPasses::One`, the default `--grad-sample tape`). The recurrent layers run outside
+//! autograd and hand their input's gradient back through `LayerGradients::upstream`; a tape
+//! with one takes the backward pass to every recorded output at once
+//! (`per_sample_to_every_output`), holding all their output gradients until the recipes are
+//! made.
+//!
+//! `BackwardPasses::Two` (`--grad-sample two-pass`) is Opacus's "fast gradient clipping" (Bu
+//! et al. 2023, Algorithm 1's two passes): only the norms are taken inside the first pass, which
+//! keeps the graph, and the second is one ordinary backward pass of Σ_i c_i loss_i, whose
+//! parameter gradients are exactly Σ_i c_i g_i. It needs one factor c_i per example (flat or
+//! adaptive clipping).
 
 use super::engine::{Clipped, Clipping};
 use crate::data::Batch;
 use crate::error::{Error, Result};
 use crate::models::Model;
-use crate::nn::grad_hook::{on_grad, HookStatus};
+use crate::nn::grad_hook::{on_grad, reaches_another, HookStatus};
 use crate::nn::{Ctx, LayerGradients, Record, Recorded, Tape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -58,9 +68,27 @@ fn accumulate(grads: &mut [Option<Tensor>], records: &[Record], targets: &[usize
 }
 
 /// Every trainable parameter on the tape with the recipe for its per-sample gradients, from one
-/// backward pass of `loss_sum` (= Σ_i loss_i). Errors if a parameter appears twice (a layer used
+/// backward pass of `loss_sum` (= Σ_i loss_i): formed inside it by gradient hooks when every
+/// layer runs in autograd (`in_backward`), otherwise from the output gradients of every record
+/// at once (`per_sample_to_every_output`). Errors if a parameter appears twice (a layer used
 /// twice in one forward pass would need its per-sample gradients summed first).
 pub fn per_sample_gradients(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor, PerSample)>> {
+    if !tape_runs_in_autograd(&tape) {
+        return per_sample_to_every_output(tape, loss_sum);
+    }
+    Ok(in_backward(tape, loss_sum, Keep::Recipes, false)?
+        .into_iter()
+        .map(|f| (f.parameter, f.recipe.expect("kept")))
+        .collect())
+}
+
+/// The recipes from one backward pass asking for every recorded output's gradient; the only way
+/// through a layer that ran outside autograd (the LSTM's and the GRU's recurrences hand their
+/// input's gradient back through `LayerGradients::upstream`, a second backward pass).
+pub fn per_sample_to_every_output(
+    tape: Tape,
+    loss_sum: &Tensor,
+) -> Result<Vec<(Tensor, PerSample)>> {
     let mut records = tape.records;
     let mut grads: Vec<Option<Tensor>> = (0..records.len()).map(|_| None).collect();
     let attached: Vec<usize> = (0..records.len())
@@ -135,65 +163,93 @@ pub fn tape_runs_in_autograd(tape: &Tape) -> bool {
         .all(|r| !r.output.requires_grad() || !r.output.is_leaf())
 }
 
-/// The records' layers still waiting for their output gradient, and the squared norms of those
-/// done; shared with the hooks.
-struct PendingNorms {
-    layers: Vec<Option<Box<dyn Recorded>>>,
-    /// (parameter, ||g_i||² of that parameter, [B]).
-    squares: Vec<(Tensor, Tensor)>,
-    /// A record handed back an `upstream` (it ran outside autograd): the caller's check failed.
-    upstream: bool,
+/// What the hooks keep of each parameter's per-sample gradients.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    /// ||g_i||² only (the first of two passes).
+    Norms,
+    /// The recipe only (`per_sample_gradients`).
+    Recipes,
+    /// Both (the one-pass clipping).
+    Both,
 }
 
-/// `PendingNorms` behind a lock the hooks can hold. SAFETY of `Send`: the tensors and layers
-/// inside are only touched by the thread that runs the backward pass (the caller's on the CPU,
+/// A parameter's per-sample gradients as the hooks left them.
+struct Found {
+    parameter: Tensor,
+    recipe: Option<PerSample>,
+    squared_norms: Option<Tensor>,
+}
+
+/// The records' layers still waiting for their output gradient, and what the hooks made of
+/// those done; shared with the hooks.
+struct Pending {
+    layers: Vec<Option<Box<dyn Recorded>>>,
+    found: Vec<Found>,
+    /// A record handed back an `upstream` (it ran outside autograd): the caller's check failed.
+    upstream: bool,
+    keep: Keep,
+}
+
+/// `Pending` behind a lock the hooks can hold. SAFETY of `Send`: the tensors and layers inside
+/// are only touched by the thread that runs the backward pass (the caller's on the CPU,
 /// autograd's device thread on CUDA) while the caller waits in `run_backward`, or by the
 /// caller before and after it; the mutex orders those accesses.
-struct SharedNorms(Mutex<PendingNorms>);
-unsafe impl Send for SharedNorms {}
-unsafe impl Sync for SharedNorms {}
+struct SharedPending(Mutex<Pending>);
+unsafe impl Send for SharedPending {}
+unsafe impl Sync for SharedPending {}
 
-impl SharedNorms {
-    fn lock(&self) -> std::sync::MutexGuard<'_, PendingNorms> {
+impl SharedPending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes record `k`'s norms from its output gradient and drops the record (its input goes
-    /// with it); a record already done is skipped.
+    /// Forms record `k`'s recipes from its output gradient, keeps what `keep` asks for and drops
+    /// the record (its input goes with it unless a recipe holds it); a record already done is
+    /// skipped.
     fn take(&self, k: usize, output_grad: &Tensor) {
-        let layer = self.lock().layers[k].take();
+        let (layer, keep) = {
+            let mut pending = self.lock();
+            (pending.layers[k].take(), pending.keep)
+        };
         if let Some(layer) = layer {
             let LayerGradients {
                 parameters,
                 upstream,
             } = layer.per_sample(output_grad);
-            let squares: Vec<(Tensor, Tensor)> = parameters
+            drop(layer);
+            let found: Vec<Found> = parameters
                 .into_iter()
-                .map(|(p, recipe)| (p, recipe.squared_norms()))
+                .map(|(parameter, recipe)| {
+                    let squared_norms = (keep != Keep::Recipes).then(|| recipe.squared_norms());
+                    Found {
+                        parameter,
+                        recipe: (keep != Keep::Norms).then_some(recipe),
+                        squared_norms,
+                    }
+                })
                 .collect();
             let mut pending = self.lock();
-            pending.squares.extend(squares);
+            pending.found.extend(found);
             pending.upstream |= upstream.is_some();
         }
     }
 }
 
-/// Pass 1 of the two-pass clipping: every parameter on the tape with its per-sample squared
-/// norms [B], taken inside one backward pass of `loss_sum` by a hook on each recorded output.
-/// The backward pass asks only for the earliest recorded output's gradient (no weight gradient
-/// is computed) and keeps the graph for pass 2; a record its hook did not reach (not upstream
-/// of that output) is reached by a second backward pass to `params`, and one that no gradient
-/// reaches contributes zero norms. Every record's output must be on the autograd graph
-/// (`tape_runs_in_autograd`).
-pub fn squared_norms_in_backward(
-    tape: Tape,
-    loss_sum: &Tensor,
-    params: &[Tensor],
-) -> Result<Vec<(Tensor, Tensor)>> {
+/// Every parameter on the tape with what `keep` asks for of its per-sample gradients, formed
+/// inside one backward pass of `loss_sum` by a hook on each recorded output the moment autograd
+/// computes that output's gradient: the record (its input) and the gradient go right after, so
+/// no two layers' output gradients need to live at once, and autograd frees what it saved for
+/// the forward pass as it goes (unless `keep_graph`, which the two-pass clipping needs). The
+/// backward pass asks only for the gradients of the earliest recorded outputs
+/// (`nn::grad_hook::reaches_another`), so no weight gradient is computed and every other
+/// record's node is passed through; a record no gradient reaches gets zero. Every record's
+/// output must be on the autograd graph (`tape_runs_in_autograd`).
+fn in_backward(tape: Tape, loss_sum: &Tensor, keep: Keep, keep_graph: bool) -> Result<Vec<Found>> {
     if !tape_runs_in_autograd(&tape) {
         return Err(Error::bad_value(
             "model",
-            "a layer ran outside autograd (an LSTM or GRU): its norms need the one-pass per-sample gradients",
+            "a layer ran outside autograd (an LSTM or GRU): its per-sample gradients need the backward pass to every recorded output",
         ));
     }
     let count = tape.records.len();
@@ -203,46 +259,48 @@ pub fn squared_norms_in_backward(
         outputs.push(record.output);
         layers.push(Some(record.layer));
     }
-    let shared = Arc::new(SharedNorms(Mutex::new(PendingNorms {
+    let shared = Arc::new(SharedPending(Mutex::new(Pending {
         layers,
-        squares: Vec::new(),
+        found: Vec::new(),
         upstream: false,
+        keep,
     })));
-    let mut shapes: Vec<(Vec<i64>, Kind, Device)> = Vec::with_capacity(count);
+    let shapes: Vec<(Vec<i64>, Kind, Device)> = outputs
+        .iter()
+        .map(|o| (o.size(), o.kind(), o.device()))
+        .collect();
+    let refs: Vec<&Tensor> = outputs.iter().collect();
+    let reaches = reaches_another(&refs)?;
     let mut statuses: Vec<HookStatus> = Vec::new();
-    let mut first: Option<(usize, Tensor)> = None;
+    let mut earliest: Vec<(usize, Tensor)> = Vec::new();
     for (k, output) in outputs.into_iter().enumerate() {
-        shapes.push((output.size(), output.kind(), output.device()));
         if !output.requires_grad() {
-            shared.take(k, &output.detach().zeros_like());
             continue;
         }
         let hook_shared = shared.clone();
         statuses.push(on_grad(&output, move |grad| hook_shared.take(k, &grad))?);
-        // Only the earliest output is kept (as the backward pass's target); the others live on
-        // in the graph as long as autograd needs them, not longer.
-        if first.is_none() {
-            first = Some((k, output));
+        // Only the earliest outputs are kept (as the backward pass's targets); the others live
+        // on in the graph as long as autograd needs them, not longer.
+        if !reaches[k] {
+            earliest.push((k, output));
         }
     }
-    if let Some((k, output)) = first {
-        let found = Tensor::run_backward(&[loss_sum], &[&output], true, false);
-        drop(output);
-        // A hook on the very tensor asked for may not run; its gradient is the one returned.
-        if let Some(grad) = found.into_iter().next().filter(|g| g.defined()) {
-            shared.take(k, &grad);
-        }
-        let waiting = shared.lock().layers.iter().any(|l| l.is_some());
-        if waiting && !params.is_empty() {
-            let refs: Vec<&Tensor> = params.iter().collect();
-            let _ = Tensor::run_backward(&[loss_sum], &refs, true, false);
+    if !earliest.is_empty() {
+        let targets: Vec<&Tensor> = earliest.iter().map(|(_, o)| o).collect();
+        let found = Tensor::run_backward(&[loss_sum], &targets, keep_graph, false);
+        let ks: Vec<usize> = earliest.into_iter().map(|(k, _)| k).collect();
+        // A hook on a tensor asked for may not run; its gradient is the one returned.
+        for (k, grad) in ks.into_iter().zip(found) {
+            if grad.defined() {
+                shared.take(k, &grad);
+            }
         }
     }
     for status in &statuses {
         if let Some(what) = status.panicked() {
             return Err(Error::bad_value(
                 "model",
-                format!("a layer's per-sample norms failed inside the backward pass: {what}"),
+                format!("a layer's per-sample gradients failed inside the backward pass: {what}"),
             ));
         }
     }
@@ -255,24 +313,49 @@ pub fn squared_norms_in_backward(
     if pending.upstream {
         return Err(Error::bad_value(
             "model",
-            "a layer handed back an upstream gradient (it ran outside autograd): use the one-pass per-sample gradients",
+            "a layer handed back an upstream gradient (it ran outside autograd): use the backward pass to every recorded output",
         ));
     }
-    let squares = std::mem::take(&mut pending.squares);
-    each_parameter_once(&squares)?;
-    Ok(squares)
+    let found = std::mem::take(&mut pending.found);
+    let parameters: Vec<(Tensor, ())> = found
+        .iter()
+        .map(|f| (f.parameter.shallow_clone(), ()))
+        .collect();
+    each_parameter_once(&parameters)?;
+    Ok(found)
+}
+
+/// Pass 1 of the two-pass clipping: every parameter on the tape with its per-sample squared
+/// norms [B], taken inside one backward pass of `loss_sum` that keeps the graph for pass 2
+/// (`in_backward`).
+pub fn squared_norms_in_backward(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
+    Ok(in_backward(tape, loss_sum, Keep::Norms, true)?
+        .into_iter()
+        .map(|f| (f.parameter, f.squared_norms.expect("kept")))
+        .collect())
+}
+
+/// How many backward passes the clipping takes (`clipped_sums`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackwardPasses {
+    /// Recipes and norms formed inside one pass, the clipped sums contracted from the recipes.
+    One,
+    /// Norms inside the first pass, the clipped sums from a second, reweighted one.
+    Two,
 }
 
 /// The clipped sums of one private forward pass (`Ctx::private`, whose tape this takes) over a
-/// batch with per-example losses `losses` [B], for `params` in their order: in two passes
-/// (module docs) under flat or adaptive clipping when every layer runs in autograd, otherwise
-/// from the one-pass recipes (`per_sample_of`, then `clipping.factors` per parameter).
-/// A trainable parameter that no record covers is an error: it would escape clipping.
+/// batch with per-example losses `losses` [B], for `params` in their order. When every layer
+/// runs in autograd: in one backward pass with the recipes and norms formed inside it
+/// (`BackwardPasses::One`), or, under flat or adaptive clipping, in two (`BackwardPasses::Two`,
+/// module docs). Otherwise from the output gradients of every record at once. A trainable
+/// parameter that no record covers is an error: it would escape clipping.
 pub fn clipped_sums(
     ctx: &mut Ctx,
     params: &[(String, Tensor)],
     losses: &Tensor,
     clipping: &Clipping,
+    passes: BackwardPasses,
 ) -> Result<Clipped> {
     let loss_sum = losses.sum(losses.kind());
     let tape = ctx.take_tape().ok_or_else(|| {
@@ -292,16 +375,29 @@ pub fn clipped_sums(
             clipped: Tensor::zeros([], (Kind::Int64, losses.device())),
         });
     }
-    let one_factor = matches!(clipping, Clipping::Flat { .. } | Clipping::Adaptive(_));
-    if !one_factor || !tape_runs_in_autograd(&tape) {
-        let per_sample = in_parameter_order(per_sample_gradients(tape, &loss_sum)?, params)?;
+    if !tape_runs_in_autograd(&tape) {
+        let per_sample = in_parameter_order(per_sample_to_every_output(tape, &loss_sum)?, params)?;
         return Ok(clipping.clip(&per_sample));
     }
+    let one_factor = matches!(clipping, Clipping::Flat { .. } | Clipping::Adaptive(_));
+    if passes == BackwardPasses::One || !one_factor {
+        let found: Vec<(Tensor, (PerSample, Tensor))> =
+            in_backward(tape, &loss_sum, Keep::Both, false)?
+                .into_iter()
+                .map(|f| {
+                    let kept = (f.recipe.expect("kept"), f.squared_norms.expect("kept"));
+                    (f.parameter, kept)
+                })
+                .collect();
+        let (recipes, squared): (Vec<(Tensor, PerSample)>, Vec<Tensor>) =
+            in_parameter_order(found, params)?
+                .into_iter()
+                .map(|(p, (recipe, squares))| ((p, recipe), squares))
+                .unzip();
+        return Ok(clipping.clip_with_squared_norms(&recipes, &squared));
+    }
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-    let squared = in_parameter_order(
-        squared_norms_in_backward(tape, &loss_sum, &tensors)?,
-        params,
-    )?;
+    let squared = in_parameter_order(squared_norms_in_backward(tape, &loss_sum)?, params)?;
     let squared: Vec<Tensor> = squared.into_iter().map(|(_, s)| s).collect();
     let (mut factors, norms) = clipping.factors(&squared);
     let factor = factors.swap_remove(0).detach();

@@ -10,7 +10,7 @@ use crate::error::Result;
 use crate::models::Model;
 use crate::nn::Ctx;
 use crate::privacy::engine::{Clipped, PrivacyEngine};
-use crate::privacy::grad_sample::{clipped_sums, per_sample_in_order, PerSampleBatch};
+use crate::privacy::grad_sample::{clipped_sums, BackwardPasses};
 use tch::{Device, Kind, Reduction, Tensor};
 
 /// How a logical batch is processed (σ, q and the clipping rule are the engine's).
@@ -35,40 +35,24 @@ fn correct_of(logits: &Tensor, labels: &Tensor) -> Tensor {
     logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64)
 }
 
-/// Clipped gradient sums in the order of `params`, plus (loss sum, correct), from one backward
-/// pass to every recorded output (`--grad-sample tape`).
-fn clipped_sums_tape(
+/// Clipped gradient sums in the order of `params`, plus (loss sum, correct), from the recorded
+/// tape of one private forward pass (`privacy::grad_sample::clipped_sums`): in one backward pass
+/// (`--grad-sample tape`) or, where the clipping and the layers allow, two (`two-pass`).
+fn clipped_sums_recorded(
     model: &dyn Model,
     params: &[(String, Tensor)],
     batch: &Batch,
     engine: &PrivacyEngine,
-) -> Result<(Clipped, [Tensor; 2])> {
-    let PerSampleBatch {
-        per_sample,
-        logits,
-        loss_sum,
-    } = per_sample_in_order(model, params, batch, true)?;
-    let clipped = engine.clip(&per_sample);
-    let correct = correct_of(&logits, &batch.labels);
-    Ok((clipped, [loss_sum.detach(), correct]))
-}
-
-/// The same from two backward passes with the norms taken inside the first, where the clipping
-/// and the layers allow (`--grad-sample two-pass`, `privacy::grad_sample::clipped_sums`).
-fn clipped_sums_two_pass(
-    model: &dyn Model,
-    params: &[(String, Tensor)],
-    batch: &Batch,
-    engine: &PrivacyEngine,
+    passes: BackwardPasses,
 ) -> Result<(Clipped, [Tensor; 2])> {
     let mut ctx = Ctx::private(true);
     let logits = model.forward(&batch.features, &mut ctx)?;
     let losses =
         logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
-    let clipped = clipped_sums(&mut ctx, params, &losses, engine.clipping())?;
+    let clipped = clipped_sums(&mut ctx, params, &losses, engine.clipping(), passes)?;
     let loss_sum = losses.detach().sum(losses.kind());
     let correct = correct_of(&logits, &batch.labels);
-    Ok((clipped, [loss_sum.detach(), correct]))
+    Ok((clipped, [loss_sum, correct]))
 }
 
 /// The same from per-example autograd, one example at a time (`--grad-sample oracle`).
@@ -153,8 +137,12 @@ pub fn dp_step(
     while start < n {
         let batch = data.batch(&index.narrow(0, start, chunk.min(n - start)), device, true);
         let (part, chunk_totals) = match settings.mode {
-            GradSampleMode::Tape => clipped_sums_tape(model, params, &batch, engine)?,
-            GradSampleMode::TwoPass => clipped_sums_two_pass(model, params, &batch, engine)?,
+            GradSampleMode::Tape => {
+                clipped_sums_recorded(model, params, &batch, engine, BackwardPasses::One)?
+            }
+            GradSampleMode::TwoPass => {
+                clipped_sums_recorded(model, params, &batch, engine, BackwardPasses::Two)?
+            }
             GradSampleMode::Oracle => clipped_sums_oracle(model, params, &batch, engine)?,
         };
         logical.add(part);
