@@ -68,17 +68,37 @@ PY
     rm -rf "$tmp"
 fi
 
-# Fashion-MNIST for `dpcomp fl` comes from Debian's dataset-fashion-mnist (four IDX .gz files in
-# /usr/share/datasets/fashion-mnist). Installed where apt can run (as root or with password-less
-# sudo); elsewhere the FL tests that need it say they skip.
-fashion_dir="/usr/share/datasets/fashion-mnist"
-if [ ! -f "$fashion_dir/train-images-idx3-ubyte.gz" ] && command -v apt-get >/dev/null 2>&1; then
-    apt=""
+apt=""
+if command -v apt-get >/dev/null 2>&1; then
     if [ "$(id -u)" = "0" ]; then
         apt="apt-get"
     elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
         apt="sudo apt-get"
     fi
+fi
+
+# MPI for data-parallel training (the default `mpi` feature, src/comm/mpi.rs): MPICH and its
+# headers from Debian, and libclang for the bindings rsmpi generates when it builds. Without them
+# build with `cargo build --release --no-default-features --features cli` (one process or W
+# threads, no MPI).
+if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpiexec >/dev/null 2>&1 \
+    || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
+    if [ -n "$apt" ]; then
+        log "installing MPICH (mpich, libmpich-dev) and libclang-dev from Debian"
+        $apt install -y -qq mpich libmpich-dev libclang-dev >/dev/null 2>&1 \
+            || { $apt update -qq >/dev/null 2>&1 && $apt install -y -qq mpich libmpich-dev libclang-dev >/dev/null 2>&1; } \
+            || { log "could not install mpich, libmpich-dev and libclang-dev: the default build needs them"; exit 1; }
+    else
+        log "MPI missing and apt-get needs root: install mpich, libmpich-dev and libclang-dev, or build with --no-default-features --features cli"
+        exit 1
+    fi
+fi
+
+# Fashion-MNIST for `dpcomp fl` comes from Debian's dataset-fashion-mnist (four IDX .gz files in
+# /usr/share/datasets/fashion-mnist). Installed where apt can run (as root or with password-less
+# sudo); elsewhere the FL tests that need it say they skip.
+fashion_dir="/usr/share/datasets/fashion-mnist"
+if [ ! -f "$fashion_dir/train-images-idx3-ubyte.gz" ]; then
     if [ -n "$apt" ]; then
         log "installing the Debian package dataset-fashion-mnist"
         $apt install -y -qq dataset-fashion-mnist >/dev/null 2>&1 \

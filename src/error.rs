@@ -40,6 +40,14 @@ pub enum Error {
         dir.display()
     )]
     RunInUse { dir: PathBuf, owner: String },
+    /// A collective between the workers of a data-parallel run failed or timed out, or the
+    /// ranks disagree (`comm`).
+    #[error("rank {rank} of {size}: {what}")]
+    Comm {
+        rank: usize,
+        size: usize,
+        what: String,
+    },
     #[error(transparent)]
     Torch(#[from] tch::TchError),
     /// Download or archive problems in `dpcomp data fetch`.

@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod analysis;
 pub mod bench;
+pub mod comm;
 pub mod compress;
 pub mod config;
 pub mod convex;

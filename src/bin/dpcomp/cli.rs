@@ -2,7 +2,7 @@
 //! code live in one file of `commands/`.
 
 use crate::commands::{
-    analyze, bench, check_device, convex, data, epsilon, eval, fl, grid, plot, train,
+    analyze, bench, check_comm, check_device, convex, data, epsilon, eval, fl, grid, plot, train,
 };
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -58,6 +58,10 @@ pub enum Command {
     /// models against per-example autograd, and every compressor against its CPU result. Exits
     /// non-zero when a check fails.
     CheckDevice(dpcomp::bench::device_check::CheckDeviceArgs),
+    /// The workers' collectives (all-reduce, all-gather of different lengths, broadcast,
+    /// barrier), each result checked on every rank, timed, with the bytes it moved:
+    /// `mpiexec -n W dpcomp check-comm` (or `--threads W`). Exits non-zero when a check fails.
+    CheckComm(check_comm::CheckCommArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -73,5 +77,6 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Analyze { command } => analyze::run(command),
         Command::Bench { command } => bench::run(command),
         Command::CheckDevice(args) => check_device::run(args),
+        Command::CheckComm(args) => check_comm::run(args),
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod analyze;
 pub mod bench;
+pub mod check_comm;
 pub mod check_device;
 pub mod convex;
 pub mod data;

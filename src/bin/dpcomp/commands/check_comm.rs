@@ -1,0 +1,89 @@
+//! `dpcomp check-comm`: every collective of the workers' transport, checked and timed (what to
+//! run on a new hostfile before a long job): `mpiexec -n W dpcomp check-comm`, or W threads of
+//! one process with `--threads W`.
+
+use anyhow::{bail, Result};
+use dpcomp::comm::check::{check_collectives, CheckRow};
+use dpcomp::comm::{Communicator, SingleProcess, ThreadGroup};
+
+#[derive(Debug, clap::Args)]
+pub struct CheckCommArgs {
+    /// W workers as W threads of this process (no MPI); without it, the MPI job this process
+    /// belongs to (under mpiexec), or one process.
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// f32 values in the all-reduce.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub elements: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints rank 0's rows (every rank checked its own).
+fn report(size: usize, transport: &str, rows: &[CheckRow], json: bool) -> Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"workers": size, "transport": transport, "rank0": rows})
+        );
+        return Ok(());
+    }
+    println!("{size} worker(s) over {transport}: every collective's result checked on every rank");
+    println!(
+        "{:<16} {:>12} {:>14} {:>14}",
+        "collective", "seconds", "sent bytes", "received bytes"
+    );
+    for r in rows {
+        println!(
+            "{:<16} {:>12.6} {:>14} {:>14}",
+            r.collective, r.seconds, r.sent_bytes, r.received_bytes
+        );
+    }
+    Ok(())
+}
+
+pub fn run(args: CheckCommArgs) -> Result<()> {
+    if let Some(size) = args.threads {
+        if size == 0 {
+            bail!("--threads 0: expected at least one worker");
+        }
+        let elements = args.elements;
+        let handles: Vec<_> = ThreadGroup::ranks(size)
+            .into_iter()
+            .map(|mut comm| std::thread::spawn(move || check_collectives(&mut comm, elements)))
+            .collect();
+        let mut first = None;
+        for handle in handles {
+            let rows = handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("a worker thread panicked"))??;
+            first.get_or_insert(rows);
+        }
+        return report(size, "threads", &first.unwrap_or_default(), args.json);
+    }
+    let (mut comm, transport): (Box<dyn Communicator>, &str) = world()?;
+    match check_collectives(comm.as_mut(), args.elements) {
+        Ok(rows) => {
+            if comm.rank() == 0 {
+                report(comm.size(), transport, &rows, args.json)?;
+            }
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            comm.abort(1);
+            Err(e.into())
+        }
+    }
+}
+
+/// The MPI job this process belongs to, or one process.
+fn world() -> Result<(Box<dyn Communicator>, &'static str)> {
+    #[cfg(feature = "mpi")]
+    if dpcomp::comm::mpi::launched_by_mpi() {
+        let comm = dpcomp::comm::mpi::MpiComm::init()
+            .ok_or_else(|| anyhow::anyhow!("MPI was already initialised in this process"))?;
+        return Ok((Box::new(comm), "MPI"));
+    }
+    Ok((Box::new(SingleProcess), "one process"))
+}

@@ -1,0 +1,146 @@
+//! Communication between the W workers of a data-parallel run (issue 17): the collectives that
+//! gradient compression needs, behind one small trait, so that training code is the same on one
+//! process, on W threads of one process (the tests' reference), and on W processes under MPI.
+//!
+//! - `all_reduce_sum`: dense vectors (the identity compressor, PowerSGD's factors, the
+//!   federated DCT sketches, which are linear);
+//! - `all_gather`: byte buffers of different lengths, in rank order, with no padding (MPI's
+//!   `MPI_Allgatherv`): the sparse messages of DGC, Denoise and top-k, each as its exact bytes;
+//! - `broadcast`, `barrier`.
+//!
+//! Every implementation counts the bytes it handed to and received from its transport
+//! (`Traffic`), so the bandwidth a run reports is what crossed, measured from the buffers.
+//! Every collective has a deadline: a rank that died or diverged ends the job with an error
+//! naming the collective on every rank, never a hang.
+
+pub mod check;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod threads;
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+pub use threads::ThreadGroup;
+
+/// Bytes a rank handed to its transport and got back from it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Traffic {
+    pub sent: u64,
+    pub received: u64,
+}
+
+impl std::ops::AddAssign for Traffic {
+    fn add_assign(&mut self, other: Traffic) {
+        self.sent += other.sent;
+        self.received += other.received;
+    }
+}
+
+/// How long a collective waits for the other ranks before it gives up (and, under MPI, aborts
+/// the job): `DPCOMP_COLLECTIVE_TIMEOUT` seconds, 600 by default (a first step on a large model
+/// may take minutes on a slow rank).
+pub fn collective_timeout() -> Duration {
+    let seconds = std::env::var("DPCOMP_COLLECTIVE_TIMEOUT")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(600.0);
+    Duration::from_secs_f64(seconds)
+}
+
+/// The collectives of one rank. Every rank must call the same collectives in the same order
+/// with matching arguments (the lengths of `all_reduce_sum`'s vectors, the root of
+/// `broadcast`).
+pub trait Communicator: Send {
+    /// This worker's rank, 0..size.
+    fn rank(&self) -> usize;
+    /// W, the number of workers.
+    fn size(&self) -> usize;
+    /// Element-wise sum over the ranks, in place (every rank gets the sum).
+    fn all_reduce_sum(&mut self, values: &mut [f32]) -> Result<()>;
+    /// Every rank's bytes, in rank order; lengths may differ between ranks.
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>>;
+    /// `bytes` of rank `root`, on every rank (the others' `bytes` are replaced).
+    fn broadcast(&mut self, root: usize, bytes: &mut Vec<u8>) -> Result<()>;
+    /// Waits until every rank is here.
+    fn barrier(&mut self) -> Result<()>;
+    /// Bytes handed to and received from the transport since the last call (none with one
+    /// rank: nothing crosses); resets the count.
+    fn take_traffic(&mut self) -> Traffic;
+    /// Ends the whole job after an error on this rank, so that the others do not wait for it
+    /// (under MPI, `MPI_Abort`); a no-op where the other ranks learn of it otherwise.
+    fn abort(&mut self, _code: i32) {}
+
+    /// An error naming this rank.
+    fn error(&self, what: String) -> Error {
+        Error::Comm {
+            rank: self.rank(),
+            size: self.size(),
+            what,
+        }
+    }
+
+    /// Rank `root`'s `f32` values on every rank.
+    fn broadcast_f32(&mut self, root: usize, values: &mut [f32]) -> Result<()> {
+        let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.broadcast(root, &mut bytes)?;
+        if bytes.len() != 4 * values.len() {
+            return Err(self.error(format!(
+                "broadcast of {} values from rank {root} brought {} bytes",
+                values.len(),
+                bytes.len()
+            )));
+        }
+        for (v, b) in values.iter_mut().zip(bytes.chunks_exact(4)) {
+            *v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Ok(())
+    }
+
+    /// Checks that every rank holds the same `bytes` (a configuration, a dataset's fingerprint,
+    /// initial weights): an error on every rank naming `what` and the ranks that differ from
+    /// rank 0 otherwise.
+    fn check_same(&mut self, what: &str, bytes: &[u8]) -> Result<()> {
+        let all = self.all_gather(bytes)?;
+        let differ: Vec<usize> = (1..all.len()).filter(|&r| all[r] != all[0]).collect();
+        if differ.is_empty() {
+            Ok(())
+        } else {
+            Err(self.error(format!(
+                "{what} differs between ranks: rank 0 and rank(s) {differ:?} (every rank must run the same configuration on the same data)"
+            )))
+        }
+    }
+}
+
+/// One worker, no transport: every collective returns its input; nothing crosses.
+#[derive(Debug, Default)]
+pub struct SingleProcess;
+
+impl Communicator for SingleProcess {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn all_reduce_sum(&mut self, _values: &mut [f32]) -> Result<()> {
+        Ok(())
+    }
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        Ok(vec![bytes.to_vec()])
+    }
+    fn broadcast(&mut self, root: usize, _bytes: &mut Vec<u8>) -> Result<()> {
+        if root != 0 {
+            return Err(self.error(format!("broadcast from rank {root}, but there is one rank")));
+        }
+        Ok(())
+    }
+    fn barrier(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn take_traffic(&mut self) -> Traffic {
+        Traffic::default()
+    }
+}
