@@ -5,8 +5,9 @@
 //! It also links `libtorch_cuda.so` with `--no-as-needed` when the wheel has it: otherwise the
 //! linker drops the library (no symbol of it is referenced directly) and CUDA is never registered.
 //!
-//! It compiles `src/grad_hook.cpp` (a callback on a tensor's gradient, `nn::grad_hook`) against
-//! the wheel's headers, linked to `libtorch_cpu`.
+//! It compiles `src/grad_hook.cpp` (a callback on a tensor's gradient, `nn::grad_hook`) and
+//! `src/rng_state.cpp` (the CPU generator's state, `rng_state`) against the wheel's headers,
+//! linked to `libtorch_cpu`.
 //!
 //! With a CUDA build of LibTorch it compiles `src/cuda_memory.cpp` (peak device memory from
 //! LibTorch's caching allocator, through c10's headers) and sets `cfg(dpcomp_cuda_memory)`;
@@ -17,6 +18,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/cuda_memory.cpp");
     println!("cargo:rerun-if-changed=src/grad_hook.cpp");
+    println!("cargo:rerun-if-changed=src/rng_state.cpp");
     println!("cargo::rustc-check-cfg=cfg(dpcomp_cuda_memory)");
     let lib_dir = std::env::var("DEP_TCH_LIBTORCH_LIB").expect(
         "torch-sys did not report LibTorch's lib folder (DEP_TCH_LIBTORCH_LIB): build with scripts/setup.sh's environment",
@@ -32,6 +34,7 @@ fn main() {
         .cpp(true)
         .std("c++17")
         .file("src/grad_hook.cpp")
+        .file("src/rng_state.cpp")
         .include(&include)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .flag_if_supported("-w")

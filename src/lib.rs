@@ -19,11 +19,20 @@ pub mod models;
 pub mod nn;
 pub mod plot;
 pub mod privacy;
+pub mod rng_state;
 pub mod run_lock;
 pub mod tasks;
 pub mod train;
 
 pub use config::{Task, TrainConfig};
+
+/// Unit tests that seed or draw from LibTorch's process-global generator take this lock, so that
+/// tests running in parallel threads do not draw from each other's streams.
+#[cfg(test)]
+pub(crate) fn test_serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
 pub use error::{Error, Result};
 pub use models::Model;
 pub use train::Trainer;

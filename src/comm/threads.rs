@@ -2,6 +2,11 @@
 //! the MPI transport is tested against (same code above the trait, another transport below),
 //! and a way to run W workers without MPI. Collectives are deterministic: sums are taken in
 //! rank order.
+//!
+//! Workers started by `ThreadGroup::run` compute one at a time and each with its own stream of
+//! LibTorch's CPU generator: a worker holds the compute token between collectives and gives it
+//! up, with its generator state saved, while it waits in one (`rng_state`). So each thread draws
+//! what it would draw as its own process, and the results do not depend on the scheduling.
 
 use super::{collective_timeout, Communicator, Traffic};
 use crate::error::{Error, Result};
@@ -32,10 +37,64 @@ impl Shared {
     }
 }
 
+/// Held by a worker of `ThreadGroup::run` while it computes, given up while it waits in a
+/// collective: whether a worker holds it, and the condition others wait on.
+static COMPUTE: (Mutex<bool>, Condvar) = (Mutex::new(false), Condvar::new());
+
+fn take_compute_token() {
+    let (busy, free) = &COMPUTE;
+    let mut busy = busy.lock().unwrap_or_else(|p| p.into_inner());
+    while *busy {
+        busy = free.wait(busy).unwrap_or_else(|p| p.into_inner());
+    }
+    *busy = true;
+}
+
+fn give_compute_token() {
+    let (busy, free) = &COMPUTE;
+    *busy.lock().unwrap_or_else(|p| p.into_inner()) = false;
+    free.notify_one();
+}
+
 /// Builds the W communicators of one group of threads.
 pub struct ThreadGroup;
 
 impl ThreadGroup {
+    /// Runs `work` on W threads, one rank each, computing one at a time with a CPU generator of
+    /// its own (module docs; each starts from the generator's state at this call), and returns
+    /// the results in rank order. A panicking worker is an error naming its rank (the others'
+    /// collectives fail when its communicator goes).
+    pub fn run<T: Send + 'static>(
+        size: usize,
+        work: impl Fn(ThreadComm) -> T + Send + Sync + 'static,
+    ) -> Result<Vec<T>> {
+        let start = crate::rng_state::cpu_generator_state()?;
+        let work = Arc::new(work);
+        let handles: Vec<_> = Self::ranks(size)
+            .into_iter()
+            .map(|mut comm| {
+                let work = work.clone();
+                let start = start.copy();
+                std::thread::spawn(move || {
+                    comm.generator = Some(start);
+                    comm.enter()?;
+                    Ok::<T, Error>(work(comm))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join().map_err(|_| Error::Comm {
+                    rank,
+                    size,
+                    what: "the worker thread panicked".to_string(),
+                })?
+            })
+            .collect()
+    }
+
     /// `size` communicators, rank 0 first; hand one to each thread.
     pub fn ranks(size: usize) -> Vec<ThreadComm> {
         Self::with_timeout(size, collective_timeout())
@@ -59,6 +118,8 @@ impl ThreadGroup {
                 shared: shared.clone(),
                 timeout,
                 traffic: Traffic::default(),
+                generator: None,
+                holds_token: false,
             })
             .collect()
     }
@@ -71,11 +132,47 @@ pub struct ThreadComm {
     shared: Arc<Shared>,
     timeout: Duration,
     traffic: Traffic,
+    /// This worker's CPU generator state while another computes (`run` only).
+    generator: Option<tch::Tensor>,
+    /// Whether this worker holds the compute token (`run` only, while it computes).
+    holds_token: bool,
 }
 
 impl ThreadComm {
-    /// Puts in `bytes` for the collective `what` and returns every rank's, in rank order.
+    /// Takes the compute token and puts this worker's generator state in.
+    fn enter(&mut self) -> Result<()> {
+        if let Some(state) = self.generator.take() {
+            take_compute_token();
+            self.holds_token = true;
+            crate::rng_state::set_cpu_generator_state(&state)?;
+        }
+        Ok(())
+    }
+
+    /// Saves this worker's generator state and gives the compute token up.
+    fn leave(&mut self) -> Result<()> {
+        if self.holds_token {
+            self.generator = Some(crate::rng_state::cpu_generator_state()?);
+            self.holds_token = false;
+            give_compute_token();
+        }
+        Ok(())
+    }
+
+    /// Puts in `bytes` for the collective `what` and returns every rank's, in rank order; a
+    /// worker of `run` computes no more until it has them.
     fn exchange(&mut self, what: &'static str, bytes: Vec<u8>) -> Result<Arc<Vec<Vec<u8>>>> {
+        self.leave()?;
+        let result = self.exchange_waiting(what, bytes);
+        self.enter()?;
+        result
+    }
+
+    fn exchange_waiting(
+        &mut self,
+        what: &'static str,
+        bytes: Vec<u8>,
+    ) -> Result<Arc<Vec<Vec<u8>>>> {
         let deadline = Instant::now() + self.timeout;
         let mut round = self.shared.lock();
         if let Some(why) = &round.failed {
@@ -135,6 +232,10 @@ impl ThreadComm {
 
 impl Drop for ThreadComm {
     fn drop(&mut self) {
+        if self.holds_token {
+            self.holds_token = false;
+            give_compute_token();
+        }
         let mut round = self.shared.lock();
         if round.failed.is_none() {
             round.failed = Some(format!("rank {} left the group", self.rank));
@@ -306,6 +407,34 @@ mod tests {
                 }
             };
             assert_eq!(cast, want);
+        }
+    }
+
+    #[test]
+    fn workers_of_run_draw_each_their_own_stream() {
+        let _serial = crate::test_serial();
+        let draws = |rank: usize, comm: Option<&mut ThreadComm>| {
+            tch::manual_seed(100 + rank as i64);
+            let mut out = Vec::new();
+            let mut comm = comm;
+            for _ in 0..4 {
+                out.push(tch::Tensor::rand(
+                    [64],
+                    (tch::Kind::Float, tch::Device::Cpu),
+                ));
+                if let Some(c) = comm.as_mut() {
+                    c.barrier().unwrap();
+                }
+            }
+            tch::Tensor::cat(&out, 0)
+        };
+        let together =
+            ThreadGroup::run(3, move |mut comm| draws(comm.rank(), Some(&mut comm))).unwrap();
+        for (rank, got) in together.iter().enumerate() {
+            assert!(
+                got.equal(&draws(rank, None)),
+                "rank {rank} drew another stream"
+            );
         }
     }
 

@@ -170,6 +170,7 @@ mod tests {
 
     #[test]
     fn shuffling_is_exact_and_compression_is_linear() {
+        let _serial = crate::test_serial();
         tch::manual_seed(3);
         let n = 1003;
         let sketch = ChunkedDct::new(n, 0.1, 4, Some(42), DctRows::First, Device::Cpu).unwrap();
@@ -195,6 +196,7 @@ mod tests {
 
     #[test]
     fn partial_dct_rows_are_orthonormal_and_adjoint() {
+        let _serial = crate::test_serial();
         tch::manual_seed(4);
         let n = 600;
         for (seed, rows) in [(None, DctRows::First), (Some(7), DctRows::Random)] {

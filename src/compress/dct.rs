@@ -81,6 +81,7 @@ mod tests {
 
     #[test]
     fn the_fft_path_equals_the_direct_one_and_inverts() {
+        let _serial = crate::test_serial();
         tch::manual_seed(7);
         for n in [1, 2, 3, 8, 17, 64, 1000] {
             let x = Tensor::randn([4, n], (Kind::Double, Device::Cpu));
