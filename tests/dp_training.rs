@@ -392,6 +392,36 @@ fn empty_poisson_batch_adds_noise_only() {
 }
 
 #[test]
+fn shard_batches_are_the_single_process_batches_at_one_worker_and_partition_the_data_at_three() {
+    let _serial = common::serial();
+    tch::manual_seed(12);
+    let whole = sampler::poisson_batches(1_001, 0.05, 20);
+    tch::manual_seed(12);
+    let one = sampler::shard_poisson_batches(1_001, 0, 1, 0.05, 20);
+    for (a, b) in whole.iter().zip(&one) {
+        assert!(a.equal(b), "W = 1 must draw the single-process batches");
+    }
+    // Three ranks: shards of 334, 334 and 333 examples, disjoint, together every index once;
+    // each rank's batches lie in its shard.
+    let lens: Vec<i64> = (0..3).map(|r| sampler::shard_len(1_001, r, 3)).collect();
+    assert_eq!(lens, vec![334, 334, 333]);
+    for rank in 0..3i64 {
+        tch::manual_seed(13 + rank);
+        let q = 0.5;
+        let batches = sampler::shard_poisson_batches(1_001, rank, 3, q, 40);
+        let all = Tensor::cat(&batches, 0);
+        assert!(
+            all.remainder(3).eq(rank).all().int64_value(&[]) == 1,
+            "rank {rank}"
+        );
+        assert!(all.max().int64_value(&[]) < 1_001);
+        // Inclusion rate q over the shard (standard error about 0.004).
+        let rate = all.size()[0] as f64 / (lens[rank as usize] as f64 * 40.0);
+        assert!((rate - q).abs() < 0.02, "rank {rank}: rate {rate}");
+    }
+}
+
+#[test]
 fn poisson_batches_have_the_expected_size() {
     let _serial = common::serial();
     tch::manual_seed(11);

@@ -15,6 +15,23 @@ pub fn poisson_batches(n: i64, q: f64, steps: usize) -> Vec<Tensor> {
         .collect()
 }
 
+/// How many of `n` examples rank `rank` of `workers` holds: those with index ≡ rank (mod W).
+pub fn shard_len(n: i64, rank: i64, workers: i64) -> i64 {
+    (n - rank + workers - 1).div_euclid(workers).max(0)
+}
+
+/// Rank `rank` of `workers`' Poisson batches (issue 17): every example of its shard (indices
+/// ≡ rank mod W) in each of `steps` batches independently with probability `q` (the global
+/// rate), as indices into the whole dataset. Each example is in exactly one shard, so the union
+/// of the W ranks' batches of a step is a Poisson sample of all `n` at rate q, which is what the
+/// accountant assumes. With W = 1 these are `poisson_batches`, draw for draw.
+pub fn shard_poisson_batches(n: i64, rank: i64, workers: i64, q: f64, steps: usize) -> Vec<Tensor> {
+    poisson_batches(shard_len(n, rank, workers), q, steps)
+        .into_iter()
+        .map(|local| local * workers + rank)
+        .collect()
+}
+
 /// A random permutation cut into consecutive batches of `batch_size` (the last one shorter).
 pub fn shuffled_batches(n: i64, batch_size: i64) -> Vec<Tensor> {
     let order = Tensor::randperm(n, (Kind::Int64, Device::Cpu));
