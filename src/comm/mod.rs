@@ -30,6 +30,17 @@ pub struct Traffic {
     pub received: u64,
 }
 
+impl Traffic {
+    /// What crossed between `size` ranks: this count, or none with one rank.
+    pub fn between(self, size: usize) -> Traffic {
+        if size > 1 {
+            self
+        } else {
+            Traffic::default()
+        }
+    }
+}
+
 impl std::ops::AddAssign for Traffic {
     fn add_assign(&mut self, other: Traffic) {
         self.sent += other.sent;
