@@ -7,7 +7,7 @@
 mod common;
 
 use dpcomp::bench::device_check::per_example_gradients;
-use dpcomp::config::{ClippingMode, Task, TrainConfig};
+use dpcomp::config::{AccountantKind, ClippingMode, Task, TrainConfig};
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear};
@@ -220,6 +220,68 @@ fn privatize_adds_noise_at_sigma_times_sensitivity_and_counts_one_step() {
             "one accounted step per noised step"
         );
     }
+}
+
+#[test]
+fn w_workers_each_draw_a_wth_of_the_noise_variance_and_their_sum_has_sigma_c() {
+    let _serial = common::serial();
+    let (sigma, c, workers) = (1.3, 2.0, 4usize);
+    let zeros = [Tensor::zeros([400_000], (Kind::Double, Device::Cpu))];
+    let mut total = Tensor::zeros([400_000], (Kind::Double, Device::Cpu));
+    let mut single = PrivacyEngine::new(
+        sigma,
+        0.02,
+        Clipping::Flat { max_norm: c },
+        NoiseSource::Seeded,
+        1,
+    )
+    .unwrap();
+    single.privatize(&sums_of(&zeros, 10), 1.0).unwrap();
+    let single_epsilon = single.epsilon(AccountantKind::Rdp, 1e-5).unwrap();
+    for rank in 0..workers {
+        let mut engine = PrivacyEngine::new(
+            sigma,
+            0.02,
+            Clipping::Flat { max_norm: c },
+            NoiseSource::Seeded,
+            1,
+        )
+        .unwrap();
+        engine.share_noise_among(workers).unwrap();
+        assert!((engine.noise_std() - sigma * c / 2.0).abs() < 1e-12);
+        // Each rank its own stream.
+        tch::manual_seed(40 + rank as i64);
+        let noisy = engine.privatize(&sums_of(&zeros, 10), 1.0).unwrap();
+        let std = noisy[0].std(true).double_value(&[]);
+        // 400k draws: the sample std is within 0.5% of σC/sqrt(W) with overwhelming probability.
+        assert!(
+            (std / (sigma * c / 2.0) - 1.0).abs() < 5e-3,
+            "rank {rank}: std {std}"
+        );
+        total += &noisy[0];
+        // The accountant counts the step at σ, as the single-process engine does.
+        assert_eq!(engine.accountant().steps(), 1);
+        assert_eq!(
+            engine.epsilon(AccountantKind::Rdp, 1e-5).unwrap(),
+            single_epsilon
+        );
+    }
+    let std = total.std(true).double_value(&[]);
+    assert!(
+        (std / (sigma * c) - 1.0).abs() < 5e-3,
+        "sum over ranks: std {std}"
+    );
+    // Adaptive clipping's count is per rank: refused with several workers.
+    let adaptive = Clipping::Adaptive(AdaptiveClipping {
+        radius: 1.0,
+        target_quantile: 0.5,
+        learning_rate: 0.2,
+        count_noise: 10.0,
+    });
+    let mut engine = PrivacyEngine::new(sigma, 0.02, adaptive, NoiseSource::Seeded, 1).unwrap();
+    let message = engine.share_noise_among(2).unwrap_err().to_string();
+    assert!(message.contains("adaptive with 2 workers"), "{message}");
+    assert!(engine.share_noise_among(1).is_ok());
 }
 
 #[test]

@@ -280,6 +280,9 @@ pub struct PrivacyEngine {
     clipping: Clipping,
     noise: NoiseSource,
     accountant: Accountant,
+    /// The share of each step's noise variance this engine draws: 1 in one process; 1/W on
+    /// each of W workers whose noised sums are added (`share_noise_among`).
+    noise_share: f64,
 }
 
 impl PrivacyEngine {
@@ -306,7 +309,29 @@ impl PrivacyEngine {
             clipping,
             noise,
             accountant: Accountant::default(),
+            noise_share: 1.0,
         })
+    }
+
+    /// Data-parallel training over `workers` ranks whose noised clipped sums are added (issue
+    /// 17): this engine draws N(0, σ²C²/W) per coordinate, independent of the other ranks' draws
+    /// (each rank's own stream), so the sum of the W has exactly the single-process N(0, σ²C²)
+    /// and the accountant, which counts every step at σ, is unchanged. A single rank's noised
+    /// sum is then not private on its own (the README's threat model). Adaptive clipping is
+    /// refused for W > 1: its noisy count and radius update would need the ranks' counts added
+    /// first.
+    pub fn share_noise_among(&mut self, workers: usize) -> Result<()> {
+        if workers == 0 {
+            return Err(Error::bad_value("workers", "0: expected at least one"));
+        }
+        if workers > 1 && matches!(self.clipping, Clipping::Adaptive(_)) {
+            return Err(Error::bad_value(
+                "privacy.clipping",
+                format!("adaptive with {workers} workers: its noisy unclipped count would need every rank's count added first, which is not supported; use flat or per-layer clipping"),
+            ));
+        }
+        self.noise_share = 1.0 / workers as f64;
+        Ok(())
     }
 
     /// Opacus's `make_private_with_epsilon`: the engine whose σ is the smallest that keeps
@@ -395,10 +420,11 @@ impl PrivacyEngine {
         }
     }
 
-    /// The standard deviation of the noise added to a clipped sum: σ (σ_Δ under adaptive
-    /// clipping) x sensitivity.
+    /// The standard deviation of the noise this engine adds to a clipped sum: σ (σ_Δ under
+    /// adaptive clipping) x sensitivity, x sqrt(1/W) on each of W workers
+    /// (`share_noise_among`).
     pub fn noise_std(&self) -> f64 {
-        self.gradient_noise_multiplier() * self.clipping.sensitivity()
+        self.gradient_noise_multiplier() * self.clipping.sensitivity() * self.noise_share.sqrt()
     }
 
     /// The adaptive radius C_t the next step clips at (`None` for fixed radii).
@@ -454,7 +480,7 @@ impl PrivacyEngine {
         self.accountant
             .step(self.noise_multiplier, self.sample_rate, 1)?;
         let (sigma, sensitivity) = (
-            self.gradient_noise_multiplier(),
+            self.gradient_noise_multiplier() * self.noise_share.sqrt(),
             self.clipping.sensitivity(),
         );
         let grads = tch::no_grad(|| {
