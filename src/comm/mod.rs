@@ -17,6 +17,7 @@ pub mod check;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod threads;
+pub mod weights;
 
 use crate::error::{Error, Result};
 use std::time::Duration;
