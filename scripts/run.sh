@@ -6,7 +6,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/setup.sh
-cargo build --release --quiet
+# shellcheck disable=SC2086 # the features are several words
+cargo build --release --quiet $DPCOMP_CARGO_FEATURES
 data="${DPCOMP_DATA:-data}"
 if [ ! -d "$data/names" ]; then
     target/release/dpcomp data fetch names --data-dir "$data"

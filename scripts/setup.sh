@@ -78,19 +78,18 @@ if command -v apt-get >/dev/null 2>&1; then
 fi
 
 # MPI for data-parallel training (the default `mpi` feature, src/comm/mpi.rs): MPICH and its
-# headers from Debian, and libclang for the bindings rsmpi generates when it builds. Without them
-# build with `cargo build --release --no-default-features --features cli` (one process or W
-# threads, no MPI).
+# headers from Debian, and libclang for the bindings rsmpi generates when it builds. Where they
+# cannot be installed, DPCOMP_CARGO_FEATURES (exported below) builds without MPI
+# (`--no-default-features --features cli`: one process or W threads) and says so.
 if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpiexec >/dev/null 2>&1 \
     || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
     if [ -n "$apt" ]; then
         log "installing MPICH (mpich, libmpich-dev) and libclang-dev from Debian"
         $apt install -y -qq mpich libmpich-dev libclang-dev >/dev/null 2>&1 \
             || { $apt update -qq >/dev/null 2>&1 && $apt install -y -qq mpich libmpich-dev libclang-dev >/dev/null 2>&1; } \
-            || { log "could not install mpich, libmpich-dev and libclang-dev: the default build needs them"; exit 1; }
+            || log "could not install mpich, libmpich-dev and libclang-dev: building without MPI"
     else
-        log "MPI missing and apt-get needs root: install mpich, libmpich-dev and libclang-dev, or build with --no-default-features --features cli"
-        exit 1
+        log "MPI missing and apt-get needs root: building without MPI (install mpich, libmpich-dev and libclang-dev for it)"
     fi
 fi
 
@@ -113,6 +112,14 @@ fi
 export VIRTUAL_ENV="$root/.venv"
 export PATH="$root/.venv/bin:$PATH"
 export LIBTORCH_USE_PYTORCH=1
+# The cargo features of scripts/run.sh's and scripts/test.sh's builds: the defaults (with MPI)
+# where MPICH and libclang are installed, else without MPI.
+if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1 \
+    && ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
+    export DPCOMP_CARGO_FEATURES=""
+else
+    export DPCOMP_CARGO_FEATURES="--no-default-features --features cli"
+fi
 # Real data lives beside the checkout when it is there (see ../shared/data/README.md).
 if [ -z "${DPCOMP_DATA:-}" ] && [ -d "$root/../shared/data" ]; then
     export DPCOMP_DATA="$(cd "$root/../shared/data" && pwd)"

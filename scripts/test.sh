@@ -5,4 +5,5 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/setup.sh
-cargo test --release "$@"
+# shellcheck disable=SC2086 # the features are several words
+cargo test --release $DPCOMP_CARGO_FEATURES "$@"
