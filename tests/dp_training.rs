@@ -9,7 +9,7 @@ use dpcomp::data::{names, sampler, Dataset};
 use dpcomp::models::{Model, SurnamesLstm};
 use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
 use dpcomp::privacy::noise::{noisy_mean, NoiseSource};
-use dpcomp::train::private::{dp_step, DpSettings};
+use dpcomp::train::private::{dp_step, DpSettings, StepTotals};
 use dpcomp::train::sgd::Sgd;
 use dpcomp::train::update::Updater;
 use dpcomp::train::{checkpoint, train_step, Trainer};
@@ -93,6 +93,33 @@ fn settings(expected: f64, mode: GradSampleMode, physical: Option<i64>) -> DpSet
 fn engine(sigma: f64, c: f64, parameters: usize) -> PrivacyEngine {
     let clipping = Clipping::Flat { max_norm: c };
     PrivacyEngine::new(sigma, 0.5, clipping, NoiseSource::Seeded, parameters).unwrap()
+}
+
+/// One DP step of `m` over `index` of `data`: plain SGD at `lr`, flat clipping at C, noise
+/// multiplier σ, the noise drawn from LibTorch's generator as it stands.
+fn sgd_dp_step(
+    m: &dyn Model,
+    data: &Dataset,
+    index: &Tensor,
+    lr: f64,
+    dp: &DpSettings,
+    sigma: f64,
+    c: f64,
+) -> StepTotals {
+    let params = m.trainable_variables();
+    let mut sgd = Updater::plain(Sgd::new(lr, 0.0));
+    let mut engine = engine(sigma, c, params.len());
+    dp_step(
+        m,
+        &params,
+        &mut sgd,
+        data,
+        index,
+        Device::Cpu,
+        dp,
+        &mut engine,
+    )
+    .unwrap()
 }
 
 #[test]
@@ -202,19 +229,9 @@ fn sigma_zero_and_infinite_c_is_plain_sgd() {
     let (a, b) = (model(3), model(3));
     let pa = a.trainable_variables();
     let pb = b.trainable_variables();
-    let mut sgd_a = Updater::plain(Sgd::new(0.5, 0.0));
     let mut sgd_b = Updater::plain(Sgd::new(0.5, 0.0));
-    dp_step(
-        &a,
-        &pa,
-        &mut sgd_a,
-        &data,
-        &index,
-        Device::Cpu,
-        &settings(10.0, GradSampleMode::Tape, None),
-        &mut engine(0.0, f64::INFINITY, pa.len()),
-    )
-    .unwrap();
+    let dp = settings(10.0, GradSampleMode::Tape, None);
+    sgd_dp_step(&a, &data, &index, 0.5, &dp, 0.0, f64::INFINITY);
     let batch = data.batch(&index, Device::Cpu, true);
     let before = weights(&b);
     let (_loss, _correct) = train_step(&b, &pb, &mut sgd_b, &batch, f64::INFINITY).unwrap();
@@ -244,20 +261,16 @@ fn oracle_mode_and_physical_batches_give_the_same_step() {
     let c = (sorted[3] + sorted[4]) / 2.0;
     let run = |mode, physical| {
         let m = model(5);
-        let params = m.trainable_variables();
-        let mut sgd = Updater::plain(Sgd::new(0.7, 0.0));
         tch::manual_seed(77); // the same noise draw in every run
-        let totals = dp_step(
+        let totals = sgd_dp_step(
             &m,
-            &params,
-            &mut sgd,
             &data,
             &index,
-            Device::Cpu,
+            0.7,
             &settings(6.5, mode, physical),
-            &mut engine(0.9, c, params.len()),
-        )
-        .unwrap();
+            0.9,
+            c,
+        );
         let want = norms.iter().filter(|&&n| n > c).count() as i64;
         assert_eq!(
             totals.clipped.int64_value(&[]),
@@ -303,20 +316,8 @@ fn two_pass_step_equals_the_one_pass_step_on_the_cnn() {
     };
     let run = |mode, c: f64| {
         let m = build();
-        let params = m.trainable_variables();
-        let mut sgd = Updater::plain(Sgd::new(0.5, 0.0));
         tch::manual_seed(23); // the same noise draw in both runs
-        let totals = dp_step(
-            &m,
-            &params,
-            &mut sgd,
-            &data,
-            &index,
-            Device::Cpu,
-            &settings(6.0, mode, None),
-            &mut engine(0.7, c, params.len()),
-        )
-        .unwrap();
+        let totals = sgd_dp_step(&m, &data, &index, 0.5, &settings(6.0, mode, None), 0.7, c);
         (totals.clipped.int64_value(&[]), weights(&m))
     };
     // C between the per-example norms, so that some examples are clipped and some are not.
@@ -363,18 +364,8 @@ fn empty_poisson_batch_adds_noise_only() {
     let params = m.trainable_variables();
     let before = weights(&m);
     let empty = Tensor::zeros([0], (Kind::Int64, Device::Cpu));
-    let mut sgd = Updater::plain(Sgd::new(1.0, 0.0));
-    let totals = dp_step(
-        &m,
-        &params,
-        &mut sgd,
-        &data,
-        &empty,
-        Device::Cpu,
-        &settings(2.0, GradSampleMode::Tape, None),
-        &mut engine(1.0, 1.0, params.len()),
-    )
-    .unwrap();
+    let dp = settings(2.0, GradSampleMode::Tape, None);
+    let totals = sgd_dp_step(&m, &data, &empty, 1.0, &dp, 1.0, 1.0);
     assert_eq!(totals.correct.int64_value(&[]), 0);
     let moved: f64 = before
         .iter()
