@@ -116,15 +116,15 @@ pub fn per_sample_to_every_output(
             accumulate(&mut grads, &records, &earlier, &root);
         }
     }
-    each_parameter_once(&out)?;
+    each_parameter_once(out.iter().map(|(p, _)| p))?;
     Ok(out)
 }
 
 /// An error if a parameter appears twice (a layer used twice in one forward pass would need its
 /// per-sample gradients summed first).
-fn each_parameter_once<T>(found: &[(Tensor, T)]) -> Result<()> {
+fn each_parameter_once<'a>(found: impl IntoIterator<Item = &'a Tensor>) -> Result<()> {
     let mut seen = std::collections::HashSet::new();
-    for (param, _) in found {
+    for param in found {
         if !seen.insert(param.data_ptr() as usize) {
             return Err(Error::bad_value(
                 "model",
@@ -133,6 +133,17 @@ fn each_parameter_once<T>(found: &[(Tensor, T)]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The context's tape (it records nothing afterwards); an error if the forward pass did not run
+/// under `Ctx::private`.
+fn recorded_tape(ctx: &mut Ctx) -> Result<Tape> {
+    ctx.take_tape().ok_or_else(|| {
+        Error::bad_value(
+            "context",
+            "no tape: run the forward pass under Ctx::private to get per-sample gradients",
+        )
+    })
 }
 
 /// The per-sample gradient recipes of a private forward pass (`Ctx::private`) for `params`, in
@@ -145,12 +156,7 @@ pub fn per_sample_of(
     params: &[(String, Tensor)],
     loss_sum: &Tensor,
 ) -> Result<Vec<(Tensor, PerSample)>> {
-    let tape = ctx.take_tape().ok_or_else(|| {
-        Error::bad_value(
-            "context",
-            "no tape: run the forward pass under Ctx::private to get per-sample gradients",
-        )
-    })?;
+    let tape = recorded_tape(ctx)?;
     in_parameter_order(per_sample_gradients(tape, loss_sum)?, params)
 }
 
@@ -317,11 +323,7 @@ fn in_backward(tape: Tape, loss_sum: &Tensor, keep: Keep, keep_graph: bool) -> R
         ));
     }
     let found = std::mem::take(&mut pending.found);
-    let parameters: Vec<(Tensor, ())> = found
-        .iter()
-        .map(|f| (f.parameter.shallow_clone(), ()))
-        .collect();
-    each_parameter_once(&parameters)?;
+    each_parameter_once(found.iter().map(|f| &f.parameter))?;
     Ok(found)
 }
 
@@ -358,12 +360,7 @@ pub fn clipped_sums(
     passes: BackwardPasses,
 ) -> Result<Clipped> {
     let loss_sum = losses.sum(losses.kind());
-    let tape = ctx.take_tape().ok_or_else(|| {
-        Error::bad_value(
-            "context",
-            "no tape: run the forward pass under Ctx::private to get per-sample gradients",
-        )
-    })?;
+    let tape = recorded_tape(ctx)?;
     if losses.size().first() == Some(&0) {
         // No example (an empty Poisson batch): nothing to clip, nothing to sum.
         return Ok(Clipped {
