@@ -156,3 +156,47 @@ impl Communicator for SingleProcess {
         Traffic::default()
     }
 }
+
+/// One communicator with several owners: a trainer holds one handle while the program keeps
+/// another, so that after an error anywhere the program can still end the whole job
+/// (`abort`), which a communicator dropped with a failed trainer could not.
+#[derive(Clone)]
+pub struct Shared(std::sync::Arc<std::sync::Mutex<Box<dyn Communicator>>>);
+
+impl Shared {
+    pub fn new(comm: Box<dyn Communicator>) -> Self {
+        Shared(std::sync::Arc::new(std::sync::Mutex::new(comm)))
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut dyn Communicator) -> T) -> T {
+        let mut guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        f(guard.as_mut())
+    }
+}
+
+impl Communicator for Shared {
+    fn rank(&self) -> usize {
+        self.with(|c| c.rank())
+    }
+    fn size(&self) -> usize {
+        self.with(|c| c.size())
+    }
+    fn all_reduce_sum(&mut self, values: &mut [f32]) -> Result<()> {
+        self.with(|c| c.all_reduce_sum(values))
+    }
+    fn all_gather(&mut self, bytes: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.with(|c| c.all_gather(bytes))
+    }
+    fn broadcast(&mut self, root: usize, bytes: &mut Vec<u8>) -> Result<()> {
+        self.with(|c| c.broadcast(root, bytes))
+    }
+    fn barrier(&mut self) -> Result<()> {
+        self.with(|c| c.barrier())
+    }
+    fn take_traffic(&mut self) -> Traffic {
+        self.with(|c| c.take_traffic())
+    }
+    fn abort(&mut self, code: i32) {
+        self.with(|c| c.abort(code))
+    }
+}

@@ -1,7 +1,8 @@
 //! Dense fp32: the uncompressed baseline (rate 1), counted like every other message. Its
 //! receiver is `Unpack`.
 
-use super::{Encoder, Message, Payload};
+use super::{all_reduce_sum, AllReduce, Encoder, Message, Payload};
+use crate::error::Result;
 use tch::Tensor;
 
 pub struct DenseEncoder;
@@ -17,6 +18,23 @@ impl Encoder for DenseEncoder {
                 })
                 .collect(),
         )
+    }
+
+    /// The workers' updates averaged by one all-reduce (what DDP does without compression).
+    fn encode_all_reduced(
+        &mut self,
+        update: &[Tensor],
+        workers: usize,
+        reduce: &mut AllReduce,
+    ) -> Option<Result<Message>> {
+        Some(all_reduce_sum(update, reduce).map(|sums| {
+            self.encode(
+                &sums
+                    .into_iter()
+                    .map(|s| s / workers as f64)
+                    .collect::<Vec<_>>(),
+            )
+        }))
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

@@ -68,6 +68,21 @@ pub trait Encoder {
     /// it; `load_state` copies it back exactly.
     fn state(&self) -> Vec<(String, Tensor)>;
 
+    /// For a linear compressor (dense fp32, PowerSGD): this step's message formed together with
+    /// the other workers of a data-parallel run (issue 17), every worker's encoder making the
+    /// same calls to `reduce`, an all-reduce sum over the `workers` workers. The message decodes
+    /// (`Unpack`) to the compressor's estimate of the *mean* of the workers' updates, the same
+    /// on every worker. `None` for compressors whose messages are instead gathered and decoded
+    /// one by one (the sparsifiers, Denoise, the sketches).
+    fn encode_all_reduced(
+        &mut self,
+        _update: &[Tensor],
+        _workers: usize,
+        _reduce: &mut AllReduce,
+    ) -> Option<Result<Message>> {
+        None
+    }
+
     /// Restores `state()` as saved; every tensor must be present with its shape.
     fn load_state(&mut self, state: HashMap<String, Tensor>) -> Result<()> {
         copy_state(self.state(), state)
@@ -167,6 +182,37 @@ impl Link {
         self.encoder.load_state(encoder)?;
         self.decoder.load_state(decoder)
     }
+}
+
+/// Sums a vector of f32 over the workers of a data-parallel run, in place, on every worker
+/// (`comm::Communicator::all_reduce_sum`).
+pub type AllReduce<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
+
+/// `tensors` summed over the workers through one call of `reduce` (one buffer on the host, as
+/// MPI reads it), each back on its device in its shape and kind.
+pub fn all_reduce_sum(tensors: &[Tensor], reduce: &mut AllReduce) -> Result<Vec<Tensor>> {
+    let Some(first) = tensors.first() else {
+        return Ok(Vec::new());
+    };
+    let device = first.device();
+    let flat = flatten(
+        &tensors
+            .iter()
+            .map(|t| t.to_kind(tch::Kind::Float))
+            .collect::<Vec<_>>(),
+    )
+    .to_device(tch::Device::Cpu);
+    let mut values = Vec::<f32>::try_from(&flat).map_err(|e| {
+        crate::error::Error::bad_value("all-reduce", format!("tensors to f32 values: {e}"))
+    })?;
+    reduce(&mut values)?;
+    let shapes: Vec<Vec<i64>> = tensors.iter().map(Tensor::size).collect();
+    let summed = Tensor::from_slice(&values).to_device(device);
+    Ok(split(&summed, &shapes)
+        .into_iter()
+        .zip(tensors)
+        .map(|(s, t)| s.to_kind(t.kind()))
+        .collect())
 }
 
 /// The tensors of `update` flattened and joined into one vector, in order.

@@ -9,7 +9,8 @@
 //! `_should_compress`, default min_rate 2); others, and every vector, are sent dense and exactly.
 //! On the wire: P and Q in fp32, 32 (n + m) r bits.
 
-use super::{Encoder, Message, Payload};
+use super::{all_reduce_sum, AllReduce, Encoder, Message, Payload};
+use crate::error::Result;
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,62 +143,129 @@ fn seeded_normal(seed: i64, layer: i64, draw: i64, shape: [i64; 2], device: Devi
     Tensor::from_slice(&values).view(shape).to_device(device)
 }
 
-impl Encoder for PowerSgdEncoder {
-    fn encode(&mut self, update: &[Tensor]) -> Message {
+impl PowerSgdEncoder {
+    /// One step of PowerSGD for this worker. Alone (`reduce` is `None`): P = M Q, orthonormalised,
+    /// Q = Mᵀ P, error M - P Qᵀ. With W workers, as PyTorch's `powerSGD_hook` runs it: every
+    /// dense (uncompressed) layer and every P is summed over the workers in one all-reduce (the
+    /// dense layers then divided by W; P's scale does not matter, it is orthonormalised), each
+    /// worker forms Q = Mᵀ P from its own M, the Qs are averaged in a second all-reduce, and each
+    /// worker keeps M - P Q̄ᵀ as its error: P Q̄ᵀ = P Pᵀ mean(M), the same on every worker.
+    fn step(&mut self, update: &[Tensor], mut reduce: Option<(usize, &mut AllReduce)>) -> Result<Message> {
         let o = self.options.clone();
         let step = self.step.int64_value(&[]) + 1;
-        let payloads = tch::no_grad(|| {
-            self.layers
+        let payloads = tch::no_grad(|| -> Result<Vec<Payload>> {
+            // First pass: each layer's dense values, or its matrix M and P = M Q.
+            let mut dense: Vec<Option<Tensor>> = Vec::with_capacity(update.len());
+            let mut matrices: Vec<Option<(Tensor, Tensor)>> = Vec::with_capacity(update.len());
+            for (i, (layer, g)) in self.layers.iter_mut().zip(update).enumerate() {
+                let g = g.to_kind(Kind::Float);
+                let Some((n, m, _)) = layer.dims else {
+                    dense.push(Some(g));
+                    matrices.push(None);
+                    continue;
+                };
+                let numel = g.numel() as i64;
+                let flat = g.reshape([-1]);
+                let padded = if n * m > numel {
+                    flat.constant_pad_nd([0, n * m - numel])
+                } else {
+                    flat
+                };
+                let error = layer.error.as_ref().expect("compressed layer has a residual");
+                let matrix = padded.view([n, m]) + error;
+                let q = layer.q.as_mut().expect("compressed layer has Q");
+                if !o.warm_start {
+                    // A fresh Q from (seed, layer, step), as PyTorch's hook draws it from a
+                    // generator of its own: the same on every worker and after a resume.
+                    let (m, r) = (q.size()[0], q.size()[1]);
+                    q.copy_(&seeded_normal(o.seed, i as i64, step, [m, r], q.device()));
+                }
+                let p = matrix.mm(q);
+                dense.push(None);
+                matrices.push(Some((matrix, p)));
+            }
+            if let Some((workers, reduce)) = reduce.as_mut() {
+                // All-reduce 1: the dense layers (averaged) and the Ps (summed).
+                let mut first: Vec<Tensor> = dense.iter().flatten().map(Tensor::shallow_clone).collect();
+                let dense_count = first.len();
+                first.extend(matrices.iter().flatten().map(|(_, p)| p.shallow_clone()));
+                let mut summed = all_reduce_sum(&first, reduce)?;
+                let ps = summed.split_off(dense_count);
+                let mut ps = ps.into_iter();
+                let mut means = summed.into_iter().map(|s| s / *workers as f64);
+                for slot in dense.iter_mut().filter(|d| d.is_some()) {
+                    *slot = means.next();
+                }
+                for (_, p) in matrices.iter_mut().flatten() {
+                    *p = ps.next().expect("one P per compressed layer");
+                }
+            }
+            // Second pass: orthonormalise P, Q = Mᵀ P (averaged over the workers when several).
+            let mut qs: Vec<Option<Tensor>> = matrices
                 .iter_mut()
-                .zip(update)
-                .enumerate()
-                .map(|(i, (layer, g))| {
-                    let g = g.to_kind(Kind::Float);
-                    let Some((n, m, _)) = layer.dims else {
-                        return Payload::Dense {
-                            values: g,
-                            value_bits: 32,
-                        };
-                    };
-                    let numel = g.numel() as i64;
-                    let flat = g.reshape([-1]);
-                    let padded = if n * m > numel {
-                        flat.constant_pad_nd([0, n * m - numel])
-                    } else {
-                        flat
-                    };
-                    let error = layer
-                        .error
-                        .as_mut()
-                        .expect("compressed layer has a residual");
-                    let matrix = padded.view([n, m]) + &*error;
-                    let q = layer.q.as_mut().expect("compressed layer has Q");
-                    if !o.warm_start {
-                        // A fresh Q from (seed, layer, step), as PyTorch's hook draws it from a
-                        // generator of its own: the same on every worker and after a resume.
-                        let (m, r) = (q.size()[0], q.size()[1]);
-                        q.copy_(&seeded_normal(o.seed, i as i64, step, [m, r], q.device()));
-                    }
-                    let mut p = matrix.mm(q);
-                    orthogonalize(&mut p, o.epsilon);
-                    let new_q = matrix.tr().mm(&p);
-                    q.copy_(&new_q);
-                    let approximation = p.mm(&new_q.tr());
-                    error.copy_(&(&matrix - approximation));
-                    if n * m > numel {
-                        // Padding is not part of the update: no error is fed back there.
-                        let _ = error.view([-1]).narrow(0, numel, n * m - numel).zero_();
-                    }
-                    Payload::LowRank {
-                        p,
-                        q: new_q,
-                        shape: layer.shape.clone(),
-                    }
+                .map(|entry| {
+                    entry.as_mut().map(|(matrix, p)| {
+                        orthogonalize(p, o.epsilon);
+                        matrix.tr().mm(p)
+                    })
                 })
-                .collect()
-        });
+                .collect();
+            if let Some((workers, reduce)) = reduce.as_mut() {
+                let local: Vec<Tensor> = qs.iter().flatten().map(Tensor::shallow_clone).collect();
+                let mut means = all_reduce_sum(&local, reduce)?
+                    .into_iter()
+                    .map(|s| s / *workers as f64);
+                for slot in qs.iter_mut().filter(|q| q.is_some()) {
+                    *slot = means.next();
+                }
+            }
+            let mut payloads = Vec::with_capacity(update.len());
+            for (((layer, values), entry), new_q) in
+                self.layers.iter_mut().zip(dense).zip(matrices).zip(qs)
+            {
+                let (Some((matrix, p)), Some(new_q)) = (entry, new_q) else {
+                    payloads.push(Payload::Dense {
+                        values: values.expect("an uncompressed layer is sent dense"),
+                        value_bits: 32,
+                    });
+                    continue;
+                };
+                let (n, m, _) = layer.dims.expect("compressed layer");
+                let numel: i64 = layer.shape.iter().product();
+                layer.q.as_mut().expect("compressed layer has Q").copy_(&new_q);
+                let approximation = p.mm(&new_q.tr());
+                let error = layer.error.as_mut().expect("compressed layer has a residual");
+                error.copy_(&(&matrix - approximation));
+                if n * m > numel {
+                    // Padding is not part of the update: no error is fed back there.
+                    let _ = error.view([-1]).narrow(0, numel, n * m - numel).zero_();
+                }
+                payloads.push(Payload::LowRank {
+                    p,
+                    q: new_q,
+                    shape: layer.shape.clone(),
+                });
+            }
+            Ok(payloads)
+        })?;
         let _ = self.step.fill_(step);
-        Message::new(payloads)
+        Ok(Message::new(payloads))
+    }
+}
+
+impl Encoder for PowerSgdEncoder {
+    fn encode(&mut self, update: &[Tensor]) -> Message {
+        self.step(update, None)
+            .expect("PowerSGD without workers to reduce with cannot fail")
+    }
+
+    fn encode_all_reduced(
+        &mut self,
+        update: &[Tensor],
+        workers: usize,
+        reduce: &mut AllReduce,
+    ) -> Option<Result<Message>> {
+        Some(self.step(update, Some((workers, reduce))))
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

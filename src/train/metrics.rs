@@ -47,6 +47,10 @@ pub struct EpochMetrics {
     /// element / 8 / 2^30 (`compress::message`; the paper's "Gb").
     #[serde(default, deserialize_with = "nan_if_null")]
     pub upstream_paper_gib: f64,
+    /// With W data-parallel workers: what each sent and received, and its time in the
+    /// collectives (`upstream_*` above count rank 0's own messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<super::distributed::EpochTraffic>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -200,6 +204,7 @@ mod tests {
             upstream_bits: 7,
             upstream_gigabits: 1e-8,
             upstream_paper_gib: 1e-8,
+            workers: None,
         };
         let line = serde_json::to_string(&m).unwrap();
         assert!(line.contains("\"train_loss\":null"), "{line}");

@@ -8,6 +8,8 @@
 
 pub mod adam;
 pub mod checkpoint;
+pub mod distributed;
+pub mod exchange;
 pub mod metrics;
 pub mod optimizer;
 pub mod private;
@@ -16,6 +18,7 @@ pub mod update;
 pub mod upload;
 
 use crate::analysis::{fixed_batches, gradient_error};
+use crate::comm::Communicator;
 use crate::compress::message::paper_gib;
 use crate::config::{ClippingMode, OptimizerKind, Sampling, TaskName, TrainConfig, TrainOverrides};
 use crate::data::sampler;
@@ -38,6 +41,7 @@ use sgd::{clip_global_norm, Sgd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::{Device, Kind, Reduction, Tensor};
+use exchange::Exchange;
 use update::Updater;
 
 /// The LibTorch seed of epoch `epoch` (0-based) of a run seeded with `seed`: every epoch starts
@@ -155,15 +159,32 @@ pub struct Trainer {
     /// Under DP: σ, q, clipping, the noise source (seeded, or a CSPRNG with `--secure-noise`)
     /// and the accountant, which only the engine advances (`PrivacyEngine::privatize`).
     pub privacy: Option<PrivacyEngine>,
-    /// This process's exclusive hold on `run_dir` (see `run_lock`).
-    _lock: RunLock,
+    /// This process's exclusive hold on `run_dir` (see `run_lock`); `None` on the ranks other
+    /// than 0 of a data-parallel run, which write nothing there.
+    _lock: Option<RunLock>,
 }
 
 impl Trainer {
     /// A fresh run in `run_dir`, which must not hold another run's checkpoint. Writes
     /// `config.toml` before anything else.
     pub fn new(config: TrainConfig, run_dir: &Path) -> Result<Self> {
-        Self::start(config, run_dir, None)
+        Self::start(config, run_dir, None, None)
+    }
+
+    /// A fresh run trained by W data-parallel workers (issue 17, `docs/distributed.md`): every
+    /// rank of `comm` calls this with the same configuration and run folder. Each rank holds
+    /// the examples i ≡ rank (mod W) and Poisson-samples them at the global rate, clips its own,
+    /// adds its share N(0, σ²C²/W) of the noise (the sum over ranks has the single-process σC,
+    /// and the accountant is unchanged), encodes with its own compressor state and exchanges
+    /// real messages (`train::exchange`); every rank applies the mean of the W decoded updates.
+    /// Rank 0 alone writes the run folder. Before training, every rank checks that all share
+    /// the configuration, the data and the initial weights. With one rank this is `new`.
+    pub fn new_on(
+        config: TrainConfig,
+        run_dir: &Path,
+        comm: Box<dyn Communicator>,
+    ) -> Result<Self> {
+        Self::start(config, run_dir, None, Some(comm))
     }
 
     /// A fresh run of a model and data of one's own (`config.task` is `TaskName::Own`, e.g. from
@@ -177,10 +198,27 @@ impl Trainer {
         model: Box<dyn Model>,
         data: TaskData,
     ) -> Result<Self> {
-        Self::start(config, run_dir, Some(OwnTask { model, data }))
+        Self::start(config, run_dir, Some(OwnTask { model, data }), None)
     }
 
-    fn start(mut config: TrainConfig, run_dir: &Path, own: Option<OwnTask>) -> Result<Self> {
+    /// `with_model` trained by the W workers of `comm` (as `new_on`): every rank builds the
+    /// same model from the same seed and passes the same data.
+    pub fn with_model_on(
+        config: TrainConfig,
+        run_dir: &Path,
+        model: Box<dyn Model>,
+        data: TaskData,
+        comm: Box<dyn Communicator>,
+    ) -> Result<Self> {
+        Self::start(config, run_dir, Some(OwnTask { model, data }), Some(comm))
+    }
+
+    fn start(
+        mut config: TrainConfig,
+        run_dir: &Path,
+        own: Option<OwnTask>,
+        comm: Option<Box<dyn Communicator>>,
+    ) -> Result<Self> {
         config.validate()?;
         // Record the data folder this run reads, resolved ($DPCOMP_DATA or data/) and
         // absolute, so `eval`, `resume` and analyses find it later from anywhere.
@@ -188,6 +226,11 @@ impl Trainer {
         if own.is_none() {
             let data = crate::data::data_dir(config.data.data_dir.as_deref());
             config.data.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
+        }
+        if comm.as_ref().is_some_and(|c| c.rank() > 0) {
+            // Rank 0 alone touches the run folder.
+            return Self::build(config, run_dir, None, own, comm)
+                .and_then(|t| t.checked_by_workers(""));
         }
         if checkpoint::find(run_dir).is_some() {
             return Err(Error::bad_value(
@@ -207,7 +250,9 @@ impl Trainer {
         for stale in ["metrics.jsonl", "upstream.csv", "summary.json"] {
             let _ = std::fs::remove_file(run_dir.join(stale));
         }
-        Self::build(config, run_dir, lock, own).inspect_err(|_| {
+        Self::build(config, run_dir, Some(lock), own, comm)
+            .and_then(|t| t.checked_by_workers(""))
+            .inspect_err(|_| {
             // A start that failed before training (missing data, a bad option) leaves nothing
             // behind: not a folder holding only config.toml that looks like a run.
             let _ = std::fs::remove_file(&config_path);
@@ -235,7 +280,19 @@ impl Trainer {
     /// done and the run's σ and q, the logs against the epochs done; `config.toml` is rewritten
     /// only after all of that has passed.
     pub fn resume_with(run_dir: &Path, overrides: TrainOverrides) -> Result<Self> {
-        Self::continue_run(run_dir, overrides, None)
+        Self::continue_run(run_dir, overrides, None, None)
+    }
+
+    /// `resume_with` for a run of W workers (`new_on`), under the same W: every rank reads the
+    /// run folder (on a shared file system, or a copy at the same path) and takes its own
+    /// compressor state from the checkpoint; rank 0 alone writes. A run saved by another
+    /// number of workers is refused.
+    pub fn resume_on(
+        run_dir: &Path,
+        overrides: TrainOverrides,
+        comm: Box<dyn Communicator>,
+    ) -> Result<Self> {
+        Self::continue_run(run_dir, overrides, None, Some(comm))
     }
 
     /// Continues a run of a model and data of one's own (`with_model`) from its last checkpoint,
@@ -247,15 +304,22 @@ impl Trainer {
         model: Box<dyn Model>,
         data: TaskData,
     ) -> Result<Self> {
-        Self::continue_run(run_dir, overrides, Some(OwnTask { model, data }))
+        Self::continue_run(run_dir, overrides, Some(OwnTask { model, data }), None)
     }
 
     fn continue_run(
         run_dir: &Path,
         overrides: TrainOverrides,
         own: Option<OwnTask>,
+        comm: Option<Box<dyn Communicator>>,
     ) -> Result<Self> {
-        let lock = RunLock::acquire(run_dir)?;
+        let writes = comm.as_ref().is_none_or(|c| c.rank() == 0);
+        let workers = comm.as_ref().map_or(1, |c| c.size());
+        let lock = if writes {
+            Some(RunLock::acquire(run_dir)?)
+        } else {
+            None
+        };
         let config_path = run_dir.join("config.toml");
         let saved = TrainConfig::from_toml_file(&config_path)?;
         let mut config = saved.clone();
@@ -291,7 +355,17 @@ impl Trainer {
                 ),
             ));
         }
-        let mut trainer = Self::build(config, run_dir, lock, own)?;
+        if state.workers.unwrap_or(1) != workers {
+            return Err(Error::bad_value(
+                "workers",
+                format!(
+                    "{workers}, but {} was trained by {} worker(s): resume it with as many (each holds its own compressor state and data shard)",
+                    run_dir.display(),
+                    state.workers.unwrap_or(1)
+                ),
+            ));
+        }
+        let mut trainer = Self::build(config, run_dir, lock, own, comm)?;
         trainer.check_accountant(&state, &dir)?;
         if let (Some(engine), Some(accountant)) =
             (trainer.privacy.as_mut(), state.accountant.clone())
@@ -308,7 +382,16 @@ impl Trainer {
             .optimizer
             .load_state(&trainer.params, &optimizer_state, &optimizer_path)?;
         let compressor_state = checkpoint::read_compressor(&dir)?;
-        if !trainer.updater.compressor.state().is_empty() {
+        let rank = trainer.rank();
+        if let Some(exchange) = trainer.updater.exchange.as_mut() {
+            distributed::load_compressor_checkpoint(
+                compressor_state,
+                rank,
+                trainer.updater.compressor.encoder.as_mut(),
+                &mut exchange.decoders,
+            )
+            .map_err(|e| Error::bad_file(dir.join("compressor.safetensors"), e.to_string()))?;
+        } else if !trainer.updater.compressor.state().is_empty() {
             trainer
                 .updater
                 .compressor
@@ -321,7 +404,13 @@ impl Trainer {
             ..state
         };
         let metrics_path = run_dir.join("metrics.jsonl");
-        trainer.history = metrics::read_and_truncate(&metrics_path, trainer.state.epochs_done)?;
+        trainer.history = if writes {
+            metrics::read_and_truncate(&metrics_path, trainer.state.epochs_done)?
+        } else {
+            let mut history = metrics::read(&metrics_path)?;
+            history.retain(|m| m.epoch <= trainer.state.epochs_done);
+            history
+        };
         if trainer.history.len() != trainer.state.epochs_done {
             // Past epochs' test accuracies cannot be rebuilt (their weights are gone), and a
             // summary over fewer rows than it claims would be wrong: refuse.
@@ -333,6 +422,14 @@ impl Trainer {
                     trainer.state.epochs_done
                 ),
             ));
+        }
+        let state_json = serde_json::to_string(&trainer.state).expect("state serialises");
+        let trainer = trainer.checked_by_workers(&state_json)?;
+        if !writes {
+            return Ok(trainer);
+        }
+        if workers > 1 {
+            metrics::truncate_upstream(&run_dir.join("traffic.csv"), trainer.state.steps_done)?;
         }
         let upstream_path = run_dir.join("upstream.csv");
         let upstream_rows = metrics::truncate_upstream(&upstream_path, trainer.state.steps_done)?;
@@ -391,11 +488,43 @@ impl Trainer {
         }
     }
 
+    /// With W > 1 workers: every rank checks that all share the configuration, the data, the
+    /// weights and `state` (the checkpoint's, when resuming), `distributed::check_workers_agree`.
+    fn checked_by_workers(mut self, state: &str) -> Result<Self> {
+        let Some(exchange) = self.updater.exchange.as_mut() else {
+            return Ok(self);
+        };
+        distributed::check_workers_agree(
+            exchange.comm.as_mut(),
+            &self.config,
+            &self.data,
+            &self.params,
+            state,
+        )?;
+        Ok(self)
+    }
+
+    /// This worker's rank (0 without workers).
+    pub fn rank(&self) -> usize {
+        self.updater.exchange.as_ref().map_or(0, |x| x.comm.rank())
+    }
+
+    /// W, the number of data-parallel workers (1 without).
+    pub fn workers(&self) -> usize {
+        self.updater.exchange.as_ref().map_or(1, Exchange::workers)
+    }
+
+    /// Whether this process writes the run folder (rank 0).
+    fn writes(&self) -> bool {
+        self.rank() == 0
+    }
+
     fn build(
         config: TrainConfig,
         run_dir: &Path,
-        lock: RunLock,
+        lock: Option<RunLock>,
         own: Option<OwnTask>,
+        comm: Option<Box<dyn Communicator>>,
     ) -> Result<Self> {
         for warning in config.warnings() {
             log::warn!("{warning}");
@@ -471,8 +600,27 @@ impl Trainer {
             }
             None => None,
         };
+        let mut updater = Updater::new(optimizer, compressor);
+        let mut privacy = privacy;
+        if let Some(comm) = comm.filter(|c| c.size() > 1) {
+            let workers = comm.size();
+            if !config.analysis.grad_error_epochs.is_empty() {
+                return Err(Error::bad_value(
+                    "analysis.grad_error_epochs",
+                    format!("{:?} with {workers} workers: the gradient-error analysis measures one worker's pipeline; run it with one", config.analysis.grad_error_epochs),
+                ));
+            }
+            if let Some(engine) = privacy.as_mut() {
+                engine.share_noise_among(workers)?;
+            }
+            let spec = config.compressor_spec()?;
+            let decoders = (0..workers)
+                .map(|_| spec.decoder(&shapes, device))
+                .collect::<Result<Vec<_>>>()?;
+            updater.exchange = Some(Exchange::new(comm, decoders));
+        }
         Ok(Trainer {
-            updater: Updater::new(optimizer, compressor),
+            updater,
             config,
             device,
             data,
@@ -662,13 +810,18 @@ impl Trainer {
     /// Poisson sampling the clipped sum is divided by the expected batch q N, never by the
     /// realised size: dividing by a size that depends on who was sampled would leak it (Opacus's
     /// `expected_batch_size`). Under shuffling the batch size is fixed, so it is the divisor.
+    ///
+    /// With W workers `batch_len` is the logical batch over all of them and the divisor is E[B]
+    /// / W: each worker's gradient W (its clipped sum + its noise) / E[B] is an unbiased estimate
+    /// of the whole noisy gradient, and the mean of the W is exactly (Σ clipped + Σ noise) / E[B].
     pub fn dp_settings(&self, batch_len: i64) -> Option<DpSettings> {
         self.privacy.as_ref()?;
+        let expected_batch = match self.config.privacy.sampling {
+            Sampling::Poisson => self.sample_rate() * self.data.train.len() as f64,
+            Sampling::Shuffle => batch_len as f64,
+        };
         Some(DpSettings {
-            expected_batch: match self.config.privacy.sampling {
-                Sampling::Poisson => self.sample_rate() * self.data.train.len() as f64,
-                Sampling::Shuffle => batch_len as f64,
-            },
+            expected_batch: expected_batch / self.workers() as f64,
             physical_batch: self.config.privacy.physical_batch_size.map(|p| p as i64),
             mode: self.config.privacy.grad_sample,
         })
@@ -679,18 +832,54 @@ impl Trainer {
     /// then continue: from `seed` and the epoch (reproducible, and a resumed run draws what the
     /// uninterrupted one drew), or with `--secure-noise` from the operating system, because
     /// amplification by subsampling assumes no one can regenerate the batches.
+    ///
+    /// With W workers these are this rank's batches (rank 0 of one worker draws exactly the
+    /// above): Poisson over its shard (examples ≡ rank mod W) at the global rate, from a stream
+    /// of its own (`distributed::worker_seed`); shuffled, every rank draws the same permutation
+    /// (from the run's seed, or under `--secure-noise` from `shuffle_seed`, rank 0's draw) and
+    /// takes every W-th example of each batch from position `rank`, then reseeds its own stream.
     pub fn epoch_batches(&self, epoch: usize) -> Vec<Tensor> {
-        tch::manual_seed(if self.config.privacy.secure_noise {
-            crate::privacy::noise::os_seed()
-        } else {
-            epoch_seed(self.config.seed, epoch)
-        });
+        self.worker_batches(epoch, None)
+    }
+
+    fn worker_batches(&self, epoch: usize, shuffle_seed: Option<i64>) -> Vec<Tensor> {
+        let (rank, workers) = (self.rank(), self.workers());
+        let seed_of = |rank: usize| {
+            if self.config.privacy.secure_noise {
+                crate::privacy::noise::os_seed()
+            } else {
+                epoch_seed(distributed::worker_seed(self.config.seed, rank), epoch)
+            }
+        };
         let n = self.data.train.len();
         if self.config.private() && self.config.privacy.sampling == Sampling::Poisson {
-            sampler::poisson_batches(n, self.sample_rate(), self.steps_per_epoch() as usize)
-        } else {
-            sampler::shuffled_batches(n, self.config.optimizer.batch_size as i64)
+            tch::manual_seed(seed_of(rank));
+            let steps = self.steps_per_epoch() as usize;
+            return sampler::shard_poisson_batches(
+                n,
+                rank as i64,
+                workers as i64,
+                self.sample_rate(),
+                steps,
+            );
         }
+        tch::manual_seed(shuffle_seed.unwrap_or_else(|| seed_of(0)));
+        let batches = sampler::shuffled_batches(n, self.config.optimizer.batch_size as i64);
+        if workers == 1 {
+            return batches;
+        }
+        tch::manual_seed(seed_of(rank));
+        batches
+            .iter()
+            .map(|b| b.slice(0, rank as i64, None, workers as i64).contiguous())
+            .collect()
+    }
+
+    /// The size of step `step`'s logical batch over all workers under shuffling (the last batch
+    /// of an epoch is shorter).
+    fn shuffled_batch_len(&self, step: usize) -> i64 {
+        let (n, b) = (self.data.train.len(), self.config.optimizer.batch_size as i64);
+        b.min(n - step as i64 * b)
     }
 
     /// Trains the remaining epochs, evaluating and checkpointing after each. Under DP every
@@ -726,7 +915,9 @@ impl Trainer {
             let epoch = self.state.epochs_done;
             let started = Instant::now();
             self.updater.compressor.start_epoch(epoch);
-            let batches = self.epoch_batches(epoch);
+            let shuffle_seed = self.shared_shuffle_seed()?;
+            let batches = self.worker_batches(epoch, shuffle_seed);
+            let mut traffic: Vec<distributed::TrafficRow> = Vec::new();
             let mut upstream: Vec<metrics::UpstreamRow> = Vec::with_capacity(batches.len());
             let bar = self.progress_bar(epoch, batches.len() as u64);
             let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
@@ -741,7 +932,13 @@ impl Trainer {
                 }
                 steps_this_epoch += 1;
                 budget = budget.map(|b| b - 1);
-                if let Some(settings) = self.dp_settings(index.size()[0]) {
+                let step_started = Instant::now();
+                let logical_len = if self.workers() > 1 {
+                    self.shuffled_batch_len(step)
+                } else {
+                    index.size()[0]
+                };
+                if let Some(settings) = self.dp_settings(logical_len) {
                     let totals = dp_step(
                         self.model.as_ref(),
                         &self.params,
@@ -769,6 +966,17 @@ impl Trainer {
                 }
                 seen += index.size()[0];
                 self.state.steps_done += 1;
+                if self.workers() > 1 {
+                    let cost = self.updater.last_traffic;
+                    let exchange = cost.encode_seconds + cost.comm_seconds + cost.decode_seconds;
+                    traffic.push(distributed::TrafficRow {
+                        step: self.state.steps_done,
+                        rank: self.rank(),
+                        compute_seconds: (step_started.elapsed().as_secs_f64() - exchange)
+                            .max(0.0),
+                        cost,
+                    });
+                }
                 self.state.upstream_bits += self.updater.last_bits;
                 self.state.upstream_paper_bits += self.updater.last_paper_bits;
                 upstream.push((
@@ -804,16 +1012,27 @@ impl Trainer {
                 break;
             }
             let train_seconds = started.elapsed().as_secs_f64();
-            let (test_loss, test_accuracy) = evaluate(
-                self.model.as_ref(),
-                &self.data.test,
-                self.config.data.eval_batch_size,
-                self.device,
-            )?;
+            let mut epoch_traffic = None;
+            let (mut loss_sum, mut correct, mut clipped) =
+                (loss_sum.double_value(&[]), correct.int64_value(&[]) as f64, clipped.int64_value(&[]) as f64);
+            if let Some(exchange) = self.updater.exchange.as_mut() {
+                // The epoch's totals over all workers, the same on every rank.
+                let control = exchange.take_control();
+                let comm = exchange.comm.as_mut();
+                let totals = distributed::sum_over_workers(
+                    comm,
+                    &[loss_sum, correct, clipped, seen as f64, (control.sent + control.received) as f64],
+                )?;
+                (loss_sum, correct, clipped, seen) = (totals[0], totals[1], totals[2], totals[3] as i64);
+                let rows = distributed::gather_traffic(comm, &traffic)?;
+                epoch_traffic = Some(distributed::EpochTraffic::of(comm.size(), &rows, totals[4] as u64));
+                traffic = rows;
+            }
+            let (test_loss, test_accuracy) = self.evaluate_on_rank_0()?;
             let epoch_seconds = started.elapsed().as_secs_f64();
             self.state.epochs_done += 1;
             self.state.wall_seconds += epoch_seconds;
-            let per_example = |t: &Tensor| t.double_value(&[]) / seen.max(1) as f64;
+            let per_example = |total: &f64| total / seen.max(1) as f64;
             let m = EpochMetrics {
                 epoch: epoch + 1,
                 steps: self.state.steps_done,
@@ -831,6 +1050,7 @@ impl Trainer {
                 upstream_bits: upstream.iter().map(|r| r.2).sum(),
                 upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
                 upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
+                workers: epoch_traffic,
             };
             bar.finish_and_clear();
             if self.progress {
@@ -852,8 +1072,13 @@ impl Trainer {
                 );
             }
             let diverged = !m.train_loss.is_finite();
-            metrics::append(&self.run_dir.join("metrics.jsonl"), &m)?;
-            metrics::append_upstream(&self.run_dir.join("upstream.csv"), &upstream)?;
+            if self.writes() {
+                metrics::append(&self.run_dir.join("metrics.jsonl"), &m)?;
+                metrics::append_upstream(&self.run_dir.join("upstream.csv"), &upstream)?;
+                if !traffic.is_empty() {
+                    distributed::append_traffic(&self.run_dir.join("traffic.csv"), &traffic)?;
+                }
+            }
             self.history.push(m);
             if diverged {
                 // Every later epoch would train a NaN model: stop, and say where.
@@ -895,26 +1120,84 @@ impl Trainer {
             upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
             upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
         };
-        let path = self.run_dir.join("summary.json");
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&summary).expect("summary serialises"),
-        )
-        .map_err(|e| Error::io(&path, e))?;
+        if self.writes() {
+            let path = self.run_dir.join("summary.json");
+            std::fs::write(
+                &path,
+                serde_json::to_string_pretty(&summary).expect("summary serialises"),
+            )
+            .map_err(|e| Error::io(&path, e))?;
+        }
         Ok(summary)
     }
 
-    fn save_checkpoint(&self) -> Result<()> {
+    /// Test loss and accuracy: evaluated by rank 0 and sent to the others (the weights are the
+    /// same on every rank), or by this process alone.
+    fn evaluate_on_rank_0(&mut self) -> Result<(f64, f64)> {
+        let mut result = [f64::NAN; 2];
+        if self.writes() {
+            let (loss, accuracy) = evaluate(
+                self.model.as_ref(),
+                &self.data.test,
+                self.config.data.eval_batch_size,
+                self.device,
+            )?;
+            result = [loss, accuracy];
+        }
+        if let Some(exchange) = self.updater.exchange.as_mut() {
+            distributed::broadcast_f64(exchange.comm.as_mut(), 0, &mut result)?;
+        }
+        Ok((result[0], result[1]))
+    }
+
+    /// Rank 0's OS-drawn seed for the epoch's shared permutation, when W > 1 workers shuffle
+    /// under `--secure-noise` (each would otherwise draw another permutation).
+    fn shared_shuffle_seed(&mut self) -> Result<Option<i64>> {
+        let shuffled = !(self.config.private() && self.config.privacy.sampling == Sampling::Poisson);
+        let (secure, writes) = (self.config.privacy.secure_noise, self.writes());
+        let Some(exchange) = self.updater.exchange.as_mut().filter(|_| shuffled && secure) else {
+            return Ok(None);
+        };
+        let mut seed = if writes {
+            crate::privacy::noise::os_seed().to_le_bytes().to_vec()
+        } else {
+            Vec::new()
+        };
+        exchange.comm.broadcast(0, &mut seed)?;
+        let bytes: [u8; 8] = seed
+            .try_into()
+            .map_err(|_| exchange.comm.error("the shuffle seed from rank 0 is not 8 bytes".into()))?;
+        Ok(Some(i64::from_le_bytes(bytes)))
+    }
+
+    /// Saves the checkpoint (rank 0). With W workers every rank takes part: each sends its
+    /// encoder state, which rank 0 saves beside its own (`distributed::compressor_checkpoint`).
+    fn save_checkpoint(&mut self) -> Result<()> {
+        let compressor = match self.updater.exchange.as_mut() {
+            Some(exchange) => {
+                let encoders = distributed::gather_encoder_states(
+                    exchange.comm.as_mut(),
+                    &self.updater.compressor.encoder.state(),
+                )?;
+                distributed::compressor_checkpoint(encoders, &exchange.decoders)
+            }
+            None => self.updater.compressor.state(),
+        };
+        if !self.writes() {
+            return Ok(());
+        }
         let names: Vec<String> = self.params.iter().map(|(n, _)| n.clone()).collect();
         let optimizer = self.updater.optimizer.state(&names);
+        let workers = self.workers();
         checkpoint::save(
             &self.run_dir,
             self.model.var_store(),
             &optimizer,
-            &self.updater.compressor.state(),
+            &compressor,
             &TrainState {
                 accountant: self.accountant().cloned(),
                 clip_radius: self.privacy.as_ref().and_then(PrivacyEngine::clip_radius),
+                workers: (workers > 1).then_some(workers),
                 ..self.state.clone()
             },
         )

@@ -2,6 +2,7 @@
 //! move: compress -> decompress -> optimiser step (`../shared/design.md`, "One pipeline").
 //! Compression is post-processing of the privatised gradient and never changes ε.
 
+use super::exchange::{Exchange, StepTraffic};
 use super::optimizer::Optimizer;
 use crate::compress::{DenseEncoder, Link, Message, Unpack};
 use crate::error::Result;
@@ -15,6 +16,12 @@ pub struct Updater {
     pub last_bits: u64,
     /// The same message in the paper's unit (64 bits per transmitted element, `Message::paper_bits`).
     pub last_paper_bits: u64,
+    /// With W workers (`train::exchange`): the transport and the decoders of every sender; the
+    /// update is then the mean of the W workers' decoded messages. `None`: one worker, whose
+    /// message goes through bytes to `compressor.decoder` in this process.
+    pub exchange: Option<Exchange>,
+    /// What the last step's exchange cost (zero with one worker).
+    pub last_traffic: StepTraffic,
 }
 
 impl Updater {
@@ -24,6 +31,8 @@ impl Updater {
             compressor,
             last_bits: 0,
             last_paper_bits: 0,
+            exchange: None,
+            last_traffic: StepTraffic::default(),
         }
     }
 
@@ -37,8 +46,17 @@ impl Updater {
     }
 
     /// Encodes `grads`, sends the message through bytes, and steps the optimiser on what the
-    /// decoder reconstructs from those bytes. Returns the bits sent (8 x the byte length).
+    /// decoder reconstructs from those bytes (with W workers: on the mean of what every worker's
+    /// message decodes to, `Exchange::exchange`). Returns the bits sent (8 x the byte length).
     pub fn apply(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
+        if let Some(exchange) = self.exchange.as_mut() {
+            let exchanged = exchange.exchange(self.compressor.encoder.as_mut(), grads)?;
+            self.last_bits = exchanged.bits;
+            self.last_paper_bits = exchanged.paper_bits;
+            self.last_traffic = exchanged.cost;
+            self.optimizer.step(params, &exchanged.update);
+            return Ok(self.last_bits);
+        }
         let message = self.compressor.encoder.encode(grads);
         let bytes = message.to_bytes()?;
         self.last_bits = 8 * bytes.len() as u64;

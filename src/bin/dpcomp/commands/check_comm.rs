@@ -4,7 +4,7 @@
 
 use anyhow::{bail, Result};
 use dpcomp::comm::check::{check_collectives, CheckRow};
-use dpcomp::comm::{Communicator, SingleProcess, ThreadGroup};
+use dpcomp::comm::{Communicator, ThreadGroup};
 
 #[derive(Debug, clap::Args)]
 pub struct CheckCommArgs {
@@ -61,7 +61,7 @@ pub fn run(args: CheckCommArgs) -> Result<()> {
         }
         return report(size, "threads", &first.unwrap_or_default(), args.json);
     }
-    let (mut comm, transport): (Box<dyn Communicator>, &str) = world()?;
+    let (mut comm, transport): (Box<dyn Communicator>, &str) = super::world()?;
     match check_collectives(comm.as_mut(), args.elements) {
         Ok(rows) => {
             if comm.rank() == 0 {
@@ -75,15 +75,4 @@ pub fn run(args: CheckCommArgs) -> Result<()> {
             Err(e.into())
         }
     }
-}
-
-/// The MPI job this process belongs to, or one process.
-fn world() -> Result<(Box<dyn Communicator>, &'static str)> {
-    #[cfg(feature = "mpi")]
-    if dpcomp::comm::mpi::launched_by_mpi() {
-        let comm = dpcomp::comm::mpi::MpiComm::init()
-            .ok_or_else(|| anyhow::anyhow!("MPI was already initialised in this process"))?;
-        return Ok((Box::new(comm), "MPI"));
-    }
-    Ok((Box::new(SingleProcess), "one process"))
 }

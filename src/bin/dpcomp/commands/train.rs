@@ -1,7 +1,9 @@
 //! `dpcomp train`: one training run (or its resumption) into a run folder.
 
 use anyhow::{Context, Result};
-use dpcomp::config::{Task, TrainOverrides};
+use dpcomp::comm::{Communicator, Shared};
+use dpcomp::config::{Task, TrainConfig, TrainOverrides};
+use dpcomp::train::distributed::{train_in_threads, Start};
 use dpcomp::data;
 use dpcomp::error::Error;
 use dpcomp::train::{self, Trainer};
@@ -23,11 +25,86 @@ pub struct TrainArgs {
     /// No progress bar or per-epoch lines.
     #[arg(long)]
     pub quiet: bool,
+    /// Train with W data-parallel workers as W threads of this process (one computes at a
+    /// time): what `mpiexec -n W dpcomp train ...` computes, without MPI. Under an MPI launcher
+    /// the workers are the job's ranks and this flag is not needed.
+    #[arg(long, value_name = "W")]
+    pub thread_workers: Option<usize>,
     #[command(flatten)]
     pub settings: TrainOverrides,
 }
 
 pub fn run(args: TrainArgs) -> Result<()> {
+    if let Some(workers) = args.thread_workers {
+        return run_in_threads(args, workers);
+    }
+    let (world, _) = super::world()?;
+    if world.size() == 1 {
+        return run_with(args, None);
+    }
+    // W ranks of an MPI job: an error on any rank ends the whole job (the others would wait
+    // for it in their next collective), after saying which rank failed and why.
+    let shared = Shared::new(world);
+    let (rank, size) = (shared.rank(), shared.size());
+    run_with(args, Some(shared.clone())).inspect_err(|e| {
+        eprintln!("error: rank {rank} of {size}: {e:#}");
+        shared.clone().abort(1);
+    })
+}
+
+/// The settings a fresh run starts with: the TOML file's, overridden by the flags.
+fn fresh_config(args: &TrainArgs) -> Result<(TrainConfig, PathBuf)> {
+    let file = match &args.config {
+        Some(path) => TrainOverrides::from_toml_file(path)?,
+        None => TrainOverrides::default(),
+    };
+    let config = args.settings.clone().or(file).resolve()?;
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("runs").join(config.task.to_string()));
+    Ok((config, out))
+}
+
+/// `--thread-workers W`: the run trained by W threads, rank 0's summary printed.
+fn run_in_threads(args: TrainArgs, workers: usize) -> Result<()> {
+    let (start, out) = if args.resume {
+        let out = args.out.clone().ok_or_else(|| {
+            Error::bad_value("--resume", "needs --out naming the run to continue")
+        })?;
+        let file = match &args.config {
+            Some(path) => TrainOverrides::from_toml_file(path)?,
+            None => TrainOverrides::default(),
+        };
+        (Start::Resume(args.settings.clone().or(file)), out)
+    } else {
+        let (config, out) = fresh_config(&args)?;
+        (Start::Fresh(config), out)
+    };
+    if !args.quiet {
+        eprintln!("{workers} data-parallel workers as threads of this process, run folder {}", out.display());
+    }
+    let summaries = train_in_threads(workers, start, &out, !args.quiet)
+        .with_context(|| format!("training {} with {workers} thread workers", out.display()))?;
+    let summary = &summaries[0];
+    if let Some(e) = summary.epsilon {
+        println!("epsilon {e:.4} at delta {}", summary.delta.unwrap_or(f64::NAN));
+    }
+    println!(
+        "{}: final test accuracy {:.2}% (mean of the last {} epochs), last epoch {:.2}%, {:.1}s",
+        summary.task,
+        100.0 * summary.final_accuracy,
+        summary.epochs.min(10),
+        100.0 * summary.last_test_accuracy,
+        summary.wall_seconds
+    );
+    Ok(())
+}
+
+/// One process's part of the run: all of it, or rank `comm.rank()`'s of an MPI job.
+fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
+    let rank = comm.as_ref().map_or(0, |c| c.rank());
+    let boxed = |c: Shared| -> Box<dyn Communicator> { Box::new(c) };
     let mut trainer = if args.resume {
         let out = args.out.clone().ok_or_else(|| {
             Error::bad_value("--resume", "needs --out naming the run to continue")
@@ -36,23 +113,27 @@ pub fn run(args: TrainArgs) -> Result<()> {
             Some(path) => TrainOverrides::from_toml_file(path)?,
             None => TrainOverrides::default(),
         };
-        Trainer::resume_with(&out, args.settings.or(file))
-            .with_context(|| format!("resuming {}", out.display()))?
+        let overrides = args.settings.clone().or(file);
+        match comm {
+            Some(c) => Trainer::resume_on(&out, overrides, boxed(c)),
+            None => Trainer::resume_with(&out, overrides),
+        }
+        .with_context(|| format!("resuming {}", out.display()))?
     } else {
-        let file = match &args.config {
-            Some(path) => TrainOverrides::from_toml_file(path)?,
-            None => TrainOverrides::default(),
-        };
-        let config = args.settings.or(file).resolve()?;
-        let out = args
-            .out
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("runs").join(config.task.to_string()));
-        Trainer::new(config, &out)?
+        let (config, out) = fresh_config(&args)?;
+        match comm {
+            Some(c) => Trainer::new_on(config, &out, boxed(c))?,
+            None => Trainer::new(config, &out)?,
+        }
     };
-    trainer.progress = !args.quiet;
+    // Rank 0 speaks for the job.
+    let quiet = args.quiet || rank > 0;
+    trainer.progress = !quiet;
     let c = &trainer.config;
-    if !args.quiet {
+    if !quiet {
+        if trainer.workers() > 1 {
+            eprintln!("{} data-parallel workers over MPI (this is rank 0)", trainer.workers());
+        }
         eprintln!(
             "{}: {} train / {} test examples, {} trainable of {} parameters, device {:?}, run folder {}",
             c.task,
@@ -72,6 +153,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
         }
     }
     let summary = trainer.run()?;
+    if rank > 0 {
+        return Ok(());
+    }
     if let Some(reason) = summary
         .stopped
         .as_deref()

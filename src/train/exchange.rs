@@ -1,0 +1,153 @@
+//! How the W workers of a data-parallel run combine their compressed updates into one (issue
+//! 17). Every worker encodes its own update with its own encoder (its own error feedback), and
+//! real messages cross the transport (`comm::Communicator`):
+//!
+//! - linear compressors (dense fp32, PowerSGD) by all-reduce: `Encoder::encode_all_reduced`
+//!   (PowerSGD as PyTorch's `powerSGD_hook`: all-reduce P, orthonormalise, all-reduce Q);
+//! - the others (DGC, top-k, Denoise, the sketches) by all-gather of each worker's exact bytes
+//!   (`compress::wire`), every worker decoding all W messages with one decoder per sender
+//!   (Denoise's receiver keeps a velocity per sender) and averaging them in rank order.
+//!
+//! Either way every worker ends with the same update, the mean of the W decoded updates, so the
+//! weights stay equal on every worker without being sent again.
+
+use crate::comm::{Communicator, Traffic};
+use crate::compress::{Decoder, Encoder, Message};
+use crate::error::Result;
+use std::time::Instant;
+use tch::{Device, Tensor};
+
+/// What one step's exchange cost this worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTraffic {
+    /// Bytes this worker handed to the transport and received from it (`Communicator::take_traffic`).
+    pub traffic: Traffic,
+    /// Seconds spent encoding (PowerSGD: its matrix products between the two all-reduces).
+    pub encode_seconds: f64,
+    /// Seconds inside the collectives (waiting for the slowest worker included).
+    pub comm_seconds: f64,
+    /// Seconds decoding the gathered messages and averaging them.
+    pub decode_seconds: f64,
+}
+
+/// One step's combined update.
+pub struct Exchanged {
+    /// The mean of the W workers' decoded updates, on the gradients' device.
+    pub update: Vec<Tensor>,
+    /// Bits of this worker's own message as handed to the transport: 8 x its bytes when
+    /// gathered, 32 x the values it all-reduced when linear (what `StepTraffic::traffic.sent`
+    /// counts, with W > 1).
+    pub bits: u64,
+    /// This worker's message in the paper's unit (`Message::paper_bits`).
+    pub paper_bits: u64,
+    pub cost: StepTraffic,
+}
+
+/// A worker's end of the exchange: the transport and one decoder per sender.
+pub struct Exchange {
+    pub comm: Box<dyn Communicator>,
+    /// Decoders of the gathered messages, one per sender in rank order.
+    pub decoders: Vec<Box<dyn Decoder>>,
+    /// Bytes of collectives outside the steps' exchanges (identity checks, the epoch's metrics,
+    /// checkpoints) since the last `take_control`.
+    control: Traffic,
+}
+
+impl Exchange {
+    /// `decoders` must hold one decoder per rank of `comm`, built from the same compressor.
+    pub fn new(comm: Box<dyn Communicator>, decoders: Vec<Box<dyn Decoder>>) -> Self {
+        assert_eq!(
+            decoders.len(),
+            comm.size(),
+            "one decoder per sender of the exchange"
+        );
+        Exchange {
+            comm,
+            decoders,
+            control: Traffic::default(),
+        }
+    }
+
+    pub fn workers(&self) -> usize {
+        self.comm.size()
+    }
+
+    /// Bytes of the collectives run outside the steps' exchanges since the last call.
+    pub fn take_control(&mut self) -> Traffic {
+        self.control += self.comm.take_traffic();
+        std::mem::take(&mut self.control)
+    }
+
+    /// Encodes `grads` with this worker's `encoder`, exchanges the messages with every other
+    /// worker and returns the mean of the W decoded updates.
+    pub fn exchange(&mut self, encoder: &mut dyn Encoder, grads: &[Tensor]) -> Result<Exchanged> {
+        self.control += self.comm.take_traffic();
+        let workers = self.workers();
+        let started = Instant::now();
+        let mut comm_seconds = 0.0;
+        let comm = &mut self.comm;
+        let mut reduce = |values: &mut [f32]| -> Result<()> {
+            let at = Instant::now();
+            let result = comm.all_reduce_sum(values);
+            comm_seconds += at.elapsed().as_secs_f64();
+            result
+        };
+        if let Some(message) = encoder.encode_all_reduced(grads, workers, &mut reduce) {
+            let message = message?;
+            let encode_seconds = started.elapsed().as_secs_f64() - comm_seconds;
+            let at = Instant::now();
+            let update: Vec<Tensor> = tch::no_grad(|| {
+                message.payloads.iter().map(|p| p.to_dense()).collect()
+            });
+            let cost = StepTraffic {
+                traffic: self.comm.take_traffic(),
+                encode_seconds,
+                comm_seconds,
+                decode_seconds: at.elapsed().as_secs_f64(),
+            };
+            return Ok(Exchanged {
+                update,
+                bits: 32 * message.elements(),
+                paper_bits: message.paper_bits(),
+                cost,
+            });
+        }
+        let message = encoder.encode(grads);
+        let bytes = message.to_bytes()?;
+        let encode_seconds = started.elapsed().as_secs_f64();
+        let at = Instant::now();
+        let gathered = self.comm.all_gather(&bytes)?;
+        let comm_seconds = at.elapsed().as_secs_f64();
+        let at = Instant::now();
+        let device = grads.first().map_or(Device::Cpu, Tensor::device);
+        let mut sum: Option<Vec<Tensor>> = None;
+        for (sender, (bytes, decoder)) in gathered.iter().zip(&mut self.decoders).enumerate() {
+            let received = Message::from_bytes(bytes, device).map_err(|e| {
+                self.comm
+                    .error(format!("the message rank {sender} sent does not decode: {e}"))
+            })?;
+            let part = decoder.decode(&received);
+            sum = Some(match sum {
+                None => part,
+                Some(total) => total.iter().zip(&part).map(|(t, p)| t + p).collect(),
+            });
+        }
+        let update = sum
+            .expect("an all-gather returns one message per rank")
+            .into_iter()
+            .map(|t| t / workers as f64)
+            .collect();
+        let cost = StepTraffic {
+            traffic: self.comm.take_traffic(),
+            encode_seconds,
+            comm_seconds,
+            decode_seconds: at.elapsed().as_secs_f64(),
+        };
+        Ok(Exchanged {
+            update,
+            bits: 8 * bytes.len() as u64,
+            paper_bits: message.paper_bits(),
+            cost,
+        })
+    }
+}
