@@ -307,6 +307,17 @@ impl Trainer {
         Self::continue_run(run_dir, overrides, Some(OwnTask { model, data }), None)
     }
 
+    /// `resume_with_model` for a run of W workers (`with_model_on`, `resume_on`).
+    pub fn resume_with_model_on(
+        run_dir: &Path,
+        overrides: TrainOverrides,
+        model: Box<dyn Model>,
+        data: TaskData,
+        comm: Box<dyn Communicator>,
+    ) -> Result<Self> {
+        Self::continue_run(run_dir, overrides, Some(OwnTask { model, data }), Some(comm))
+    }
+
     fn continue_run(
         run_dir: &Path,
         overrides: TrainOverrides,

@@ -1,0 +1,521 @@
+//! Data-parallel training with W workers (issue 17), on W threads of one process
+//! (`comm::ThreadGroup`; `tests/mpi.rs` runs the same under mpiexec):
+//!
+//! - the DP step of W workers without noise is the single-process step on the union of their
+//!   batches (oracle: one process, one batch);
+//! - every compressor's exchange with one worker is its in-process round trip, bit for bit;
+//!   with several, the gathered compressors average each worker's own round trip (W encoders
+//!   and decoders in one thread), and PowerSGD is PyTorch's hook computed by hand;
+//! - a trainer of W workers logs the bytes that crossed (= its upstream bits / 8), keeps the
+//!   single-process ε, saves every rank's compressor state, resumes exactly under the same W
+//!   and refuses another; workers that disagree fail together.
+
+mod common;
+
+#[path = "../examples/own_model_trainer.rs"]
+mod example;
+
+use dpcomp::comm::{Communicator, ThreadGroup};
+use dpcomp::compress::powersgd::orthogonalize;
+use dpcomp::compress::{CompressorKind, CompressorSpec, Link};
+use dpcomp::config::GradSampleMode;
+use dpcomp::prelude::*;
+use dpcomp::privacy::accountant::Accountant;
+use dpcomp::rng_state;
+use dpcomp::train::exchange::Exchange;
+use dpcomp::train::private::{dp_step, DpSettings};
+use dpcomp::train::sgd::Sgd;
+use dpcomp::train::update::Updater;
+use std::path::Path;
+use tch::{nn, Device, Kind, Tensor};
+
+/// Two linear layers with a ReLU between: 6 -> 5 -> 3.
+struct Mlp {
+    vs: nn::VarStore,
+    hidden: Linear,
+    out: Linear,
+}
+
+impl Mlp {
+    fn new(seed: i64) -> Mlp {
+        tch::manual_seed(seed);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let hidden = Linear::new(&(vs.root() / "hidden"), 6, 5, true);
+        let out = Linear::new(&(vs.root() / "out"), 5, 3, true);
+        Mlp { vs, hidden, out }
+    }
+}
+
+impl Model for Mlp {
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
+        let Features::Rows(xs) = features else {
+            return Err(Error::bad_value("features", "rows [B, 6]"));
+        };
+        let h = self.hidden.forward(xs, ctx).relu();
+        Ok(self.out.forward(&h, ctx))
+    }
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+}
+
+fn rows(n: i64) -> Dataset {
+    let mut rng = common::Draws::new(3);
+    let xs = rng.randn(&[n, 6], Kind::Float) * 3.0;
+    let labels = xs.narrow(1, 0, 3).argmax(1, false);
+    Dataset::new(Features::Rows(xs), labels, None)
+}
+
+/// The weights after two DP-SGD steps (σ 0, flat clipping at 0.3, momentum 0.9) on the
+/// examples of `steps` with index ≡ rank (mod W), as rank `rank` of W computes them.
+fn two_dp_steps(comm: Option<Box<dyn Communicator>>, steps: &[Tensor]) -> Vec<Tensor> {
+    let (rank, workers) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.size()));
+    let model = Mlp::new(0);
+    let params = model.trainable_variables();
+    let data = rows(64);
+    let mut updater = Updater::plain(Sgd::new(0.5, 0.9));
+    if let Some(comm) = comm {
+        let decoders = (0..workers)
+            .map(|_| {
+                Box::new(dpcomp::compress::Unpack::per_parameter())
+                    as Box<dyn dpcomp::compress::Decoder>
+            })
+            .collect();
+        updater.exchange = Some(Exchange::new(comm, decoders));
+    }
+    let clipping = Clipping::Flat { max_norm: 0.3 };
+    let mut engine = PrivacyEngine::new(0.0, 0.25, clipping, NoiseSource::Seeded, params.len())
+        .unwrap();
+    engine.share_noise_among(workers).unwrap();
+    for index in steps {
+        let mine = index
+            .masked_select(&index.remainder(workers as i64).eq(rank as i64))
+            .contiguous();
+        let settings = DpSettings {
+            expected_batch: 16.0 / workers as f64,
+            physical_batch: None,
+            mode: GradSampleMode::Tape,
+        };
+        dp_step(
+            &model,
+            &params,
+            &mut updater,
+            &data,
+            &mine,
+            Device::Cpu,
+            &settings,
+            &mut engine,
+        )
+        .unwrap();
+    }
+    params.iter().map(|(_, p)| p.detach().copy()).collect()
+}
+
+#[test]
+fn the_dp_step_of_w_workers_is_the_single_process_step_on_their_union() {
+    let _serial = common::serial();
+    let steps = vec![
+        Tensor::from_slice(&[0i64, 3, 5, 8, 9, 12, 17, 20, 21, 30, 33, 40, 41, 50, 55, 63]),
+        Tensor::from_slice(&[1i64, 2, 4, 6, 7, 10, 11, 25, 26, 27, 31, 44, 45, 47, 58]),
+    ];
+    let alone = two_dp_steps(None, &steps);
+    let start: Vec<Tensor> = Mlp::new(0)
+        .trainable_variables()
+        .iter()
+        .map(|(_, p)| p.detach().copy())
+        .collect();
+    let moved: f64 = alone
+        .iter()
+        .zip(&start)
+        .map(|(a, s)| (a - s).abs().max().double_value(&[]))
+        .fold(0.0, f64::max);
+    assert!(moved > 1e-3, "the steps moved the weights by only {moved}");
+    for workers in [2usize, 3] {
+        let shared = steps.iter().map(Tensor::copy).collect::<Vec<_>>();
+        let shared = std::sync::Arc::new(std::sync::Mutex::new(shared));
+        let results = ThreadGroup::run(workers, move |comm| {
+            let steps: Vec<Tensor> = shared.lock().unwrap().iter().map(Tensor::copy).collect();
+            two_dp_steps(Some(Box::new(comm)), &steps)
+        })
+        .unwrap();
+        for (rank, weights) in results.iter().enumerate() {
+            for (i, (w, a)) in weights.iter().zip(&alone).enumerate() {
+                let diff = (w - a).abs().max().double_value(&[]);
+                assert!(
+                    diff < 1e-6,
+                    "W {workers}, rank {rank}, parameter {i}: {diff} from the single-process step"
+                );
+            }
+        }
+    }
+}
+
+fn spec(kind: CompressorKind, rate: f64, rank: i64, options: &[&str]) -> CompressorSpec {
+    let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
+    CompressorSpec::new(kind, rate, rank, &options).unwrap()
+}
+
+/// Every compressor the trainer can run, with settings that compress these small shapes.
+fn every_compressor() -> Vec<CompressorSpec> {
+    vec![
+        spec(CompressorKind::Identity, 1.0, 1, &[]),
+        spec(CompressorKind::Dgc, 8.0, 1, &[]),
+        spec(CompressorKind::Dgc, 8.0, 1, &["value_bits=32", "momentum=0"]),
+        spec(CompressorKind::Powersgd, 1.0, 2, &["min_rate=1"]),
+        spec(CompressorKind::Denoise, 8.0, 1, &[]),
+        spec(CompressorKind::FlRnd, 4.0, 1, &[]),
+        spec(CompressorKind::FlFreq, 4.0, 1, &[]),
+    ]
+}
+
+const SHAPES: [&[i64]; 3] = [&[40, 30], &[30], &[12, 5, 3]];
+
+fn shapes() -> Vec<Vec<i64>> {
+    SHAPES.iter().map(|s| s.to_vec()).collect()
+}
+
+/// Rank `rank`'s update of step `step`: distinct, reproducible values.
+fn update_of(rank: usize, step: usize) -> Vec<Tensor> {
+    let mut rng = common::Draws::new(100 * step as u64 + rank as u64);
+    shapes()
+        .iter()
+        .map(|s| rng.randn(s, Kind::Float))
+        .collect()
+}
+
+/// Three steps of `spec`'s exchange on rank `comm.rank()` of W: the updates it applied.
+fn exchanged(spec: &CompressorSpec, comm: Box<dyn Communicator>) -> Vec<Vec<Tensor>> {
+    let (rank, workers) = (comm.rank(), comm.size());
+    let mut encoder = spec.encoder(&shapes(), Device::Cpu).unwrap();
+    let decoders = (0..workers)
+        .map(|_| spec.decoder(&shapes(), Device::Cpu).unwrap())
+        .collect();
+    let mut exchange = Exchange::new(comm, decoders);
+    (0..3)
+        .map(|step| {
+            let x = exchange
+                .exchange(encoder.as_mut(), &update_of(rank, step))
+                .unwrap();
+            if workers > 1 {
+                assert_eq!(
+                    8 * x.cost.traffic.sent,
+                    x.bits,
+                    "{}: bytes handed to the transport are the logged bits / 8",
+                    spec.label()
+                );
+            }
+            x.update
+        })
+        .collect()
+}
+
+fn close(label: &str, a: &[Vec<Tensor>], b: &[Vec<Tensor>], tolerance: f64) {
+    for (step, (x, y)) in a.iter().zip(b).enumerate() {
+        for (i, (u, v)) in x.iter().zip(y).enumerate() {
+            let diff = (u - v).abs().max().double_value(&[]);
+            assert!(
+                diff <= tolerance,
+                "{label}, step {step}, tensor {i}: differ by {diff}"
+            );
+        }
+    }
+}
+
+#[test]
+fn one_workers_exchange_is_the_round_trip_bit_for_bit() {
+    let _serial = common::serial();
+    for spec in every_compressor() {
+        let label = spec.label();
+        let spec2 = spec.clone();
+        // Both start from the same generator state (Denoise samples its threshold).
+        tch::manual_seed(11);
+        let via_exchange = ThreadGroup::run(1, move |comm| exchanged(&spec2, Box::new(comm)))
+            .unwrap()
+            .remove(0);
+        tch::manual_seed(11);
+        let mut link: Link = spec.link(&shapes(), Device::Cpu).unwrap();
+        let alone: Vec<Vec<Tensor>> = (0..3)
+            .map(|step| {
+                let message = link.encoder.encode(&update_of(0, step));
+                let bytes = message.to_bytes().unwrap();
+                let received = dpcomp::compress::Message::from_bytes(&bytes, Device::Cpu).unwrap();
+                // A copy: Denoise's receiver returns its velocity, which the next step updates.
+                link.decoder.decode(&received).iter().map(Tensor::copy).collect()
+            })
+            .collect();
+        close(&label, &via_exchange, &alone, 0.0);
+    }
+}
+
+#[test]
+fn w_workers_average_their_own_round_trips() {
+    let _serial = common::serial();
+    for spec in every_compressor() {
+        if spec.kind == CompressorKind::Powersgd {
+            continue; // linear: exchanged by all-reduce (its own test below)
+        }
+        let label = spec.label();
+        for workers in [2usize, 3] {
+            let spec2 = spec.clone();
+            // Every worker starts from this generator state, with a stream of its own after.
+            tch::manual_seed(11);
+            let start = rng_state::cpu_generator_state().unwrap();
+            let results =
+                ThreadGroup::run(workers, move |comm| exchanged(&spec2, Box::new(comm))).unwrap();
+            // The reference: W links in one thread, each worker's own encoder and a decoder of
+            // its messages and its own generator stream, their round trips averaged.
+            let mut links: Vec<(Link, Tensor)> = (0..workers)
+                .map(|_| (spec.link(&shapes(), Device::Cpu).unwrap(), start.copy()))
+                .collect();
+            let reference: Vec<Vec<Tensor>> = (0..3)
+                .map(|step| {
+                    let parts: Vec<Vec<Tensor>> = links
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(rank, (link, stream))| {
+                            rng_state::set_cpu_generator_state(stream).unwrap();
+                            let part = link.round_trip(&update_of(rank, step)).1;
+                            *stream = rng_state::cpu_generator_state().unwrap();
+                            part
+                        })
+                        .collect();
+                    (0..SHAPES.len())
+                        .map(|i| {
+                            let mut sum = parts[0][i].copy();
+                            for part in &parts[1..] {
+                                sum += &part[i];
+                            }
+                            sum / workers as f64
+                        })
+                        .collect()
+                })
+                .collect();
+            for (rank, updates) in results.iter().enumerate() {
+                close(&format!("{label}, W {workers}, rank {rank}"), updates, &reference, 1e-6);
+            }
+        }
+    }
+}
+
+#[test]
+fn powersgd_of_w_workers_is_pytorchs_hook() {
+    let _serial = common::serial();
+    let spec = spec(CompressorKind::Powersgd, 1.0, 2, &["min_rate=1", "shape=rows"]);
+    let shapes = vec![vec![40i64, 30]];
+    for workers in [2usize, 3] {
+        let spec2 = spec.clone();
+        let shapes2 = shapes.clone();
+        let results = ThreadGroup::run(workers, move |comm| {
+            let rank = comm.rank();
+            let mut encoder = spec2.encoder(&shapes2, Device::Cpu).unwrap();
+            let decoders = (0..workers)
+                .map(|_| spec2.decoder(&shapes2, Device::Cpu).unwrap())
+                .collect();
+            let mut exchange = Exchange::new(Box::new(comm), decoders);
+            let q0 = encoder.state().into_iter().find(|(n, _)| n == "q.0").unwrap().1.copy();
+            let update = vec![update_of(rank, 0).remove(0)];
+            let x = exchange.exchange(encoder.as_mut(), &update).unwrap();
+            (q0, x.update.into_iter().next().unwrap())
+        })
+        .unwrap();
+        // By hand, as `powerSGD_hook` computes the first step (no error yet): P = Σ M_r Q,
+        // orthonormalised; Q = mean over r of M_rᵀ P; the update P Qᵀ.
+        let q0 = &results[0].0;
+        let ms: Vec<Tensor> = (0..workers).map(|r| update_of(r, 0).remove(0)).collect();
+        let mut p = ms.iter().map(|m| m.mm(q0)).fold(Tensor::zeros([40, 2], (Kind::Float, Device::Cpu)), |a, b| a + b);
+        orthogonalize(&mut p, 1e-8);
+        let q = ms.iter().map(|m| m.tr().mm(&p)).fold(Tensor::zeros([30, 2], (Kind::Float, Device::Cpu)), |a, b| a + b) / workers as f64;
+        let expected = p.mm(&q.tr());
+        for (rank, (start, update)) in results.iter().enumerate() {
+            assert!(start.equal(q0), "rank {rank} starts from another Q");
+            let diff = (update - &expected).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "W {workers}, rank {rank}: {diff} from the hook's P Qᵀ");
+        }
+    }
+}
+
+/// The example's GRU task with `kind`, trained by W thread workers for `epochs` (or resumed to
+/// them when `run_dir` holds the run).
+fn train_gru(
+    run_dir: &Path,
+    workers: usize,
+    epochs: usize,
+    kind: CompressorKind,
+) -> Result<Vec<Summary>> {
+    let dir = run_dir.to_path_buf();
+    let resume = dir.join("config.toml").exists();
+    let results = ThreadGroup::run(workers, move |comm| {
+        let model = Box::new(example::SequenceClassifier::new(0));
+        let mut data = example::data();
+        data.train = data.train.truncate(2000);
+        let comm: Box<dyn Communicator> = Box::new(comm);
+        let mut trainer = if resume {
+            let more = TrainOverrides {
+                epochs: Some(epochs),
+                ..TrainOverrides::default()
+            };
+            Trainer::resume_with_model_on(&dir, more, model, data, comm)?
+        } else {
+            let mut config = example::config(epochs);
+            config.compression.kind = kind;
+            match kind {
+                CompressorKind::Identity => config.compression.rate = 1.0,
+                CompressorKind::Powersgd => {
+                    (config.compression.rate, config.compression.rank) = (1.0, 2)
+                }
+                _ => config.compression.rate = 8.0,
+            }
+            Trainer::with_model_on(config, &dir, model, data, comm)?
+        };
+        trainer.progress = false;
+        trainer.run()
+    })?;
+    // A failing rank's own error, rather than the others' "rank 1 left the group".
+    let real = results
+        .iter()
+        .position(|r| matches!(r, Err(e) if !matches!(e, Error::Comm { .. })));
+    match real {
+        Some(rank) => Err(results.into_iter().nth(rank).unwrap().unwrap_err()),
+        None => results.into_iter().collect(),
+    }
+}
+
+fn csv(path: &Path) -> Vec<Vec<f64>> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|x| x.parse().unwrap()).collect())
+        .collect()
+}
+
+#[test]
+fn a_trainer_of_w_workers_logs_what_crossed_and_keeps_epsilon() {
+    let _serial = common::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    for kind in [
+        CompressorKind::Identity,
+        CompressorKind::Dgc,
+        CompressorKind::Powersgd,
+        CompressorKind::Denoise,
+    ] {
+        let run = dir.path().join(kind.name());
+        let summaries = train_gru(&run, 2, 1, kind).unwrap();
+        assert_eq!(summaries.len(), 2);
+        // Every rank reports the same run.
+        assert_eq!(summaries[0].final_accuracy, summaries[1].final_accuracy, "{kind}");
+        // ε: 20 steps at σ 1, q 1/20 (2000 examples in batches of 100), as one process.
+        let mut accountant = Accountant::default();
+        accountant.step(1.0, 1.0 / 20.0, 20).unwrap();
+        let epsilon = accountant.epsilon_rdp(1e-5).unwrap().0;
+        assert_eq!(summaries[0].epsilon, Some(epsilon), "{kind}");
+        // traffic.csv: both ranks' 20 steps; rank 0 sent its upstream bits / 8.
+        let traffic = csv(&run.join("traffic.csv"));
+        assert_eq!(traffic.len(), 40, "{kind}");
+        let upstream = csv(&run.join("upstream.csv"));
+        assert_eq!(upstream.len(), 20, "{kind}");
+        for row in upstream {
+            let step = row[0];
+            let of = |rank: f64| {
+                traffic
+                    .iter()
+                    .find(|t| t[0] == step && t[1] == rank)
+                    .unwrap_or_else(|| panic!("{kind}: no row for step {step}, rank {rank}"))
+                    .clone()
+            };
+            let (zero, one) = (of(0.0), of(1.0));
+            assert_eq!(8.0 * zero[2], row[2], "{kind}, step {step}: sent bytes vs upstream bits");
+            // What one rank sends the other receives (an all-reduce: as much back).
+            assert_eq!(zero[3], one[2], "{kind}, step {step}");
+            assert_eq!(one[3], zero[2], "{kind}, step {step}");
+        }
+        // The checkpoint holds both ranks' encoder states, which differ (own error feedback).
+        let saved = Tensor::read_safetensors(run.join("checkpoint/compressor.safetensors"));
+        if kind != CompressorKind::Identity {
+            let saved: std::collections::HashMap<String, Tensor> =
+                saved.unwrap().into_iter().collect();
+            let of_rank = |r: usize| {
+                let mut v: Vec<(&String, &Tensor)> = saved
+                    .iter()
+                    .filter(|(n, _)| n.starts_with(&format!("encoder.rank{r}.")))
+                    .collect();
+                v.sort_by(|a, b| a.0.cmp(b.0));
+                v
+            };
+            let (zero, one) = (of_rank(0), of_rank(1));
+            assert!(!zero.is_empty() && zero.len() == one.len(), "{kind}: {:?}", saved.keys());
+            assert!(
+                zero.iter().zip(&one).any(|(a, b)| !a.1.equal(b.1)),
+                "{kind}: both ranks saved the same encoder state"
+            );
+        }
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+        let row: serde_json::Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+        assert_eq!(row["workers"]["workers"], 2, "{kind}");
+        // One epoch of W = 2 still learns the task (majority guessing: about 50%).
+        assert!(
+            summaries[0].last_test_accuracy > 0.6,
+            "{kind}: test accuracy {}",
+            summaries[0].last_test_accuracy
+        );
+    }
+}
+
+#[test]
+fn a_run_of_w_workers_resumes_exactly_and_refuses_another_w() {
+    let _serial = common::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, split) = (dir.path().join("whole"), dir.path().join("split"));
+    train_gru(&whole, 2, 2, CompressorKind::Denoise).unwrap();
+    train_gru(&split, 2, 1, CompressorKind::Denoise).unwrap();
+    let refused = train_gru(&split, 3, 2, CompressorKind::Denoise).unwrap_err().to_string();
+    assert!(refused.contains("trained by 2 worker(s)"), "{refused}");
+    train_gru(&split, 2, 2, CompressorKind::Denoise).unwrap();
+    for file in ["model.safetensors", "optimizer.safetensors", "compressor.safetensors"] {
+        let read = |run: &Path| {
+            let mut v = Tensor::read_safetensors(run.join("checkpoint").join(file)).unwrap();
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        let (a, b) = (read(&whole), read(&split));
+        assert_eq!(a.len(), b.len(), "{file}");
+        for ((name, x), (other, y)) in a.iter().zip(&b) {
+            assert_eq!(name, other);
+            assert!(x.equal(y), "{file}: {name} differs after the resume");
+        }
+    }
+    let traffic = |run: &Path| csv(&run.join("traffic.csv")).into_iter().map(|r| r[..4].to_vec()).collect::<Vec<_>>();
+    assert_eq!(traffic(&whole), traffic(&split));
+}
+
+#[test]
+fn workers_that_disagree_fail_together() {
+    let _serial = common::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    for (what, expected) in [("lr", "the configuration differs"), ("data", "the training data differs")] {
+        let run = dir.path().join(what);
+        let results = ThreadGroup::run(2, move |comm| {
+            let rank = comm.rank();
+            let model = Box::new(example::SequenceClassifier::new(0));
+            let mut data = example::data();
+            let mut config = example::config(1);
+            if rank == 1 {
+                match what {
+                    "lr" => config.optimizer.lr = 0.2,
+                    _ => data.train = data.train.truncate(3999),
+                }
+            }
+            Trainer::with_model_on(config, &run, model, data, Box::new(comm)).map(|_| ())
+        })
+        .unwrap();
+        for (rank, result) in results.iter().enumerate() {
+            let message = result.as_ref().unwrap_err().to_string();
+            assert!(message.contains(expected), "{what}, rank {rank}: {message}");
+        }
+    }
+}
+
+
