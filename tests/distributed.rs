@@ -84,8 +84,8 @@ fn two_dp_steps(comm: Option<Box<dyn Communicator>>, steps: &[Tensor]) -> Vec<Te
         updater.exchange = Some(Exchange::new(comm, decoders));
     }
     let clipping = Clipping::Flat { max_norm: 0.3 };
-    let mut engine = PrivacyEngine::new(0.0, 0.25, clipping, NoiseSource::Seeded, params.len())
-        .unwrap();
+    let mut engine =
+        PrivacyEngine::new(0.0, 0.25, clipping, NoiseSource::Seeded, params.len()).unwrap();
     engine.share_noise_among(workers).unwrap();
     for index in steps {
         let mine = index
@@ -160,7 +160,12 @@ fn every_compressor() -> Vec<CompressorSpec> {
     vec![
         spec(CompressorKind::Identity, 1.0, 1, &[]),
         spec(CompressorKind::Dgc, 8.0, 1, &[]),
-        spec(CompressorKind::Dgc, 8.0, 1, &["value_bits=32", "momentum=0"]),
+        spec(
+            CompressorKind::Dgc,
+            8.0,
+            1,
+            &["value_bits=32", "momentum=0"],
+        ),
         spec(CompressorKind::Powersgd, 1.0, 2, &["min_rate=1"]),
         spec(CompressorKind::Denoise, 8.0, 1, &[]),
         spec(CompressorKind::FlRnd, 4.0, 1, &[]),
@@ -177,10 +182,7 @@ fn shapes() -> Vec<Vec<i64>> {
 /// Rank `rank`'s update of step `step`: distinct, reproducible values.
 fn update_of(rank: usize, step: usize) -> Vec<Tensor> {
     let mut rng = common::Draws::new(100 * step as u64 + rank as u64);
-    shapes()
-        .iter()
-        .map(|s| rng.randn(s, Kind::Float))
-        .collect()
+    shapes().iter().map(|s| rng.randn(s, Kind::Float)).collect()
 }
 
 /// Three steps of `spec`'s exchange on rank `comm.rank()` of W: the updates it applied.
@@ -240,7 +242,11 @@ fn one_workers_exchange_is_the_round_trip_bit_for_bit() {
                 let bytes = message.to_bytes().unwrap();
                 let received = dpcomp::compress::Message::from_bytes(&bytes, Device::Cpu).unwrap();
                 // A copy: Denoise's receiver returns its velocity, which the next step updates.
-                link.decoder.decode(&received).iter().map(Tensor::copy).collect()
+                link.decoder
+                    .decode(&received)
+                    .iter()
+                    .map(Tensor::copy)
+                    .collect()
             })
             .collect();
         close(&label, &via_exchange, &alone, 0.0);
@@ -291,7 +297,12 @@ fn w_workers_average_their_own_round_trips() {
                 })
                 .collect();
             for (rank, updates) in results.iter().enumerate() {
-                close(&format!("{label}, W {workers}, rank {rank}"), updates, &reference, 1e-6);
+                close(
+                    &format!("{label}, W {workers}, rank {rank}"),
+                    updates,
+                    &reference,
+                    1e-6,
+                );
             }
         }
     }
@@ -300,7 +311,12 @@ fn w_workers_average_their_own_round_trips() {
 #[test]
 fn powersgd_of_w_workers_is_pytorchs_hook() {
     let _serial = common::serial();
-    let spec = spec(CompressorKind::Powersgd, 1.0, 2, &["min_rate=1", "shape=rows"]);
+    let spec = spec(
+        CompressorKind::Powersgd,
+        1.0,
+        2,
+        &["min_rate=1", "shape=rows"],
+    );
     let shapes = vec![vec![40i64, 30]];
     for workers in [2usize, 3] {
         let spec2 = spec.clone();
@@ -312,7 +328,13 @@ fn powersgd_of_w_workers_is_pytorchs_hook() {
                 .map(|_| spec2.decoder(&shapes2, Device::Cpu).unwrap())
                 .collect();
             let mut exchange = Exchange::new(Box::new(comm), decoders);
-            let q0 = encoder.state().into_iter().find(|(n, _)| n == "q.0").unwrap().1.copy();
+            let q0 = encoder
+                .state()
+                .into_iter()
+                .find(|(n, _)| n == "q.0")
+                .unwrap()
+                .1
+                .copy();
             let update = vec![update_of(rank, 0).remove(0)];
             let x = exchange.exchange(encoder.as_mut(), &update).unwrap();
             (q0, x.update.into_iter().next().unwrap())
@@ -322,14 +344,23 @@ fn powersgd_of_w_workers_is_pytorchs_hook() {
         // orthonormalised; Q = mean over r of M_rᵀ P; the update P Qᵀ.
         let q0 = &results[0].0;
         let ms: Vec<Tensor> = (0..workers).map(|r| update_of(r, 0).remove(0)).collect();
-        let mut p = ms.iter().map(|m| m.mm(q0)).fold(Tensor::zeros([40, 2], (Kind::Float, Device::Cpu)), |a, b| a + b);
+        let mut p = ms.iter().map(|m| m.mm(q0)).fold(
+            Tensor::zeros([40, 2], (Kind::Float, Device::Cpu)),
+            |a, b| a + b,
+        );
         orthogonalize(&mut p, 1e-8);
-        let q = ms.iter().map(|m| m.tr().mm(&p)).fold(Tensor::zeros([30, 2], (Kind::Float, Device::Cpu)), |a, b| a + b) / workers as f64;
+        let q = ms.iter().map(|m| m.tr().mm(&p)).fold(
+            Tensor::zeros([30, 2], (Kind::Float, Device::Cpu)),
+            |a, b| a + b,
+        ) / workers as f64;
         let expected = p.mm(&q.tr());
         for (rank, (start, update)) in results.iter().enumerate() {
             assert!(start.equal(q0), "rank {rank} starts from another Q");
             let diff = (update - &expected).abs().max().double_value(&[]);
-            assert!(diff < 1e-5, "W {workers}, rank {rank}: {diff} from the hook's P Qᵀ");
+            assert!(
+                diff < 1e-5,
+                "W {workers}, rank {rank}: {diff} from the hook's P Qᵀ"
+            );
         }
     }
 }
@@ -404,7 +435,10 @@ fn a_trainer_of_w_workers_logs_what_crossed_and_keeps_epsilon() {
         let summaries = train_gru(&run, 2, 1, kind).unwrap();
         assert_eq!(summaries.len(), 2);
         // Every rank reports the same run.
-        assert_eq!(summaries[0].final_accuracy, summaries[1].final_accuracy, "{kind}");
+        assert_eq!(
+            summaries[0].final_accuracy, summaries[1].final_accuracy,
+            "{kind}"
+        );
         // ε: 20 steps at σ 1, q 1/20 (2000 examples in batches of 100), as one process.
         let mut accountant = Accountant::default();
         accountant.step(1.0, 1.0 / 20.0, 20).unwrap();
@@ -425,7 +459,11 @@ fn a_trainer_of_w_workers_logs_what_crossed_and_keeps_epsilon() {
                     .clone()
             };
             let (zero, one) = (of(0.0), of(1.0));
-            assert_eq!(8.0 * zero[2], row[2], "{kind}, step {step}: sent bytes vs upstream bits");
+            assert_eq!(
+                8.0 * zero[2],
+                row[2],
+                "{kind}, step {step}: sent bytes vs upstream bits"
+            );
             // What one rank sends the other receives (an all-reduce: as much back).
             assert_eq!(zero[3], one[2], "{kind}, step {step}");
             assert_eq!(one[3], zero[2], "{kind}, step {step}");
@@ -444,7 +482,11 @@ fn a_trainer_of_w_workers_logs_what_crossed_and_keeps_epsilon() {
                 v
             };
             let (zero, one) = (of_rank(0), of_rank(1));
-            assert!(!zero.is_empty() && zero.len() == one.len(), "{kind}: {:?}", saved.keys());
+            assert!(
+                !zero.is_empty() && zero.len() == one.len(),
+                "{kind}: {:?}",
+                saved.keys()
+            );
             assert!(
                 zero.iter().zip(&one).any(|(a, b)| !a.1.equal(b.1)),
                 "{kind}: both ranks saved the same encoder state"
@@ -470,10 +512,16 @@ fn a_run_of_w_workers_resumes_exactly_and_refuses_another_w() {
     let (whole, split) = (dir.path().join("whole"), dir.path().join("split"));
     train_gru(&whole, 2, 2, CompressorKind::Denoise).unwrap();
     train_gru(&split, 2, 1, CompressorKind::Denoise).unwrap();
-    let refused = train_gru(&split, 3, 2, CompressorKind::Denoise).unwrap_err().to_string();
+    let refused = train_gru(&split, 3, 2, CompressorKind::Denoise)
+        .unwrap_err()
+        .to_string();
     assert!(refused.contains("trained by 2 worker(s)"), "{refused}");
     train_gru(&split, 2, 2, CompressorKind::Denoise).unwrap();
-    for file in ["model.safetensors", "optimizer.safetensors", "compressor.safetensors"] {
+    for file in [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "compressor.safetensors",
+    ] {
         let read = |run: &Path| {
             let mut v = Tensor::read_safetensors(run.join("checkpoint").join(file)).unwrap();
             v.sort_by(|a, b| a.0.cmp(&b.0));
@@ -486,7 +534,12 @@ fn a_run_of_w_workers_resumes_exactly_and_refuses_another_w() {
             assert!(x.equal(y), "{file}: {name} differs after the resume");
         }
     }
-    let traffic = |run: &Path| csv(&run.join("traffic.csv")).into_iter().map(|r| r[..4].to_vec()).collect::<Vec<_>>();
+    let traffic = |run: &Path| {
+        csv(&run.join("traffic.csv"))
+            .into_iter()
+            .map(|r| r[..4].to_vec())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(traffic(&whole), traffic(&split));
 }
 
@@ -495,7 +548,10 @@ fn workers_that_disagree_fail_together() {
     let _serial = common::serial();
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
-    for (what, expected) in [("lr", "the configuration differs"), ("data", "the training data differs")] {
+    for (what, expected) in [
+        ("lr", "the configuration differs"),
+        ("data", "the training data differs"),
+    ] {
         let run = dir.path().join(what);
         let results = ThreadGroup::run(2, move |comm| {
             let rank = comm.rank();
@@ -518,4 +574,54 @@ fn workers_that_disagree_fail_together() {
     }
 }
 
-
+/// `--local-noise`: every worker adds the whole N(0, σ²C²), so its message is private on its
+/// own at the reported ε (σ's), and the aggregate, whose noise has σ√W, reports its tighter ε.
+/// Without it each adds σ²C²/W.
+#[test]
+fn local_noise_gives_every_worker_the_whole_sigma() {
+    let _serial = common::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    for local in [false, true] {
+        let run = dir.path().join(format!("local-{local}"));
+        let results = ThreadGroup::run(2, move |comm| {
+            let model = Box::new(example::SequenceClassifier::new(0));
+            let mut data = example::data();
+            data.train = data.train.truncate(1000);
+            let mut config = example::config(1);
+            config.compression.kind = CompressorKind::Identity;
+            config.compression.rate = 1.0;
+            config.privacy.local_noise = local;
+            let mut trainer = Trainer::with_model_on(config, &run, model, data, Box::new(comm))?;
+            trainer.progress = false;
+            let std = trainer.privacy.as_ref().unwrap().noise_std();
+            Ok::<_, Error>((std, trainer.run()?))
+        })
+        .unwrap();
+        let q = 1.0 / 10.0; // 1000 examples in batches of 100
+        let epsilon_at = |sigma: f64| {
+            let mut a = Accountant::default();
+            a.step(sigma, q, 10).unwrap();
+            a.epsilon_rdp(1e-5).unwrap().0
+        };
+        for (rank, result) in results.into_iter().enumerate() {
+            let (std, summary) = result.unwrap();
+            // σ 1, C 1: the whole σC, or its share 1/√2.
+            let expected = if local { 1.0 } else { 0.5f64.sqrt() };
+            assert!(
+                (std - expected).abs() < 1e-12,
+                "local {local}, rank {rank}: noise std {std}"
+            );
+            assert_eq!(
+                summary.epsilon,
+                Some(epsilon_at(1.0)),
+                "local {local}, rank {rank}"
+            );
+            assert_eq!(summary.workers, Some(2));
+            match local {
+                true => assert_eq!(summary.aggregate_epsilon, Some(epsilon_at(2f64.sqrt()))),
+                false => assert_eq!(summary.aggregate_epsilon, None),
+            }
+        }
+    }
+}

@@ -150,7 +150,11 @@ impl PowerSgdEncoder {
     /// dense layers then divided by W; P's scale does not matter, it is orthonormalised), each
     /// worker forms Q = Mᵀ P from its own M, the Qs are averaged in a second all-reduce, and each
     /// worker keeps M - P Q̄ᵀ as its error: P Q̄ᵀ = P Pᵀ mean(M), the same on every worker.
-    fn step(&mut self, update: &[Tensor], mut reduce: Option<(usize, &mut AllReduce)>) -> Result<Message> {
+    fn step(
+        &mut self,
+        update: &[Tensor],
+        mut reduce: Option<(usize, &mut AllReduce)>,
+    ) -> Result<Message> {
         let o = self.options.clone();
         let step = self.step.int64_value(&[]) + 1;
         let payloads = tch::no_grad(|| -> Result<Vec<Payload>> {
@@ -171,7 +175,10 @@ impl PowerSgdEncoder {
                 } else {
                     flat
                 };
-                let error = layer.error.as_ref().expect("compressed layer has a residual");
+                let error = layer
+                    .error
+                    .as_ref()
+                    .expect("compressed layer has a residual");
                 let matrix = padded.view([n, m]) + error;
                 let q = layer.q.as_mut().expect("compressed layer has Q");
                 if !o.warm_start {
@@ -186,7 +193,8 @@ impl PowerSgdEncoder {
             }
             if let Some((workers, reduce)) = reduce.as_mut() {
                 // All-reduce 1: the dense layers (averaged) and the Ps (summed).
-                let mut first: Vec<Tensor> = dense.iter().flatten().map(Tensor::shallow_clone).collect();
+                let mut first: Vec<Tensor> =
+                    dense.iter().flatten().map(Tensor::shallow_clone).collect();
                 let dense_count = first.len();
                 first.extend(matrices.iter().flatten().map(|(_, p)| p.shallow_clone()));
                 let mut summed = all_reduce_sum(&first, reduce)?;
@@ -232,9 +240,16 @@ impl PowerSgdEncoder {
                 };
                 let (n, m, _) = layer.dims.expect("compressed layer");
                 let numel: i64 = layer.shape.iter().product();
-                layer.q.as_mut().expect("compressed layer has Q").copy_(&new_q);
+                layer
+                    .q
+                    .as_mut()
+                    .expect("compressed layer has Q")
+                    .copy_(&new_q);
                 let approximation = p.mm(&new_q.tr());
-                let error = layer.error.as_mut().expect("compressed layer has a residual");
+                let error = layer
+                    .error
+                    .as_mut()
+                    .expect("compressed layer has a residual");
                 error.copy_(&(&matrix - approximation));
                 if n * m > numel {
                     // Padding is not part of the update: no error is fed back there.

@@ -196,7 +196,11 @@ pub fn compressor_checkpoint(
     let mut state = Vec::new();
     for (rank, encoder) in encoders.into_iter().enumerate() {
         let prefix = encoder_prefix(rank);
-        state.extend(encoder.into_iter().map(|(n, t)| (format!("{prefix}{n}"), t)));
+        state.extend(
+            encoder
+                .into_iter()
+                .map(|(n, t)| (format!("{prefix}{n}"), t)),
+        );
     }
     for (sender, decoder) in decoders.iter().enumerate() {
         let prefix = decoder_prefix(sender);
@@ -225,9 +229,10 @@ pub fn load_compressor_checkpoint(
     for (name, t) in saved {
         if let Some(n) = name.strip_prefix(&mine) {
             parts[0].insert(n.to_string(), t);
-        } else if let Some((sender, n)) = (0..decoders.len())
-            .find_map(|s| name.strip_prefix(&decoder_prefix(s)).map(|n| (s, n.to_string())))
-        {
+        } else if let Some((sender, n)) = (0..decoders.len()).find_map(|s| {
+            name.strip_prefix(&decoder_prefix(s))
+                .map(|n| (s, n.to_string()))
+        }) {
             parts[sender + 1].insert(n, t);
         }
     }
@@ -304,7 +309,11 @@ pub fn gather_traffic(comm: &mut dyn Communicator, mine: &[TrafficRow]) -> Resul
             .chunks_exact(8)
             .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")))
             .collect();
-        rows.extend(values.chunks_exact(TrafficRow::FIELDS).map(TrafficRow::from_values));
+        rows.extend(
+            values
+                .chunks_exact(TrafficRow::FIELDS)
+                .map(TrafficRow::from_values),
+        );
     }
     Ok(rows)
 }
@@ -335,7 +344,8 @@ pub fn append_traffic(path: &Path, rows: &[TrafficRow]) -> Result<()> {
             r.cost.decode_seconds
         ));
     }
-    file.write_all(text.as_bytes()).map_err(|e| Error::io(path, e))
+    file.write_all(text.as_bytes())
+        .map_err(|e| Error::io(path, e))
 }
 
 /// An epoch's exchange over all workers, in `metrics.jsonl` (`traffic.csv` has every step).

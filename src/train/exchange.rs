@@ -96,9 +96,8 @@ impl Exchange {
             let message = message?;
             let encode_seconds = started.elapsed().as_secs_f64() - comm_seconds;
             let at = Instant::now();
-            let update: Vec<Tensor> = tch::no_grad(|| {
-                message.payloads.iter().map(|p| p.to_dense()).collect()
-            });
+            let update: Vec<Tensor> =
+                tch::no_grad(|| message.payloads.iter().map(|p| p.to_dense()).collect());
             let cost = StepTraffic {
                 traffic: self.comm.take_traffic(),
                 encode_seconds,
@@ -123,8 +122,9 @@ impl Exchange {
         let mut sum: Option<Vec<Tensor>> = None;
         for (sender, (bytes, decoder)) in gathered.iter().zip(&mut self.decoders).enumerate() {
             let received = Message::from_bytes(bytes, device).map_err(|e| {
-                self.comm
-                    .error(format!("the message rank {sender} sent does not decode: {e}"))
+                self.comm.error(format!(
+                    "the message rank {sender} sent does not decode: {e}"
+                ))
             })?;
             let part = decoder.decode(&received);
             sum = Some(match sum {

@@ -80,6 +80,14 @@ pub struct Summary {
     /// The same upload in the paper's unit (64 bits per element / 8 / 2^30, its "Gb").
     #[serde(default, deserialize_with = "nan_if_null")]
     pub upstream_paper_gib: f64,
+    /// W when several data-parallel workers trained the run (issue 17).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workers: Option<usize>,
+    /// With `--local-noise` and W > 1: ε of the aggregate update, whose noise has σ√W (each
+    /// worker's message is private on its own at `epsilon`; the aggregate, by the same steps
+    /// at the larger multiplier, at this tighter ε).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aggregate_epsilon: Option<f64>,
 }
 
 /// Mean of the last `min(10, n)` test accuracies.

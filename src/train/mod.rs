@@ -33,6 +33,7 @@ use crate::run_lock::RunLock;
 use crate::tasks;
 use adam::Adam;
 use checkpoint::TrainState;
+use exchange::Exchange;
 use indicatif::{ProgressBar, ProgressStyle};
 use metrics::{EpochMetrics, Summary};
 use optimizer::Optimizer;
@@ -41,7 +42,6 @@ use sgd::{clip_global_norm, Sgd};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use tch::{Device, Kind, Reduction, Tensor};
-use exchange::Exchange;
 use update::Updater;
 
 /// The LibTorch seed of epoch `epoch` (0-based) of a run seeded with `seed`: every epoch starts
@@ -253,13 +253,13 @@ impl Trainer {
         Self::build(config, run_dir, Some(lock), own, comm)
             .and_then(|t| t.checked_by_workers(""))
             .inspect_err(|_| {
-            // A start that failed before training (missing data, a bad option) leaves nothing
-            // behind: not a folder holding only config.toml that looks like a run.
-            let _ = std::fs::remove_file(&config_path);
-            if created {
-                let _ = std::fs::remove_dir_all(run_dir);
-            }
-        })
+                // A start that failed before training (missing data, a bad option) leaves nothing
+                // behind: not a folder holding only config.toml that looks like a run.
+                let _ = std::fs::remove_file(&config_path);
+                if created {
+                    let _ = std::fs::remove_dir_all(run_dir);
+                }
+            })
     }
 
     /// Continues the run in `run_dir` from its last checkpoint. `epochs`, when given, replaces
@@ -315,7 +315,12 @@ impl Trainer {
         data: TaskData,
         comm: Box<dyn Communicator>,
     ) -> Result<Self> {
-        Self::continue_run(run_dir, overrides, Some(OwnTask { model, data }), Some(comm))
+        Self::continue_run(
+            run_dir,
+            overrides,
+            Some(OwnTask { model, data }),
+            Some(comm),
+        )
     }
 
     fn continue_run(
@@ -622,7 +627,19 @@ impl Trainer {
                 ));
             }
             if let Some(engine) = privacy.as_mut() {
-                engine.share_noise_among(workers)?;
+                if matches!(config.privacy.clipping, ClippingMode::Adaptive) {
+                    return Err(Error::bad_value(
+                        "privacy.clipping",
+                        format!("adaptive with {workers} workers: its noisy unclipped count would need every rank's count added first, which is not supported; use flat or per-layer clipping"),
+                    ));
+                }
+                // Each rank's share of the noise: σ²C²/W (the sum has the single-process σC),
+                // or with --local-noise the whole σ²C² (each message private on its own).
+                engine.share_noise_among(if config.privacy.local_noise {
+                    1
+                } else {
+                    workers
+                })?;
             }
             let spec = config.compressor_spec()?;
             let decoders = (0..workers)
@@ -889,7 +906,10 @@ impl Trainer {
     /// The size of step `step`'s logical batch over all workers under shuffling (the last batch
     /// of an epoch is shorter).
     fn shuffled_batch_len(&self, step: usize) -> i64 {
-        let (n, b) = (self.data.train.len(), self.config.optimizer.batch_size as i64);
+        let (n, b) = (
+            self.data.train.len(),
+            self.config.optimizer.batch_size as i64,
+        );
         b.min(n - step as i64 * b)
     }
 
@@ -983,8 +1003,7 @@ impl Trainer {
                     traffic.push(distributed::TrafficRow {
                         step: self.state.steps_done,
                         rank: self.rank(),
-                        compute_seconds: (step_started.elapsed().as_secs_f64() - exchange)
-                            .max(0.0),
+                        compute_seconds: (step_started.elapsed().as_secs_f64() - exchange).max(0.0),
                         cost,
                     });
                 }
@@ -1024,19 +1043,33 @@ impl Trainer {
             }
             let train_seconds = started.elapsed().as_secs_f64();
             let mut epoch_traffic = None;
-            let (mut loss_sum, mut correct, mut clipped) =
-                (loss_sum.double_value(&[]), correct.int64_value(&[]) as f64, clipped.int64_value(&[]) as f64);
+            let (mut loss_sum, mut correct, mut clipped) = (
+                loss_sum.double_value(&[]),
+                correct.int64_value(&[]) as f64,
+                clipped.int64_value(&[]) as f64,
+            );
             if let Some(exchange) = self.updater.exchange.as_mut() {
                 // The epoch's totals over all workers, the same on every rank.
                 let control = exchange.take_control();
                 let comm = exchange.comm.as_mut();
                 let totals = distributed::sum_over_workers(
                     comm,
-                    &[loss_sum, correct, clipped, seen as f64, (control.sent + control.received) as f64],
+                    &[
+                        loss_sum,
+                        correct,
+                        clipped,
+                        seen as f64,
+                        (control.sent + control.received) as f64,
+                    ],
                 )?;
-                (loss_sum, correct, clipped, seen) = (totals[0], totals[1], totals[2], totals[3] as i64);
+                (loss_sum, correct, clipped, seen) =
+                    (totals[0], totals[1], totals[2], totals[3] as i64);
                 let rows = distributed::gather_traffic(comm, &traffic)?;
-                epoch_traffic = Some(distributed::EpochTraffic::of(comm.size(), &rows, totals[4] as u64));
+                epoch_traffic = Some(distributed::EpochTraffic::of(
+                    comm.size(),
+                    &rows,
+                    totals[4] as u64,
+                ));
                 traffic = rows;
             }
             let (test_loss, test_accuracy) = self.evaluate_on_rank_0()?;
@@ -1130,6 +1163,8 @@ impl Trainer {
             compressor: self.config.compressor_spec()?.label(),
             upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
             upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
+            workers: (self.workers() > 1).then_some(self.workers()),
+            aggregate_epsilon: self.aggregate_epsilon()?,
         };
         if self.writes() {
             let path = self.run_dir.join("summary.json");
@@ -1140,6 +1175,31 @@ impl Trainer {
             .map_err(|e| Error::io(&path, e))?;
         }
         Ok(summary)
+    }
+
+    /// With `--local-noise` and W > 1 workers, ε of the aggregate update: every step it took,
+    /// at the multiplier σ√W of the W workers' summed noise (`None` otherwise).
+    fn aggregate_epsilon(&self) -> Result<Option<f64>> {
+        let workers = self.workers();
+        let Some(engine) = self.privacy.as_ref() else {
+            return Ok(None);
+        };
+        if workers == 1 || !self.config.privacy.local_noise {
+            return Ok(None);
+        }
+        let mut aggregate = Accountant::default();
+        for block in &engine.accountant().history {
+            aggregate.step(
+                block.noise_multiplier * (workers as f64).sqrt(),
+                block.sample_rate,
+                block.steps,
+            )?;
+        }
+        Ok(Some(
+            aggregate
+                .epsilon(self.config.privacy.accountant, self.config.privacy.delta)?
+                .0,
+        ))
     }
 
     /// Test loss and accuracy: evaluated by rank 0 and sent to the others (the weights are the
@@ -1164,9 +1224,15 @@ impl Trainer {
     /// Rank 0's OS-drawn seed for the epoch's shared permutation, when W > 1 workers shuffle
     /// under `--secure-noise` (each would otherwise draw another permutation).
     fn shared_shuffle_seed(&mut self) -> Result<Option<i64>> {
-        let shuffled = !(self.config.private() && self.config.privacy.sampling == Sampling::Poisson);
+        let shuffled =
+            !(self.config.private() && self.config.privacy.sampling == Sampling::Poisson);
         let (secure, writes) = (self.config.privacy.secure_noise, self.writes());
-        let Some(exchange) = self.updater.exchange.as_mut().filter(|_| shuffled && secure) else {
+        let Some(exchange) = self
+            .updater
+            .exchange
+            .as_mut()
+            .filter(|_| shuffled && secure)
+        else {
             return Ok(None);
         };
         let mut seed = if writes {
@@ -1175,9 +1241,11 @@ impl Trainer {
             Vec::new()
         };
         exchange.comm.broadcast(0, &mut seed)?;
-        let bytes: [u8; 8] = seed
-            .try_into()
-            .map_err(|_| exchange.comm.error("the shuffle seed from rank 0 is not 8 bytes".into()))?;
+        let bytes: [u8; 8] = seed.try_into().map_err(|_| {
+            exchange
+                .comm
+                .error("the shuffle seed from rank 0 is not 8 bytes".into())
+        })?;
         Ok(Some(i64::from_le_bytes(bytes)))
     }
 

@@ -3,9 +3,9 @@
 use anyhow::{Context, Result};
 use dpcomp::comm::{Communicator, Shared};
 use dpcomp::config::{Task, TrainConfig, TrainOverrides};
-use dpcomp::train::distributed::{train_in_threads, Start};
 use dpcomp::data;
 use dpcomp::error::Error;
+use dpcomp::train::distributed::{train_in_threads, Start};
 use dpcomp::train::{self, Trainer};
 use std::path::PathBuf;
 
@@ -47,7 +47,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
     let shared = Shared::new(world);
     let (rank, size) = (shared.rank(), shared.size());
     run_with(args, Some(shared.clone())).inspect_err(|e| {
-        eprintln!("error: rank {rank} of {size}: {e:#}");
+        // One write (stderr is unbuffered; a line written in pieces could be cut by another
+        // rank's abort ending this process).
+        let line = format!("error: rank {rank} of {size}: {e:#}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         shared.clone().abort(1);
     })
 }
@@ -82,22 +85,24 @@ fn run_in_threads(args: TrainArgs, workers: usize) -> Result<()> {
         (Start::Fresh(config), out)
     };
     if !args.quiet {
-        eprintln!("{workers} data-parallel workers as threads of this process, run folder {}", out.display());
+        eprintln!(
+            "{workers} data-parallel workers as threads of this process, run folder {}",
+            out.display()
+        );
     }
     let summaries = train_in_threads(workers, start, &out, !args.quiet)
         .with_context(|| format!("training {} with {workers} thread workers", out.display()))?;
     let summary = &summaries[0];
     if let Some(e) = summary.epsilon {
-        println!("epsilon {e:.4} at delta {}", summary.delta.unwrap_or(f64::NAN));
+        println!(
+            "epsilon {e:.4} at delta {}",
+            summary.delta.unwrap_or(f64::NAN)
+        );
     }
-    println!(
-        "{}: final test accuracy {:.2}% (mean of the last {} epochs), last epoch {:.2}%, {:.1}s",
-        summary.task,
-        100.0 * summary.final_accuracy,
-        summary.epochs.min(10),
-        100.0 * summary.last_test_accuracy,
-        summary.wall_seconds
-    );
+    if let Some(e) = summary.aggregate_epsilon {
+        println!("aggregate epsilon {e:.4} (the {workers} workers' summed noise; each worker's message alone: the epsilon above)");
+    }
+    print_accuracy(summary);
     Ok(())
 }
 
@@ -132,7 +137,10 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
     let c = &trainer.config;
     if !quiet {
         if trainer.workers() > 1 {
-            eprintln!("{} data-parallel workers over MPI (this is rank 0)", trainer.workers());
+            eprintln!(
+                "{} data-parallel workers over MPI (this is rank 0)",
+                trainer.workers()
+            );
         }
         eprintln!(
             "{}: {} train / {} test examples, {} trainable of {} parameters, device {:?}, run folder {}",
@@ -179,6 +187,17 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
             trainer.noise_label().unwrap_or_default()
         );
     }
+    if let Some(e) = summary.aggregate_epsilon {
+        println!(
+            "aggregate epsilon {e:.4} (the {} workers' summed noise; each worker's message alone: the epsilon above)",
+            trainer.workers()
+        );
+    }
+    print_accuracy(&summary);
+    Ok(())
+}
+
+fn print_accuracy(summary: &dpcomp::train::metrics::Summary) {
     println!(
         "{}: final test accuracy {:.2}% (mean of the last {} epochs), last epoch {:.2}%, {:.1}s",
         summary.task,
@@ -187,5 +206,4 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
         100.0 * summary.last_test_accuracy,
         summary.wall_seconds
     );
-    Ok(())
 }
