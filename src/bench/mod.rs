@@ -6,9 +6,12 @@
 //! - `dpcomp bench dp`: the non-private step and the DP-SGD step (per-sample clipping and noise)
 //!   in alternating rounds of the same run, their ratio, and each one's peak memory.
 //! - `dpcomp bench compress` (`compress.rs`): a compressor's overhead against the backward pass.
+//! - `dpcomp bench comm` (`comm.rs`): a data-parallel step with each compressor on W MPI ranks,
+//!   split into compute, encode, communication and decode, and modelled over 1-100 Gb/s links.
 //! - `dpcomp bench fl-reconstruction` (`fl.rs`): FL-CS's OWL-QN reconstruction against a round of
 //!   client training, and first versus random DCT rows for recovery.
 
+pub mod comm;
 pub mod compress;
 pub mod device_check;
 pub mod fl;

@@ -126,6 +126,21 @@ pub trait Communicator: Send {
     }
 }
 
+/// The MPI job this process belongs to, when an MPI launcher started it (and the `mpi` feature
+/// is built), or one process; with the transport's name ("MPI", "one process").
+pub fn world() -> Result<(Box<dyn Communicator>, &'static str)> {
+    #[cfg(feature = "mpi")]
+    if mpi::launched_by_mpi() {
+        let comm = mpi::MpiComm::init().ok_or_else(|| Error::Comm {
+            rank: 0,
+            size: 0,
+            what: "MPI was already initialised in this process".to_string(),
+        })?;
+        return Ok((Box::new(comm), "MPI"));
+    }
+    Ok((Box::new(SingleProcess), "one process"))
+}
+
 /// One worker, no transport: every collective returns its input; nothing crosses.
 #[derive(Debug, Default)]
 pub struct SingleProcess;

@@ -13,16 +13,9 @@ pub mod grid;
 pub mod plot;
 pub mod train;
 
-use dpcomp::comm::{Communicator, SingleProcess};
+use dpcomp::comm::Communicator;
 
-/// The MPI job this process belongs to (when an MPI launcher started it and the `mpi` feature is
-/// built), or one process; with the transport's name.
+/// The MPI job this process belongs to, or one process (`dpcomp::comm::world`).
 pub fn world() -> anyhow::Result<(Box<dyn Communicator>, &'static str)> {
-    #[cfg(feature = "mpi")]
-    if dpcomp::comm::mpi::launched_by_mpi() {
-        let comm = dpcomp::comm::mpi::MpiComm::init()
-            .ok_or_else(|| anyhow::anyhow!("MPI was already initialised in this process"))?;
-        return Ok((Box::new(comm), "MPI"));
-    }
-    Ok((Box::new(SingleProcess), "one process"))
+    Ok(dpcomp::comm::world()?)
 }
