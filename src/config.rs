@@ -340,9 +340,10 @@ settings_section! {
             arg(long, num_args = 0..=1, default_missing_value = "true");
         /// With W data-parallel workers: every worker adds the full noise N(0, σ²C²) to its own
         /// clipped sum, so each worker's message is DP on its own (a worker need not trust the
-        /// others); without it each adds N(0, σ²C²/W) and only the aggregate is private. The
-        /// reported ε is each worker's (at σ); the aggregate's, at σ√W, is in the summary.
-        /// [default: false]
+        /// others); without it each adds N(0, σ²C²/W) and only their sum is private, which
+        /// only the compressors exchanged by summing allow (all but dgc and denoise). The
+        /// reported ε is each worker's (at σ); with those the aggregate's, at σ√W, is in the
+        /// summary. [default: false]
         local_noise / local_noise: bool = false,
             arg(long, num_args = 0..=1, default_missing_value = "true");
     }

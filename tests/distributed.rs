@@ -170,6 +170,7 @@ fn every_compressor() -> Vec<CompressorSpec> {
         spec(CompressorKind::Denoise, 8.0, 1, &[]),
         spec(CompressorKind::FlRnd, 4.0, 1, &[]),
         spec(CompressorKind::FlFreq, 4.0, 1, &[]),
+        spec(CompressorKind::FlCs, 4.0, 1, &["iterations=30"]),
     ]
 }
 
@@ -257,8 +258,8 @@ fn one_workers_exchange_is_the_round_trip_bit_for_bit() {
 fn w_workers_average_their_own_round_trips() {
     let _serial = common::serial();
     for spec in every_compressor() {
-        if spec.kind == CompressorKind::Powersgd {
-            continue; // linear: exchanged by all-reduce (its own test below)
+        if matches!(spec.kind, CompressorKind::Powersgd) || spec.kind.is_sketch() {
+            continue; // summed in the compressed domain (their own tests below)
         }
         let label = spec.label();
         for workers in [2usize, 3] {
@@ -302,6 +303,55 @@ fn w_workers_average_their_own_round_trips() {
                     updates,
                     &reference,
                     1e-6,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn sketches_of_w_workers_are_averaged_in_the_compressed_domain_and_decoded_once() {
+    let _serial = common::serial();
+    for spec in every_compressor()
+        .into_iter()
+        .filter(|s| s.kind.is_sketch())
+    {
+        let label = spec.label();
+        for workers in [2usize, 3] {
+            let spec2 = spec.clone();
+            let results =
+                ThreadGroup::run(workers, move |comm| exchanged(&spec2, Box::new(comm))).unwrap();
+            // The reference: W encoders, their sketches averaged, one receiver decoding the mean.
+            let mut encoders: Vec<_> = (0..workers)
+                .map(|_| spec.encoder(&shapes(), Device::Cpu).unwrap())
+                .collect();
+            let mut decoder = spec.decoder(&shapes(), Device::Cpu).unwrap();
+            let reference: Vec<Vec<Tensor>> = (0..3)
+                .map(|step| {
+                    let mut sum: Option<Tensor> = None;
+                    for (rank, encoder) in encoders.iter_mut().enumerate() {
+                        let message = encoder.encode(&update_of(rank, step));
+                        let values = message.payloads[0].to_dense();
+                        sum = Some(match sum {
+                            None => values,
+                            Some(s) => s + values,
+                        });
+                    }
+                    let mean = sum.unwrap() / workers as f64;
+                    let message =
+                        dpcomp::compress::Message::new(vec![dpcomp::compress::Payload::Dense {
+                            values: mean,
+                            value_bits: 32,
+                        }]);
+                    decoder.decode(&message).iter().map(Tensor::copy).collect()
+                })
+                .collect();
+            for (rank, updates) in results.iter().enumerate() {
+                close(
+                    &format!("{label}, W {workers}, rank {rank}"),
+                    updates,
+                    &reference,
+                    1e-5,
                 );
             }
         }
@@ -389,6 +439,8 @@ fn train_gru(
         } else {
             let mut config = example::config(epochs);
             config.compression.kind = kind;
+            // Gathered messages must each carry the whole noise (Trainer::new_on).
+            config.privacy.local_noise = !kind.exchanged_by_sum();
             match kind {
                 CompressorKind::Identity => config.compression.rate = 1.0,
                 CompressorKind::Powersgd => {
@@ -558,6 +610,7 @@ fn workers_that_disagree_fail_together() {
             let model = Box::new(example::SequenceClassifier::new(0));
             let mut data = example::data();
             let mut config = example::config(1);
+            config.privacy.local_noise = true; // DGC's messages are gathered
             if rank == 1 {
                 match what {
                     "lr" => config.optimizer.lr = 0.2,
@@ -621,6 +674,47 @@ fn local_noise_gives_every_worker_the_whole_sigma() {
             match local {
                 true => assert_eq!(summary.aggregate_epsilon, Some(epsilon_at(2f64.sqrt()))),
                 false => assert_eq!(summary.aggregate_epsilon, None),
+            }
+        }
+    }
+}
+
+/// A gathered compressor's update depends on every worker's message, so the noise may not be
+/// shared among the workers (each message would carry σ/√W): refused on every rank unless each
+/// worker adds the whole noise; then no aggregate ε is claimed (the update is not a function of
+/// the summed noise).
+#[test]
+fn gathered_compressors_need_the_whole_noise_on_every_worker() {
+    let _serial = common::serial();
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    for local in [false, true] {
+        let run = dir.path().join(format!("dgc-local-{local}"));
+        let results = ThreadGroup::run(2, move |comm| {
+            let model = Box::new(example::SequenceClassifier::new(0));
+            let mut data = example::data();
+            data.train = data.train.truncate(500);
+            let mut config = example::config(1);
+            config.privacy.local_noise = local;
+            let mut trainer = Trainer::with_model_on(config, &run, model, data, Box::new(comm))?;
+            trainer.progress = false;
+            trainer.run()
+        })
+        .unwrap();
+        for (rank, result) in results.into_iter().enumerate() {
+            match local {
+                false => {
+                    let message = result.unwrap_err().to_string();
+                    assert!(
+                        message.contains("private only at σ/√2") && message.contains("local_noise"),
+                        "rank {rank}: {message}"
+                    );
+                }
+                true => {
+                    let summary = result.unwrap();
+                    assert!(summary.epsilon.is_some());
+                    assert_eq!(summary.aggregate_epsilon, None, "rank {rank}");
+                }
             }
         }
     }

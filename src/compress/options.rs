@@ -55,6 +55,17 @@ impl CompressorKind {
         }
     }
 
+    /// Whether W data-parallel workers exchange this compressor's messages by summing them
+    /// (`Encoder::encode_all_reduced`: dense fp32; PowerSGD, whose P, Q and error feedback
+    /// depend on the workers' updates only through their sum; the linear sketches, averaged in
+    /// the compressed domain and decoded once), so that the update every worker applies is a
+    /// function of the *sum* of their noised gradients. DGC's and Denoise's messages are
+    /// gathered and each decoded on its own (top-k of each worker's update): the update then
+    /// depends on every worker's message separately (`train::Trainer::new_on`'s noise rule).
+    pub fn exchanged_by_sum(self) -> bool {
+        !matches!(self, CompressorKind::Dgc | CompressorKind::Denoise)
+    }
+
     /// The federated paper's linear sketches (`sketched`).
     pub fn is_sketch(self) -> bool {
         matches!(

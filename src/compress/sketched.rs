@@ -25,7 +25,7 @@ use super::chunked_dct::DctRows;
 use super::linear_sketch::{Codec, Scheme};
 use super::message::{Message, Payload};
 use super::owlqn::{owlqn, Measurement, OwlqnSettings};
-use super::{flatten, split, take_state, Decoder, Encoder};
+use super::{all_reduce_sum, flatten, split, take_state, AllReduce, Decoder, Encoder};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
@@ -140,6 +140,37 @@ impl Encoder for SketchEncoder {
             values,
             value_bits: 32,
         }])
+    }
+
+    /// The sketches are linear and drawn from the shared seed, so W workers average them in
+    /// the compressed domain by one all-reduce and the receiver decodes (FL-CS: reconstructs)
+    /// the mean once, the federated paper's aggregation. FL-RND's residual is each worker's
+    /// unsent coordinates, linear in its update too.
+    fn encode_all_reduced(
+        &mut self,
+        update: &[Tensor],
+        workers: usize,
+        reduce: &mut AllReduce,
+    ) -> Option<Result<Message>> {
+        let message = self.encode(update);
+        let values: Vec<Tensor> = message
+            .payloads
+            .iter()
+            .map(|p| match p {
+                Payload::Dense { values, .. } => values.shallow_clone(),
+                _ => unreachable!("a sketch is one dense payload"),
+            })
+            .collect();
+        Some(all_reduce_sum(&values, reduce).map(|sums| {
+            Message::new(
+                sums.into_iter()
+                    .map(|s| Payload::Dense {
+                        values: s / workers as f64,
+                        value_bits: 32,
+                    })
+                    .collect(),
+            )
+        }))
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

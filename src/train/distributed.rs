@@ -114,23 +114,6 @@ pub fn sum_over_workers(comm: &mut dyn Communicator, values: &[f64]) -> Result<V
     Ok(sums)
 }
 
-/// Rank `root`'s `values` on every rank, exactly.
-pub fn broadcast_f64(comm: &mut dyn Communicator, root: usize, values: &mut [f64]) -> Result<()> {
-    let mut bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    comm.broadcast(root, &mut bytes)?;
-    if bytes.len() != 8 * values.len() {
-        return Err(comm.error(format!(
-            "broadcast of {} values from rank {root} brought {} bytes",
-            values.len(),
-            bytes.len()
-        )));
-    }
-    for (v, b) in values.iter_mut().zip(bytes.chunks_exact(8)) {
-        *v = f64::from_le_bytes(b.try_into().expect("8 bytes"));
-    }
-    Ok(())
-}
-
 /// The raw bytes of `tensors`, in order (each in its own kind, as in memory).
 fn tensor_bytes(tensors: &[(String, Tensor)]) -> Vec<u8> {
     let mut bytes = Vec::new();

@@ -2,9 +2,11 @@
 //! 17). Every worker encodes its own update with its own encoder (its own error feedback), and
 //! real messages cross the transport (`comm::Communicator`):
 //!
-//! - linear compressors (dense fp32, PowerSGD) by all-reduce: `Encoder::encode_all_reduced`
-//!   (PowerSGD as PyTorch's `powerSGD_hook`: all-reduce P, orthonormalise, all-reduce Q);
-//! - the others (DGC, top-k, Denoise, the sketches) by all-gather of each worker's exact bytes
+//! - linear compressors (dense fp32, PowerSGD, the federated sketches) by all-reduce:
+//!   `Encoder::encode_all_reduced` (PowerSGD as PyTorch's `powerSGD_hook`: all-reduce P,
+//!   orthonormalise, all-reduce Q; the sketches averaged in the compressed domain and decoded
+//!   once, FL-CS's reconstruction included, as the federated paper's server does);
+//! - the others (DGC, top-k, Denoise) by all-gather of each worker's exact bytes
 //!   (`compress::wire`), every worker decoding all W messages with one decoder per sender
 //!   (Denoise's receiver keeps a velocity per sender) and averaging them in rank order.
 //!
@@ -96,8 +98,9 @@ impl Exchange {
             let message = message?;
             let encode_seconds = started.elapsed().as_secs_f64() - comm_seconds;
             let at = Instant::now();
-            let update: Vec<Tensor> =
-                tch::no_grad(|| message.payloads.iter().map(|p| p.to_dense()).collect());
+            // One message, the same on every worker: the first decoder reads it (dense and
+            // PowerSGD statelessly, a sketch's receiver with its error in the compressed domain).
+            let update: Vec<Tensor> = tch::no_grad(|| self.decoders[0].decode(&message));
             let cost = StepTraffic {
                 traffic: self.comm.take_traffic(),
                 encode_seconds,

@@ -67,14 +67,29 @@ pub fn evaluate(
     if n == 0 {
         return Ok((f64::NAN, f64::NAN));
     }
+    let all = Tensor::arange(n, (Kind::Int64, Device::Cpu));
+    let (loss_sum, correct) = evaluation_sums(model, data, &all, batch_size, device)?;
+    Ok((loss_sum / n as f64, correct as f64 / n as f64))
+}
+
+/// Summed cross-entropy and correct predictions of `model` on the examples `index` (CPU int64)
+/// of `data`, in evaluation mode, in batches of `batch_size`: `evaluate`'s sums, and each
+/// worker's share of them in a data-parallel run.
+pub fn evaluation_sums(
+    model: &dyn Model,
+    data: &Dataset,
+    index: &Tensor,
+    batch_size: usize,
+    device: Device,
+) -> Result<(f64, i64)> {
+    let n = index.size()[0];
     tch::no_grad(|| {
         let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
         let mut correct = Tensor::zeros([], (Kind::Int64, device));
         let mut start = 0;
         while start < n {
             let len = (batch_size as i64).min(n - start);
-            let index = Tensor::arange_start(start, start + len, (Kind::Int64, Device::Cpu));
-            let batch = data.batch(&index, device, false);
+            let batch = data.batch(&index.narrow(0, start, len), device, false);
             let logits = model.forward(&batch.features, &mut Ctx::eval())?;
             loss_sum += logits
                 .cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0)
@@ -86,10 +101,7 @@ pub fn evaluate(
                 .sum(Kind::Int64);
             start += len;
         }
-        Ok((
-            loss_sum.double_value(&[]) / n as f64,
-            correct.int64_value(&[]) as f64 / n as f64,
-        ))
+        Ok((loss_sum.double_value(&[]), correct.int64_value(&[])))
     })
 }
 
@@ -635,6 +647,16 @@ impl Trainer {
                 }
                 // Each rank's share of the noise: σ²C²/W (the sum has the single-process σC),
                 // or with --local-noise the whole σ²C² (each message private on its own).
+                // Sharing is sound only when the update depends on the ranks' noised sums
+                // through their total: a gathered compressor decodes each rank's message on
+                // its own, so the released weights would be private only at σ/√W.
+                let kind = config.compression.kind;
+                if !config.privacy.local_noise && !kind.exchanged_by_sum() {
+                    return Err(Error::bad_value(
+                        "privacy.local_noise",
+                        format!("false with {workers} workers and the {kind} compressor: its messages are gathered and each worker's is decoded on its own, so the weights depend on every worker's message, not only on their sum; with the noise shared among the workers (σ/√W each) they would be private only at σ/√{workers}. Give every worker the whole noise (local_noise = true, `--local-noise`; ε is then each worker's, as reported), or use a compressor whose exchange sums the workers' messages (identity, powersgd, fl-rnd, fl-freq, fl-cs)"),
+                    ));
+                }
                 engine.share_noise_among(if config.privacy.local_noise {
                     1
                 } else {
@@ -1072,7 +1094,7 @@ impl Trainer {
                 ));
                 traffic = rows;
             }
-            let (test_loss, test_accuracy) = self.evaluate_on_rank_0()?;
+            let (test_loss, test_accuracy) = self.evaluate_on_workers()?;
             let epoch_seconds = started.elapsed().as_secs_f64();
             self.state.epochs_done += 1;
             self.state.wall_seconds += epoch_seconds;
@@ -1184,7 +1206,11 @@ impl Trainer {
         let Some(engine) = self.privacy.as_ref() else {
             return Ok(None);
         };
-        if workers == 1 || !self.config.privacy.local_noise {
+        // Only an update formed from the sum of the noised messages has the summed noise.
+        if workers == 1
+            || !self.config.privacy.local_noise
+            || !self.config.compression.kind.exchanged_by_sum()
+        {
             return Ok(None);
         }
         let mut aggregate = Accountant::default();
@@ -1202,23 +1228,34 @@ impl Trainer {
         ))
     }
 
-    /// Test loss and accuracy: evaluated by rank 0 and sent to the others (the weights are the
-    /// same on every rank), or by this process alone.
-    fn evaluate_on_rank_0(&mut self) -> Result<(f64, f64)> {
-        let mut result = [f64::NAN; 2];
-        if self.writes() {
-            let (loss, accuracy) = evaluate(
+    /// Test loss and accuracy. With W workers each evaluates the test examples i ≡ rank
+    /// (mod W) and their sums are added (the weights are the same on every rank).
+    fn evaluate_on_workers(&mut self) -> Result<(f64, f64)> {
+        let (rank, workers) = (self.rank(), self.workers());
+        let Some(exchange) = self.updater.exchange.as_mut() else {
+            return evaluate(
                 self.model.as_ref(),
                 &self.data.test,
                 self.config.data.eval_batch_size,
                 self.device,
-            )?;
-            result = [loss, accuracy];
+            );
+        };
+        let n = self.data.test.len();
+        if n == 0 {
+            return Ok((f64::NAN, f64::NAN));
         }
-        if let Some(exchange) = self.updater.exchange.as_mut() {
-            distributed::broadcast_f64(exchange.comm.as_mut(), 0, &mut result)?;
-        }
-        Ok((result[0], result[1]))
+        let mine =
+            Tensor::arange_start_step(rank as i64, n, workers as i64, (Kind::Int64, Device::Cpu));
+        let (loss_sum, correct) = evaluation_sums(
+            self.model.as_ref(),
+            &self.data.test,
+            &mine,
+            self.config.data.eval_batch_size,
+            self.device,
+        )?;
+        let sums =
+            distributed::sum_over_workers(exchange.comm.as_mut(), &[loss_sum, correct as f64])?;
+        Ok((sums[0] / n as f64, sums[1] / n as f64))
     }
 
     /// Rank 0's OS-drawn seed for the epoch's shared permutation, when W > 1 workers shuffle
