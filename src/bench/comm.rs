@@ -264,10 +264,8 @@ pub fn comm_bench(args: CommBenchArgs) -> Result<()> {
     if args.worker {
         let (world, _) = crate::comm::world()?;
         let shared = Shared::new(world);
-        let rows = worker(&args, shared.clone()).inspect_err(|e| {
-            eprintln!("error: rank {}: {e}", shared.rank());
-            shared.clone().abort(1);
-        })?;
+        let rows = worker(&args, shared.clone())
+            .inspect_err(|e| crate::comm::end_job(&mut shared.clone(), &e.to_string()))?;
         if shared.rank() == 0 {
             println!("{}", serde_json::to_string(&rows).expect("rows serialise"));
         }

@@ -126,6 +126,21 @@ pub trait Communicator: Send {
     }
 }
 
+/// What a program does when its rank fails: writes `error: rank r of W: message` to stderr in
+/// one write, waits half a second for the launcher to forward it (an abort, this rank's or
+/// another failing rank's, ends the job and loses output still in flight), then ends the whole
+/// job (`Communicator::abort`), so that no other rank waits for this one.
+pub fn end_job(comm: &mut dyn Communicator, message: &str) {
+    let line = format!(
+        "error: rank {} of {}: {message}\n",
+        comm.rank(),
+        comm.size()
+    );
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    std::thread::sleep(Duration::from_millis(500));
+    comm.abort(1);
+}
+
 /// The MPI job this process belongs to, when an MPI launcher started it (and the `mpi` feature
 /// is built), or one process; with the transport's name ("MPI", "one process").
 pub fn world() -> Result<(Box<dyn Communicator>, &'static str)> {

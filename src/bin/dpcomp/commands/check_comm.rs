@@ -70,8 +70,7 @@ pub fn run(args: CheckCommArgs) -> Result<()> {
             Ok(())
         }
         Err(e) => {
-            eprintln!("error: {e}");
-            comm.abort(1);
+            dpcomp::comm::end_job(comm.as_mut(), &e.to_string());
             Err(e.into())
         }
     }

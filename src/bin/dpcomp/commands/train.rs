@@ -45,13 +45,8 @@ pub fn run(args: TrainArgs) -> Result<()> {
     // W ranks of an MPI job: an error on any rank ends the whole job (the others would wait
     // for it in their next collective), after saying which rank failed and why.
     let shared = Shared::new(world);
-    let (rank, size) = (shared.rank(), shared.size());
     run_with(args, Some(shared.clone())).inspect_err(|e| {
-        // One write (stderr is unbuffered; a line written in pieces could be cut by another
-        // rank's abort ending this process).
-        let line = format!("error: rank {rank} of {size}: {e:#}\n");
-        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
-        shared.clone().abort(1);
+        dpcomp::comm::end_job(&mut shared.clone(), &format!("{e:#}"));
     })
 }
 
