@@ -579,3 +579,66 @@ fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
     assert!(dense > 0.9 && dgc_best > 0.85 && powersgd_best > 0.85);
     assert!(private_best > 0.75, "{private_best}");
 }
+
+/// Issue 18: the Fashion-MNIST network of the size the paper's costs imply. Its cost formula
+/// r · n · 32 · Round · C bits and FL-STD-DP's 22.18 MB at round 25 (r = 1) give n · C = 221,800;
+/// McMahan et al.'s FedAvg CNN has n = 1,663,370, which with C = 2/15 costs 22.18 MB.
+#[test]
+fn the_fedavg_cnn_has_the_size_the_papers_cost_implies() {
+    let _serial = common::serial();
+    let model = dpcomp::fl::model::FlModel::fedavg_cnn(Device::Cpu);
+    let n = model.parameter_count();
+    assert_eq!(n, 1_663_370);
+    let logits = model.forward(&Tensor::zeros([2, 1, 28, 28], (Kind::Float, Device::Cpu)));
+    assert_eq!(logits.size(), [2, 10]);
+    let megabytes = 1.0 * n as f64 * 32.0 * 25.0 * (2.0 / 15.0) / 8.0 / 1e6;
+    assert!((megabytes - 22.18).abs() < 0.005, "{megabytes} MB");
+    // The LeNet of the earlier runs is 277 times smaller.
+    let lenet = dpcomp::fl::model::FlModel::fashion_cnn(Device::Cpu).parameter_count();
+    assert_eq!(lenet, 5_994);
+}
+
+/// `--model` picks the network and refuses one that does not fit the dataset.
+#[test]
+fn the_federated_network_is_chosen_by_model() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+        .args([
+            "fl",
+            "--dataset",
+            "breast_cancer",
+            "--model",
+            "fedavg-cnn",
+            "--rounds",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("fedavg-cnn: not a network for breast_cancer"),
+        "{stderr}"
+    );
+    let dir = dpcomp::data::idx::fashion_mnist_dir(std::path::Path::new("data"));
+    if !dir.join("train-images-idx3-ubyte.gz").is_file() {
+        common::announce_skip("Fashion-MNIST not installed (scripts/setup.sh installs it)");
+        return;
+    }
+    let _serial = common::serial();
+    // 5 FedAvg rounds of the 1.66M-parameter CNN (about 10 s here): 69.8% measured.
+    let summary = dpcomp(&[
+        "fl",
+        "--scheme",
+        "std",
+        "--model",
+        "fedavg-cnn",
+        "--rounds",
+        "5",
+        "--eval-examples",
+        "2000",
+        "--json",
+    ]);
+    assert_eq!(summary["parameters"].as_i64(), Some(1_663_370));
+    let best = summary["best"].as_f64().unwrap();
+    assert!(best > 0.6, "accuracy {best} after 5 rounds");
+}

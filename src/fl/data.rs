@@ -1,9 +1,9 @@
 //! The federated datasets, in memory as float features and int64 labels, with the model that
 //! goes with each (`model.rs`).
 
-use super::model::FlModel;
+use super::model::{FlModel, FlNet};
 use crate::data::idx;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
@@ -82,11 +82,32 @@ impl FlData {
         }
     }
 
-    /// The model for this dataset (parameters drawn from LibTorch's generator).
-    pub fn model(&self, device: Device) -> FlModel {
-        match self.dataset {
-            FlDataset::FashionMnist => FlModel::fashion_cnn(device),
-            FlDataset::BreastCancer => FlModel::mlp(self.train_x.size()[1], 32, 2, device),
+    /// The dataset's network when none is named.
+    pub fn default_net(dataset: FlDataset) -> FlNet {
+        match dataset {
+            FlDataset::FashionMnist => FlNet::Lenet,
+            FlDataset::BreastCancer => FlNet::Mlp,
+        }
+    }
+
+    /// `net` (or the dataset's default) for this dataset, parameters drawn from LibTorch's
+    /// generator; an error for a network that does not fit the data.
+    pub fn model(&self, net: Option<FlNet>, device: Device) -> Result<FlModel> {
+        let net = net.unwrap_or(Self::default_net(self.dataset));
+        match (self.dataset, net) {
+            (FlDataset::FashionMnist, FlNet::Lenet) => Ok(FlModel::fashion_cnn(device)),
+            (FlDataset::FashionMnist, FlNet::FedavgCnn) => Ok(FlModel::fedavg_cnn(device)),
+            (FlDataset::BreastCancer, FlNet::Mlp) => {
+                Ok(FlModel::mlp(self.train_x.size()[1], 32, 2, device))
+            }
+            (dataset, net) => Err(Error::bad_value(
+                "model",
+                format!(
+                    "{}: not a network for {} (fashion-mnist: lenet or fedavg-cnn; breast_cancer: mlp)",
+                    net.name(),
+                    dataset.name()
+                ),
+            )),
         }
     }
 

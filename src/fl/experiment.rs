@@ -57,6 +57,9 @@ pub struct DatasetSettings {
     pub server_lr: f64,
     #[serde(default)]
     pub server_momentum: f64,
+    /// The network (default: the dataset's, `FlData::default_net`).
+    #[serde(default)]
+    pub model: Option<super::model::FlNet>,
 }
 
 fn iid() -> String {
@@ -99,6 +102,7 @@ fn first_rows() -> Vec<DctRows> {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Override {
+    pub model: Option<super::model::FlNet>,
     pub rounds: Option<usize>,
     pub eval_examples: Option<usize>,
     pub clients: Option<usize>,
@@ -155,6 +159,7 @@ impl FlExperiment {
             base.eval_examples = o.eval_examples.unwrap_or(d.eval_examples);
             base.server_learning_rate = d.server_lr;
             base.server_momentum = d.server_momentum;
+            base.model = o.model.or(d.model);
             base.lambda = self.grid.lambda;
             base.owlqn_iterations = self.grid.owlqn_iterations;
             base.seed = self.grid.seed;

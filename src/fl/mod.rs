@@ -30,6 +30,7 @@ pub mod experiment;
 pub mod messages;
 pub mod metrics;
 pub mod model;
+pub mod sparsity;
 
 use crate::compress::chunked_dct::DctRows;
 use crate::compress::linear_sketch::Scheme;
@@ -100,6 +101,9 @@ pub struct FlSettings {
     /// (`messages`); none: the scheme's linear sketch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compressor: Option<FlCompressor>,
+    /// The network (`None`: the dataset's default, `FlData::default_net`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<model::FlNet>,
 }
 
 /// A deep-learning compressor in a federated run: its kind and settings as `dpcomp train`
@@ -175,6 +179,7 @@ impl FlSettings {
             seed: 0,
             device: DeviceChoice::Cpu,
             compressor: None,
+            model: None,
         }
     }
 
@@ -372,8 +377,8 @@ pub fn run(
     let device = settings.device.device()?;
     let data = data.to_device(device);
     tch::manual_seed(settings.seed as i64);
-    let mut global_model = data.model(device);
-    let mut client_model = data.model(device);
+    let mut global_model = data.model(settings.model, device)?;
+    let mut client_model = data.model(settings.model, device)?;
     let mut w = global_model.flat();
     let n = w.size()[0];
     let shapes: Vec<Vec<i64>> = global_model.variables().iter().map(Tensor::size).collect();

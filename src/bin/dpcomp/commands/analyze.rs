@@ -18,6 +18,89 @@ pub enum AnalyzeCommand {
     /// (analysis::clipping), with both minimisers; writes clipping.{json,csv} and figures.
     /// Diagnostic: reads training data outside the privacy accountant.
     Clipping(Box<ClippingArgs>),
+    /// How compressible federated client updates are (issue 18): the share of their energy in
+    /// the top 5/10/20% of coordinates, of shuffled-chunk DCT coefficients (FL-CS's domain),
+    /// and in each chunk's first DCT rows, for each Fashion-MNIST network.
+    FlSparsity(FlSparsityArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FlSparsityArgs {
+    #[arg(long, value_delimiter = ',', default_value = "lenet,fedavg-cnn")]
+    pub models: Vec<dpcomp::fl::model::FlNet>,
+    /// FedAvg rounds measured (the global model moves by the clients' mean update after each).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Clients measured per round.
+    #[arg(long, default_value_t = 5)]
+    pub clients: usize,
+    /// N, the clients the training set is split among (IID, equal sizes).
+    #[arg(long, default_value_t = 1000)]
+    pub clients_total: usize,
+    #[arg(long, default_value_t = 10)]
+    pub local_steps: usize,
+    #[arg(long, default_value_t = 20)]
+    pub local_batch: usize,
+    #[arg(long, default_value_t = 0.05)]
+    pub local_lr: f64,
+    #[arg(long, value_delimiter = ',', default_value = "0.05,0.1,0.2")]
+    pub ratios: Vec<f64>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn fl_sparsity(args: FlSparsityArgs) -> Result<()> {
+    let dir = dpcomp::data::data_dir(args.data_dir.as_deref());
+    let data = dpcomp::fl::data::FlData::load(dpcomp::fl::data::FlDataset::FashionMnist, &dir)?;
+    let local = dpcomp::fl::client::LocalTraining {
+        steps: args.local_steps,
+        batch: args.local_batch,
+        learning_rate: args.local_lr,
+    };
+    let mut reports = Vec::new();
+    for &net in &args.models {
+        reports.push(dpcomp::fl::sparsity::measure(
+            &data,
+            net,
+            args.clients_total,
+            args.clients,
+            args.rounds,
+            &local,
+            &args.ratios,
+            args.seed,
+        )?);
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&reports)?);
+        return Ok(());
+    }
+    println!(
+        "share of a client update's energy kept ({} rounds x {} clients of {}, {} local steps of {}, lr {}):",
+        args.rounds, args.clients, args.clients_total, args.local_steps, args.local_batch, args.local_lr
+    );
+    println!(
+        "{:<11} {:>10} {:>6} {:>12} {:>14} {:>16} {:>18}",
+        "model", "n", "r", "top coords", "top shuf. DCT", "first shuf. rows", "first rows (FREQ)"
+    );
+    for report in &reports {
+        for s in &report.shares {
+            println!(
+                "{:<11} {:>10} {:>6.2} {:>12.3} {:>14.3} {:>16.3} {:>18.3}",
+                report.model,
+                report.parameters,
+                s.ratio,
+                s.top_coordinates,
+                s.top_shuffled_dct,
+                s.first_shuffled_dct_rows,
+                s.first_dct_rows_unshuffled
+            );
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, clap::Args)]
@@ -209,5 +292,6 @@ pub fn run(command: AnalyzeCommand) -> Result<()> {
     match command {
         AnalyzeCommand::GradientError(args) => gradient_error(args),
         AnalyzeCommand::Clipping(args) => clipping(*args),
+        AnalyzeCommand::FlSparsity(args) => fl_sparsity(args),
     }
 }

@@ -54,6 +54,10 @@ pub struct FlArgs {
     pub full_clip: Option<f64>,
     #[arg(long, value_enum, default_value = "rdp")]
     pub accountant: AccountantKind,
+    /// The network: fashion-mnist lenet (default, 5,994 parameters) or fedavg-cnn (McMahan et
+    /// al.'s, 1,663,370: the size the paper's costs imply); breast_cancer mlp.
+    #[arg(long, value_enum)]
+    pub model: Option<dpcomp::fl::model::FlNet>,
     /// N (default: 1000 for Fashion-MNIST, 50 for breast cancer).
     #[arg(long)]
     pub clients: Option<usize>,
@@ -134,6 +138,7 @@ pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
     }
     s.chunks = args.chunks;
     s.rows = args.rows;
+    s.model = args.model;
     s.clients = args.clients.unwrap_or(s.clients);
     s.fraction = args.fraction.unwrap_or(s.fraction);
     s.local.steps = args.local_steps.unwrap_or(s.local.steps);
