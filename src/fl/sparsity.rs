@@ -171,7 +171,7 @@ mod tests {
     fn shares_of_known_vectors() {
         let _serial = crate::test_serial();
         let n = 4096i64;
-        let mut sparse = Tensor::zeros([n], (Kind::Float, Device::Cpu));
+        let sparse = Tensor::zeros([n], (Kind::Float, Device::Cpu));
         for i in 0..(n * 3 / 100) {
             let _ = sparse.get(i * 33 % n).fill_(1.0 + i as f64);
         }
