@@ -642,3 +642,55 @@ fn the_federated_network_is_chosen_by_model() {
     let best = summary["best"].as_f64().unwrap();
     assert!(best > 0.6, "accuracy {best} after 5 rounds");
 }
+
+/// Issue 18's honest figure: with a validation split the summary names the round chosen on it,
+/// and its test metric and ε are that round's rows of metrics.jsonl.
+#[test]
+fn a_validation_split_chooses_the_round_reported_beside_the_best() {
+    if common::require_shared_data().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let summary = dpcomp(&[
+        "fl",
+        "--dataset",
+        "breast_cancer",
+        "--scheme",
+        "std",
+        "--dp",
+        "--noise-multiplier",
+        "1",
+        "--rounds",
+        "12",
+        "--validation",
+        "0.2",
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    let round = summary["validation_round"]
+        .as_u64()
+        .expect("a validation round") as usize;
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 12);
+    let validation: Vec<f64> = rows
+        .iter()
+        .map(|r| r["validation_metric"].as_f64().unwrap())
+        .collect();
+    let top = validation.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!(validation[round - 1], top);
+    assert_eq!(validation.iter().position(|&v| v == top), Some(round - 1));
+    let row = &rows[round - 1];
+    assert_eq!(
+        summary["test_at_validation_round"],
+        row["balanced_accuracy"]
+    );
+    assert_eq!(summary["epsilon_at_validation_round"], row["epsilon"]);
+    let best = summary["best_round"].as_u64().unwrap() as usize;
+    assert_eq!(summary["epsilon_at_best"], rows[best - 1]["epsilon"]);
+}

@@ -60,6 +60,9 @@ pub struct DatasetSettings {
     /// The network (default: the dataset's, `FlData::default_net`).
     #[serde(default)]
     pub model: Option<super::model::FlNet>,
+    /// Share of the training examples held out for validation (`FlSettings::validation`).
+    #[serde(default)]
+    pub validation: f64,
 }
 
 fn iid() -> String {
@@ -160,6 +163,7 @@ impl FlExperiment {
             base.server_learning_rate = d.server_lr;
             base.server_momentum = d.server_momentum;
             base.model = o.model.or(d.model);
+            base.validation = d.validation;
             base.lambda = self.grid.lambda;
             base.owlqn_iterations = self.grid.owlqn_iterations;
             base.seed = self.grid.seed;

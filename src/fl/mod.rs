@@ -104,6 +104,16 @@ pub struct FlSettings {
     /// The network (`None`: the dataset's default, `FlData::default_net`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<model::FlNet>,
+    /// Share of the training examples held out of every client as a validation split (0:
+    /// none). With one, the summary reports beside the paper's "best over rounds on the test
+    /// set" the round chosen on validation, its test metric and ε at that round (issue 18), and
+    /// early stopping (`patience`) watches validation.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub validation: f64,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 /// A deep-learning compressor in a federated run: its kind and settings as `dpcomp train`
@@ -180,6 +190,7 @@ impl FlSettings {
             device: DeviceChoice::Cpu,
             compressor: None,
             model: None,
+            validation: 0.0,
         }
     }
 
@@ -218,6 +229,15 @@ impl FlSettings {
             return Err(Error::bad_value(
                 "owlqn_iterations",
                 "0: FL-CS reconstructs each round's update with at least one OWL-QN iteration",
+            ));
+        }
+        if !(0.0..0.5).contains(&self.validation) {
+            return Err(Error::bad_value(
+                "validation",
+                format!(
+                    "{}: expected a share of the training examples in [0, 0.5)",
+                    self.validation
+                ),
             ));
         }
         if !(self.fraction > 0.0 && self.fraction <= 1.0) {
@@ -321,6 +341,9 @@ pub struct RoundMetrics {
     pub upstream_bits: u64,
     pub upstream_bits_total: u64,
     pub epsilon: Option<f64>,
+    /// The metric on the validation split (runs with one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_metric: Option<f64>,
     /// DP runs: the share of this round's clients whose message was longer than S.
     pub clipped_fraction: Option<f64>,
     /// Mean norm of the clients' messages before clipping.
@@ -357,7 +380,19 @@ pub struct FlSummary {
     pub upstream_bits_at_best: u64,
     pub clip: Option<f64>,
     pub noise_multiplier: Option<f64>,
+    /// ε after the last round run.
     pub epsilon: Option<f64>,
+    /// ε at the best round (the paper reports ε where it stopped).
+    #[serde(default)]
+    pub epsilon_at_best: Option<f64>,
+    /// With a validation split: the round whose validation metric was highest, the test metric
+    /// there, and ε at that round (an honest alternative to `best`, which picks on the test set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_round: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_at_validation_round: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epsilon_at_validation_round: Option<f64>,
     pub delta: Option<f64>,
     pub mean_server_seconds: f64,
     pub mean_client_seconds: f64,
@@ -384,9 +419,24 @@ pub fn run(
     let shapes: Vec<Vec<i64>> = global_model.variables().iter().map(Tensor::size).collect();
     let mut messages = messages::RoundMessages::new(settings, &shapes, device)?;
     let labels: Vec<i64> = Vec::try_from(&data.train_y.to_device(tch::Device::Cpu))?;
-    let shards = settings
+    // The validation split: a seeded random share of the training examples, in no client's
+    // shard; the clients split the rest.
+    let (kept, validation_index) =
+        validation_split(labels.len(), settings.validation, settings.seed);
+    let kept_labels: Vec<i64> = kept.iter().map(|&i| labels[i as usize]).collect();
+    let shards: Vec<Vec<i64>> = settings
         .partition
-        .split(&labels, settings.clients, settings.seed)?;
+        .split(&kept_labels, settings.clients, settings.seed)?
+        .into_iter()
+        .map(|shard| shard.into_iter().map(|i| kept[i as usize]).collect())
+        .collect();
+    let validation_set = (!validation_index.is_empty()).then(|| {
+        let index = Tensor::from_slice(&validation_index).to_device(device);
+        (
+            data.train_x.index_select(0, &index),
+            data.train_y.index_select(0, &index),
+        )
+    });
     let eval_count = match settings.eval_examples {
         0 => data.test_y.size()[0],
         k => (k as i64).min(data.test_y.size()[0]),
@@ -428,6 +478,8 @@ pub fn run(
     let mut rows: Vec<RoundMetrics> = Vec::new();
     let mut upstream_total = 0u64;
     let mut best: Option<(f64, usize)> = None;
+    // (validation metric, round): the round chosen on the validation split.
+    let mut chosen: Option<(f64, usize)> = None;
     // m: the sketch's length, or (compressors) the elements of the last message.
     let (mut m, chunks) = messages.sketch_shape().unwrap_or((n, None));
     let bar = progress_bar(progress, settings.rounds);
@@ -511,6 +563,14 @@ pub fn run(
             _ => None,
         };
         let clipped = round_clipped.clipped.int64_value(&[]) as usize;
+        let validation_metric = validation_set.as_ref().map(|(x, y)| {
+            let e = evaluate(&global_model, x, y);
+            if binary {
+                e.balanced_accuracy
+            } else {
+                e.accuracy
+            }
+        });
         let row = RoundMetrics {
             round,
             clients: sampled.len(),
@@ -521,6 +581,7 @@ pub fn run(
             upstream_bits: bits,
             upstream_bits_total: upstream_total,
             epsilon,
+            validation_metric,
             clipped_fraction: settings
                 .privacy
                 .map(|_| clipped as f64 / sampled.len().max(1) as f64),
@@ -550,13 +611,19 @@ pub fn run(
         if best.is_none_or(|(b, _)| value > b) {
             best = Some((value, round));
         }
+        if let Some(v) = validation_metric {
+            if chosen.is_none_or(|(b, _)| v > b) {
+                chosen = Some((v, round));
+            }
+        }
         bar.set_message(format!(
             "{metric} {value:.4}{}",
             epsilon.map_or(String::new(), |e| format!(" eps {e:.3}"))
         ));
         bar.inc(1);
         rows.push(row);
-        let best_round = best.map_or(0, |(_, r)| r);
+        // Early stopping watches the validation split when there is one.
+        let best_round = chosen.or(best).map_or(0, |(_, r)| r);
         if settings.patience > 0 && round - best_round >= settings.patience {
             stopped_early = round < settings.rounds;
             break;
@@ -594,6 +661,17 @@ pub fn run(
         clip: settings.privacy.map(|p| p.clip),
         noise_multiplier: settings.privacy.map(|p| p.noise_multiplier),
         epsilon: rows.last().and_then(|r| r.epsilon),
+        epsilon_at_best: at_best.epsilon,
+        validation_round: chosen.map(|(_, r)| r),
+        test_at_validation_round: chosen.map(|(_, r)| {
+            let row = &rows[r - 1];
+            if binary {
+                row.balanced_accuracy
+            } else {
+                row.accuracy
+            }
+        }),
+        epsilon_at_validation_round: chosen.and_then(|(_, r)| rows[r - 1].epsilon),
         delta: settings.privacy.map(|p| p.delta),
         mean_server_seconds: mean(&|r| r.server_seconds),
         mean_client_seconds: mean(&|r| r.client_seconds),
@@ -608,6 +686,23 @@ pub fn run(
 }
 
 /// Test metrics of `model` on (`x`, `y`), in batches of 2,000.
+/// (the training examples the clients split, the validation examples): a share `validation`
+/// of the `n` training examples drawn by `seed`, both sorted; all to the clients when 0.
+fn validation_split(n: usize, validation: f64, seed: u64) -> (Vec<i64>, Vec<i64>) {
+    use rand::seq::SliceRandom;
+    use rand::SeedableRng;
+    let held = (validation * n as f64).round() as usize;
+    let mut order: Vec<i64> = (0..n as i64).collect();
+    if held > 0 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5641_4C49_4441_5445);
+        order.shuffle(&mut rng);
+    }
+    let (mut validation_index, mut kept) = (order[..held].to_vec(), order[held..].to_vec());
+    validation_index.sort_unstable();
+    kept.sort_unstable();
+    (kept, validation_index)
+}
+
 fn evaluate(model: &model::FlModel, x: &Tensor, y: &Tensor) -> Evaluation {
     let _guard = tch::no_grad_guard();
     let count = x.size()[0];
@@ -652,4 +747,23 @@ fn progress_bar(show: bool, rounds: usize) -> ProgressBar {
             .progress_chars("=> "),
     );
     bar
+}
+
+#[cfg(test)]
+mod validation_tests {
+    use super::validation_split;
+
+    #[test]
+    fn the_validation_split_is_a_seeded_disjoint_share() {
+        let (kept, held) = validation_split(1000, 0.1, 3);
+        assert_eq!(held.len(), 100);
+        assert_eq!(kept.len(), 900);
+        let mut all: Vec<i64> = kept.iter().chain(&held).copied().collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..1000).collect::<Vec<i64>>());
+        assert_eq!(validation_split(1000, 0.1, 3), (kept, held.clone()));
+        assert_ne!(validation_split(1000, 0.1, 4).1, held);
+        // None held out: every example to the clients, in order (runs without a split unchanged).
+        assert_eq!(validation_split(5, 0.0, 3), ((0..5).collect(), vec![]));
+    }
 }

@@ -58,6 +58,10 @@ pub struct FlArgs {
     /// al.'s, 1,663,370: the size the paper's costs imply); breast_cancer mlp.
     #[arg(long, value_enum)]
     pub model: Option<dpcomp::fl::model::FlNet>,
+    /// Share of the training examples held out of every client for validation: the summary
+    /// then adds the round chosen on it, the test metric and ε there (and --patience watches it).
+    #[arg(long, default_value_t = 0.0)]
+    pub validation: f64,
     /// N (default: 1000 for Fashion-MNIST, 50 for breast cancer).
     #[arg(long)]
     pub clients: Option<usize>,
@@ -139,6 +143,7 @@ pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
     s.chunks = args.chunks;
     s.rows = args.rows;
     s.model = args.model;
+    s.validation = args.validation;
     s.clients = args.clients.unwrap_or(s.clients);
     s.fraction = args.fraction.unwrap_or(s.fraction);
     s.local.steps = args.local_steps.unwrap_or(s.local.steps);
