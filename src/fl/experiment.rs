@@ -95,6 +95,13 @@ pub struct Grid {
     pub compressors: Vec<FlCompressor>,
     #[serde(default)]
     pub seed: u64,
+    /// Seeds of every cell (cells named `-s{seed}`); empty: `seed` alone, names unchanged.
+    #[serde(default)]
+    pub seeds: Vec<u64>,
+    /// Server momentum β of every cell (cells named `-m{β}`; FL-CS keeps it in the compressed
+    /// domain, Algorithm 3); empty: the dataset's `server_momentum`, names unchanged.
+    #[serde(default)]
+    pub server_momentum: Vec<f64>,
 }
 
 fn first_rows() -> Vec<DctRows> {
@@ -178,6 +185,17 @@ impl FlExperiment {
             } else {
                 0.0
             };
+            let seeds = if self.grid.seeds.is_empty() {
+                vec![None]
+            } else {
+                self.grid.seeds.iter().map(|&s| Some(s)).collect()
+            };
+            let momenta = if self.grid.server_momentum.is_empty() {
+                vec![None]
+            } else {
+                self.grid.server_momentum.iter().map(|&m| Some(m)).collect()
+            };
+            let start = cells.len();
             for &dp in &self.grid.dp {
                 for &scheme in &self.grid.schemes {
                     let ratios = if scheme == Scheme::Std {
@@ -239,6 +257,25 @@ impl FlExperiment {
                     cells.push((d.dataset.name().to_string(), name, s));
                 }
             }
+            // Every cell once per momentum and seed of the grid's axes.
+            let plain: Vec<(String, String, FlSettings)> = cells.drain(start..).collect();
+            for seed in &seeds {
+                for momentum in &momenta {
+                    for (dataset, name, settings) in &plain {
+                        let mut s = settings.clone();
+                        let mut name = name.clone();
+                        if let Some(m) = momentum {
+                            s.server_momentum = *m;
+                            name.push_str(&format!("-m{m}"));
+                        }
+                        if let Some(seed) = seed {
+                            s.seed = *seed;
+                            name.push_str(&format!("-s{seed}"));
+                        }
+                        cells.push((dataset.clone(), name, s));
+                    }
+                }
+            }
         }
         Ok(cells)
     }
@@ -277,7 +314,15 @@ pub fn run(
         if progress {
             eprintln!("[{}/{total}] {dataset} {name}", i + 1);
         }
-        super::run(settings, &loaded[dataset], Some(&dir), progress)?;
+        match super::run(settings, &loaded[dataset], Some(&dir), progress) {
+            // Another worker runs this cell: leave it to them (workers may share a grid).
+            Err(Error::RunInUse { owner, .. }) => {
+                eprintln!("    {name}: in use by another process ({owner}), skipped");
+            }
+            other => {
+                other?;
+            }
+        }
     }
     let finished = read_cells(out)?;
     write_results(&finished, out)?;
@@ -340,7 +385,7 @@ pub fn read_cells(out: &Path) -> Result<Vec<Cell>> {
 
 /// Table order: dataset, no DP before DP, scheme as in the paper (FL-CS with random rows last),
 /// ratio.
-fn order_key(c: &Cell) -> (String, bool, usize, u64) {
+fn order_key(c: &Cell) -> (String, bool, usize, u64, u64, u64) {
     let scheme = [Scheme::Std, Scheme::Rnd, Scheme::Freq, Scheme::Cs]
         .iter()
         .position(|s| *s == c.settings.scheme)
@@ -357,18 +402,20 @@ fn order_key(c: &Cell) -> (String, bool, usize, u64) {
         c.settings.privacy.is_some(),
         scheme,
         size,
+        (c.settings.server_momentum * 1e6) as u64,
+        c.settings.seed,
     )
 }
 
 pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
     let mut csv = String::from(
-        "dataset,scheme,ratio,dp,clip,sigma,epsilon,delta,metric,best,round,accuracy,balanced_accuracy,auroc,cost_kb,upstream_kb,rounds_run,parameters,message_length,server_s,client_s\n",
+        "dataset,scheme,ratio,dp,clip,sigma,epsilon,delta,metric,best,round,accuracy,balanced_accuracy,auroc,cost_kb,upstream_kb,rounds_run,parameters,message_length,server_s,client_s,server_momentum,seed,epsilon_at_best,validation_round,test_at_validation_round,epsilon_at_validation_round\n",
     );
     let opt = |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
     for c in cells {
         let s = &c.summary;
         csv.push_str(&format!(
-            "{},{},{:.4},{},{},{},{},{},{},{:.4},{},{:.4},{:.4},{},{:.4},{:.4},{},{},{},{:.4},{:.4}\n",
+            "{},{},{:.4},{},{},{},{},{},{},{:.4},{},{:.4},{:.4},{},{:.4},{:.4},{},{},{},{:.4},{:.4},{},{},{},{},{},{}\n",
             c.dataset,
             s.scheme,
             s.ratio,
@@ -390,6 +437,12 @@ pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
             s.message_length,
             s.mean_server_seconds,
             s.mean_client_seconds,
+            c.settings.server_momentum,
+            c.settings.seed,
+            opt(s.epsilon_at_best, 3),
+            s.validation_round.map_or(String::new(), |r| r.to_string()),
+            opt(s.test_at_validation_round, 4),
+            opt(s.epsilon_at_validation_round, 3),
         ));
     }
     std::fs::write(out.join("results.csv"), csv)
@@ -412,9 +465,9 @@ pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
             current = header.clone();
             md.push_str(&format!("\n### {header}\n\n"));
             if binary {
-                md.push_str("| scheme | r | best balanced accuracy | AUROC | round | cost (kB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|---|\n");
+                md.push_str("| scheme | r | β | seed | best balanced accuracy | AUROC | round | ε there | chosen on validation: round, test, ε | cost (kB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
             } else {
-                md.push_str("| scheme | r | best accuracy | round | cost (kB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|\n");
+                md.push_str("| scheme | r | β | seed | best accuracy | round | ε there | chosen on validation: round, test, ε | cost (kB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
             }
         }
         let dp = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
@@ -423,12 +476,19 @@ pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
         } else {
             String::new()
         };
+        let chosen = match (s.validation_round, s.test_at_validation_round) {
+            (Some(r), Some(t)) => format!("{r}, {t:.4}, {}", dp(s.epsilon_at_validation_round, 3)),
+            _ => "-".to_string(),
+        };
         md.push_str(&format!(
-            "| {} | {:.2} | {:.4} |{auroc} {} | {:.2} | {} | {} | {} |\n",
+            "| {} | {:.2} | {} | {} | {:.4} |{auroc} {} | {} | {chosen} | {:.2} | {} | {} | {} |\n",
             s.scheme,
             s.ratio,
+            c.settings.server_momentum,
+            c.settings.seed,
             s.best,
             s.best_round,
+            dp(s.epsilon_at_best, 3),
             s.cost_bits / 8e3,
             dp(s.clip, 4),
             dp(s.noise_multiplier, 3),
