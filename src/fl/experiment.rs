@@ -498,3 +498,75 @@ pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
     std::fs::write(out.join("results.md"), md.trim_start())
         .map_err(|e| Error::io(out.join("results.md"), e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seeds and momentum axes multiply every cell, name it, and set its settings; the
+    /// committed file of issue 18 parses into its 120 cpu cells.
+    #[test]
+    fn seeds_and_momentum_axes_multiply_the_cells() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("axes.toml");
+        std::fs::write(
+            &path,
+            r#"
+name = "axes"
+kind = "fl"
+[[datasets]]
+dataset = "breast_cancer"
+clients = 10
+fraction = 0.5
+local_steps = 1
+local_batch = 0
+local_lr = 0.5
+rounds = 3
+full_clip = 0.5
+[grid]
+schemes = ["std", "cs"]
+ratios = [0.1]
+dp = [false]
+target_epsilon = 1.0
+delta = 1e-5
+lambda = 0.01
+owlqn_iterations = 5
+seeds = [4, 7]
+server_momentum = [0.0, 0.9]
+[profiles.cpu]
+"#,
+        )
+        .unwrap();
+        let cells = FlExperiment::from_file(&path)
+            .unwrap()
+            .cells("cpu")
+            .unwrap();
+        let names: Vec<&str> = cells.iter().map(|(_, n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "std-r1-m0-s4",
+                "cs-r0.1-m0-s4",
+                "std-r1-m0.9-s4",
+                "cs-r0.1-m0.9-s4",
+                "std-r1-m0-s7",
+                "cs-r0.1-m0-s7",
+                "std-r1-m0.9-s7",
+                "cs-r0.1-m0.9-s7"
+            ]
+        );
+        for (_, name, s) in &cells {
+            assert_eq!(s.seed, if name.ends_with("s4") { 4 } else { 7 }, "{name}");
+            let beta = if name.contains("-m0.9") { 0.9 } else { 0.0 };
+            assert_eq!(s.server_momentum, beta, "{name}");
+        }
+        let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/fl_scale.toml");
+        let scale = FlExperiment::from_file(&committed).unwrap();
+        let cells = scale.cells("cpu").unwrap();
+        assert_eq!(cells.len(), 120);
+        assert!(cells.iter().all(|(_, _, s)| s.model
+            == Some(super::super::model::FlNet::FedavgCnn)
+            && s.validation == 0.1
+            && s.rounds == 50));
+    }
+}
