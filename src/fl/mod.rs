@@ -167,6 +167,17 @@ impl FlSettings {
                 },
                 100,
             ),
+            // 20 "hospitals" of about 315 patients, 4 a round; 5 full-batch GD steps.
+            FlDataset::Flchain => (
+                20,
+                0.2,
+                LocalTraining {
+                    steps: 5,
+                    batch: 0,
+                    learning_rate: 0.5,
+                },
+                100,
+            ),
         };
         FlSettings {
             dataset,
@@ -324,6 +335,8 @@ pub fn default_full_clip(dataset: FlDataset) -> f64 {
     match dataset {
         FlDataset::FashionMnist => 0.5,
         FlDataset::BreastCancer => 0.5,
+        // flchain: 0.30 then 0.15-0.19 over rounds 1-8 of FL-STD (20 hospitals, C 0.2).
+        FlDataset::Flchain => 0.2,
     }
 }
 
