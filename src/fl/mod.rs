@@ -92,7 +92,7 @@ pub struct FlSettings {
     pub lambda: f64,
     /// FL-CS: OWL-QN iterations per round.
     pub owlqn_iterations: usize,
-    /// Test examples evaluated after each round (0: all).
+    /// Test examples, and validation examples, evaluated after each round (0: all).
     pub eval_examples: usize,
     pub seed: u64,
     #[serde(default)]
@@ -444,7 +444,13 @@ pub fn run(
         .map(|shard| shard.into_iter().map(|i| kept[i as usize]).collect())
         .collect();
     let validation_set = (!validation_index.is_empty()).then(|| {
-        let index = Tensor::from_slice(&validation_index).to_device(device);
+        // At most `eval_examples` of them, as for the test set (a round's evaluation of a large
+        // model otherwise outlasts its training).
+        let count = match settings.eval_examples {
+            0 => validation_index.len(),
+            k => k.min(validation_index.len()),
+        };
+        let index = Tensor::from_slice(&validation_index[..count]).to_device(device);
         (
             data.train_x.index_select(0, &index),
             data.train_y.index_select(0, &index),
