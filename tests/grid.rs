@@ -182,9 +182,9 @@ fn every_experiment_file_resolves_in_both_profiles() {
                         // Per dataset: FL-STD, 3 ratios of RND and FREQ, 3 x 2 row choices of
                         // CS; x DP.
                         Some("fl_cs") => 2 * 2 * (1 + 3 + 3 + 6),
-                        // One dataset: FL-STD, 3 ratios of RND, FREQ and CS; x DP; x 2 server
-                        // momenta x 3 seeds.
-                        Some("fl_scale") => 2 * (1 + 3 + 3 + 3) * 2 * 3,
+                        // Two datasets: FL-STD, 3 ratios of RND, FREQ and CS; x DP; x 2
+                        // server momenta x 3 seeds.
+                        Some("fl_scale") => 2 * 2 * (1 + 3 + 3 + 3) * 2 * 3,
                         other => panic!("{other:?}: a new federated file; add its cell count"),
                     };
                     assert_eq!(cells.len(), expected, "{}: {profile}", path.display());

@@ -563,8 +563,13 @@ server_momentum = [0.0, 0.9]
         let committed = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/fl_scale.toml");
         let scale = FlExperiment::from_file(&committed).unwrap();
         let cells = scale.cells("cpu").unwrap();
-        assert_eq!(cells.len(), 120);
-        assert!(cells.iter().all(|(_, _, s)| s.model
+        assert_eq!(cells.len(), 240);
+        let fashion: Vec<_> = cells
+            .iter()
+            .filter(|(d, _, _)| d == "fashion-mnist")
+            .collect();
+        assert_eq!(fashion.len(), 120);
+        assert!(fashion.iter().all(|(_, _, s)| s.model
             == Some(super::super::model::FlNet::FedavgCnn)
             && s.validation == 0.1
             && s.rounds == 50));
