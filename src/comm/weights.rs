@@ -7,8 +7,8 @@ use super::Communicator;
 use crate::error::Result;
 use tch::{Device, Tensor};
 
-/// The parameters' values as bytes, in order (each in its own kind, little-endian as in memory).
-fn parameter_bytes(params: &[(String, Tensor)]) -> Vec<u8> {
+/// The tensors' values as bytes, in order (each in its own kind, little-endian as in memory).
+pub(crate) fn parameter_bytes(params: &[(String, Tensor)]) -> Vec<u8> {
     let mut bytes = Vec::new();
     for (_, p) in params {
         let p = p.detach().to_device(Device::Cpu).contiguous();

@@ -12,9 +12,8 @@ use crate::data::{Dataset, Features, TaskData};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 /// The seed rank `rank`'s random stream (batches, augmentation, dropout, noise) starts from:
 /// rank 0 keeps the run's seed, so one worker is the single-process run draw for draw; every
@@ -114,26 +113,13 @@ pub fn sum_over_workers(comm: &mut dyn Communicator, values: &[f64]) -> Result<V
     Ok(sums)
 }
 
-/// The raw bytes of `tensors`, in order (each in its own kind, as in memory).
-fn tensor_bytes(tensors: &[(String, Tensor)]) -> Vec<u8> {
-    let mut bytes = Vec::new();
-    for (_, t) in tensors {
-        let t = t.detach().to_device(Device::Cpu).contiguous();
-        let length = t.numel() * t.kind().elt_size_in_bytes();
-        let start = bytes.len();
-        bytes.resize(start + length, 0);
-        t.copy_data_u8(&mut bytes[start..], t.numel());
-    }
-    bytes
-}
-
 /// Every rank's encoder state on every rank, in rank order: each rank's tensors laid out as this
 /// rank's own (every worker's encoder is built from the same compressor and shapes).
 pub fn gather_encoder_states(
     comm: &mut dyn Communicator,
     mine: &[(String, Tensor)],
 ) -> Result<Vec<Vec<(String, Tensor)>>> {
-    let all = comm.all_gather(&tensor_bytes(mine))?;
+    let all = comm.all_gather(&crate::comm::weights::parameter_bytes(mine))?;
     let expected: usize = mine
         .iter()
         .map(|(_, t)| t.numel() * t.kind().elt_size_in_bytes())
@@ -304,31 +290,27 @@ pub fn gather_traffic(comm: &mut dyn Communicator, mine: &[TrafficRow]) -> Resul
 /// Appends rows to `traffic.csv` (a header first when the file is new); `metrics::truncate_upstream`
 /// cuts it back to a checkpoint's steps, its first column being the step too.
 pub fn append_traffic(path: &Path, rows: &[TrafficRow]) -> Result<()> {
-    let new = !path.exists();
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
-    let mut text = String::new();
-    if new {
-        text.push_str("step,rank,sent_bytes,received_bytes,compute_seconds,encode_seconds,comm_seconds,decode_seconds\n");
-    }
-    for r in rows {
-        text.push_str(&format!(
-            "{},{},{},{},{:.6},{:.6},{:.6},{:.6}\n",
-            r.step,
-            r.rank,
-            r.cost.traffic.sent,
-            r.cost.traffic.received,
-            r.compute_seconds,
-            r.cost.encode_seconds,
-            r.cost.comm_seconds,
-            r.cost.decode_seconds
-        ));
-    }
-    file.write_all(text.as_bytes())
-        .map_err(|e| Error::io(path, e))
+    let lines: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{},{},{},{},{:.6},{:.6},{:.6},{:.6}",
+                r.step,
+                r.rank,
+                r.cost.traffic.sent,
+                r.cost.traffic.received,
+                r.compute_seconds,
+                r.cost.encode_seconds,
+                r.cost.comm_seconds,
+                r.cost.decode_seconds
+            )
+        })
+        .collect();
+    super::metrics::append_csv(
+        path,
+        "step,rank,sent_bytes,received_bytes,compute_seconds,encode_seconds,comm_seconds,decode_seconds",
+        &lines,
+    )
 }
 
 /// An epoch's exchange over all workers, in `metrics.jsonl` (`traffic.csv` has every step).

@@ -148,6 +148,15 @@ pub type UpstreamRow = (u64, usize, u64, u64);
 
 /// Appends `step,epoch,upstream_bits,paper_bits` lines (a header first when the file is new).
 pub fn append_upstream(path: &Path, rows: &[UpstreamRow]) -> Result<()> {
+    let lines: Vec<String> = rows
+        .iter()
+        .map(|(step, epoch, bits, paper)| format!("{step},{epoch},{bits},{paper}"))
+        .collect();
+    append_csv(path, "step,epoch,upstream_bits,paper_bits", &lines)
+}
+
+/// Appends `lines` to the CSV file at `path`, writing `header` first when the file is new.
+pub fn append_csv(path: &Path, header: &str, lines: &[String]) -> Result<()> {
     let new = !path.exists();
     let mut file = std::fs::OpenOptions::new()
         .create(true)
@@ -156,10 +165,12 @@ pub fn append_upstream(path: &Path, rows: &[UpstreamRow]) -> Result<()> {
         .map_err(|e| Error::io(path, e))?;
     let mut text = String::new();
     if new {
-        text.push_str("step,epoch,upstream_bits,paper_bits\n");
+        text.push_str(header);
+        text.push('\n');
     }
-    for (step, epoch, bits, paper) in rows {
-        text.push_str(&format!("{step},{epoch},{bits},{paper}\n"));
+    for line in lines {
+        text.push_str(line);
+        text.push('\n');
     }
     file.write_all(text.as_bytes())
         .map_err(|e| Error::io(path, e))
