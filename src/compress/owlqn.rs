@@ -16,6 +16,8 @@ use std::collections::VecDeque;
 use tch::{Kind, Tensor};
 
 /// A linear measurement operator applied row by row: s [P, L] -> A s [P, M], and its adjoint.
+/// The same A for every row, so it applies to any subset of the rows (`owlqn`'s line search
+/// measures only the rows still searching).
 pub trait Measurement {
     fn apply(&self, s: &Tensor) -> Tensor;
     fn adjoint(&self, r: &Tensor) -> Tensor;
@@ -47,7 +49,8 @@ pub struct Solution {
     /// Objective of each row [P].
     pub objective: Tensor,
     pub iterations: usize,
-    /// Objective evaluations (each one application of A), line searches included.
+    /// Objective evaluations (each one application of A, to every row at the start and to the
+    /// rows still searching in a line-search trial).
     pub evaluations: usize,
 }
 
@@ -56,15 +59,27 @@ fn select(condition: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
     a.where_self(condition, b)
 }
 
+/// aᵀb per row, [P, 1] (one fused pass over both, no product tensor).
 fn row_dot(a: &Tensor, b: &Tensor) -> Tensor {
-    (a * b).sum_dim_intlist([1i64].as_slice(), true, a.kind())
+    Tensor::linalg_vecdot(a, b, 1).unsqueeze(1)
+}
+
+/// The residual A s − y [P, M] and the objective [P, 1] of s.
+fn residual_and_objective(
+    op: &dyn Measurement,
+    s: &Tensor,
+    y: &Tensor,
+    lambda: &Tensor,
+) -> (Tensor, Tensor) {
+    let residual = op.apply(s) - y;
+    let objective = row_dot(&residual, &residual) * 0.5
+        + lambda * s.abs().sum_dim_intlist([1i64].as_slice(), true, s.kind());
+    (residual, objective)
 }
 
 /// Objective [P, 1] and the smooth part's gradient Aᵀ(A s − y) [P, L].
 fn evaluate(op: &dyn Measurement, s: &Tensor, y: &Tensor, lambda: &Tensor) -> (Tensor, Tensor) {
-    let residual = op.apply(s) - y;
-    let objective = row_dot(&residual, &residual) * 0.5
-        + lambda * s.abs().sum_dim_intlist([1i64].as_slice(), true, s.kind());
+    let (residual, objective) = residual_and_objective(op, s, y, lambda);
     (objective, op.adjoint(&residual))
 }
 
@@ -95,7 +110,8 @@ fn two_loop(g: &Tensor, pairs: &VecDeque<(Tensor, Tensor, Tensor)>) -> Tensor {
     let mut alphas = Vec::with_capacity(pairs.len());
     for (s, y, rho) in pairs.iter().rev() {
         let alpha = rho * row_dot(s, &q);
-        q -= &alpha * y;
+        // q -= α y, in place without a temporary (addcmul_: q += t₁ t₂).
+        let _ = q.addcmul_(&(-&alpha), y);
         alphas.push(alpha);
     }
     if let Some((s, y, rho)) = pairs.back() {
@@ -109,7 +125,7 @@ fn two_loop(g: &Tensor, pairs: &VecDeque<(Tensor, Tensor, Tensor)>) -> Tensor {
     }
     for ((s, y, rho), alpha) in pairs.iter().zip(alphas.into_iter().rev()) {
         let beta = rho * row_dot(y, &q);
-        q += s * (alpha - beta);
+        let _ = q.addcmul_(&(alpha - beta), s);
     }
     -q
 }
@@ -125,13 +141,14 @@ pub fn owlqn(
     let rows = y.size()[0];
     let (kind, device) = (y.kind(), y.device());
     let mut s = Tensor::zeros([rows, length], (kind, device));
-    let (mut f, mut grad) = evaluate(op, &s, y, lambda);
+    let (mut residual, mut f) = residual_and_objective(op, &s, y, lambda);
+    let mut grad = op.adjoint(&residual);
     let mut pairs: VecDeque<(Tensor, Tensor, Tensor)> = VecDeque::new();
     let mut iterations = 0;
     let mut stalled_before = false;
     let mut evaluations = 1;
     const ARMIJO: f64 = 1e-4;
-    const BACKTRACKS: usize = 30;
+    const BACKTRACKS: i32 = 30;
     while iterations < settings.max_iterations {
         iterations += 1;
         let pg = pseudo_gradient(&s, &grad, lambda);
@@ -144,37 +161,58 @@ pub fn owlqn(
         );
         // The orthant to stay in: the sign of s, or of -pg where s is 0.
         let orthant = select(&s.ne(0.0), &s.sign(), &(-&pg).sign());
-        // Backtracking, per row: accept the first step whose projected point satisfies Armijo's
-        // condition on the pseudo-gradient; rows that never do keep their point.
-        // A row whose predicted decrease -pgᵀd is below the objective's rounding error cannot
-        // pass the test in floating point: it is accepted where it is (no backtracking for it).
+        // Backtracking, per row: accept the first step 1, ½, ¼, ... whose projected point
+        // satisfies Armijo's condition on the pseudo-gradient; rows that never do keep their
+        // point. A row whose predicted decrease -pgᵀd is below the objective's rounding error
+        // cannot pass the test in floating point: it is accepted where it is (no backtracking).
+        // Every row still searching has the same step, so each trial measures only those rows
+        // (A is the same for every row), and the accepted point's residual gives its gradient
+        // with one adjoint: per iteration one application of A to the rows still searching per
+        // trial, and one Aᵀ.
         let rounding = if kind == Kind::Double { 1e-14 } else { 1e-6 };
         let predicted = -row_dot(&pg, &direction);
-        let mut accepted = predicted.le_tensor(&(f.abs() * rounding));
-        let mut step = Tensor::ones([rows, 1], (kind, device));
-        let mut s_next = s.shallow_clone();
-        let mut f_next = f.shallow_clone();
-        for _ in 0..BACKTRACKS {
-            let trial = &s + &step * &direction;
+        let mut searching = predicted.gt_tensor(&(f.abs() * rounding)).squeeze_dim(1);
+        let mut s_next = s.copy();
+        let mut residual_next = residual.copy();
+        let mut f_next = f.copy();
+        for backtrack in 0..BACKTRACKS {
+            let rows_searching = searching.nonzero().squeeze_dim(1);
+            if rows_searching.numel() == 0 {
+                break;
+            }
+            let step = 0.5f64.powi(backtrack);
+            let every_row = rows_searching.numel() as i64 == rows;
+            let at = |t: &Tensor| {
+                if every_row {
+                    t.shallow_clone()
+                } else {
+                    t.index_select(0, &rows_searching)
+                }
+            };
+            let (s_rows, pg_rows, f_rows) = (at(&s), at(&pg), at(&f));
+            let trial = &s_rows + at(&direction) * step;
             let trial = select(
-                &(trial.sign() * &orthant).gt(0.0),
+                &(trial.sign() * at(&orthant)).gt(0.0),
                 &trial,
                 &trial.zeros_like(),
             );
-            let (f_trial, _) = evaluate(op, &trial, y, lambda);
+            let (r_trial, f_trial) =
+                residual_and_objective(op, &trial, &at(y), &at(lambda));
             evaluations += 1;
             let ok = f_trial
-                .le_tensor(&(&f + row_dot(&pg, &(&trial - &s)) * ARMIJO))
-                .logical_and(&accepted.logical_not());
-            s_next = select(&ok, &trial, &s_next);
-            f_next = select(&ok, &f_trial, &f_next);
-            accepted = accepted.logical_or(&ok);
-            if accepted.all().int64_value(&[]) == 1 {
-                break;
+                .le_tensor(&(&f_rows + row_dot(&pg_rows, &(&trial - &s_rows)) * ARMIJO))
+                .squeeze_dim(1);
+            let ok_rows = ok.nonzero().squeeze_dim(1);
+            if ok_rows.numel() > 0 {
+                let index = rows_searching.index_select(0, &ok_rows);
+                let pick = |t: &Tensor| t.index_select(0, &ok_rows);
+                let _ = s_next.index_copy_(0, &index, &pick(&trial));
+                let _ = residual_next.index_copy_(0, &index, &pick(&r_trial));
+                let _ = f_next.index_copy_(0, &index, &pick(&f_trial));
+                let _ = searching.index_fill_(0, &index, 0);
             }
-            step = select(&accepted, &step, &(&step * 0.5));
         }
-        let (_, grad_next) = evaluate(op, &s_next, y, lambda);
+        let grad_next = op.adjoint(&residual_next);
         let ds = &s_next - &s;
         let dg = &grad_next - &grad;
         let curvature = row_dot(&ds, &dg);
@@ -189,6 +227,7 @@ pub fn owlqn(
         }
         let decrease = (&f - &f_next) / f.abs().clamp_min(1e-300);
         s = s_next;
+        residual = residual_next;
         grad = grad_next;
         f = f_next;
         // A row that made (almost) no progress may be stalled by a stale quasi-Newton model (the
