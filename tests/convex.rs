@@ -394,3 +394,84 @@ seeds = 3
     );
     assert!(outcome.folder.join("convex_synthetic_120_4.png").is_file());
 }
+
+/// Preprocessing inside the budget (issue 18): a private scaling spends its share of ε and δ,
+/// training is calibrated to exactly what is left (the σ of a run given the rest on data that
+/// spent nothing), the accountant's total stays within the target, and a scaling by the training
+/// rows' own statistics is flagged as outside ε.
+#[test]
+fn private_preprocessing_is_charged_to_the_budget_and_train_statistics_are_flagged() {
+    use dpcomp::convex::preprocess::{Preprocess, Scaling};
+    let _serial = common::serial();
+    let Some(root) = common::require_shared_data() else {
+        return;
+    };
+    let (epsilon, delta) = (4.0, 1e-5);
+    let private_scaling = Scaling::Private {
+        share: 0.3,
+        clip: 20.0,
+        epsilon,
+        delta: Some(delta),
+        seed: 0,
+    };
+    let private = data::breast_cancer(&root, &private_scaling).unwrap();
+    let cost = private.preprocess.unwrap();
+    assert_eq!(cost.preprocess, Preprocess::Private);
+    assert!((cost.epsilon - 1.2).abs() < 1e-12 && (cost.delta - 3e-6).abs() < 1e-18);
+    assert!(private.max_norm() <= FEATURE_NORM_BOUND + 1e-12);
+    let settings = ConvexSettings {
+        loss: Loss::Hinge,
+        algorithm: Algorithm::Gradient,
+        calibration: Calibration::Accountant,
+        epsilon,
+        delta: Some(delta),
+        radius: 1.0,
+        unbounded: false,
+        steps: None,
+        step_size: None,
+        seed: 0,
+    };
+    let report = run(&private, &settings).unwrap();
+    let public = data::breast_cancer(&root, &Scaling::Public).unwrap();
+    assert_eq!(public.preprocess.unwrap().epsilon, 0.0);
+    let rest = run(
+        &public,
+        &ConvexSettings {
+            epsilon: epsilon - cost.epsilon,
+            delta: Some(delta - cost.delta),
+            ..settings.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(report.sigma, rest.sigma);
+    assert!(report.sigma.unwrap() > 0.0);
+    let total = report.accountant_epsilon.unwrap();
+    assert!(total <= epsilon + 1e-6 && total > epsilon - 0.01, "{total}");
+    assert_eq!(
+        (
+            report.preprocess,
+            report.preprocess_epsilon,
+            report.preprocess_private
+        ),
+        (Some(Preprocess::Private), cost.epsilon, true)
+    );
+    // Privately centred, the model learns (94.7% by the leaky standardisation, 61.4% = the
+    // majority class for the uncentred public map at this schedule; 114 test rows).
+    assert!(report.test_accuracy > 0.9, "{}", report.test_accuracy);
+    assert!(rest.test_accuracy < 0.7, "{}", rest.test_accuracy);
+    let leaky = data::breast_cancer(&root, &Scaling::TrainStatistics).unwrap();
+    let leaky_report = run(&leaky, &settings).unwrap();
+    assert!(!leaky_report.preprocess_private);
+    assert_eq!(leaky_report.preprocess_epsilon, 0.0);
+    // A target below the scaling's spend leaves nothing for training: refused, naming both.
+    let error = run(
+        &private,
+        &ConvexSettings {
+            epsilon: 1.0,
+            ..settings.clone()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("leave nothing for training"), "{error}");
+}

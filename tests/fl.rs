@@ -334,9 +334,10 @@ fn private_fl_cs_on_breast_cancer_learns_and_reports_the_accountants_epsilon() {
     let bytes = dpcomp::compress::wire::encoded_len(&one) as u64;
     assert!(bytes > 4 * m as u64 && bytes < 4 * m as u64 + 64);
     assert_eq!(rows[0].upstream_bits, 8 * bytes * rows[0].clients as u64);
-    // Despite the noise the model learns: balanced accuracy well above chance (0.5).
+    // Despite the noise the model learns: balanced accuracy well above chance (0.5). (0.79 with
+    // the public log map; the training split's standardisation gave above 0.85, outside ε.)
     let best = summary["best"].as_f64().unwrap();
-    assert!(best > 0.85, "best balanced accuracy {best}");
+    assert!(best > 0.7, "best balanced accuracy {best}");
 }
 
 #[test]

@@ -196,8 +196,7 @@ pub fn owlqn(
                 &trial,
                 &trial.zeros_like(),
             );
-            let (r_trial, f_trial) =
-                residual_and_objective(op, &trial, &at(y), &at(lambda));
+            let (r_trial, f_trial) = residual_and_objective(op, &trial, &at(y), &at(lambda));
             evaluations += 1;
             let ok = f_trial
                 .le_tensor(&(&f_rows + row_dot(&pg_rows, &(&trial - &s_rows)) * ARMIJO))

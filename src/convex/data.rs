@@ -1,15 +1,17 @@
 //! Tabular binary-classification data for the convex algorithms: features [n, d] (f64) and labels
-//! ±1, split 80/20 with a fixed seed, standardised with the training part's mean and standard
-//! deviation, then every row projected into the unit ball (x / max(1, ||x||)). The projection
+//! ±1, split 80/20 with a fixed seed, scaled as `preprocess` says (public log map, private or
+//! training-set standardisation; what each costs in privacy is there), then every row projected
+//! into the unit ball (x / max(1, ||x||)). The projection
 //! makes X = max ||x|| <= 1 a bound that holds for any dataset, not one read off this one (a
 //! data-dependent bound would itself leak), so the constants L and M of `loss.rs` are public.
 
+use super::preprocess::{PreprocessCost, Scaling};
 use crate::error::{Error, Result};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
 use std::path::Path;
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
 /// Every feature row has norm at most this after loading: the X of the losses' constants.
 pub const FEATURE_NORM_BOUND: f64 = 1.0;
@@ -23,6 +25,9 @@ pub struct Tabular {
     pub y_train: Tensor,
     pub x_test: Tensor,
     pub y_test: Tensor,
+    /// How the features were scaled and the privacy that spent on the training rows; `None` for
+    /// generated data (already in the unit ball, no statistics taken).
+    pub preprocess: Option<PreprocessCost>,
 }
 
 impl Tabular {
@@ -46,7 +51,7 @@ impl Tabular {
 /// A CSV of numeric features with the label in the last column (0/1 or -1/+1; 0 maps to -1). A
 /// first line that is not all numbers, or whose column count differs from the rest (scikit-learn's
 /// `569,30,malignant,benign` header), is skipped.
-pub fn read_csv(path: &Path, name: &str) -> Result<Tabular> {
+pub fn read_csv(path: &Path, name: &str, scaling: &Scaling) -> Result<Tabular> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let parse = |line: &str| -> Option<Vec<f64>> {
@@ -116,14 +121,14 @@ pub fn read_csv(path: &Path, name: &str) -> Result<Tabular> {
     }
     let x = Tensor::from_slice(&features).view([rows.len() as i64, d as i64]);
     let y = Tensor::from_slice(&labels);
-    Ok(split_and_scale(name, &x, &y))
+    split_and_scale(name, &x, &y, scaling)
 }
 
 /// The Wisconsin breast-cancer table in `data_dir/breast_cancer/breast_cancer.csv` (569 rows,
 /// 30 features; label 1 benign -> +1, 0 malignant -> -1).
-pub fn breast_cancer(data_dir: &Path) -> Result<Tabular> {
+pub fn breast_cancer(data_dir: &Path, scaling: &Scaling) -> Result<Tabular> {
     let path = data_dir.join("breast_cancer").join("breast_cancer.csv");
-    let data = read_csv(&path, "breast_cancer")?;
+    let data = read_csv(&path, "breast_cancer", scaling)?;
     if data.dim() != 30 || data.train_len() + data.y_test.size()[0] as usize != 569 {
         return Err(Error::bad_file(
             &path,
@@ -134,13 +139,13 @@ pub fn breast_cancer(data_dir: &Path) -> Result<Tabular> {
 }
 
 /// The table named by `spec` (`--data`, a grid's `data`): `breast_cancer`, `csv:PATH` or
-/// `synthetic:N:D` (N >= 10 rows of D features, seed 0).
-pub fn named(spec: &str, data_dir: Option<&Path>) -> Result<Tabular> {
+/// `synthetic:N:D` (N >= 10 rows of D features, seed 0; `scaling` does not apply to it).
+pub fn named(spec: &str, data_dir: Option<&Path>, scaling: &Scaling) -> Result<Tabular> {
     if spec == "breast_cancer" {
-        return breast_cancer(&data_dir_or_default(data_dir));
+        return breast_cancer(&data_dir_or_default(data_dir), scaling);
     }
     if let Some(path) = spec.strip_prefix("csv:") {
-        return read_csv(Path::new(path), path);
+        return read_csv(Path::new(path), path, scaling);
     }
     if let Some(rest) = spec.strip_prefix("synthetic:") {
         let parts: Vec<&str> = rest.split(':').collect();
@@ -209,6 +214,7 @@ pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Tabular {
         y_train: y.index_select(0, &train),
         x_test: x.index_select(0, &test),
         y_test: y.index_select(0, &test),
+        preprocess: None,
     }
 }
 
@@ -223,23 +229,19 @@ fn split_index(n: usize) -> (Tensor, Tensor) {
     )
 }
 
-fn split_and_scale(name: &str, x: &Tensor, y: &Tensor) -> Tabular {
+fn split_and_scale(name: &str, x: &Tensor, y: &Tensor, scaling: &Scaling) -> Result<Tabular> {
     let (train, test) = split_index(y.size()[0] as usize);
-    let (x_train, x_test) = (x.index_select(0, &train), x.index_select(0, &test));
-    let mean = x_train.mean_dim(0, true, Kind::Double);
-    let std = x_train.std_dim(0, false, true).clamp_min(1e-12);
-    let scale = |x: &Tensor| {
-        let z = (x - &mean) / &std;
-        let norms = z
-            .norm_scalaropt_dim(2.0, [1i64].as_slice(), true)
-            .clamp_min(1.0);
-        z / norms
-    };
-    Tabular {
+    let (x_train, x_test, cost) = super::preprocess::scale(
+        &x.index_select(0, &train),
+        &x.index_select(0, &test),
+        scaling,
+    )?;
+    Ok(Tabular {
         name: name.to_string(),
-        x_train: scale(&x_train),
+        x_train,
         y_train: y.index_select(0, &train),
-        x_test: scale(&x_test),
+        x_test,
         y_test: y.index_select(0, &test),
-    }
+        preprocess: Some(cost),
+    })
 }

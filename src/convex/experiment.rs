@@ -7,6 +7,7 @@
 //! reference. A setting whose calibration fails (Theorem 11 without a feasible β) is a row
 //! marked infeasible, not a number.
 
+use super::preprocess::{self, Preprocess, Scaling};
 use super::{run_seeds, Algorithm, Calibration, ConvexReport, ConvexSettings};
 use crate::error::{Error, Result};
 use serde::Deserialize;
@@ -36,6 +37,60 @@ pub struct Base {
     pub steps: Option<u64>,
     #[serde(default)]
     pub step_size: Option<f64>,
+    /// How tabular features are scaled (`convex::preprocess`): `private` (default; its share of
+    /// ε and δ charged to each cell), `public` or `train-statistics` (not private).
+    #[serde(default = "default_preprocess")]
+    pub preprocess: Preprocess,
+    #[serde(default = "default_share")]
+    pub preprocess_share: f64,
+    #[serde(default = "default_clip")]
+    pub preprocess_clip: f64,
+}
+
+fn default_preprocess() -> Preprocess {
+    Preprocess::Private
+}
+fn default_share() -> f64 {
+    preprocess::DEFAULT_SHARE
+}
+fn default_clip() -> f64 {
+    preprocess::DEFAULT_CLIP
+}
+
+impl Base {
+    /// The scaling of a cell at target `epsilon` (`None`: non-private SGD, which has no budget
+    /// to charge: it scales by the training statistics, as any non-private baseline would).
+    pub fn scaling(&self, epsilon: Option<f64>) -> Scaling {
+        scaling(
+            self.preprocess,
+            self.preprocess_share,
+            self.preprocess_clip,
+            epsilon,
+            self.delta,
+        )
+    }
+}
+
+/// The `Scaling` a run with this preprocessing and budget loads its data with; `epsilon`
+/// `None` (non-private) turns `private` into `train-statistics` (nothing to charge it to).
+pub fn scaling(
+    preprocess: Preprocess,
+    share: f64,
+    clip: f64,
+    epsilon: Option<f64>,
+    delta: Option<f64>,
+) -> Scaling {
+    match (preprocess, epsilon) {
+        (Preprocess::Public, _) => Scaling::Public,
+        (Preprocess::TrainStatistics, _) | (Preprocess::Private, None) => Scaling::TrainStatistics,
+        (Preprocess::Private, Some(epsilon)) => Scaling::Private {
+            share,
+            clip,
+            epsilon,
+            delta,
+            seed: 0,
+        },
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -107,8 +162,6 @@ pub fn run(
     let seeds: Vec<u64> = (0..profile_settings.seeds).collect();
     let mut rows = Vec::new();
     for data_spec in &experiment.grid.data {
-        let data = super::data::named(data_spec, data_dir)
-            .map_err(|e| Error::bad_value("grid.data", e.to_string()))?;
         for loss_spec in &experiment.grid.loss {
             let loss = super::loss::Loss::parse(loss_spec)?;
             for &algorithm in &experiment.grid.algorithm {
@@ -118,6 +171,15 @@ pub fn run(
                     experiment.grid.epsilon.iter().map(|&e| Some(e)).collect()
                 };
                 for epsilon in epsilons {
+                    // Scaled per cell: a private scaling spends a share of this cell's ε.
+                    let data = super::data::named(
+                        data_spec,
+                        data_dir,
+                        &experiment
+                            .base
+                            .scaling(epsilon.filter(|_| algorithm != Algorithm::Nonprivate)),
+                    )
+                    .map_err(|e| Error::bad_value("grid.data", e.to_string()))?;
                     let settings = ConvexSettings {
                         loss,
                         algorithm,
@@ -195,8 +257,17 @@ fn write_tables(
     let mut csv = String::from(
         "data,loss,algorithm,epsilon,seeds,steps,sigma,excess_risk_mean,excess_risk_sd,test_accuracy_mean,test_accuracy_sd,infeasible\n",
     );
+    let base = &experiment.base;
+    let preprocessing = match base.preprocess {
+        Preprocess::Private => format!(
+            "private: ln(max(x, 10⁻³)) per feature, centred by a Gaussian-mechanism mean (rows clipped to {}) that spends {} of each cell's ε and δ, included in the cell's ε; one noise draw shared by a cell's seeds; non-private SGD centres and scales by the training statistics",
+            base.preprocess_clip, base.preprocess_share
+        ),
+        Preprocess::Public => "public: ln(max(x, 10⁻³)) per feature, no statistics, no privacy cost".to_string(),
+        Preprocess::TrainStatistics => "train-statistics: standardised by the training rows' own mean and deviation, NOT covered by ε".to_string(),
+    };
     let mut md = format!(
-        "# {} ({profile} profile)\n\n{}\n\nMean ± standard deviation over seeds; excess empirical risk against a 3,000-step full-batch solve on the same domain.\n\n| data | loss | algorithm | ε | T | σ | excess empirical risk | test accuracy |\n|---|---|---|---|---|---|---|---|\n",
+        "# {} ({profile} profile)\n\n{}\n\nPreprocessing of tabular data (generated data is not scaled): {preprocessing}.\n\nMean ± standard deviation over seeds; excess empirical risk against a 3,000-step full-batch solve on the same domain.\n\n| data | loss | algorithm | ε | T | σ | excess empirical risk | test accuracy |\n|---|---|---|---|---|---|---|---|\n",
         experiment.name, experiment.description
     );
     for r in rows {

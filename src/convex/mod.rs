@@ -15,6 +15,7 @@ pub mod experiment;
 pub mod gradient_privacy;
 pub mod loss;
 pub mod output_privacy;
+pub mod preprocess;
 pub mod sgd;
 
 use crate::config::AccountantKind;
@@ -97,8 +98,18 @@ pub struct ConvexReport {
     pub lambda: Option<f64>,
     /// Output perturbation: Δ_SGD(δ/2) of Theorem 7.
     pub sensitivity: Option<f64>,
-    /// ε of the same noise by the project's RDP accountant.
+    /// ε of the training noise by the project's RDP accountant (at the training's δ), plus the
+    /// preprocessing's ε: the run's total by the accountant, to compare with `epsilon`.
     pub accountant_epsilon: Option<f64>,
+    /// How the features were scaled (`None`: generated data, not scaled).
+    pub preprocess: Option<preprocess::Preprocess>,
+    /// The (ε, δ) the scaling spent, charged to `epsilon` and `delta` (basic composition): the
+    /// training mechanism was calibrated to ε − this and δ − `preprocess_delta`.
+    pub preprocess_epsilon: f64,
+    pub preprocess_delta: f64,
+    /// False when the scaling used the training rows' own statistics outside the mechanism
+    /// (`train-statistics`): `epsilon` then does not cover the whole pipeline.
+    pub preprocess_private: bool,
     pub train_risk: f64,
     pub test_risk: f64,
     pub train_accuracy: f64,
@@ -220,6 +231,23 @@ pub fn run_seeds(
         crate::privacy::validate_delta(delta)?;
     }
     let delta = settings.delta.unwrap_or(1.0 / (n as f64 * n as f64));
+    let private = settings.algorithm != Algorithm::Nonprivate;
+    // The scaling's share of the budget (`preprocess`): training gets the rest.
+    let (preprocess_epsilon, preprocess_delta) =
+        data.preprocess.map_or((0.0, 0.0), |c| (c.epsilon, c.delta));
+    let (epsilon, train_delta) = (
+        settings.epsilon - preprocess_epsilon,
+        delta - preprocess_delta,
+    );
+    if private && !(epsilon > 0.0 && train_delta > 0.0) {
+        return Err(Error::bad_value(
+            "epsilon/delta",
+            format!(
+                "epsilon {} and delta {delta:e} leave nothing for training after the preprocessing's ({preprocess_epsilon}, {preprocess_delta:e}): expected a smaller preprocess share",
+                settings.epsilon
+            ),
+        ));
+    }
     // The constants use the public bound ||x|| <= 1 that `data` enforces by projection, not the
     // data's own maximum (which would leak); the latter is reported alongside.
     let holder = loss.holder_constant(data::FEATURE_NORM_BOUND);
@@ -230,12 +258,11 @@ pub fn run_seeds(
         loss.alpha(),
         n,
         d,
-        settings.epsilon,
-        delta,
+        epsilon,
+        train_delta,
     );
     let steps = settings.steps.unwrap_or(paper_steps);
     let step_size = settings.step_size.unwrap_or(paper_eta);
-    let private = settings.algorithm != Algorithm::Nonprivate;
     let radius = (!(settings.unbounded && settings.algorithm == Algorithm::Output))
         .then_some(settings.radius);
     // G = M + L R^α bounds every gradient on B(0, R); 2 G is a step's replace-one sensitivity.
@@ -252,12 +279,12 @@ pub fn run_seeds(
             loss_at_zero: loss.value_at_zero(),
             radius,
         };
-        let delta_sgd = problem.sensitivity(delta / 2.0)?;
+        let delta_sgd = problem.sensitivity(train_delta / 2.0)?;
         sensitivity = Some(delta_sgd);
         (
             Some(output_privacy::analytic_gaussian_sigma(
-                settings.epsilon,
-                delta / 2.0,
+                epsilon,
+                train_delta / 2.0,
                 delta_sgd,
             )?),
             None,
@@ -267,22 +294,31 @@ pub fn run_seeds(
         let problem = GradientPrivacyProblem {
             examples: n,
             steps,
-            epsilon: settings.epsilon,
-            delta,
+            epsilon,
+            delta: train_delta,
             gradient_bound,
         };
         match settings.calibration {
             Calibration::Theorem11 => {
-                let c = problem.calibrate()?;
+                let c = problem.calibrate().map_err(|e| match e {
+                    Error::BadValue { field, what } if preprocess_epsilon > 0.0 => Error::BadValue {
+                        field,
+                        what: format!(
+                            "{what} (the training's share: the preprocessing spent epsilon {preprocess_epsilon} of {})",
+                            settings.epsilon
+                        ),
+                    },
+                    e => e,
+                })?;
                 (Some(c.sigma), Some(c.beta), Some(c.lambda))
             }
             Calibration::Accountant => {
                 let multiplier = calibrate::noise_multiplier_for(
                     AccountantKind::Rdp,
-                    settings.epsilon,
+                    epsilon,
                     1.0 / n as f64,
                     steps,
-                    delta,
+                    train_delta,
                 )?;
                 (Some(multiplier * 2.0 * gradient_bound), None, None)
             }
@@ -291,12 +327,14 @@ pub fn run_seeds(
         (None, None, None)
     };
     let accountant_epsilon = match sigma.filter(|_| settings.algorithm == Algorithm::Gradient) {
-        Some(s) => Some(calibrate::epsilon_for(
-            s / (2.0 * gradient_bound),
-            1.0 / n as f64,
-            steps,
-            delta,
-        )?),
+        Some(s) => Some(
+            calibrate::epsilon_for(
+                s / (2.0 * gradient_bound),
+                1.0 / n as f64,
+                steps,
+                train_delta,
+            )? + preprocess_epsilon,
+        ),
         None => None,
     };
     let gradient_noise = match settings.algorithm {
@@ -367,6 +405,10 @@ pub fn run_seeds(
                 lambda,
                 sensitivity,
                 accountant_epsilon,
+                preprocess: data.preprocess.map(|c| c.preprocess),
+                preprocess_epsilon,
+                preprocess_delta,
+                preprocess_private: data.preprocess.is_none_or(|c| c.is_private()),
                 train_risk,
                 test_risk,
                 train_accuracy,

@@ -97,9 +97,15 @@ impl FlData {
                 })
             }
             FlDataset::BreastCancer => {
-                // Standardised with the training split's statistics (rows also scaled into the
-                // unit ball, as for the convex algorithms); labels -1/+1 -> 0 malignant, 1 benign.
-                let t = crate::convex::data::breast_cancer(data_dir)?;
+                // The public log map of each row, then the unit ball (`convex::preprocess`):
+                // maps of each row alone, free of privacy cost. Standardising with the training split's
+                // statistics would leak outside the client-level ε, and a private estimate would
+                // need client-level sensitivity over a handful of rows per client, which this
+                // smoke test does not merit. Labels -1/+1 -> 0 malignant, 1 benign.
+                let t = crate::convex::data::breast_cancer(
+                    data_dir,
+                    &crate::convex::preprocess::Scaling::Public,
+                )?;
                 let label = |y: &Tensor| y.gt(0.0).to_kind(Kind::Int64);
                 Ok(FlData {
                     dataset,

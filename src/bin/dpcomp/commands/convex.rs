@@ -35,6 +35,17 @@ pub struct ConvexArgs {
     pub step_size: Option<f64>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// How the features are scaled: private (standardisation by DP statistics, charged
+    /// --preprocess-share of ε and δ), public (a fixed log map of each row, free) or
+    /// train-statistics (the training rows' mean and deviation: NOT private).
+    #[arg(long, value_enum, default_value = "private")]
+    pub preprocess: dpcomp::convex::preprocess::Preprocess,
+    /// Share of ε and δ the private statistics spend (the rest goes to training).
+    #[arg(long, default_value_t = dpcomp::convex::preprocess::DEFAULT_SHARE)]
+    pub preprocess_share: f64,
+    /// Clip B of the log-mapped rows for the private statistics.
+    #[arg(long, default_value_t = dpcomp::convex::preprocess::DEFAULT_CLIP)]
+    pub preprocess_clip: f64,
     /// Data folder (default: $DPCOMP_DATA, else data/).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -44,7 +55,15 @@ pub struct ConvexArgs {
 
 pub fn run(args: ConvexArgs) -> Result<()> {
     use dpcomp::convex::{self, loss::Loss, ConvexSettings};
-    let data = dpcomp::convex::data::named(&args.data, args.data_dir.as_deref())?;
+    let private = args.algorithm != dpcomp::convex::Algorithm::Nonprivate;
+    let scaling = dpcomp::convex::experiment::scaling(
+        args.preprocess,
+        args.preprocess_share,
+        args.preprocess_clip,
+        private.then_some(args.epsilon),
+        args.delta,
+    );
+    let data = dpcomp::convex::data::named(&args.data, args.data_dir.as_deref(), &scaling)?;
     let settings = ConvexSettings {
         loss: Loss::parse(&args.loss)?,
         algorithm: args.algorithm,
@@ -94,6 +113,19 @@ pub fn run(args: ConvexArgs) -> Result<()> {
         println!(
             "privacy: epsilon {eps}, delta {delta:.3e}, sigma {sigma:.4e}{beta}{lambda}{delta_sgd}{check}"
         );
+    }
+    if let Some(preprocess) = report.preprocess {
+        let cost = if report.preprocess_epsilon > 0.0 {
+            format!(
+                ": epsilon {:.4}, delta {:.3e} of the budget (training got the rest)",
+                report.preprocess_epsilon, report.preprocess_delta
+            )
+        } else if report.preprocess_private {
+            ": a fixed map of each row, no privacy cost".to_string()
+        } else {
+            ": the training rows' own statistics, NOT covered by epsilon".to_string()
+        };
+        println!("preprocessing {}{cost}", preprocess.name());
     }
     println!(
         "train risk {:.4} (accuracy {:.2}%), test risk {:.4} (accuracy {:.2}%), excess empirical risk {:.4} (reference min {:.4})",
