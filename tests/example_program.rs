@@ -22,9 +22,10 @@ fn the_example_learns_privately_and_its_epsilon_is_the_accountants() {
         "epsilon {} for a target of 3",
         out.epsilon
     );
-    // A majority-class guess scores about 63% here; this run 97.4% (seed 0).
+    // A majority-class guess scores about 63% here; this run 93.9% (seed 0) on the public log
+    // map (97.4% when the features were standardised by the training statistics, outside ε).
     assert!(
-        out.test_accuracy >= 0.93,
+        out.test_accuracy >= 0.9,
         "test accuracy {}",
         out.test_accuracy
     );
