@@ -2,6 +2,7 @@
 //! privacy and has an oracle or golden-value test in `tests/accountant.rs`.
 
 pub mod accountant;
+pub mod audit;
 pub mod calibrate;
 pub mod engine;
 pub mod grad_sample;

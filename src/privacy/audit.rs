@@ -1,0 +1,118 @@
+//! The one-run privacy audit's bound (Steinke, Nasr and Jagielski, "Privacy Auditing with One (1)
+//! Training Run", NeurIPS 2023): m canaries, each included in training independently with
+//! probability ½; after the run an auditor guesses "included" or "excluded" for r of them
+//! (abstaining on the rest) and v guesses are right. If the training is (ε, δ)-DP, the number of
+//! right guesses is dominated by that of ε-randomised response plus a δ term (their Theorem 5.2
+//! and its algorithm), so
+//!
+//!   P[≥ v right] ≤ β(ε) + α(ε) · 2 m δ,
+//!   β = P[Binomial(r, q) ≥ v],  q = e^ε / (1 + e^ε),
+//!   α = max over i = 1..v of P[v − i ≤ Binomial(r, q) < v] / i.
+//!
+//! `p_value` is that bound (capped at 1); `epsilon_lower_bound` is the largest ε (by bisection,
+//! as the paper's code) whose p-value stays below 1 − confidence: with that confidence, the run
+//! is not (ε', δ)-DP for any ε' below it. An honest run's bound never exceeds its accounted ε
+//! except with probability 1 − confidence; a bound above it flags a bug.
+//!
+//! Binomial probabilities are summed in log space from `libm::lgamma` (what the RDP accountant
+//! uses), exact to about 1e-12 relative for the m of an audit (thousands); `benches/audit_reference.py`
+//! computes the same with scipy for the golden values of the tests.
+
+use crate::error::{Error, Result};
+
+/// ln P[Binomial(r, q) = k], with ln q and ln(1 − q) given (−∞ allowed).
+fn log_pmf(r: u64, k: u64, ln_q: f64, ln_1mq: f64) -> f64 {
+    let choose = libm::lgamma(r as f64 + 1.0)
+        - libm::lgamma(k as f64 + 1.0)
+        - libm::lgamma((r - k) as f64 + 1.0);
+    // 0 · ln 0 = 0: the edge terms are left out rather than formed as 0 · (−∞).
+    let successes = if k == 0 { 0.0 } else { k as f64 * ln_q };
+    let failures = if k == r { 0.0 } else { (r - k) as f64 * ln_1mq };
+    choose + successes + failures
+}
+
+fn check_counts(m: u64, r: u64, v: u64) -> Result<()> {
+    if !(v <= r && r <= m) {
+        return Err(Error::bad_value(
+            "audit counts",
+            format!("m {m}, r {r}, v {v}: expected 0 <= v (right guesses) <= r (guesses) <= m (canaries)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The probability, under (ε, δ)-DP, of at least `v` right guesses out of `r` guesses about `m`
+/// canaries (Steinke et al. 2023, the p-value of their audit), capped at 1.
+pub fn p_value(m: u64, r: u64, v: u64, epsilon: f64, delta: f64) -> Result<f64> {
+    check_counts(m, r, v)?;
+    if !(epsilon >= 0.0) || !(0.0..=1.0).contains(&delta) {
+        return Err(Error::bad_value(
+            "epsilon/delta",
+            format!("epsilon {epsilon}, delta {delta}: expected epsilon >= 0 and 0 <= delta <= 1"),
+        ));
+    }
+    // q = 1 / (1 + e^-ε): ln q = -ln(1 + e^-ε), ln(1 - q) = -ln(1 + e^ε) (−∞ for huge ε).
+    let ln_q = -(-epsilon).exp().ln_1p();
+    let ln_1mq = -epsilon.exp().ln_1p();
+    let pmf = |k: u64| log_pmf(r, k, ln_q, ln_1mq).exp();
+    // β = P[Binomial(r, q) >= v].
+    let beta: f64 = (v..=r).map(pmf).sum();
+    // α = max_i P[v - i <= Binomial(r, q) < v] / i.
+    let mut alpha = 0.0f64;
+    let mut below = 0.0;
+    for i in 1..=v {
+        below += pmf(v - i);
+        alpha = alpha.max(below / i as f64);
+    }
+    Ok((beta + alpha * delta * 2.0 * m as f64).min(1.0))
+}
+
+/// The largest ε that `v` right guesses out of `r` about `m` canaries refute at confidence
+/// 1 − `beta` (e.g. `beta` 0.05 for 95%): the audited lower bound on the run's ε at `delta`.
+/// 0 when the guesses refute nothing. Bisection as the paper's code: ε_max grows by 1 until its
+/// p-value reaches `beta`, then 60 halvings (the paper's 30 leave 1e-9 of ε_max; ours 1e-18).
+pub fn epsilon_lower_bound(m: u64, r: u64, v: u64, delta: f64, beta: f64) -> Result<f64> {
+    check_counts(m, r, v)?;
+    if !(beta > 0.0 && beta < 1.0) {
+        return Err(Error::bad_value(
+            "confidence",
+            format!("1 - confidence {beta}: expected a probability strictly between 0 and 1"),
+        ));
+    }
+    let refuted = |epsilon: f64| -> Result<bool> { Ok(p_value(m, r, v, epsilon, delta)? < beta) };
+    let (mut low, mut high) = (0.0f64, 1.0f64);
+    if !refuted(low)? {
+        return Ok(0.0);
+    }
+    while refuted(high)? {
+        high += 1.0;
+    }
+    for _ in 0..60 {
+        let middle = 0.5 * (low + high);
+        if refuted(middle)? {
+            low = middle;
+        } else {
+            high = middle;
+        }
+    }
+    Ok(low)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binomial_terms_sum_to_one_and_match_a_direct_formula() {
+        let (r, q) = (12u64, 0.7f64);
+        let (ln_q, ln_1mq) = (q.ln(), (1.0 - q).ln());
+        let total: f64 = (0..=r).map(|k| log_pmf(r, k, ln_q, ln_1mq).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-12, "{total}");
+        // C(12, 5) 0.7^5 0.3^7 = 792 · 0.16807 · 0.0002187.
+        let direct = 792.0 * 0.7f64.powi(5) * 0.3f64.powi(7);
+        assert!((log_pmf(r, 5, ln_q, ln_1mq).exp() / direct - 1.0).abs() < 1e-12);
+        // q = 1 (ε = ∞): all mass at k = r, no NaN from 0 · ln 0.
+        assert_eq!(log_pmf(4, 4, 0.0, f64::NEG_INFINITY).exp(), 1.0);
+        assert_eq!(log_pmf(4, 3, 0.0, f64::NEG_INFINITY).exp(), 0.0);
+    }
+}
