@@ -45,7 +45,7 @@ fn check_counts(m: u64, r: u64, v: u64) -> Result<()> {
 /// canaries (Steinke et al. 2023, the p-value of their audit), capped at 1.
 pub fn p_value(m: u64, r: u64, v: u64, epsilon: f64, delta: f64) -> Result<f64> {
     check_counts(m, r, v)?;
-    if !(epsilon >= 0.0) || !(0.0..=1.0).contains(&delta) {
+    if epsilon.is_nan() || epsilon < 0.0 || !(0.0..=1.0).contains(&delta) {
         return Err(Error::bad_value(
             "epsilon/delta",
             format!("epsilon {epsilon}, delta {delta}: expected epsilon >= 0 and 0 <= delta <= 1"),
