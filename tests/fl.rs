@@ -515,9 +515,13 @@ rounds = 3
 /// DGC and PowerSGD in federated runs (issue 16, step 8): each client's whole update is
 /// compressed, crosses as bytes and is decoded by the server before the sum; with client-level
 /// DP the clipping and the noise are on the n model coordinates. The upstream bits are the
-/// measured bytes. Measured (breast cancer, 30 rounds): FL-STD 34,024 bits a client, best
-/// balanced accuracy 0.986; DGC x16 2,720 bits, 0.989; PowerSGD r1 4,184 bits, 0.974; DGC x16
-/// with client-level DP at ε 1, 0.979.
+/// measured bytes. Measured (breast cancer, 30 rounds, the public log map): FL-STD 34,024 bits a
+/// client, best balanced accuracy 0.945; DGC x16 2,720 bits, 0.949; DGC x16 with client-level DP
+/// at ε 1, 0.947. PowerSGD r1 runs on flchain (dense 0.690, PowerSGD 0.596): on breast cancer's
+/// uncentred log features every client's first-layer update is dominated by the features'
+/// common offset, the rank-1 part PowerSGD sends, and in 30 rounds the loss falls (0.668 ->
+/// 0.622) without the balanced accuracy leaving 0.5 (with the training-statistics
+/// standardisation, outside ε, it reached 0.974).
 #[test]
 fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
     let _serial = common::serial();
@@ -525,13 +529,13 @@ fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let run = |name: &str, extra: &[&str]| {
+    let run = |name: &str, dataset: &str, extra: &[&str]| {
         let out = dir.path().join(name);
         let out = out.to_str().unwrap().to_string();
         let mut args = vec![
             "fl",
             "--dataset",
-            "breast_cancer",
+            dataset,
             "--scheme",
             "std",
             "--rounds",
@@ -554,12 +558,21 @@ fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
         );
         (summary, per_client, best)
     };
-    let (_, dense_bits, dense) = run("dense", &[]);
-    let (dgc, dgc_bits, dgc_best) = run("dgc", &["--compressor", "dgc", "--rate", "16"]);
-    let (powersgd, powersgd_bits, powersgd_best) =
-        run("powersgd", &["--compressor", "powersgd", "--rank", "1"]);
+    let (_, dense_bits, dense) = run("dense", "breast_cancer", &[]);
+    let (dgc, dgc_bits, dgc_best) = run(
+        "dgc",
+        "breast_cancer",
+        &["--compressor", "dgc", "--rate", "16"],
+    );
+    let (_, flchain_bits, flchain_dense) = run("flchain", "flchain", &[]);
+    let (powersgd, powersgd_bits, powersgd_best) = run(
+        "powersgd",
+        "flchain",
+        &["--compressor", "powersgd", "--rank", "1"],
+    );
     let (private, _, private_best) = run(
         "private",
+        "breast_cancer",
         &[
             "--compressor",
             "dgc",
@@ -574,11 +587,19 @@ fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
     assert_eq!(powersgd["scheme"], "FL-STD powersgd r1");
     let ratio = dense_bits / dgc_bits;
     assert!(ratio > 6.0 && ratio < 16.0, "{ratio}");
-    // PowerSGD r1: the 32x30 hidden matrix as P and Q, the vectors and the 2x32 output dense.
-    assert!(dense_bits / powersgd_bits > 6.0);
+    // PowerSGD r1: the hidden matrix as P and Q, the vectors and the output layer dense.
+    assert!(
+        flchain_bits / powersgd_bits > 3.0,
+        "{}",
+        flchain_bits / powersgd_bits
+    );
     assert!((private["epsilon"].as_f64().unwrap() - 1.0).abs() < 0.01);
-    assert!(dense > 0.9 && dgc_best > 0.85 && powersgd_best > 0.85);
-    assert!(private_best > 0.75, "{private_best}");
+    assert!(dense > 0.9 && dgc_best > 0.9, "{dense} {dgc_best}");
+    assert!(
+        flchain_dense > 0.65 && powersgd_best > 0.57,
+        "{flchain_dense} {powersgd_best}"
+    );
+    assert!(private_best > 0.9, "{private_best}");
 }
 
 /// Issue 18: the Fashion-MNIST network of the size the paper's costs imply. Its cost formula
