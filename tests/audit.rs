@@ -2,6 +2,8 @@
 //! values from `benches/audit_reference.py` (scipy's binomial distribution, the paper's
 //! algorithm), with its δ term and edge cases, and the properties an auditor relies on.
 
+mod common;
+
 use dpcomp::privacy::audit::{epsilon_lower_bound, p_value};
 
 /// (m, r, v, ε, δ, p-value) from `benches/audit_reference.py`.
@@ -89,4 +91,67 @@ fn the_bound_behaves_as_an_auditor_needs() {
         .to_string();
     assert!(error.contains("1 - confidence"), "{error}");
     assert!(p_value(10, 5, 5, -1.0, 0.0).is_err());
+}
+
+/// The engine's privatising step audited with 1,000 Dirac gradient canaries observed every step
+/// (σ 3, q 0.05, 100 steps): the audited lower bound
+/// stays below the accounted ε. The same step with its noise deliberately removed, still
+/// accounted by the engine, is flagged: the canaries' scores separate, and the bound exceeds
+/// the accounted ε several times over.
+#[test]
+fn the_engine_passes_a_white_box_audit_and_a_step_without_its_noise_is_flagged() {
+    use dpcomp::privacy::audit::{white_box_audit, WhiteBoxSettings};
+    use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
+    use dpcomp::privacy::noise::NoiseSource;
+    use dpcomp::privacy::AccountantKind;
+    let _serial = common::serial();
+    tch::manual_seed(19);
+    let settings = WhiteBoxSettings {
+        canaries: 1000,
+        dimension: 1000,
+        steps: 100,
+        sample_rate: 0.05,
+        clip: 1.0,
+        dense: false,
+        guesses: 200,
+        delta: 1e-5,
+        beta: 0.05,
+        seed: 0,
+    };
+    let clipping = Clipping::Flat { max_norm: 1.0 };
+    let engine =
+        || PrivacyEngine::new(3.0, 0.05, clipping.clone(), NoiseSource::Seeded, 1).unwrap();
+    let mut honest = engine();
+    let outcome = white_box_audit(&settings, &clipping, &mut |batch, expected| {
+        honest.privatize(batch, expected)
+    })
+    .unwrap();
+    let accounted = honest.epsilon(AccountantKind::Rdp, 1e-5).unwrap();
+    assert!(accounted > 0.2 && accounted < 1.0, "{accounted}");
+    assert!(
+        outcome.epsilon_lower_bound <= accounted,
+        "audited {} above accounted {accounted}: {outcome:?}",
+        outcome.epsilon_lower_bound
+    );
+    assert!(outcome.included > 400 && outcome.included < 600);
+    // The bug: the engine counts each step (its accountant says the same ε), but the gradient
+    // the run uses is the clipped sum without the noise.
+    let mut buggy = engine();
+    let flagged = white_box_audit(&settings, &clipping, &mut |batch, expected| {
+        buggy.privatize(batch, expected)?;
+        Ok(batch.sums.iter().map(|s| s / expected).collect())
+    })
+    .unwrap();
+    let still_accounted = buggy.epsilon(AccountantKind::Rdp, 1e-5).unwrap();
+    assert_eq!(still_accounted, accounted);
+    assert!(
+        flagged.epsilon_lower_bound > 3.0 * accounted,
+        "audited {} vs accounted {accounted}: {flagged:?}",
+        flagged.epsilon_lower_bound
+    );
+    assert!(flagged.correct >= 195, "{flagged:?}");
+    eprintln!(
+        "accounted {accounted:.4}; honest audit {:.4} ({} of {} right); without noise {:.4} ({} right)",
+        outcome.epsilon_lower_bound, outcome.correct, outcome.guesses, flagged.epsilon_lower_bound, flagged.correct
+    );
 }

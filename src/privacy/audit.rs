@@ -116,3 +116,135 @@ mod tests {
         assert_eq!(log_pmf(4, 3, 0.0, f64::NEG_INFINITY).exp(), 0.0);
     }
 }
+
+/// A white-box audit of the privatising step itself (issue 19's gradient canaries, observed
+/// every step): m canaries, each a gradient C u_i of exactly the clip norm with u_i a unit
+/// vector (Dirac: coordinate i; dense: a seeded random direction), included in the run
+/// independently with probability ½; in every step each included canary is Poisson-sampled at
+/// the rate q and its gradient goes through the engine's clipping into the clipped sum, which the
+/// step under audit privatises. Each canary's score is Σ_t ⟨g_t, u_i⟩ over the privatised
+/// gradients; the auditor guesses "included" for the `guesses / 2` highest scores and
+/// "excluded" for as many lowest, and `epsilon_lower_bound` turns the right guesses into the
+/// audited ε. No model: this audits what every compressor sees (post-processing of g_t cannot
+/// raise the bound, so the bound of a compressed run's decoded update is at most this).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WhiteBoxSettings {
+    pub canaries: usize,
+    /// Coordinates of the audited gradient (at least `canaries` for Dirac canaries).
+    pub dimension: i64,
+    pub steps: usize,
+    pub sample_rate: f64,
+    /// C: every canary gradient has exactly this norm (the clip radius, the worst case).
+    pub clip: f64,
+    /// Dense random directions instead of Dirac ones.
+    pub dense: bool,
+    /// Guesses made (half "included", half "excluded"); at most `canaries`.
+    pub guesses: usize,
+    pub delta: f64,
+    /// 1 − confidence.
+    pub beta: f64,
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct AuditOutcome {
+    pub canaries: usize,
+    pub included: usize,
+    pub guesses: usize,
+    pub correct: usize,
+    pub confidence: f64,
+    pub delta: f64,
+    pub epsilon_lower_bound: f64,
+}
+
+/// Runs the audit on `step`, which privatises one clipped batch into the gradient the auditor
+/// sees (`PrivacyEngine::privatize` for the real engine); the canaries are clipped by `clipping`
+/// (the engine's). Canary draws (inclusion, sampling,
+/// dense directions) come from generators of their own seeded with `settings.seed`, never
+/// LibTorch's global one; the noise is the step's own.
+pub fn white_box_audit(
+    settings: &WhiteBoxSettings,
+    clipping: &super::engine::Clipping,
+    step: &mut dyn FnMut(&super::engine::Clipped, f64) -> Result<Vec<tch::Tensor>>,
+) -> Result<AuditOutcome> {
+    use rand::{Rng, SeedableRng};
+    use tch::{Device, Kind, Tensor};
+    let s = settings;
+    if s.canaries == 0 || s.guesses > s.canaries || s.guesses == 0 {
+        return Err(Error::bad_value(
+            "canaries/guesses",
+            format!(
+                "{} canaries, {} guesses: expected 0 < guesses <= canaries",
+                s.canaries, s.guesses
+            ),
+        ));
+    }
+    if !s.dense && s.dimension < s.canaries as i64 {
+        return Err(Error::bad_value(
+            "dimension",
+            format!(
+                "{} coordinates for {} Dirac canaries: expected at least one coordinate per canary",
+                s.dimension, s.canaries
+            ),
+        ));
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(s.seed);
+    let included: Vec<bool> = (0..s.canaries).map(|_| rng.random::<bool>()).collect();
+    // Directions [m, d], unit rows.
+    let directions = if s.dense {
+        let values: Vec<f32> = (0..s.canaries as i64 * s.dimension)
+            .map(|_| rng.sample::<f32, _>(rand_distr::StandardNormal))
+            .collect();
+        let raw = Tensor::from_slice(&values).view([s.canaries as i64, s.dimension]);
+        &raw / raw.norm_scalaropt_dim(2.0, [1i64].as_slice(), true)
+    } else {
+        Tensor::eye_m(s.canaries as i64, s.dimension, (Kind::Float, Device::Cpu))
+    };
+    let parameter = Tensor::zeros([s.dimension], (Kind::Float, Device::Cpu));
+    let expected_batch = s.sample_rate * s.canaries as f64 / 2.0;
+    let mut scores = Tensor::zeros([s.canaries as i64], (Kind::Double, Device::Cpu));
+    for _ in 0..s.steps {
+        let sampled: Vec<i64> = (0..s.canaries)
+            .filter(|&i| included[i] && rng.random::<f64>() < s.sample_rate)
+            .map(|i| i as i64)
+            .collect();
+        let batch = if sampled.is_empty() {
+            super::engine::Clipped::empty(std::slice::from_ref(&parameter))
+        } else {
+            let rows = directions.index_select(0, &Tensor::from_slice(&sampled)) * s.clip;
+            clipping.clip(&[(
+                parameter.shallow_clone(),
+                crate::nn::PerSample::Direct(rows),
+            )])
+        };
+        let gradient = step(&batch, expected_batch.max(1.0))?;
+        let g = gradient[0].to_kind(Kind::Float).view([s.dimension, 1]);
+        scores += directions.mm(&g).view([-1]).to_kind(Kind::Double);
+    }
+    let scores: Vec<f64> =
+        Vec::<f64>::try_from(&scores).map_err(|e| Error::bad_value("scores", e.to_string()))?;
+    let mut order: Vec<usize> = (0..s.canaries).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    let (positive, negative) = (s.guesses / 2, s.guesses - s.guesses / 2);
+    let correct = order[..positive].iter().filter(|&&i| included[i]).count()
+        + order[s.canaries - negative..]
+            .iter()
+            .filter(|&&i| !included[i])
+            .count();
+    let bound = epsilon_lower_bound(
+        s.canaries as u64,
+        s.guesses as u64,
+        correct as u64,
+        s.delta,
+        s.beta,
+    )?;
+    Ok(AuditOutcome {
+        canaries: s.canaries,
+        included: included.iter().filter(|&&b| b).count(),
+        guesses: s.guesses,
+        correct,
+        confidence: 1.0 - s.beta,
+        delta: s.delta,
+        epsilon_lower_bound: bound,
+    })
+}
