@@ -755,3 +755,18 @@ fn flchain_is_the_larger_medical_table() {
     let best = summary["best"].as_f64().unwrap();
     assert!(best > 0.62, "balanced accuracy {best}");
 }
+
+/// A private round in which a client's update overflowed logs its mean message norm as null
+/// (JSON has no infinity); the log must still read back (the grid's tables read every round),
+/// with NaN there. Found on a diverging FL-STD-DP Fashion-MNIST cell.
+#[test]
+fn a_round_with_an_overflowed_client_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("metrics.jsonl");
+    let line = r#"{"round":21,"clients":21,"test_loss":3.8,"accuracy":0.1465,"balanced_accuracy":0.148,"auroc":null,"upstream_bits":111387528,"upstream_bits_total":2217142224,"epsilon":0.647,"validation_metric":0.156,"clipped_fraction":1.0,"message_norm":null,"client_seconds":5.9,"server_seconds":0.03,"wall_seconds":152.8}"#;
+    std::fs::write(&path, format!("{line}\n")).unwrap();
+    let rows = dpcomp::fl::read_rows(&path).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].message_norm.is_nan());
+    assert_eq!(rows[0].clipped_fraction, Some(1.0));
+}

@@ -359,7 +359,9 @@ pub struct RoundMetrics {
     pub validation_metric: Option<f64>,
     /// DP runs: the share of this round's clients whose message was longer than S.
     pub clipped_fraction: Option<f64>,
-    /// Mean norm of the clients' messages before clipping.
+    /// Mean norm of the clients' messages before clipping: non-finite (written as null, read back
+    /// as NaN) when a client's update overflowed, which private runs clip to zero and go on.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub message_norm: f64,
     pub client_seconds: f64,
     /// Aggregation, noise and reconstruction.
