@@ -35,15 +35,15 @@ pub struct ConvexArgs {
     pub step_size: Option<f64>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// How the features are scaled: private (standardisation by DP statistics, charged
-    /// --preprocess-share of ε and δ), public (a fixed log map of each row, free) or
-    /// train-statistics (the training rows' mean and deviation: NOT private).
+    /// How the features are scaled: private (ln(max(x, 1e-3)) centred by a DP mean, charged
+    /// --preprocess-share of ε and δ), public (the log map alone, free) or train-statistics
+    /// (standardised by the training rows' mean and deviation: NOT private).
     #[arg(long, value_enum, default_value = "private")]
     pub preprocess: dpcomp::convex::preprocess::Preprocess,
-    /// Share of ε and δ the private statistics spend (the rest goes to training).
+    /// Share of ε and δ the private mean spends (the rest goes to training).
     #[arg(long, default_value_t = dpcomp::convex::preprocess::DEFAULT_SHARE)]
     pub preprocess_share: f64,
-    /// Clip B of the log-mapped rows for the private statistics.
+    /// Clip B of the log-mapped rows for the private mean.
     #[arg(long, default_value_t = dpcomp::convex::preprocess::DEFAULT_CLIP)]
     pub preprocess_clip: f64,
     /// Data folder (default: $DPCOMP_DATA, else data/).
