@@ -1,12 +1,13 @@
-//! One runner for the three kinds of experiment file (issue 16): deep-learning training grids
-//! (`grid::Experiment`, no `kind`), convex DP-SGD sweeps (`kind = "convex"`) and federated grids
-//! (`kind = "fl"`). Each kind keeps its own cells and tables; this module is what `dpcomp grid`
+//! One runner for the kinds of experiment file (issue 16): deep-learning training grids
+//! (`grid::Experiment`, no `kind`), convex DP-SGD sweeps (`kind = "convex"`), federated grids
+//! (`kind = "fl"`) and audited training grids (`kind = "audit"`, `audit_experiment`). Each kind keeps its own cells and tables; this module is what `dpcomp grid`
 //! and a program of one's own call: open the file, list its cells, run what is not finished
 //! (each kind resumes or skips finished cells), rewrite the tables, copy them out.
 //!
 //! Every kind writes under `<runs>/<name>/<profile>/`: cell folders, `results.{csv,md}` and, for
 //! the convex and federated kinds, their figures.
 
+use crate::audit_experiment::AuditExperiment;
 use crate::convex::experiment::ConvexExperiment;
 use crate::error::{Error, Result};
 use crate::fl::experiment::FlExperiment;
@@ -21,6 +22,8 @@ pub enum ExperimentFile {
     Convex(ConvexExperiment),
     /// Federated learning: every dataset x scheme x ratio x privacy cell.
     Federated(FlExperiment),
+    /// Training cells, each run once with canaries and audited.
+    Audit(AuditExperiment),
 }
 
 /// One cell as `dpcomp grid --list` shows it.
@@ -47,10 +50,11 @@ impl ExperimentFile {
             None => Ok(ExperimentFile::Training(grid::Experiment::from_file(path)?)),
             Some("convex") => Ok(ExperimentFile::Convex(ConvexExperiment::from_file(path)?)),
             Some("fl") => Ok(ExperimentFile::Federated(FlExperiment::from_file(path)?)),
+            Some("audit") => Ok(ExperimentFile::Audit(AuditExperiment::from_file(path)?)),
             Some(other) => Err(Error::bad_file(
                 path,
                 format!(
-                    "kind {other:?}: expected \"convex\", \"fl\", or no kind (a training grid)"
+                    "kind {other:?}: expected \"convex\", \"fl\", \"audit\", or no kind (a training grid)"
                 ),
             )),
         }
@@ -61,6 +65,7 @@ impl ExperimentFile {
             ExperimentFile::Training(e) => &e.name,
             ExperimentFile::Convex(e) => &e.name,
             ExperimentFile::Federated(e) => &e.name,
+            ExperimentFile::Audit(e) => &e.grid.name,
         }
     }
 
@@ -131,6 +136,24 @@ impl ExperimentFile {
                     }
                 })
                 .collect()),
+            ExperimentFile::Audit(e) => Ok(e
+                .grid
+                .cells(profile, only)?
+                .into_iter()
+                .map(|cell| {
+                    let dir = root.join(&cell.name);
+                    let state = match crate::run_lock::holder(&dir) {
+                        Some(owner) => format!("running: {owner}"),
+                        None if dir.join("audit.json").is_file() => "finished".to_string(),
+                        None => "new".to_string(),
+                    };
+                    CellListing {
+                        name: cell.name,
+                        state,
+                        details: format!("epochs {}", cell.config.epochs),
+                    }
+                })
+                .collect()),
             ExperimentFile::Convex(_) => Err(Error::bad_value(
                 "list",
                 "not supported for convex experiments: they run as one sweep of seconds",
@@ -165,6 +188,7 @@ impl ExperimentFile {
                 crate::plot::fl::figures(&cells, &folder)?;
                 cells.len()
             }
+            ExperimentFile::Audit(e) => e.run(profile, only, runs, progress)?.len(),
         };
         Ok(Outcome { finished, folder })
     }
@@ -175,6 +199,7 @@ impl ExperimentFile {
         let folder = self.folder(runs, profile);
         let finished = match self {
             ExperimentFile::Training(e) => grid::write_results(e, profile, runs)?.len(),
+            ExperimentFile::Audit(e) => e.write_tables(profile, runs)?.len(),
             ExperimentFile::Federated(_) => {
                 let cells = crate::fl::experiment::read_cells(&folder)?;
                 crate::fl::experiment::write_results(&cells, &folder)?;
@@ -227,7 +252,7 @@ impl ExperimentFile {
     /// `only` selects cells by the axes of a training grid; the other kinds have none.
     fn check_only(&self, only: &[(String, String)]) -> Result<()> {
         let kind = match self {
-            ExperimentFile::Training(_) => return Ok(()),
+            ExperimentFile::Training(_) | ExperimentFile::Audit(_) => return Ok(()),
             ExperimentFile::Convex(_) => "convex",
             ExperimentFile::Federated(_) => "federated",
         };

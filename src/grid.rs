@@ -88,8 +88,17 @@ pub struct Row {
 impl Experiment {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let experiment: Experiment =
+        let table: toml::Table =
             toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;
+        Self::from_table(table, path)
+    }
+
+    /// The grid of an experiment file already parsed (`path` names it in errors): what kinds
+    /// built on training cells (`audit_experiment`) call with their own keys taken out.
+    pub fn from_table(table: toml::Table, path: &Path) -> Result<Self> {
+        let experiment: Experiment = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::bad_file(path, e.to_string()))?;
         // Names become folders under --runs: each must be one plain path component.
         path_component(&experiment.name)
             .map_err(|what| Error::bad_file(path, format!("name {:?}: {what}", experiment.name)))?;

@@ -3,6 +3,7 @@
 //! See the README's architecture section for how the modules fit together.
 pub mod allocator;
 pub mod analysis;
+pub mod audit_experiment;
 pub mod bench;
 pub mod comm;
 pub mod compress;

@@ -37,8 +37,20 @@ pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
 
 /// Device, data and a freshly initialised model (seeded with `config.seed`) for a configuration.
 pub fn prepare(config: &TrainConfig) -> Result<(Device, TaskData, Box<dyn Model>)> {
+    prepare_edited(config, None)
+}
+
+/// `prepare` with the loaded data (on the host) passed through `edit` first.
+pub fn prepare_edited(
+    config: &TrainConfig,
+    edit: Option<crate::train::DataEdit>,
+) -> Result<(Device, TaskData, Box<dyn Model>)> {
     let device = config.device.device()?;
     let data = load_data(config)?;
+    let data = match edit {
+        Some(edit) => edit(data)?,
+        None => data,
+    };
     tch::manual_seed(config.seed as i64);
     let classes = data.classes.len() as i64;
     let task = config.task.builtin()?;

@@ -105,6 +105,7 @@ fn two_dp_steps(comm: Option<Box<dyn Communicator>>, steps: &[Tensor]) -> Vec<Te
             Device::Cpu,
             &settings,
             &mut engine,
+            None,
         )
         .unwrap();
     }

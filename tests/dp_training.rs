@@ -118,6 +118,7 @@ fn sgd_dp_step(
         Device::Cpu,
         dp,
         &mut engine,
+        None,
     )
     .unwrap()
 }

@@ -168,6 +168,11 @@ fn every_experiment_file_resolves_in_both_profiles() {
         }
         let experiment = match ExperimentFile::open(&path).unwrap() {
             ExperimentFile::Training(experiment) => experiment,
+            // Training cells with canaries: the same checks on the cells below.
+            ExperimentFile::Audit(audit) => {
+                assert!(audit.settings.guesses.total() <= audit.settings.canaries.canaries);
+                audit.grid
+            }
             ExperimentFile::Convex(convex) => {
                 assert!(
                     convex.profiles.contains_key("cpu") && convex.profiles.contains_key("full")

@@ -315,6 +315,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             device,
             &settings,
             &mut engine.borrow_mut(),
+            None,
         )?;
         let _ = totals.loss_sum.double_value(&[]);
         Ok(())

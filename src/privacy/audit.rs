@@ -146,11 +146,13 @@ pub struct WhiteBoxSettings {
     pub seed: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AuditOutcome {
     pub canaries: usize,
     pub included: usize,
     pub guesses: usize,
+    /// Of `guesses`, how many were "included" (the rest "excluded").
+    pub guessed_included: usize,
     pub correct: usize,
     pub confidence: f64,
     pub delta: f64,
@@ -223,28 +225,91 @@ pub fn white_box_audit(
     }
     let scores: Vec<f64> =
         Vec::<f64>::try_from(&scores).map_err(|e| Error::bad_value("scores", e.to_string()))?;
-    let mut order: Vec<usize> = (0..s.canaries).collect();
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-    let (positive, negative) = (s.guesses / 2, s.guesses - s.guesses / 2);
+    outcome_of(
+        &scores,
+        &included,
+        Guesses::split(s.guesses),
+        s.delta,
+        s.beta,
+    )
+}
+
+/// How many canaries the auditor guesses about: "included" for the `included` highest
+/// scores, "excluded" for the `excluded` lowest, abstaining on the rest. Under Poisson sampling
+/// an included canary may never be sampled and then looks excluded, so guessing "included"
+/// alone is the stronger audit of a training run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Guesses {
+    pub included: usize,
+    pub excluded: usize,
+}
+
+impl Guesses {
+    /// `total` guesses, half each way (the odd one "excluded").
+    pub fn split(total: usize) -> Self {
+        Guesses {
+            included: total / 2,
+            excluded: total - total / 2,
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.included + self.excluded
+    }
+}
+
+/// The audit's `guesses` from canary scores (higher: more likely included), the right ones
+/// turned into the audited lower bound on ε at `delta` with confidence 1 − `beta`.
+pub fn outcome_of(
+    scores: &[f64],
+    included: &[bool],
+    guesses: Guesses,
+    delta: f64,
+    beta: f64,
+) -> Result<AuditOutcome> {
+    let m = scores.len();
+    if m != included.len() || guesses.total() == 0 || guesses.total() > m {
+        return Err(Error::bad_value(
+            "guesses",
+            format!(
+                "{guesses:?} about {m} scores of {} canaries: expected 0 < guesses <= canaries, one score each",
+                included.len()
+            ),
+        ));
+    }
+    let mut order: Vec<usize> = (0..m).collect();
+    // NaN scores (a diverged run) sort as the lowest: never guessed "included".
+    order.sort_by(|&a, &b| {
+        let key = |i: usize| {
+            if scores[i].is_nan() {
+                f64::NEG_INFINITY
+            } else {
+                scores[i]
+            }
+        };
+        key(b).total_cmp(&key(a))
+    });
+    let (positive, negative) = (guesses.included, guesses.excluded);
     let correct = order[..positive].iter().filter(|&&i| included[i]).count()
-        + order[s.canaries - negative..]
+        + order[m - negative..]
             .iter()
             .filter(|&&i| !included[i])
             .count();
     let bound = epsilon_lower_bound(
-        s.canaries as u64,
-        s.guesses as u64,
+        m as u64,
+        guesses.total() as u64,
         correct as u64,
-        s.delta,
-        s.beta,
+        delta,
+        beta,
     )?;
     Ok(AuditOutcome {
-        canaries: s.canaries,
+        canaries: m,
         included: included.iter().filter(|&&b| b).count(),
-        guesses: s.guesses,
+        guesses: guesses.total(),
+        guessed_included: guesses.included,
         correct,
-        confidence: 1.0 - s.beta,
-        delta: s.delta,
+        confidence: 1.0 - beta,
+        delta,
         epsilon_lower_bound: bound,
     })
 }

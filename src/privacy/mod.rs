@@ -4,6 +4,7 @@
 pub mod accountant;
 pub mod audit;
 pub mod calibrate;
+pub mod canary;
 pub mod engine;
 pub mod grad_sample;
 pub mod history;

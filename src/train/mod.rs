@@ -7,6 +7,7 @@
 //! ... at the end of every epoch and use an average of the last 10 epochs").
 
 pub mod adam;
+pub mod audit;
 pub mod checkpoint;
 pub mod distributed;
 pub mod exchange;
@@ -153,6 +154,9 @@ struct OwnTask {
     data: TaskData,
 }
 
+/// A change to a built-in task's loaded data before training (`Trainer::with_data_edit`).
+pub type DataEdit = Box<dyn FnOnce(TaskData) -> Result<TaskData>>;
+
 /// A model, its data and optimiser, and where the run writes.
 pub struct Trainer {
     pub config: TrainConfig,
@@ -171,6 +175,8 @@ pub struct Trainer {
     /// Under DP: σ, q, clipping, the noise source (seeded, or a CSPRNG with `--secure-noise`)
     /// and the accountant, which only the engine advances (`PrivacyEngine::privatize`).
     pub privacy: Option<PrivacyEngine>,
+    /// An audit's white-box canaries (`privacy::canary`, `dpcomp audit`), set after `new`.
+    pub canaries: Option<crate::privacy::canary::GradientCanaries>,
     /// This process's exclusive hold on `run_dir` (see `run_lock`); `None` on the ranks other
     /// than 0 of a data-parallel run, which write nothing there.
     _lock: Option<RunLock>,
@@ -180,7 +186,7 @@ impl Trainer {
     /// A fresh run in `run_dir`, which must not hold another run's checkpoint. Writes
     /// `config.toml` before anything else.
     pub fn new(config: TrainConfig, run_dir: &Path) -> Result<Self> {
-        Self::start(config, run_dir, None, None)
+        Self::start(config, run_dir, None, None, None)
     }
 
     /// A fresh run trained by W data-parallel workers (issue 17, `docs/distributed.md`): every
@@ -196,7 +202,7 @@ impl Trainer {
         run_dir: &Path,
         comm: Box<dyn Communicator>,
     ) -> Result<Self> {
-        Self::start(config, run_dir, None, Some(comm))
+        Self::start(config, run_dir, None, None, Some(comm))
     }
 
     /// A fresh run of a model and data of one's own (`config.task` is `TaskName::Own`, e.g. from
@@ -210,7 +216,7 @@ impl Trainer {
         model: Box<dyn Model>,
         data: TaskData,
     ) -> Result<Self> {
-        Self::start(config, run_dir, Some(OwnTask { model, data }), None)
+        Self::start(config, run_dir, Some(OwnTask { model, data }), None, None)
     }
 
     /// `with_model` trained by the W workers of `comm` (as `new_on`): every rank builds the
@@ -222,13 +228,27 @@ impl Trainer {
         data: TaskData,
         comm: Box<dyn Communicator>,
     ) -> Result<Self> {
-        Self::start(config, run_dir, Some(OwnTask { model, data }), Some(comm))
+        Self::start(
+            config,
+            run_dir,
+            Some(OwnTask { model, data }),
+            None,
+            Some(comm),
+        )
+    }
+
+    /// A fresh run of a built-in task whose loaded data `edit` changes first (on the host,
+    /// before the privacy engine takes q from the training split's size): what `dpcomp audit`
+    /// uses to plant black-box canaries (`privacy::canary::InputCanaries`). One process.
+    pub fn with_data_edit(config: TrainConfig, run_dir: &Path, edit: DataEdit) -> Result<Self> {
+        Self::start(config, run_dir, None, Some(edit), None)
     }
 
     fn start(
         mut config: TrainConfig,
         run_dir: &Path,
         own: Option<OwnTask>,
+        edit: Option<DataEdit>,
         comm: Option<Box<dyn Communicator>>,
     ) -> Result<Self> {
         config.validate()?;
@@ -241,7 +261,7 @@ impl Trainer {
         }
         if comm.as_ref().is_some_and(|c| c.rank() > 0) {
             // Rank 0 alone touches the run folder.
-            return Self::build(config, run_dir, None, own, comm)
+            return Self::build(config, run_dir, None, own, edit, comm)
                 .and_then(|t| t.checked_by_workers(""));
         }
         if checkpoint::find(run_dir).is_some() {
@@ -262,7 +282,7 @@ impl Trainer {
         for stale in ["metrics.jsonl", "upstream.csv", "summary.json"] {
             let _ = std::fs::remove_file(run_dir.join(stale));
         }
-        Self::build(config, run_dir, Some(lock), own, comm)
+        Self::build(config, run_dir, Some(lock), own, edit, comm)
             .and_then(|t| t.checked_by_workers(""))
             .inspect_err(|_| {
                 // A start that failed before training (missing data, a bad option) leaves nothing
@@ -393,7 +413,7 @@ impl Trainer {
                 ),
             ));
         }
-        let mut trainer = Self::build(config, run_dir, lock, own, comm)?;
+        let mut trainer = Self::build(config, run_dir, lock, own, None, comm)?;
         trainer.check_accountant(&state, &dir)?;
         if let (Some(engine), Some(accountant)) =
             (trainer.privacy.as_mut(), state.accountant.clone())
@@ -552,13 +572,14 @@ impl Trainer {
         run_dir: &Path,
         lock: Option<RunLock>,
         own: Option<OwnTask>,
+        edit: Option<DataEdit>,
         comm: Option<Box<dyn Communicator>>,
     ) -> Result<Self> {
         for warning in config.warnings() {
             log::warn!("{warning}");
         }
         let (device, data, model) = match (own, &config.task) {
-            (None, _) => tasks::prepare(&config)?,
+            (None, _) => tasks::prepare_edited(&config, edit)?,
             (Some(OwnTask { model, data }), TaskName::Own(_)) => {
                 let device = config.device.device()?;
                 tasks::check_data(model.as_ref(), &data, data.classes.len() as i64)?;
@@ -681,6 +702,7 @@ impl Trainer {
             history: Vec::new(),
             progress: true,
             privacy,
+            canaries: None,
             _lock: lock,
         })
     }
@@ -1001,6 +1023,7 @@ impl Trainer {
                         self.device,
                         &settings,
                         self.privacy.as_mut().expect("a private step has an engine"),
+                        self.canaries.as_mut(),
                     )?;
                     loss_sum += totals.loss_sum.to_kind(Kind::Float);
                     correct += totals.correct;

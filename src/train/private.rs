@@ -9,6 +9,7 @@ use crate::data::{Batch, Dataset};
 use crate::error::Result;
 use crate::models::Model;
 use crate::nn::Ctx;
+use crate::privacy::canary::GradientCanaries;
 use crate::privacy::engine::{Clipped, PrivacyEngine};
 use crate::privacy::grad_sample::{clipped_sums, BackwardPasses};
 use tch::{Device, Kind, Reduction, Tensor};
@@ -113,7 +114,8 @@ fn clipped_sums_oracle(
 }
 
 /// One logical DP-SGD step on the examples `index` of `data`: clipped by the engine, noised
-/// and counted by it, then sent through the updater.
+/// and counted by it, then sent through the updater. `canaries`: an audit's white-box canaries,
+/// sampled into the clipped sum and shown the weights after the step.
 #[allow(clippy::too_many_arguments)]
 pub fn dp_step(
     model: &dyn Model,
@@ -124,6 +126,7 @@ pub fn dp_step(
     device: Device,
     settings: &DpSettings,
     engine: &mut PrivacyEngine,
+    mut canaries: Option<&mut GradientCanaries>,
 ) -> Result<StepTotals> {
     let n = index.size()[0];
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
@@ -151,9 +154,16 @@ pub fn dp_step(
         }
         start += chunk;
     }
+    // An audit's gradient canaries join the clipped sum like examples (`privacy::canary`).
+    if let Some(canaries) = canaries.as_deref_mut() {
+        canaries.inject(&mut logical, &tensors, engine.clipping());
+    }
     // Noise and the accountant's step, together (`PrivacyEngine::privatize`).
     let grads = engine.privatize(&logical, settings.expected_batch)?;
     updater.apply(&tensors, &grads)?;
+    if let Some(canaries) = canaries {
+        canaries.observe_step(&tensors, settings.expected_batch);
+    }
     let [loss_sum, correct] = totals;
     Ok(StepTotals {
         loss_sum,

@@ -2,7 +2,8 @@
 //! code live in one file of `commands/`.
 
 use crate::commands::{
-    analyze, bench, check_comm, check_device, convex, data, epsilon, eval, fl, grid, plot, train,
+    analyze, audit, bench, check_comm, check_device, convex, data, epsilon, eval, fl, grid, plot,
+    train,
 };
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -22,6 +23,9 @@ pub struct Cli {
 pub enum Command {
     /// Train a task's model; writes config.toml, metrics.jsonl, checkpoints and summary.json.
     Train(Box<train::TrainArgs>),
+    /// Train once with canaries and audit the run: the accounted epsilon beside an empirical
+    /// lower bound (Steinke, Nasr and Jagielski 2023); writes audit.json in the run folder.
+    Audit(Box<audit::AuditArgs>),
     /// Report the test accuracy of a run's checkpoint.
     Eval(eval::EvalArgs),
     /// Datasets: download the official archives.
@@ -67,6 +71,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => train::run(*args),
+        Command::Audit(args) => audit::run(*args),
         Command::Eval(args) => eval::run(args),
         Command::Data { command } => data::run(command),
         Command::Grid(args) => grid::run(args),

@@ -1,6 +1,7 @@
 //! One file per `dpcomp` subcommand: its clap arguments and the code that runs it.
 
 pub mod analyze;
+pub mod audit;
 pub mod bench;
 pub mod check_comm;
 pub mod check_device;

@@ -1,0 +1,220 @@
+//! One training run audited with canaries (issue 19; Steinke, Nasr and Jagielski, "Privacy
+//! Auditing with One (1) Training Run", NeurIPS 2023): the run trains as `dpcomp train` would,
+//! with m canaries planted (`privacy::canary`), and ends with the accounted ε beside the
+//! audited lower bound (`privacy::audit::outcome_of`). The canaries are fixed by the audit's own
+//! seed before the run; the guesses are the top and bottom of the scores, a rule fixed in
+//! advance, so the bound is valid whatever the scores turn out to be.
+//!
+//! An audited run is one process (no W workers) and is not resumable: the every-step scores are
+//! not checkpointed.
+
+use super::Trainer;
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::privacy::audit::{epsilon_lower_bound, outcome_of, AuditOutcome, Guesses};
+use crate::privacy::canary::{CanarySettings, GradientCanaries, InputCanaries, Observe};
+use serde::Serialize;
+use std::path::Path;
+
+/// Which canaries the run carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum CanaryKind {
+    /// Gradients of the clip norm added to the clipped sum (`GradientCanaries`).
+    WhiteBox,
+    /// Mislabelled training examples, scored by their final loss (`InputCanaries`).
+    BlackBox,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AuditSettings {
+    pub kind: CanaryKind,
+    pub canaries: CanarySettings,
+    pub guesses: Guesses,
+    /// 1 − confidence of the lower bound.
+    pub beta: f64,
+}
+
+/// What `dpcomp audit` prints and writes to `audit.json` in the run folder.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct AuditReport {
+    pub task: String,
+    pub compressor: String,
+    pub kind: CanaryKind,
+    /// White box: what the auditor saw (black box: the final model only).
+    pub observe: Option<Observe>,
+    pub dense: bool,
+    pub noise_multiplier: f64,
+    pub sample_rate: f64,
+    pub steps: u64,
+    /// ε of the run by its accountant at `outcome.delta` (∞ at σ 0, written "inf").
+    #[serde(
+        serialize_with = "epsilon_as_json",
+        deserialize_with = "epsilon_from_json"
+    )]
+    pub accounted_epsilon: f64,
+    /// The audit of `observe` (black box: of the final model).
+    pub outcome: AuditOutcome,
+    /// White box: both observations of the same run (`outcome` is one of them).
+    pub every_step: Option<AuditOutcome>,
+    pub final_weights: Option<AuditOutcome>,
+    /// The bound had every guess been right: the most this audit could show.
+    pub max_bound: f64,
+    /// White box: how many times a canary was sampled into a step.
+    pub canary_samples: Option<u64>,
+    pub test_accuracy: f64,
+    /// The audited bound exceeds the accounted ε: the run's privacy claim is refuted (with the
+    /// stated confidence), a bug in the mechanism or its accounting.
+    pub flagged: bool,
+}
+
+fn epsilon_as_json<S: serde::Serializer>(e: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
+    crate::json_floats::epsilon_json::serialize(&Some(*e), s)
+}
+
+fn epsilon_from_json<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(crate::json_floats::epsilon_json::deserialize(d)?.unwrap_or(f64::INFINITY))
+}
+
+/// Trains `config` into `run_dir` with the canaries of `settings` and audits it.
+pub fn audit_training(
+    config: TrainConfig,
+    run_dir: &Path,
+    settings: &AuditSettings,
+    progress: bool,
+) -> Result<AuditReport> {
+    let Some(sigma) = config.privacy.noise_multiplier else {
+        return Err(Error::bad_value(
+            "noise_multiplier",
+            "not set: an audit checks a private run (give --noise-multiplier; 0 audits the clipping alone)",
+        ));
+    };
+    let m = settings.canaries.canaries;
+    if settings.guesses.total() == 0 || settings.guesses.total() > m {
+        return Err(Error::bad_value(
+            "guesses",
+            format!(
+                "{} included + {} excluded for {m} canaries: expected 0 < guesses <= canaries",
+                settings.guesses.included, settings.guesses.excluded
+            ),
+        ));
+    }
+    let delta = config.privacy.delta;
+    let (mut trainer, input) = match settings.kind {
+        CanaryKind::WhiteBox => (Trainer::new(config, run_dir)?, None),
+        CanaryKind::BlackBox => {
+            let canary_settings = settings.canaries;
+            let planted = std::rc::Rc::new(std::cell::RefCell::new(None));
+            let slot = planted.clone();
+            let trainer = Trainer::with_data_edit(
+                config,
+                run_dir,
+                Box::new(move |mut data| {
+                    let classes = data.classes.len() as i64;
+                    let (canaries, train) =
+                        InputCanaries::carve(&canary_settings, &data.train, classes)?;
+                    data.train = train;
+                    *slot.borrow_mut() = Some(canaries);
+                    Ok(data)
+                }),
+            )?;
+            let canaries = planted.borrow_mut().take();
+            (trainer, canaries)
+        }
+    };
+    trainer.progress = progress;
+    if settings.kind == CanaryKind::WhiteBox {
+        let tensors: Vec<tch::Tensor> = trainer
+            .params
+            .iter()
+            .map(|(_, p)| p.shallow_clone())
+            .collect();
+        let engine = trainer
+            .privacy
+            .as_ref()
+            .expect("a private run has an engine");
+        let optimizer = &trainer.config.optimizer;
+        let momentum = match optimizer.kind {
+            crate::config::OptimizerKind::Sgd => optimizer.momentum,
+            crate::config::OptimizerKind::Adam => 0.0,
+        };
+        trainer.canaries = Some(GradientCanaries::new(
+            settings.canaries,
+            &tensors,
+            engine.clipping(),
+            trainer.config.privacy.max_grad_norm,
+            engine.sample_rate(),
+            (optimizer.lr, momentum),
+        )?);
+    }
+    let summary = trainer.run()?;
+    let tensors: Vec<tch::Tensor> = trainer
+        .params
+        .iter()
+        .map(|(_, p)| p.shallow_clone())
+        .collect();
+    let audit = |scores: &[f64], included: &[bool]| {
+        outcome_of(scores, included, settings.guesses, delta, settings.beta)
+    };
+    let (outcome, every_step, final_weights, samples) = match (&trainer.canaries, &input) {
+        (Some(c), _) => {
+            let every_step = audit(&c.scores(Observe::EveryStep, &tensors), &c.included)?;
+            let final_weights = audit(&c.scores(Observe::Final, &tensors), &c.included)?;
+            let outcome = match settings.canaries.observe {
+                Observe::EveryStep => every_step,
+                Observe::Final => final_weights,
+            };
+            (
+                outcome,
+                Some(every_step),
+                Some(final_weights),
+                Some(c.samples),
+            )
+        }
+        (None, Some(c)) => {
+            let scores = c.scores(trainer.model.as_ref(), trainer.device)?;
+            (audit(&scores, &c.included)?, None, None, None)
+        }
+        (None, None) => unreachable!("an audited run carries canaries"),
+    };
+    let accounted_epsilon = if sigma == 0.0 {
+        f64::INFINITY
+    } else {
+        trainer.epsilon()?.unwrap_or(f64::INFINITY)
+    };
+    let report = AuditReport {
+        task: trainer.config.task.to_string(),
+        compressor: summary.compressor.clone(),
+        kind: settings.kind,
+        observe: (settings.kind == CanaryKind::WhiteBox).then_some(settings.canaries.observe),
+        dense: settings.kind == CanaryKind::WhiteBox && settings.canaries.dense,
+        noise_multiplier: sigma,
+        sample_rate: trainer.sample_rate(),
+        steps: trainer.state.steps_done,
+        accounted_epsilon,
+        max_bound: epsilon_lower_bound(
+            m as u64,
+            settings.guesses.total() as u64,
+            settings.guesses.total() as u64,
+            delta,
+            settings.beta,
+        )?,
+        canary_samples: samples,
+        test_accuracy: summary.last_test_accuracy,
+        flagged: [Some(outcome), every_step, final_weights]
+            .iter()
+            .flatten()
+            .any(|o| o.epsilon_lower_bound > accounted_epsilon),
+        outcome,
+        every_step,
+        final_weights,
+    };
+    let path = run_dir.join("audit.json");
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&report).expect("the audit report serialises"),
+    )
+    .map_err(|e| Error::io(&path, e))?;
+    Ok(report)
+}
