@@ -422,6 +422,23 @@ pub fn run(
     out: Option<&Path>,
     progress: bool,
 ) -> Result<FlSummary> {
+    Ok(run_with_canaries(settings, data, out, progress, None)?.0)
+}
+
+/// `run` with white-box canary clients (issue 19, `privacy::canary`): m canary clients, each
+/// included with probability ½ and then Poisson-sampled every round at the clients' rate C. A
+/// sampled canary sends the update C₀ u_i (u_i one model coordinate, or a dense direction)
+/// through the round's encoder like any client, and its message is clipped to S with the
+/// others before the noise: in the sent domain it has norm S unless the encoding drops it
+/// (C₀ = 10³ S, so clipping always binds). The canaries' messages are not counted as traffic.
+/// Returns their scores by both auditors (every round's weights; the final weights).
+pub fn run_with_canaries(
+    settings: &FlSettings,
+    data: &FlData,
+    out: Option<&Path>,
+    progress: bool,
+    canary_settings: Option<crate::privacy::canary::CanarySettings>,
+) -> Result<(FlSummary, Option<crate::privacy::canary::CanaryScores>)> {
     settings.validate()?;
     let start = Instant::now();
     let device = settings.device.device()?;
@@ -495,6 +512,25 @@ pub fn run(
             )
         })
         .transpose()?;
+    let mut canaries = match (canary_settings, settings.privacy) {
+        (None, _) => None,
+        (Some(c), Some(p)) => Some(crate::privacy::canary::GradientCanaries::new(
+            c,
+            std::slice::from_ref(&w),
+            // Clipped to S: the canaries' scores are in units of one clipped message.
+            &Clipping::Flat { max_norm: p.clip },
+            1e3 * p.clip,
+            settings.fraction,
+            // The server adds its update (w += η u): a negative step size for the audit.
+            (-settings.server_learning_rate, settings.server_momentum),
+        )?),
+        (Some(_), None) => {
+            return Err(Error::bad_value(
+                "canaries",
+                "canary clients audit client-level DP: the run needs privacy (`--dp`)",
+            ))
+        }
+    };
     let mut momentum: Option<Tensor> = None;
     let mut rows: Vec<RoundMetrics> = Vec::new();
     let mut upstream_total = 0u64;
@@ -541,6 +577,14 @@ pub fn run(
                 }
             }
         }
+        let mut canary_messages = 0;
+        if let (Some(canaries), Some(engine)) = (canaries.as_mut(), &engine) {
+            for i in canaries.sample() {
+                canary_messages += 1;
+                let received = messages.send(&canaries.flat_gradient(i, device), round)?;
+                round_clipped.add(engine.clip_update(&received.value));
+            }
+        }
         let client_seconds = client_start.elapsed().as_secs_f64();
         // Server: aggregate, privatise, decode, step.
         let server_start = Instant::now();
@@ -574,6 +618,12 @@ pub fn run(
             with_momentum(&mut momentum, d) * settings.server_learning_rate
         };
         w += step;
+        if let Some(canaries) = canaries.as_mut() {
+            canaries.observe_step(
+                std::slice::from_ref(&w),
+                settings.fraction * settings.clients as f64,
+            );
+        }
         let server_seconds = server_start.elapsed().as_secs_f64();
         // Evaluate.
         global_model.set_flat(&w);
@@ -583,7 +633,8 @@ pub fn run(
             (Some(p), Some(engine)) => Some(engine.epsilon(p.accountant, p.delta)?),
             _ => None,
         };
-        let clipped = round_clipped.clipped.int64_value(&[]) as usize;
+        // The clients' clipped messages (a canary's always is).
+        let clipped = round_clipped.clipped.int64_value(&[]) as usize - canary_messages;
         let validation_metric = validation_set.as_ref().map(|(x, y)| {
             let e = evaluate(&global_model, x, y);
             if binary {
@@ -703,7 +754,8 @@ pub fn run(
         std::fs::write(dir.join("summary.json"), text)
             .map_err(|e| Error::io(dir.join("summary.json"), e))?;
     }
-    Ok(summary)
+    let scores = canaries.map(|c| c.finish(std::slice::from_ref(&w)));
+    Ok((summary, scores))
 }
 
 /// Test metrics of `model` on (`x`, `y`), in batches of 2,000.

@@ -234,6 +234,63 @@ pub fn white_box_audit(
     )
 }
 
+/// Both auditors' outcomes of a white-box run's canaries (every step; final weights).
+pub fn audit_scores(
+    scores: &super::canary::CanaryScores,
+    guesses: Guesses,
+    delta: f64,
+    beta: f64,
+) -> Result<(AuditOutcome, AuditOutcome)> {
+    Ok((
+        outcome_of(&scores.every_step, &scores.included, guesses, delta, beta)?,
+        outcome_of(
+            &scores.final_weights,
+            &scores.included,
+            guesses,
+            delta,
+            beta,
+        )?,
+    ))
+}
+
+/// A white-box run's audit by both auditors beside its accounted ε (`dpcomp fl --audit-canaries`;
+/// training runs report `train::audit::AuditReport`, which holds the same and more).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CanaryAudit {
+    /// ε by the run's accountant at `every_step.delta` (∞ at σ 0: written as null).
+    pub accounted_epsilon: f64,
+    pub every_step: AuditOutcome,
+    pub final_weights: AuditOutcome,
+    /// The bound had every guess been right: the audit's power.
+    pub max_bound: f64,
+    pub canary_samples: u64,
+    /// Either auditor's bound exceeds the accounted ε: the privacy claim is refuted.
+    pub flagged: bool,
+}
+
+impl CanaryAudit {
+    pub fn of(
+        scores: &super::canary::CanaryScores,
+        guesses: Guesses,
+        delta: f64,
+        beta: f64,
+        accounted_epsilon: f64,
+    ) -> Result<Self> {
+        let (every_step, final_weights) = audit_scores(scores, guesses, delta, beta)?;
+        let m = scores.included.len() as u64;
+        let r = guesses.total() as u64;
+        Ok(CanaryAudit {
+            accounted_epsilon,
+            every_step,
+            final_weights,
+            max_bound: epsilon_lower_bound(m, r, r, delta, beta)?,
+            canary_samples: scores.samples,
+            flagged: every_step.epsilon_lower_bound > accounted_epsilon
+                || final_weights.epsilon_lower_bound > accounted_epsilon,
+        })
+    }
+}
+
 /// How many canaries the auditor guesses about: "included" for the `included` highest
 /// scores, "excluded" for the `excluded` lowest, abstaining on the rest. Under Poisson sampling
 /// an included canary may never be sampled and then looks excluded, so guessing "included"

@@ -83,7 +83,9 @@ pub struct GradientCanaries {
     last: Tensor,
     velocity: Tensor,
     scores: Tensor,
-    /// (lr, SGD momentum μ) of the optimiser, to turn weight moves into gradients.
+    /// (lr, SGD momentum μ) of the optimiser, to turn weight moves into gradients: lr > 0 when
+    /// the weights move against the gradient (SGD, w -= lr g), lr < 0 when the update is added
+    /// (a federated server, w += η Δ: lr = −η).
     lr: f64,
     momentum: f64,
     /// How many of the canaries each step sampled, summed (a sanity figure for the report).
@@ -92,7 +94,8 @@ pub struct GradientCanaries {
 
 impl GradientCanaries {
     /// `m` canaries over `params` (the trainer's, in order) at norm `norm` (the clip radius),
-    /// sampled at `sample_rate` each step; `lr` and `momentum` are the optimiser's.
+    /// sampled at `sample_rate` each step; `lr` and `momentum` are the optimiser's (`lr`
+    /// negative where updates are added to the weights, see the field).
     pub fn new(
         settings: CanarySettings,
         params: &[Tensor],
@@ -114,6 +117,12 @@ impl GradientCanaries {
             return Err(Error::bad_value(
                 "canaries",
                 format!("{m} dense canaries over {total} parameters hold {} floats, above the {DENSE_LIMIT} this audit keeps in memory: use Dirac canaries or fewer", m as i64 * total),
+            ));
+        }
+        if !(lr.is_finite() && lr != 0.0) {
+            return Err(Error::bad_value(
+                "lr",
+                format!("{lr}: the audit turns weight moves into gradients by a finite, non-zero step size"),
             ));
         }
         if !(norm.is_finite() && norm > 0.0) {
@@ -229,18 +238,24 @@ impl GradientCanaries {
         }
     }
 
-    /// One step's canaries: each included canary is sampled at rate q, and the sampled ones'
-    /// gradients are clipped by `clipping` (the engine's) and added to `logical`, the step's
-    /// clipped sum, before the engine noises it.
-    pub fn inject(&mut self, logical: &mut Clipped, params: &[Tensor], clipping: &Clipping) {
+    /// One step's (or round's) Poisson draw: the included canaries sampled at rate q.
+    pub fn sample(&mut self) -> Vec<i64> {
         let sampled: Vec<i64> = (0..self.settings.canaries)
             .filter(|&i| self.included[i] && self.rng.random::<f64>() < self.sample_rate)
             .map(|i| i as i64)
             .collect();
+        self.samples += sampled.len() as u64;
+        sampled
+    }
+
+    /// One step's canaries: each included canary is sampled at rate q, and the sampled ones'
+    /// gradients are clipped by `clipping` (the engine's) and added to `logical`, the step's
+    /// clipped sum, before the engine noises it.
+    pub fn inject(&mut self, logical: &mut Clipped, params: &[Tensor], clipping: &Clipping) {
+        let sampled = self.sample();
         if sampled.is_empty() {
             return;
         }
-        self.samples += sampled.len() as u64;
         let device = params.first().map_or(Device::Cpu, Tensor::device);
         let per_sample: Vec<(Tensor, PerSample)> = params
             .iter()
@@ -248,6 +263,19 @@ impl GradientCanaries {
             .map(|(p, rows)| (p.shallow_clone(), PerSample::Direct(rows.to_kind(p.kind()))))
             .collect();
         logical.add(clipping.clip(&per_sample));
+    }
+
+    /// Canary `i`'s gradient C u_i over the parameters concatenated in order, [P] on `device`
+    /// (a federated canary client's update, `fl::run_with_canaries`).
+    pub fn flat_gradient(&self, i: i64, device: Device) -> Tensor {
+        Tensor::cat(
+            &self
+                .rows(&[i], device)
+                .iter()
+                .map(|r| r.reshape([-1]))
+                .collect::<Vec<_>>(),
+            0,
+        )
     }
 
     /// ⟨w, u_i⟩ for every canary, [m] f64 on the CPU.
@@ -301,7 +329,7 @@ impl GradientCanaries {
     pub fn scores(&self, observe: Observe, params: &[Tensor]) -> Vec<f64> {
         let scores = match observe {
             Observe::EveryStep => self.scores.copy(),
-            Observe::Final => &self.start - self.project(params),
+            Observe::Final => (&self.start - self.project(params)) * self.lr.signum(),
         };
         Vec::<f64>::try_from(&scores).expect("canary scores are a 1-d f64 tensor")
     }
@@ -309,6 +337,27 @@ impl GradientCanaries {
     pub fn settings(&self) -> &CanarySettings {
         &self.settings
     }
+
+    /// Both observations' scores from the final weights `params`, with what they are judged
+    /// against.
+    pub fn finish(&self, params: &[Tensor]) -> CanaryScores {
+        CanaryScores {
+            included: self.included.clone(),
+            every_step: self.scores(Observe::EveryStep, params),
+            final_weights: self.scores(Observe::Final, params),
+            samples: self.samples,
+        }
+    }
+}
+
+/// A white-box run's canaries after training: which were included, each auditor's scores, and
+/// how many times a canary was sampled.
+#[derive(Debug, Clone)]
+pub struct CanaryScores {
+    pub included: Vec<bool>,
+    pub every_step: Vec<f64>,
+    pub final_weights: Vec<f64>,
+    pub samples: u64,
 }
 
 /// Dense canaries keep [m, P] floats: at most this many (2 GiB of f32).

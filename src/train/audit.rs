@@ -11,7 +11,7 @@
 use super::Trainer;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::privacy::audit::{epsilon_lower_bound, outcome_of, AuditOutcome, Guesses};
+use crate::privacy::audit::{audit_scores, epsilon_lower_bound, outcome_of, AuditOutcome, Guesses};
 use crate::privacy::canary::{CanarySettings, GradientCanaries, InputCanaries, Observe};
 use serde::Serialize;
 use std::path::Path;
@@ -159,8 +159,8 @@ pub fn audit_training(
     };
     let (outcome, every_step, final_weights, samples) = match (&trainer.canaries, &input) {
         (Some(c), _) => {
-            let every_step = audit(&c.scores(Observe::EveryStep, &tensors), &c.included)?;
-            let final_weights = audit(&c.scores(Observe::Final, &tensors), &c.included)?;
+            let (every_step, final_weights) =
+                audit_scores(&c.finish(&tensors), settings.guesses, delta, settings.beta)?;
             let outcome = match settings.canaries.observe {
                 Observe::EveryStep => every_step,
                 Observe::Final => final_weights,

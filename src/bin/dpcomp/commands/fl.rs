@@ -1,6 +1,6 @@
 //! `dpcomp fl`: one federated run (FL-STD, FL-RND, FL-FREQ, FL-CS), with or without client-level DP.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use dpcomp::config::{AccountantKind, DeviceChoice};
 use dpcomp::data;
 use dpcomp::error::Error;
@@ -112,6 +112,18 @@ pub struct FlArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Audit the run (issue 19) with this many white-box canary clients (each included with
+    /// probability 1/2, then sampled like a client); needs --dp. Writes audit.json to --out.
+    #[arg(long, value_name = "M")]
+    pub audit_canaries: Option<usize>,
+    /// "Included" guesses of the audit (default M / 10).
+    #[arg(long)]
+    pub audit_guesses: Option<usize>,
+    /// Dense canary directions instead of one model coordinate each.
+    #[arg(long)]
+    pub audit_dense: bool,
+    #[arg(long, default_value_t = 19)]
+    pub audit_seed: u64,
 }
 
 /// The settings `dpcomp fl` runs with: the dataset's defaults, overridden by the flags, and σ
@@ -197,10 +209,69 @@ pub fn run(args: FlArgs) -> Result<()> {
     let settings = fl_settings(&args)?;
     let data_dir = data::data_dir(args.data_dir.as_deref());
     let fl_data = dpcomp::fl::data::FlData::load(settings.dataset, &data_dir)?;
-    let summary = dpcomp::fl::run(&settings, &fl_data, args.out.as_deref(), !args.json)?;
+    let canaries = args
+        .audit_canaries
+        .map(|m| dpcomp::privacy::canary::CanarySettings {
+            canaries: m,
+            dense: args.audit_dense,
+            observe: dpcomp::privacy::canary::Observe::Final,
+            seed: args.audit_seed,
+        });
+    let (summary, scores) = dpcomp::fl::run_with_canaries(
+        &settings,
+        &fl_data,
+        args.out.as_deref(),
+        !args.json,
+        canaries,
+    )?;
+    let audit = match (scores, settings.privacy) {
+        (Some(scores), Some(p)) => {
+            let m = scores.included.len();
+            let guesses = dpcomp::privacy::audit::Guesses {
+                included: args.audit_guesses.unwrap_or((m / 10).max(1)),
+                excluded: 0,
+            };
+            let accounted = summary.epsilon.unwrap_or(f64::INFINITY);
+            let audit = dpcomp::privacy::audit::CanaryAudit::of(
+                &scores, guesses, p.delta, 0.05, accounted,
+            )?;
+            if let Some(dir) = &args.out {
+                let path = dir.join("audit.json");
+                std::fs::write(&path, serde_json::to_string_pretty(&audit)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Some(audit)
+        }
+        _ => None,
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        match &audit {
+            Some(audit) => println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"summary": summary, "audit": audit})
+                )?
+            ),
+            None => println!("{}", serde_json::to_string_pretty(&summary)?),
+        }
         return Ok(());
+    }
+    if let Some(a) = &audit {
+        println!(
+            "audit: {} canary clients ({} included, sampled {} times): audited epsilon {:.4} every round ({}/{} right), {:.4} final weights ({}/{}), at most {:.3}, at 95% confidence; accounted {:.4}{}",
+            a.every_step.canaries,
+            a.every_step.included,
+            a.canary_samples,
+            a.every_step.epsilon_lower_bound,
+            a.every_step.correct,
+            a.every_step.guesses,
+            a.final_weights.epsilon_lower_bound,
+            a.final_weights.correct,
+            a.final_weights.guesses,
+            a.max_bound,
+            a.accounted_epsilon,
+            if a.flagged { " -- FLAGGED" } else { "" }
+        );
     }
     println!(
         "{} on {}: n {}, m {} (r {:.4}{}), {} clients, C {}, {} rounds{}",
