@@ -203,3 +203,46 @@ fn mislabelled_input_canaries_are_found_without_noise() {
     assert!(r.outcome.correct >= 26, "{:?}", r.outcome);
     assert!(r.outcome.epsilon_lower_bound > 0.0, "{:?}", r.outcome);
 }
+
+#[test]
+fn an_audit_grid_runs_its_cells_once_and_writes_the_table() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("audit_tiny.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "kind = \"audit\"\nname = \"audit_tiny\"\n[audit]\ncanaries = 100\nguesses = 20\n\
+             [base]\ntask = \"surnames\"\nlimit_train = 600\nlimit_test = 200\ndevice = \"cpu\"\n\
+             data_dir = {:?}\n[grid]\nnoise_multiplier = [0.0, 1.0]\n[profiles.cpu]\nepochs = 1\n",
+            root.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let experiment = dpcomp::experiment::ExperimentFile::open(&file).unwrap();
+    let runs = dir.path().join("runs");
+    let outcome = experiment.run("cpu", &[], &runs, None, false).unwrap();
+    assert_eq!(outcome.finished, 2);
+    let cell = outcome.folder.join("noise_multiplier-0/audit.json");
+    let written = std::fs::metadata(&cell).unwrap().modified().unwrap();
+    let table = std::fs::read_to_string(outcome.folder.join("results.md")).unwrap();
+    assert!(
+        table.contains("| noise_multiplier-0 | identity | 0 |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| noise_multiplier-1 | identity | 1 |"),
+        "{table}"
+    );
+    assert!(table.contains("20 \"included\""), "{table}");
+    // Finished cells are not audited again.
+    let again = experiment.run("cpu", &[], &runs, None, false).unwrap();
+    assert_eq!(again.finished, 2);
+    assert_eq!(
+        std::fs::metadata(&cell).unwrap().modified().unwrap(),
+        written
+    );
+}
