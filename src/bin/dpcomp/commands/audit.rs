@@ -111,6 +111,17 @@ pub fn run(args: AuditArgs) -> Result<()> {
             if report.flagged { " -- FLAGGED: the audit refutes the accounted epsilon" } else { "" },
             100.0 * report.test_accuracy
         );
+        if let (Some(every), Some(last)) = (&report.every_step, &report.final_weights) {
+            println!(
+                "white box, both auditors: every step {:.4} ({}/{} right), final weights {:.4} ({}/{} right)",
+                every.epsilon_lower_bound,
+                every.correct,
+                every.guesses,
+                last.epsilon_lower_bound,
+                last.correct,
+                last.guesses
+            );
+        }
     }
     Ok(())
 }
