@@ -851,3 +851,69 @@ fn canary_clients_audit_client_level_dp() {
         }
     }
 }
+
+/// Cells that differ only by seed are summarised as one row, mean ± sd over the seeds.
+#[test]
+fn fl_tables_summarise_the_seeds_of_a_setting() {
+    let Some(data) = common::require_shared_data() else {
+        return;
+    };
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("seeds_fl.toml");
+    std::fs::write(
+        &file,
+        r#"
+name = "seeds_fl"
+kind = "fl"
+
+[[datasets]]
+dataset = "breast_cancer"
+clients = 10
+fraction = 0.5
+local_steps = 2
+local_batch = 0
+local_lr = 0.5
+rounds = 3
+full_clip = 0.5
+
+[grid]
+schemes = ["std"]
+ratios = [0.1]
+dp = [false]
+seeds = [0, 1, 2]
+target_epsilon = 2.0
+delta = 1e-5
+lambda = 0.01
+owlqn_iterations = 20
+
+[profiles.cpu]
+"#,
+    )
+    .unwrap();
+    let experiment = dpcomp::experiment::ExperimentFile::open(&file).unwrap();
+    let runs = dir.path().join("runs");
+    let outcome = experiment
+        .run("cpu", &[], &runs, Some(&data), false)
+        .unwrap();
+    assert_eq!(outcome.finished, 3);
+    let md = std::fs::read_to_string(outcome.folder.join("results.md")).unwrap();
+    assert!(md.starts_with("### Over seeds"), "{md}");
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| breast_cancer | no | FL-STD |"))
+        .expect("one row for the three seeds");
+    // Three seeds: the mean of the three best values, and their sample deviation.
+    let bests: Vec<f64> = std::fs::read_to_string(outcome.folder.join("results.csv"))
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(9).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(bests.len(), 3);
+    let (mean, sd) = dpcomp::grid::mean_sd(&bests);
+    assert!(
+        row.contains(&format!("| 3 | {mean:.4} ± {:.4} |", sd.unwrap())),
+        "{row} vs {bests:?}"
+    );
+}

@@ -495,8 +495,64 @@ pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
             dp(s.epsilon, 3),
         ));
     }
+    let md = format!("{}{}", seed_summary(cells), md);
     std::fs::write(out.join("results.md"), md.trim_start())
         .map_err(|e| Error::io(out.join("results.md"), e))
+}
+
+/// The cells that differ only by seed, as one row each: mean ± sample standard deviation of the
+/// best metric over rounds and of the validation-chosen round's test metric, and the seeds
+/// (`n`). Empty when no setting ran more than one seed.
+fn seed_summary(cells: &[Cell]) -> String {
+    let key = |c: &Cell| {
+        (
+            c.dataset.clone(),
+            c.settings.privacy.is_some(),
+            c.summary.scheme.clone(),
+            format!("{:.4}", c.summary.ratio),
+            c.settings.server_momentum.to_string(),
+        )
+    };
+    let mut groups: Vec<(_, Vec<&Cell>)> = Vec::new();
+    for c in cells {
+        match groups.iter_mut().find(|(k, _)| *k == key(c)) {
+            Some((_, members)) => members.push(c),
+            None => groups.push((key(c), vec![c])),
+        }
+    }
+    if groups.iter().all(|(_, members)| members.len() < 2) {
+        return String::new();
+    }
+    let shown = |values: Vec<f64>| match crate::grid::mean_sd(&values) {
+        (mean, Some(sd)) => format!("{mean:.4} ± {sd:.4}"),
+        (mean, None) => format!("{mean:.4}"),
+    };
+    let mut md = String::from(
+        "
+### Over seeds (mean ± sample standard deviation)
+
+| dataset | DP | scheme | r | β | seeds | best over rounds | chosen on validation: test |
+|---|---|---|---|---|---|---|---|
+",
+    );
+    for ((dataset, dp, scheme, ratio, beta), members) in groups {
+        let chosen: Vec<f64> = members
+            .iter()
+            .filter_map(|c| c.summary.test_at_validation_round)
+            .collect();
+        md.push_str(&format!(
+            "| {dataset} | {} | {scheme} | {ratio} | {beta} | {} | {} | {} |\n",
+            if dp { "yes" } else { "no" },
+            members.len(),
+            shown(members.iter().map(|c| c.summary.best).collect()),
+            if chosen.len() == members.len() {
+                shown(chosen)
+            } else {
+                "-".to_string()
+            },
+        ));
+    }
+    md
 }
 
 #[cfg(test)]
