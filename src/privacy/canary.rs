@@ -72,7 +72,7 @@ pub struct GradientCanaries {
     shapes: Vec<Vec<i64>>,
     /// C: every canary gradient has this norm before clipping.
     norm: f64,
-    /// Each canary's norm after the engine's clipping (its radius at the start), [m] f64 CPU.
+    /// Each canary's norm after the engine's clipping (its radius at the start), [m] f64.
     clipped_norms: Tensor,
     sample_rate: f64,
     rng: StdRng,
@@ -156,15 +156,15 @@ impl GradientCanaries {
             clipped_norms: Tensor::zeros([m as i64], (Kind::Double, Device::Cpu)),
             sample_rate,
             rng,
-            start: Tensor::zeros([m as i64], (Kind::Double, Device::Cpu)),
-            last: Tensor::zeros([m as i64], (Kind::Double, Device::Cpu)),
-            velocity: Tensor::zeros([m as i64], (Kind::Double, Device::Cpu)),
-            scores: Tensor::zeros([m as i64], (Kind::Double, Device::Cpu)),
+            start: Tensor::zeros([m as i64], (Kind::Double, device)),
+            last: Tensor::zeros([m as i64], (Kind::Double, device)),
+            velocity: Tensor::zeros([m as i64], (Kind::Double, device)),
+            scores: Tensor::zeros([m as i64], (Kind::Double, device)),
             lr,
             momentum,
             samples: 0,
         };
-        canaries.clipped_norms = canaries.norms_after(clipping);
+        canaries.clipped_norms = canaries.norms_after(clipping).to_device(device);
         canaries.start = canaries.project(params);
         canaries.last = canaries.start.copy();
         Ok(canaries)
@@ -278,7 +278,7 @@ impl GradientCanaries {
         )
     }
 
-    /// ⟨w, u_i⟩ for every canary, [m] f64 on the CPU.
+    /// ⟨w, u_i⟩ for every canary, [m] f64 on the weights' device.
     fn project(&self, params: &[Tensor]) -> Tensor {
         tch::no_grad(|| {
             let flat = Tensor::cat(
@@ -289,11 +289,12 @@ impl GradientCanaries {
                 0,
             );
             match &self.directions {
-                Directions::Dirac(coordinates) => flat
-                    .index_select(0, &Tensor::from_slice(coordinates).to_device(flat.device()))
-                    .to_device(Device::Cpu),
+                Directions::Dirac(coordinates) => {
+                    flat.index_select(0, &Tensor::from_slice(coordinates).to_device(flat.device()))
+                }
+                // The [m, P] directions stay f32 (no copy of them per step).
                 Directions::Dense(unit) => {
-                    unit.to_kind(Kind::Double).mv(&flat).to_device(Device::Cpu)
+                    unit.mv(&flat.to_kind(unit.kind())).to_kind(Kind::Double)
                 }
             }
         })
@@ -312,14 +313,13 @@ impl GradientCanaries {
         // In units of one sampled canary's contribution c_i / E[B].
         let y = gradient * expected_batch / &self.clipped_norms;
         let median = y.median();
-        let spread = ((&y - &median).abs().median() * 1.4826)
-            .double_value(&[])
-            .max(1e-12);
+        // On the weights' device throughout: no host read per step.
+        let spread = ((&y - &median).abs().median() * 1.4826).clamp_min(1e-12);
         let q = self.sample_rate;
-        let log_ratio = ((&y - 0.5) / (spread * spread) + q.ln()).logaddexp(&Tensor::full(
+        let log_ratio = ((&y - 0.5) / spread.square() + q.ln()).logaddexp(&Tensor::full(
             [1],
             (1.0 - q).ln(),
-            (Kind::Double, Device::Cpu),
+            (Kind::Double, y.device()),
         ));
         self.scores += log_ratio;
     }
@@ -331,7 +331,8 @@ impl GradientCanaries {
             Observe::EveryStep => self.scores.copy(),
             Observe::Final => (&self.start - self.project(params)) * self.lr.signum(),
         };
-        Vec::<f64>::try_from(&scores).expect("canary scores are a 1-d f64 tensor")
+        Vec::<f64>::try_from(&scores.to_device(Device::Cpu))
+            .expect("canary scores are a 1-d f64 tensor")
     }
 
     pub fn settings(&self) -> &CanarySettings {
