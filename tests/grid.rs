@@ -181,30 +181,40 @@ fn every_experiment_file_resolves_in_both_profiles() {
                 continue;
             }
             ExperimentFile::Federated(fl) => {
-                for profile in ["cpu", "full"] {
+                let stem = path.file_stem().and_then(|s| s.to_str());
+                let expected: &[(&str, usize)] = match stem {
+                    // Per dataset: FL-STD, 3 ratios of RND and FREQ, 3 x 2 row choices of
+                    // CS; x DP: 2 x 2 x 13.
+                    Some("fl_cs") => &[("cpu", 52), ("full", 52)],
+                    // Two datasets: FL-STD, 3 ratios of RND, FREQ and CS; x DP; x 2
+                    // server momenta x 3 seeds: 2 x 10 x 2 x 2 x 3.
+                    Some("fl_scale") => &[("cpu", 240), ("full", 240)],
+                    // FL-STD-DP at 5 noise scales; one real run with 600 clients.
+                    Some("fl_std_dp_noise") => &[("cpu", 5), ("clients-600", 1)],
+                    other => panic!("{other:?}: a new federated file; add its cell count"),
+                };
+                for &(profile, expected) in expected {
                     let cells = fl.cells(profile).unwrap();
-                    let expected = match path.file_stem().and_then(|s| s.to_str()) {
-                        // Per dataset: FL-STD, 3 ratios of RND and FREQ, 3 x 2 row choices of
-                        // CS; x DP.
-                        Some("fl_cs") => 2 * 2 * (1 + 3 + 3 + 6),
-                        // Two datasets: FL-STD, 3 ratios of RND, FREQ and CS; x DP; x 2
-                        // server momenta x 3 seeds.
-                        Some("fl_scale") => 2 * 2 * (1 + 3 + 3 + 3) * 2 * 3,
-                        other => panic!("{other:?}: a new federated file; add its cell count"),
-                    };
                     assert_eq!(cells.len(), expected, "{}: {profile}", path.display());
-                    let private = cells.iter().filter(|(_, _, s)| s.privacy.is_some()).count();
-                    assert_eq!(
-                        private,
-                        cells.len() / 2,
-                        "{profile}: half the cells are private"
-                    );
+                    if stem != Some("fl_std_dp_noise") {
+                        let private = cells.iter().filter(|(_, _, s)| s.privacy.is_some()).count();
+                        assert_eq!(
+                            private,
+                            cells.len() / 2,
+                            "{profile}: half the cells are private"
+                        );
+                    }
                     for (dataset, name, settings) in &cells {
                         settings.validate().unwrap();
-                        // Private cells reach ε <= 1 after their rounds (σ from the accountant).
+                        // Private cells at noise scale 1 reach ε <= 1 after their rounds (σ from
+                        // the accountant); a scale s < 1 divides σ by 1/s.
                         if let Some(p) = settings.privacy {
+                            let scale = name
+                                .split('-')
+                                .find_map(|part| part.strip_prefix("ns"))
+                                .map_or(1.0, |v| v.parse::<f64>().unwrap());
                             let eps = dpcomp::privacy::calibrate::epsilon_for(
-                                p.noise_multiplier,
+                                p.noise_multiplier / scale,
                                 settings.fraction,
                                 settings.rounds as u64,
                                 p.delta,
@@ -213,6 +223,23 @@ fn every_experiment_file_resolves_in_both_profiles() {
                             assert!(eps <= 1.0 + 1e-9 && eps > 0.99, "{dataset}/{name}: {eps}");
                         }
                     }
+                }
+                if stem == Some("fl_std_dp_noise") {
+                    // The cpu cell at scale 1/4 has the aggregate noise σ S / (C N) of the real
+                    // ε 1 run with four times the clients.
+                    let noise_on_average = |profile: &str, cell: &str| {
+                        let cells = fl.cells(profile).unwrap();
+                        let (_, _, s) = cells.iter().find(|(_, n, _)| n == cell).unwrap();
+                        let p = s.privacy.unwrap();
+                        p.noise_multiplier * p.clip / (s.fraction * s.clients as f64)
+                    };
+                    let emulated = noise_on_average("cpu", "std-r1-dp-ns0.25-m0-s0");
+                    let real = noise_on_average("clients-600", "std-r1-dp-ns1-m0-s0");
+                    assert!(
+                        (emulated / real - 1.0).abs() < 1e-12,
+                        "{emulated} vs {real}"
+                    );
+                    continue;
                 }
                 // The cpu profile shortens Fashion-MNIST (fl_cs: 100 rounds, fl_scale: 50).
                 let cpu_rounds = if fl.name == "fl_scale" { 50 } else { 100 };

@@ -102,6 +102,13 @@ pub struct Grid {
     /// domain, Algorithm 3); empty: the dataset's `server_momentum`, names unchanged.
     #[serde(default)]
     pub server_momentum: Vec<f64>,
+    /// Noise of the DP cells as multiples of the σ calibrated for `target_epsilon`: each DP cell
+    /// once per scale (named `-ns{scale}`, σ = scale · σ(ε)); empty: σ(ε) alone, names unchanged.
+    /// With C N clients a round the noise on the average is σ S / (C N), so scale 1/k is the
+    /// noise ε would need with k times the clients a round (same C, k times the population); the
+    /// cell's own ε (reported) is that of the run as made, far above `target_epsilon` for k > 1.
+    #[serde(default)]
+    pub noise_scales: Vec<f64>,
 }
 
 fn first_rows() -> Vec<DctRows> {
@@ -117,6 +124,9 @@ pub struct Override {
     pub eval_examples: Option<usize>,
     pub clients: Option<usize>,
     pub fraction: Option<f64>,
+    /// Replaces the grid's `noise_scales` for this dataset in this profile (for example one
+    /// real run with more clients beside the scaled-noise cells of the cheap profile).
+    pub noise_scales: Option<Vec<f64>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -195,6 +205,34 @@ impl FlExperiment {
             } else {
                 self.grid.server_momentum.iter().map(|&m| Some(m)).collect()
             };
+            let scales = o
+                .noise_scales
+                .clone()
+                .unwrap_or_else(|| self.grid.noise_scales.clone());
+            if let Some(bad) = scales.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+                return Err(Error::bad_value(
+                    "noise_scales",
+                    format!("{bad}: expected positive multiples of the calibrated sigma"),
+                ));
+            }
+            // DP cells once per scale; the non-private ones once.
+            let scales_of = |dp: bool| -> Vec<Option<f64>> {
+                if dp && !scales.is_empty() {
+                    scales.iter().map(|&s| Some(s)).collect()
+                } else {
+                    vec![None]
+                }
+            };
+            let privacy = |dp: bool, clip: f64, scale: Option<f64>| {
+                dp.then(|| FlPrivacy {
+                    clip,
+                    noise_multiplier: sigma * scale.unwrap_or(1.0),
+                    delta: self.grid.delta,
+                    accountant: self.grid.accountant,
+                })
+            };
+            let scale_suffix =
+                |scale: Option<f64>| scale.map_or(String::new(), |s| format!("-ns{s}"));
             let start = cells.len();
             for &dp in &self.grid.dp {
                 for &scheme in &self.grid.schemes {
@@ -210,51 +248,48 @@ impl FlExperiment {
                     };
                     for &row_choice in &rows {
                         for &ratio in &ratios {
-                            let mut s = base.clone();
-                            s.scheme = scheme;
-                            s.ratio = ratio;
-                            s.rows = row_choice;
-                            s.privacy = dp.then(|| FlPrivacy {
-                                clip: default_clip(d.full_clip, scheme, ratio),
-                                noise_multiplier: sigma,
-                                delta: self.grid.delta,
-                                accountant: self.grid.accountant,
-                            });
-                            let name = format!(
-                                "{}{}-r{ratio}{}",
-                                format!("{scheme:?}").to_lowercase(),
-                                if row_choice == DctRows::Random {
-                                    "-random"
-                                } else {
-                                    ""
-                                },
-                                if dp { "-dp" } else { "" }
-                            );
-                            cells.push((d.dataset.name().to_string(), name, s));
+                            for scale in scales_of(dp) {
+                                let mut s = base.clone();
+                                s.scheme = scheme;
+                                s.ratio = ratio;
+                                s.rows = row_choice;
+                                s.privacy =
+                                    privacy(dp, default_clip(d.full_clip, scheme, ratio), scale);
+                                let name = format!(
+                                    "{}{}-r{ratio}{}{}",
+                                    format!("{scheme:?}").to_lowercase(),
+                                    if row_choice == DctRows::Random {
+                                        "-random"
+                                    } else {
+                                        ""
+                                    },
+                                    if dp { "-dp" } else { "" },
+                                    scale_suffix(scale)
+                                );
+                                cells.push((d.dataset.name().to_string(), name, s));
+                            }
                         }
                     }
                 }
                 for compressor in &self.grid.compressors {
-                    let mut s = base.clone();
-                    s.scheme = Scheme::Std;
-                    s.ratio = 1.0;
-                    s.compressor = Some(compressor.clone());
-                    s.privacy = dp.then(|| FlPrivacy {
-                        clip: default_clip(d.full_clip, Scheme::Std, 1.0),
-                        noise_multiplier: sigma,
-                        delta: self.grid.delta,
-                        accountant: self.grid.accountant,
-                    });
-                    let setting = match compressor.kind {
-                        CompressorKind::Powersgd => format!("r{}", compressor.rank),
-                        _ => format!("x{}", compressor.rate),
-                    };
-                    let name = format!(
-                        "{}-{setting}{}",
-                        compressor.kind,
-                        if dp { "-dp" } else { "" }
-                    );
-                    cells.push((d.dataset.name().to_string(), name, s));
+                    for scale in scales_of(dp) {
+                        let mut s = base.clone();
+                        s.scheme = Scheme::Std;
+                        s.ratio = 1.0;
+                        s.compressor = Some(compressor.clone());
+                        s.privacy = privacy(dp, default_clip(d.full_clip, Scheme::Std, 1.0), scale);
+                        let setting = match compressor.kind {
+                            CompressorKind::Powersgd => format!("r{}", compressor.rank),
+                            _ => format!("x{}", compressor.rate),
+                        };
+                        let name = format!(
+                            "{}-{setting}{}{}",
+                            compressor.kind,
+                            if dp { "-dp" } else { "" },
+                            scale_suffix(scale)
+                        );
+                        cells.push((d.dataset.name().to_string(), name, s));
+                    }
                 }
             }
             // Every cell once per momentum and seed of the grid's axes.
