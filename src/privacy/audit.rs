@@ -268,6 +268,24 @@ pub struct CanaryAudit {
     pub flagged: bool,
 }
 
+/// The bound had every one of the `guesses` about `canaries` canaries been right: the most an
+/// audit of that shape can show (its power), whatever the mechanism.
+pub fn audit_power(canaries: usize, guesses: Guesses, delta: f64, beta: f64) -> Result<f64> {
+    let r = guesses.total() as u64;
+    epsilon_lower_bound(canaries as u64, r, r, delta, beta)
+}
+
+/// Some audit's lower bound exceeds the accounted ε: the run's privacy claim is refuted (with
+/// the audits' confidence), a bug in the mechanism or its accounting.
+pub fn refutes<'a>(
+    outcomes: impl IntoIterator<Item = &'a AuditOutcome>,
+    accounted_epsilon: f64,
+) -> bool {
+    outcomes
+        .into_iter()
+        .any(|o| o.epsilon_lower_bound > accounted_epsilon)
+}
+
 impl CanaryAudit {
     pub fn of(
         scores: &super::canary::CanaryScores,
@@ -277,16 +295,13 @@ impl CanaryAudit {
         accounted_epsilon: f64,
     ) -> Result<Self> {
         let (every_step, final_weights) = audit_scores(scores, guesses, delta, beta)?;
-        let m = scores.included.len() as u64;
-        let r = guesses.total() as u64;
         Ok(CanaryAudit {
             accounted_epsilon,
             every_step,
             final_weights,
-            max_bound: epsilon_lower_bound(m, r, r, delta, beta)?,
+            max_bound: audit_power(scores.included.len(), guesses, delta, beta)?,
             canary_samples: scores.samples,
-            flagged: every_step.epsilon_lower_bound > accounted_epsilon
-                || final_weights.epsilon_lower_bound > accounted_epsilon,
+            flagged: refutes([&every_step, &final_weights], accounted_epsilon),
         })
     }
 }

@@ -11,7 +11,9 @@
 use super::Trainer;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::privacy::audit::{audit_scores, epsilon_lower_bound, outcome_of, AuditOutcome, Guesses};
+use crate::privacy::audit::{
+    audit_power, audit_scores, outcome_of, refutes, AuditOutcome, Guesses,
+};
 use crate::privacy::canary::{CanarySettings, GradientCanaries, InputCanaries, Observe};
 use serde::Serialize;
 use std::path::Path;
@@ -193,19 +195,15 @@ pub fn audit_training(
         sample_rate: trainer.sample_rate(),
         steps: trainer.state.steps_done,
         accounted_epsilon,
-        max_bound: epsilon_lower_bound(
-            m as u64,
-            settings.guesses.total() as u64,
-            settings.guesses.total() as u64,
-            delta,
-            settings.beta,
-        )?,
+        max_bound: audit_power(m, settings.guesses, delta, settings.beta)?,
         canary_samples: samples,
         test_accuracy: summary.last_test_accuracy,
-        flagged: [Some(outcome), every_step, final_weights]
-            .iter()
-            .flatten()
-            .any(|o| o.epsilon_lower_bound > accounted_epsilon),
+        flagged: refutes(
+            [Some(&outcome), every_step.as_ref(), final_weights.as_ref()]
+                .into_iter()
+                .flatten(),
+            accounted_epsilon,
+        ),
         outcome,
         every_step,
         final_weights,
