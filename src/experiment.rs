@@ -75,7 +75,7 @@ impl ExperimentFile {
     }
 
     /// The cells of `profile` and where each stands, without running anything. `only` selects
-    /// cells by axis value (training grids only).
+    /// cells by axis value.
     pub fn list(
         &self,
         profile: &str,
@@ -121,7 +121,7 @@ impl ExperimentFile {
                     .collect()
             }
             ExperimentFile::Federated(e) => Ok(e
-                .cells(profile)?
+                .cells_only(profile, only)?
                 .into_iter()
                 .map(|(dataset, name, settings)| {
                     let noise = settings.privacy.map_or(String::new(), |p| {
@@ -184,7 +184,8 @@ impl ExperimentFile {
             }
             ExperimentFile::Federated(e) => {
                 let data_dir = crate::data::data_dir(data_dir);
-                let cells = crate::fl::experiment::run(e, profile, &data_dir, &folder, progress)?;
+                let cells =
+                    crate::fl::experiment::run(e, profile, only, &data_dir, &folder, progress)?;
                 crate::plot::fl::figures(&cells, &folder)?;
                 cells.len()
             }
@@ -249,20 +250,15 @@ impl ExperimentFile {
         Ok(())
     }
 
-    /// `only` selects cells by the axes of a training grid; the other kinds have none.
+    /// `only` selects cells by the axes of a training, audit or federated grid (the federated
+    /// axes: `fl::experiment::ONLY_AXES`); a convex sweep has none.
     fn check_only(&self, only: &[(String, String)]) -> Result<()> {
-        let kind = match self {
-            ExperimentFile::Training(_) | ExperimentFile::Audit(_) => return Ok(()),
-            ExperimentFile::Convex(_) => "convex",
-            ExperimentFile::Federated(_) => "federated",
-        };
-        if only.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::bad_value(
+        match self {
+            ExperimentFile::Convex(_) if !only.is_empty() => Err(Error::bad_value(
                 "only",
-                format!("not supported for {kind} experiments (their cells are not axis products)"),
-            ))
+                "not supported for convex experiments (one sweep of seconds, not an axis product)",
+            )),
+            _ => Ok(()),
         }
     }
 }

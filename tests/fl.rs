@@ -852,7 +852,8 @@ fn canary_clients_audit_client_level_dp() {
     }
 }
 
-/// Cells that differ only by seed are summarised as one row, mean ± sd over the seeds.
+/// Cells that differ only by seed are summarised as one row, mean ± sd over the seeds; DP
+/// cells at two noise scales are two settings, not six seeds of one.
 #[test]
 fn fl_tables_summarise_the_seeds_of_a_setting() {
     let Some(data) = common::require_shared_data() else {
@@ -880,7 +881,8 @@ full_clip = 0.5
 [grid]
 schemes = ["std"]
 ratios = [0.1]
-dp = [false]
+dp = [false, true]
+noise_scales = [1.0, 0.5]
 seeds = [0, 1, 2]
 target_epsilon = 2.0
 delta = 1e-5
@@ -896,7 +898,7 @@ owlqn_iterations = 20
     let outcome = experiment
         .run("cpu", &[], &runs, Some(&data), false)
         .unwrap();
-    assert_eq!(outcome.finished, 3);
+    assert_eq!(outcome.finished, 9);
     let md = std::fs::read_to_string(outcome.folder.join("results.md")).unwrap();
     assert!(md.starts_with("### Over seeds"), "{md}");
     let row = md
@@ -908,12 +910,29 @@ owlqn_iterations = 20
         .unwrap()
         .lines()
         .skip(1)
+        .filter(|l| l.split(',').nth(3) == Some("false"))
         .map(|l| l.split(',').nth(9).unwrap().parse().unwrap())
         .collect();
     assert_eq!(bests.len(), 3);
     let (mean, sd) = dpcomp::grid::mean_sd(&bests);
     assert!(
-        row.contains(&format!("| 3 | {mean:.4} ± {:.4} |", sd.unwrap())),
+        row.contains(&format!("| - | 3 | {mean:.4} ± {:.4} |", sd.unwrap())),
         "{row} vs {bests:?}"
     );
+    // The private cells: one row per σ, three seeds each, one σ half the other.
+    let private: Vec<&str> = md
+        .lines()
+        .filter(|l| l.starts_with("| breast_cancer | yes | FL-STD |"))
+        .collect();
+    assert_eq!(private.len(), 2, "{md}");
+    let sigmas: Vec<f64> = private
+        .iter()
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            assert_eq!(cells[7], "3", "{row}");
+            cells[6].parse().unwrap()
+        })
+        .collect();
+    let (low, high) = (sigmas[0].min(sigmas[1]), sigmas[0].max(sigmas[1]));
+    assert!((low - high / 2.0).abs() < 1e-3, "{sigmas:?}");
 }

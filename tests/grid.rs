@@ -189,14 +189,16 @@ fn every_experiment_file_resolves_in_both_profiles() {
                     // Two datasets: FL-STD, 3 ratios of RND, FREQ and CS; x DP; x 2
                     // server momenta x 3 seeds: 2 x 10 x 2 x 2 x 3.
                     Some("fl_scale") => &[("cpu", 240), ("full", 240)],
-                    // FL-STD-DP at 5 noise scales; one real run with 600 clients.
-                    Some("fl_std_dp_noise") => &[("cpu", 5), ("clients-600", 1)],
+                    // FL-STD-DP at 7 noise scales; one real run with 600 clients.
+                    Some("fl_std_dp_noise") => &[("cpu", 7), ("clients-600", 1)],
+                    // Every private scheme and ratio at one noise scale: 1 + 3 x 3.
+                    Some("fl_dp_population") => &[("cpu", 10)],
                     other => panic!("{other:?}: a new federated file; add its cell count"),
                 };
                 for &(profile, expected) in expected {
                     let cells = fl.cells(profile).unwrap();
                     assert_eq!(cells.len(), expected, "{}: {profile}", path.display());
-                    if stem != Some("fl_std_dp_noise") {
+                    if !matches!(stem, Some("fl_std_dp_noise" | "fl_dp_population")) {
                         let private = cells.iter().filter(|(_, _, s)| s.privacy.is_some()).count();
                         assert_eq!(
                             private,
@@ -241,8 +243,9 @@ fn every_experiment_file_resolves_in_both_profiles() {
                     );
                     continue;
                 }
-                // The cpu profile shortens Fashion-MNIST (fl_cs: 100 rounds, fl_scale: 50).
-                let cpu_rounds = if fl.name == "fl_scale" { 50 } else { 100 };
+                // The cpu profile shortens Fashion-MNIST (fl_cs: 100 rounds, fl_scale: 50); the
+                // private-population file runs the 50 rounds its ε horizon implies.
+                let cpu_rounds = if fl.name == "fl_cs" { 100 } else { 50 };
                 let cpu = fl.cells("cpu").unwrap();
                 assert!(cpu
                     .iter()
@@ -270,7 +273,7 @@ fn every_experiment_file_resolves_in_both_profiles() {
 }
 
 #[test]
-fn experiment_files_are_routed_by_kind_and_only_training_grids_take_only() {
+fn experiment_files_are_routed_by_kind_and_only_convex_sweeps_refuse_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("odd.toml");
     std::fs::write(&path, "name = \"odd\"\nkind = \"quantum\"\n").unwrap();
@@ -282,18 +285,69 @@ fn experiment_files_are_routed_by_kind_and_only_training_grids_take_only() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
     let only = vec![("seed".to_string(), "0".to_string())];
     let runs = dir.path().join("runs");
-    for (file, kind) in [("convex.toml", "convex"), ("fl_cs.toml", "federated")] {
-        let experiment = ExperimentFile::open(&root.join(file)).unwrap();
-        let err = experiment
-            .run("cpu", &only, &runs, None, false)
-            .err()
-            .unwrap()
-            .to_string();
+    let convex = ExperimentFile::open(&root.join("convex.toml")).unwrap();
+    let err = convex
+        .run("cpu", &only, &runs, None, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.starts_with("only:") && err.contains("convex"), "{err}");
+    // Federated cells are selected by their axes (numbers compare numerically); an unknown
+    // axis is refused before anything runs.
+    let fl = ExperimentFile::open(&root.join("fl_scale.toml")).unwrap();
+    let pairs = |items: &[(&str, &str)]| -> Vec<(String, String)> {
+        items
+            .iter()
+            .map(|(a, v)| (a.to_string(), v.to_string()))
+            .collect()
+    };
+    let chosen = fl
+        .list(
+            "cpu",
+            &pairs(&[
+                ("dataset", "fashion-mnist"),
+                ("dp", "true"),
+                ("server_momentum", "0.0"),
+                ("seed", "2"),
+            ]),
+            &runs,
+        )
+        .unwrap();
+    assert_eq!(chosen.len(), 10, "STD, 3 RND, 3 FREQ, 3 CS");
+    for cell in &chosen {
         assert!(
-            err.starts_with("only:") && err.contains(kind),
-            "{file}: {err}"
+            cell.name.starts_with("fashion-mnist/") && cell.name.contains("-dp-m0-s2"),
+            "{}",
+            cell.name
         );
     }
+    let five_percent = fl
+        .list(
+            "cpu",
+            &pairs(&[("ratio", "0.050"), ("scheme", "cs")]),
+            &runs,
+        )
+        .unwrap();
+    assert_eq!(
+        five_percent.len(),
+        2 * 2 * 2 * 3,
+        "datasets x dp x momenta x seeds"
+    );
+    let err = fl
+        .run("cpu", &pairs(&[("rate", "16")]), &runs, None, false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.starts_with("only:") && err.contains("noise_scale"),
+        "{err}"
+    );
+    let noise = ExperimentFile::open(&root.join("fl_std_dp_noise.toml")).unwrap();
+    let quarter = noise
+        .list("cpu", &pairs(&[("noise_scale", "0.25")]), &runs)
+        .unwrap();
+    assert_eq!(quarter.len(), 1);
+    assert!(quarter[0].name.ends_with("std-r1-dp-ns0.25-m0-s0"));
     assert!(!runs.exists(), "a refused run wrote nothing");
     let surnames = ExperimentFile::open(&root.join("surnames_dgc.toml")).unwrap();
     assert_eq!(

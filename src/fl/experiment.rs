@@ -316,6 +316,71 @@ impl FlExperiment {
     }
 }
 
+/// The axes `dpcomp grid --only AXIS=VALUE` selects federated cells by.
+pub const ONLY_AXES: [&str; 7] = [
+    "dataset",
+    "scheme",
+    "ratio",
+    "dp",
+    "server_momentum",
+    "seed",
+    "noise_scale",
+];
+
+/// A cell's value on `axis` (one of `ONLY_AXES`), as text: the noise scale is read from the
+/// cell's name (`-ns{scale}`, 1 without it), which `FlExperiment::cells` writes.
+fn axis_value(dataset: &str, name: &str, settings: &FlSettings, axis: &str) -> String {
+    match axis {
+        "dataset" => dataset.to_string(),
+        "scheme" => format!("{:?}", settings.scheme).to_lowercase(),
+        "ratio" => settings.ratio.to_string(),
+        "dp" => settings.privacy.is_some().to_string(),
+        "server_momentum" => settings.server_momentum.to_string(),
+        "seed" => settings.seed.to_string(),
+        "noise_scale" => name
+            .split('-')
+            .find_map(|part| part.strip_prefix("ns"))
+            .unwrap_or("1")
+            .to_string(),
+        other => unreachable!("{other} is checked against ONLY_AXES"),
+    }
+}
+
+impl FlExperiment {
+    /// `cells`, keeping those whose value on every `only` axis equals the one given (numbers
+    /// compare numerically: `ratio=0.05`, `server_momentum=0`).
+    pub fn cells_only(
+        &self,
+        profile: &str,
+        only: &[(String, String)],
+    ) -> Result<Vec<(String, String, FlSettings)>> {
+        for (axis, _) in only {
+            if !ONLY_AXES.contains(&axis.as_str()) {
+                return Err(Error::bad_value(
+                    "only",
+                    format!(
+                        "{axis} is not an axis of the federated experiment {}; axes: {}",
+                        self.name,
+                        ONLY_AXES.join(", ")
+                    ),
+                ));
+            }
+        }
+        let same = |value: &str, wanted: &str| match (value.parse::<f64>(), wanted.parse::<f64>()) {
+            (Ok(v), Ok(w)) => v == w,
+            _ => value == wanted,
+        };
+        Ok(self
+            .cells(profile)?
+            .into_iter()
+            .filter(|(dataset, name, settings)| {
+                only.iter()
+                    .all(|(axis, wanted)| same(&axis_value(dataset, name, settings, axis), wanted))
+            })
+            .collect())
+    }
+}
+
 /// A finished cell: its settings, summary and per-round metrics.
 #[derive(Debug, Clone)]
 pub struct Cell {
@@ -331,11 +396,12 @@ pub struct Cell {
 pub fn run(
     experiment: &FlExperiment,
     profile: &str,
+    only: &[(String, String)],
     data_dir: &Path,
     out: &Path,
     progress: bool,
 ) -> Result<Vec<Cell>> {
-    let cells = experiment.cells(profile)?;
+    let cells = experiment.cells_only(profile, only)?;
     let mut loaded: BTreeMap<String, FlData> = BTreeMap::new();
     let total = cells.len();
     for (i, (dataset, name, settings)) in cells.iter().enumerate() {
@@ -537,7 +603,8 @@ pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
 
 /// The cells that differ only by seed, as one row each: mean ± sample standard deviation of the
 /// best metric over rounds and of the validation-chosen round's test metric, and the seeds
-/// (`n`). Empty when no setting ran more than one seed.
+/// (`n`). σ is part of the setting (a grid with `noise_scales` runs one scheme at several σ).
+/// Empty when no setting ran more than one seed.
 fn seed_summary(cells: &[Cell]) -> String {
     let key = |c: &Cell| {
         (
@@ -546,6 +613,9 @@ fn seed_summary(cells: &[Cell]) -> String {
             c.summary.scheme.clone(),
             format!("{:.4}", c.summary.ratio),
             c.settings.server_momentum.to_string(),
+            c.summary
+                .noise_multiplier
+                .map_or("-".to_string(), |sigma| format!("{sigma:.3}")),
         )
     };
     let mut groups: Vec<(_, Vec<&Cell>)> = Vec::new();
@@ -566,17 +636,17 @@ fn seed_summary(cells: &[Cell]) -> String {
         "
 ### Over seeds (mean ± sample standard deviation)
 
-| dataset | DP | scheme | r | β | seeds | best over rounds | chosen on validation: test |
-|---|---|---|---|---|---|---|---|
+| dataset | DP | scheme | r | β | σ | seeds | best over rounds | chosen on validation: test |
+|---|---|---|---|---|---|---|---|---|
 ",
     );
-    for ((dataset, dp, scheme, ratio, beta), members) in groups {
+    for ((dataset, dp, scheme, ratio, beta, sigma), members) in groups {
         let chosen: Vec<f64> = members
             .iter()
             .filter_map(|c| c.summary.test_at_validation_round)
             .collect();
         md.push_str(&format!(
-            "| {dataset} | {} | {scheme} | {ratio} | {beta} | {} | {} | {} |\n",
+            "| {dataset} | {} | {scheme} | {ratio} | {beta} | {sigma} | {} | {} | {} |\n",
             if dp { "yes" } else { "no" },
             members.len(),
             shown(members.iter().map(|c| c.summary.best).collect()),

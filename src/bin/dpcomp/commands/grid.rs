@@ -11,7 +11,8 @@ pub struct GridArgs {
     /// Which of the file's profiles: cpu (fits a 2-core CPU) or full (the paper's settings).
     #[arg(long, default_value = "cpu")]
     pub profile: String,
-    /// Run only the cells whose axis has this value (repeatable), e.g. --only rate=16.
+    /// Run only the cells whose axis has this value (repeatable, all must match), e.g. --only
+    /// rate=16; federated grids: dataset, scheme, ratio, dp, server_momentum, seed, noise_scale.
     #[arg(long, value_name = "AXIS=VALUE")]
     pub only: Vec<String>,
     /// Folder under which runs/<experiment>/<profile>/<cell>/ are written.
