@@ -128,10 +128,15 @@ impl ExperimentFile {
                         format!("  S {:.4} sigma {:.4}", p.clip, p.noise_multiplier)
                     });
                     let dir = root.join(&dataset).join(&name);
-                    let finished = crate::fl::experiment::finished(&dir, &settings);
+                    let state = if crate::fl::experiment::finished(&dir, &settings) {
+                        "finished".to_string()
+                    } else {
+                        crate::fl::checkpoint::saved_round(&dir, &settings)
+                            .map_or("new".to_string(), |k| format!("resumes after round {k}"))
+                    };
                     CellListing {
                         name: format!("{dataset}/{name}"),
-                        state: if finished { "finished" } else { "new" }.to_string(),
+                        state,
                         details: format!("rounds {}{noise}", settings.rounds),
                     }
                 })

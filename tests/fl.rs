@@ -936,3 +936,121 @@ owlqn_iterations = 20
     let (low, high) = (sigmas[0].min(sigmas[1]), sigmas[0].max(sigmas[1]));
     assert!((low - high / 2.0).abs() < 1e-3, "{sigmas:?}");
 }
+
+/// A federated run stopped after round k (as a killed grid worker's cell is) and started again
+/// continues where it stopped: its rounds equal the uninterrupted run's, round by round. Private
+/// FL-CS with server momentum, so the noise (LibTorch's generator, replayed), the accountant,
+/// the compressed-domain error and the momentum all have to carry over. A run with other
+/// settings in the folder starts afresh instead.
+#[test]
+fn a_stopped_federated_run_continues_exactly_where_it_stopped() {
+    use dpcomp::fl::{read_rows, run, run_until, FlSettings};
+    let Some(data_dir) = common::require_shared_data() else {
+        return;
+    };
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    // The settings as the CLI writes them.
+    let cli = dir.path().join("cli");
+    dpcomp(&[
+        "fl",
+        "--dataset",
+        "breast_cancer",
+        "--scheme",
+        "cs",
+        "--ratio",
+        "0.2",
+        "--dp",
+        "--noise-multiplier",
+        "0.5",
+        "--server-momentum",
+        "0.9",
+        "--rounds",
+        "12",
+        "--validation",
+        "0.2",
+        "--out",
+        cli.to_str().unwrap(),
+        "--json",
+    ]);
+    let settings: FlSettings =
+        serde_json::from_str(&std::fs::read_to_string(cli.join("config.json")).unwrap()).unwrap();
+    let data = dpcomp::fl::data::FlData::load(settings.dataset, &data_dir).unwrap();
+    let (whole, stopped) = (dir.path().join("whole"), dir.path().join("stopped"));
+    for d in [&whole, &stopped] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let uninterrupted = run(&settings, &data, Some(&whole), false).unwrap();
+    assert!(
+        !whole.join("checkpoint").exists(),
+        "a finished run keeps none"
+    );
+
+    // It learns after the round it is stopped at (0.82 at round 9, measured; chance is 0.5).
+    assert!(uninterrupted.best > 0.7 && uninterrupted.best_round > 4);
+    run_until(&settings, &data, &stopped, 4, false).unwrap();
+    assert!(stopped.join("checkpoint/state.json").is_file());
+    assert!(!stopped.join("summary.json").exists());
+    assert_eq!(read_rows(&stopped.join("metrics.jsonl")).unwrap().len(), 4);
+    // What `dpcomp grid --list` shows for the cell: it resumes after round 4, for these
+    // settings only.
+    let saved_round = dpcomp::fl::checkpoint::saved_round;
+    assert_eq!(saved_round(&stopped, &settings), Some(4));
+    let mut other = settings.clone();
+    other.seed += 1;
+    assert_eq!(saved_round(&stopped, &other), None);
+    let resumed = run(&settings, &data, Some(&stopped), false).unwrap();
+    assert!(!stopped.join("checkpoint").exists());
+
+    let (a, b) = (
+        read_rows(&whole.join("metrics.jsonl")).unwrap(),
+        read_rows(&stopped.join("metrics.jsonl")).unwrap(),
+    );
+    assert_eq!(a.len(), 12);
+    assert_eq!(b.len(), 12);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.round, y.round);
+        assert_eq!(x.clients, y.clients, "round {}", x.round);
+        assert_eq!(x.upstream_bits_total, y.upstream_bits_total);
+        assert_eq!(x.epsilon, y.epsilon, "round {}: the accountant", x.round);
+        assert_eq!(x.clipped_fraction, y.clipped_fraction);
+        assert!(
+            (x.test_loss - y.test_loss).abs() <= 1e-6 * x.test_loss.abs().max(1.0),
+            "round {}: loss {} resumed vs {} uninterrupted",
+            y.round,
+            y.test_loss,
+            x.test_loss
+        );
+        assert_eq!(
+            x.balanced_accuracy, y.balanced_accuracy,
+            "round {}",
+            x.round
+        );
+        assert_eq!(
+            x.validation_metric, y.validation_metric,
+            "round {}",
+            x.round
+        );
+    }
+    assert_eq!(uninterrupted.best, resumed.best);
+    assert_eq!(uninterrupted.best_round, resumed.best_round);
+    assert_eq!(uninterrupted.epsilon, resumed.epsilon);
+    assert_eq!(uninterrupted.validation_round, resumed.validation_round);
+    assert!(resumed.wall_seconds >= b[3].wall_seconds);
+
+    // Other settings in a stopped run's folder: a fresh start, the stale checkpoint dropped.
+    let changed = dir.path().join("changed");
+    std::fs::create_dir_all(&changed).unwrap();
+    run_until(&settings, &data, &changed, 2, false).unwrap();
+    let mut faster = settings.clone();
+    faster.local.learning_rate *= 2.0;
+    let fresh = run(&faster, &data, Some(&changed), false).unwrap();
+    assert_eq!(fresh.rounds_run, 12);
+    let rows = read_rows(&changed.join("metrics.jsonl")).unwrap();
+    assert_eq!(rows.len(), 12);
+    assert!(!changed.join("checkpoint").exists());
+    assert!(
+        run_until(&settings, &data, &changed, 12, false).is_err(),
+        "12 is the last round"
+    );
+}

@@ -191,8 +191,8 @@ fn every_experiment_file_resolves_in_both_profiles() {
                     Some("fl_scale") => &[("cpu", 240), ("full", 240)],
                     // FL-STD-DP at 7 noise scales; one real run with 600 clients.
                     Some("fl_std_dp_noise") => &[("cpu", 7), ("clients-600", 1)],
-                    // Every private scheme and ratio at one noise scale: 1 + 3 x 3.
-                    Some("fl_dp_population") => &[("cpu", 10)],
+                    // Every private scheme and ratio at one noise scale, 3 seeds: (1 + 3 x 3) x 3.
+                    Some("fl_dp_population") => &[("cpu", 30)],
                     other => panic!("{other:?}: a new federated file; add its cell count"),
                 };
                 for &(profile, expected) in expected {

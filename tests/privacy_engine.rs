@@ -222,6 +222,59 @@ fn privatize_adds_noise_at_sigma_times_sensitivity_and_counts_one_step() {
     }
 }
 
+/// `replay_noise` leaves the seeded generator where `steps` privatize calls leave it, so a
+/// resumed run draws the uninterrupted run's next noise: the 4th step's noisy sum is the same
+/// after 3 real steps as after a resume (their accountant and radius) with 3 replayed ones, for
+/// flat and adaptive clipping (whose noisy count draws one more normal), and differs without
+/// the replay. The replay itself counts nothing.
+#[test]
+fn replayed_noise_leaves_the_generator_where_the_steps_left_it() {
+    let _serial = common::serial();
+    let zeros = [
+        Tensor::zeros([1_000], (Kind::Float, Device::Cpu)),
+        Tensor::zeros([37], (Kind::Float, Device::Cpu)),
+    ];
+    let adaptive = || {
+        Clipping::Adaptive(AdaptiveClipping {
+            radius: 1.0,
+            target_quantile: 0.5,
+            learning_rate: 0.2,
+            count_noise: 5.0,
+        })
+    };
+    let flat = || Clipping::Flat { max_norm: 2.0 };
+    for clipping in [flat as fn() -> Clipping, adaptive] {
+        let label = clipping().label();
+        let new_engine = || {
+            tch::manual_seed(31);
+            PrivacyEngine::new(0.9, 0.1, clipping(), NoiseSource::Seeded, 2).unwrap()
+        };
+        let fourth = |engine: &mut PrivacyEngine| {
+            Tensor::cat(&engine.privatize(&sums_of(&zeros, 4), 4.0).unwrap(), 0)
+        };
+        let mut stepped = new_engine();
+        for _ in 0..3 {
+            stepped.privatize(&sums_of(&zeros, 4), 4.0).unwrap();
+        }
+        let (accountant, radius) = (stepped.accountant().clone(), stepped.clip_radius());
+        let expected = fourth(&mut stepped);
+        // One generator for all: each engine's steps run before the next engine reseeds it.
+        let mut resumed = new_engine();
+        resumed.replay_noise(&zeros, 3);
+        assert_eq!(
+            resumed.accountant().steps(),
+            0,
+            "{label}: a replay counts nothing"
+        );
+        resumed.resume(accountant.clone(), radius).unwrap();
+        assert!(fourth(&mut resumed).equal(&expected), "{label}");
+        let mut unreplayed = new_engine();
+        unreplayed.resume(accountant, radius).unwrap();
+        assert!(!fourth(&mut unreplayed).equal(&expected), "{label}");
+        assert_eq!(resumed.accountant().steps(), 4);
+    }
+}
+
 #[test]
 fn w_workers_each_draw_a_wth_of_the_noise_variance_and_their_sum_has_sigma_c() {
     let _serial = common::serial();

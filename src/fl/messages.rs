@@ -19,6 +19,7 @@ use crate::compress::message::{Message, Payload};
 use crate::compress::sketched::{SketchEncoder, SketchOptions};
 use crate::compress::{flatten, split, CompressorSpec, Decoder, Encoder, SketchDecoder};
 use crate::error::Result;
+use std::collections::HashMap;
 use tch::{Device, Tensor};
 
 enum Sender {
@@ -121,6 +122,44 @@ impl RoundMessages {
             bytes: bytes.len(),
             elements: received.elements(),
         })
+    }
+
+    /// What the messages carry from round to round, by name (a federated checkpoint saves it):
+    /// the sketch sender's state under `sender.` (its step; no client keeps a residual) and the
+    /// decoder's under `decoder.` (FL-CS's error e in the compressed domain). A compressor's
+    /// senders are made afresh every round and carry nothing.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        let mut state: Vec<(String, Tensor)> = match &self.sender {
+            Sender::Sketch(encoder) => encoder
+                .state()
+                .into_iter()
+                .map(|(name, t)| (format!("sender.{name}"), t))
+                .collect(),
+            Sender::Compressor(..) => Vec::new(),
+        };
+        state.extend(
+            self.decoder
+                .state()
+                .into_iter()
+                .map(|(name, t)| (format!("decoder.{name}"), t)),
+        );
+        state
+    }
+
+    /// Restores `state()` as saved: every tensor must be present with its shape.
+    pub fn load_state(&mut self, state: HashMap<String, Tensor>) -> Result<()> {
+        let (mut sender, mut decoder) = (HashMap::new(), HashMap::new());
+        for (name, t) in state {
+            if let Some(n) = name.strip_prefix("sender.") {
+                sender.insert(n.to_string(), t);
+            } else if let Some(n) = name.strip_prefix("decoder.") {
+                decoder.insert(n.to_string(), t);
+            }
+        }
+        if let Sender::Sketch(encoder) = &mut self.sender {
+            encoder.load_state(sender)?;
+        }
+        self.decoder.load_state(decoder)
     }
 
     /// Server side: the update [n] of the aggregate of round `round`'s values (the sketch is

@@ -24,6 +24,7 @@
 //! the server decodes each message and C is the identity above: clipping, sum and noise on the
 //! n model coordinates.
 
+pub mod checkpoint;
 pub mod client;
 pub mod data;
 pub mod experiment;
@@ -439,8 +440,51 @@ pub fn run_with_canaries(
     progress: bool,
     canary_settings: Option<crate::privacy::canary::CanarySettings>,
 ) -> Result<(FlSummary, Option<crate::privacy::canary::CanaryScores>)> {
+    Ok(
+        run_rounds(settings, data, out, progress, canary_settings, None)?
+            .expect("a run without a stopping round runs to its end"),
+    )
+}
+
+/// Runs `settings` into `out` up to round `last_round` and stops there as a killed run would:
+/// checkpoint saved, no summary. `run` with the same settings and folder continues after it
+/// (`checkpoint`). How the tests interrupt a run.
+pub fn run_until(
+    settings: &FlSettings,
+    data: &FlData,
+    out: &Path,
+    last_round: usize,
+    progress: bool,
+) -> Result<()> {
+    if last_round == 0 || last_round >= settings.rounds {
+        return Err(Error::bad_value(
+            "last_round",
+            format!(
+                "{last_round}: expected a round from 1 to {} (before the run's last)",
+                settings.rounds - 1
+            ),
+        ));
+    }
+    let finished = run_rounds(settings, data, Some(out), progress, None, Some(last_round))?;
+    debug_assert!(finished.is_none());
+    Ok(())
+}
+
+type RunOutcome = (FlSummary, Option<crate::privacy::canary::CanaryScores>);
+
+/// `run_with_canaries`, stopping after round `stop_after` (with its checkpoint, `None`) when
+/// one is given.
+fn run_rounds(
+    settings: &FlSettings,
+    data: &FlData,
+    out: Option<&Path>,
+    progress: bool,
+    canary_settings: Option<crate::privacy::canary::CanarySettings>,
+    stop_after: Option<usize>,
+) -> Result<Option<RunOutcome>> {
     settings.validate()?;
     let start = Instant::now();
+    let audited = canary_settings.is_some();
     let device = settings.device.device()?;
     let data = data.to_device(device);
     tch::manual_seed(settings.seed as i64);
@@ -485,11 +529,48 @@ pub fn run_with_canaries(
     );
     // One writer per run folder (see `run_lock`), held until the run returns.
     let _lock = out.map(crate::run_lock::RunLock::acquire).transpose()?;
+    // A run continues from its folder's checkpoint when it has one for these settings
+    // (`checkpoint`); audited runs are never checkpointed.
+    let resumed = match out {
+        Some(dir) if !audited => checkpoint::load(dir, settings)?,
+        Some(dir) => {
+            crate::train::checkpoint::remove(dir);
+            None
+        }
+        None => None,
+    };
+    let rounds_done = resumed.as_ref().map_or(0, |r| r.state.rounds_done);
+    // The rounds already done, as their metrics recorded them.
+    let mut rows: Vec<RoundMetrics> = Vec::new();
     if let Some(dir) = out {
         let config = serde_json::to_string_pretty(settings).expect("settings serialise");
         std::fs::write(dir.join("config.json"), config)
             .map_err(|e| Error::io(dir.join("config.json"), e))?;
-        let _ = std::fs::remove_file(dir.join("metrics.jsonl"));
+        let metrics = dir.join("metrics.jsonl");
+        if rounds_done > 0 {
+            rows = read_rows(&metrics)?;
+            if rows.len() < rounds_done {
+                return Err(Error::bad_file(
+                    &metrics,
+                    format!(
+                        "{} rounds recorded, but the checkpoint is after round {rounds_done}; remove the run's checkpoint folder to start it afresh",
+                        rows.len()
+                    ),
+                ));
+            }
+            // Rounds after the checkpoint (a run killed between its metrics and its save) run
+            // again.
+            rows.truncate(rounds_done);
+            let _ = std::fs::remove_file(&metrics);
+            for row in &rows {
+                append_row(&metrics, row)?;
+            }
+            if progress {
+                eprintln!("    resuming {} after round {rounds_done}", dir.display());
+            }
+        } else {
+            let _ = std::fs::remove_file(&metrics);
+        }
     }
     let binary = data.classes == 2;
     let metric = if binary {
@@ -532,16 +613,63 @@ pub fn run_with_canaries(
         }
     };
     let mut momentum: Option<Tensor> = None;
-    let mut rows: Vec<RoundMetrics> = Vec::new();
     let mut upstream_total = 0u64;
     let mut best: Option<(f64, usize)> = None;
     // (validation metric, round): the round chosen on the validation split.
     let mut chosen: Option<(f64, usize)> = None;
     // m: the sketch's length, or (compressors) the elements of the last message.
     let (mut m, chunks) = messages.sketch_shape().unwrap_or((n, None));
+    let wall_offset = rows.last().map_or(0.0, |r| r.wall_seconds);
+    if let Some(saved) = resumed {
+        if saved.weights.size() != [n] {
+            return Err(Error::bad_value(
+                "checkpoint",
+                format!(
+                    "w has shape {:?}, this run's model has {n} parameters",
+                    saved.weights.size()
+                ),
+            ));
+        }
+        w = saved.weights.to_device(device).to_kind(w.kind());
+        momentum = saved.momentum.map(|t| t.to_device(device));
+        messages.load_state(saved.messages)?;
+        m = saved.state.message_length;
+        if let Some(engine) = engine.as_mut() {
+            let accountant = saved.state.accountant.ok_or_else(|| {
+                Error::bad_value(
+                    "checkpoint",
+                    "a private run's checkpoint must record its accountant",
+                )
+            })?;
+            engine.resume(accountant, None)?;
+            // The generator to where the uninterrupted run's stands (`checkpoint`).
+            let aggregated_length = if messages.is_linear() { m } else { n };
+            engine.replay_noise(
+                &[Tensor::zeros([aggregated_length], (Kind::Float, device))],
+                rounds_done as u64,
+            );
+        }
+        for row in &rows {
+            upstream_total = row.upstream_bits_total;
+            let value = if binary {
+                row.balanced_accuracy
+            } else {
+                row.accuracy
+            };
+            if best.is_none_or(|(b, _)| value > b) {
+                best = Some((value, row.round));
+            }
+            if let Some(v) = row.validation_metric {
+                if chosen.is_none_or(|(b, _)| v > b) {
+                    chosen = Some((v, row.round));
+                }
+            }
+        }
+    }
     let bar = progress_bar(progress, settings.rounds);
+    bar.inc(rounds_done as u64);
     let mut stopped_early = false;
-    for round in 1..=settings.rounds {
+    for round in rounds_done + 1..=settings.rounds {
         let sampled = sample_clients(settings.seed, round, settings.clients, settings.fraction);
         // Clients: each message crosses as bytes; the server aggregates what it reads.
         let client_start = Instant::now();
@@ -660,7 +788,7 @@ pub fn run_with_canaries(
             message_norm: norms.iter().sum::<f64>() / norms.len().max(1) as f64,
             client_seconds,
             server_seconds,
-            wall_seconds: start.elapsed().as_secs_f64(),
+            wall_seconds: wall_offset + start.elapsed().as_secs_f64(),
         };
         if let Some(dir) = out {
             append_row(&dir.join("metrics.jsonl"), &row)?;
@@ -699,6 +827,18 @@ pub fn run_with_canaries(
         if settings.patience > 0 && round - best_round >= settings.patience {
             stopped_early = round < settings.rounds;
             break;
+        }
+        if let (Some(dir), false) = (out, audited || round == settings.rounds) {
+            let state = checkpoint::FlState {
+                rounds_done: round,
+                message_length: m,
+                accountant: engine.as_ref().map(|e| e.accountant().clone()),
+            };
+            checkpoint::save(dir, &state, &w, momentum.as_ref(), &messages.state())?;
+            if stop_after == Some(round) {
+                bar.finish_and_clear();
+                return Ok(None);
+            }
         }
     }
     bar.finish_and_clear();
@@ -747,15 +887,16 @@ pub fn run_with_canaries(
         delta: settings.privacy.map(|p| p.delta),
         mean_server_seconds: mean(&|r| r.server_seconds),
         mean_client_seconds: mean(&|r| r.client_seconds),
-        wall_seconds: start.elapsed().as_secs_f64(),
+        wall_seconds: wall_offset + start.elapsed().as_secs_f64(),
     };
     if let Some(dir) = out {
         let text = serde_json::to_string_pretty(&summary).expect("summary serialises");
         std::fs::write(dir.join("summary.json"), text)
             .map_err(|e| Error::io(dir.join("summary.json"), e))?;
+        crate::train::checkpoint::remove(dir);
     }
     let scores = canaries.map(|c| c.finish(std::slice::from_ref(&w)));
-    Ok((summary, scores))
+    Ok(Some((summary, scores)))
 }
 
 /// Test metrics of `model` on (`x`, `y`), in batches of 2,000.

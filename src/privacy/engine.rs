@@ -470,6 +470,38 @@ impl PrivacyEngine {
         clipped
     }
 
+    /// Draws and drops the noise of `steps` past `privatize` calls on sums shaped like `like`,
+    /// so a `Seeded` source (LibTorch's generator, whose state tch cannot save) stands where it
+    /// stood after them: how a resumed federated run continues the uninterrupted run's noise
+    /// (`fl::checkpoint`). Each call draws what `privatize` draws: one normal per sum while σ is
+    /// positive, one more for an adaptive radius's noisy count. A `Secure` source is left as it
+    /// is: its stream is never replayed, by design. Nothing is counted in the accountant.
+    pub fn replay_noise(&mut self, like: &[Tensor], steps: u64) {
+        if matches!(self.noise, NoiseSource::Secure(_)) {
+            return;
+        }
+        let sigma = self.gradient_noise_multiplier() * self.noise_share.sqrt();
+        let count_noise = match &self.clipping {
+            Clipping::Adaptive(a) => a.count_noise,
+            _ => 0.0,
+        };
+        tch::no_grad(|| {
+            for _ in 0..steps {
+                if sigma > 0.0 {
+                    for t in like {
+                        let _ = self.noise.standard_normal_like(t);
+                    }
+                }
+                if count_noise > 0.0 {
+                    let _ = self.noise.standard_normal_like(&Tensor::zeros(
+                        [1],
+                        (Kind::Double, tch::Device::Cpu),
+                    ));
+                }
+            }
+        });
+    }
+
     /// The noised mean gradient of one logical batch from its clipped sums: each sum plus
     /// N(0, (σ sensitivity)²) per coordinate, divided by `expected_batch` (q N under Poisson
     /// sampling, never the realised size). The step is counted in the accountant first; if it

@@ -71,21 +71,28 @@ pub fn save(
     compressor: &[(String, Tensor)],
     state: &TrainState,
 ) -> Result<()> {
+    save_folder(run_dir, |tmp| {
+        vs.save(tmp.join("model.safetensors"))?;
+        if !momentum.is_empty() {
+            Tensor::write_safetensors(momentum, tmp.join("optimizer.safetensors"))?;
+        }
+        if !compressor.is_empty() {
+            Tensor::write_safetensors(compressor, tmp.join("compressor.safetensors"))?;
+        }
+        write_json(&tmp.join("state.json"), state)
+    })
+}
+
+/// Writes a checkpoint folder: `write` fills `checkpoint.tmp/` (with `state.json` among its
+/// files), the manifest seals it, and it is renamed over `checkpoint/` (the previous one kept as
+/// `checkpoint.old/` until the rename is done). Training and federated runs both save this way.
+pub fn save_folder(run_dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let dir = checkpoint_dir(run_dir);
     let tmp = run_dir.join("checkpoint.tmp");
     let old = run_dir.join("checkpoint.old");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    vs.save(tmp.join("model.safetensors"))?;
-    if !momentum.is_empty() {
-        Tensor::write_safetensors(momentum, tmp.join("optimizer.safetensors"))?;
-    }
-    if !compressor.is_empty() {
-        Tensor::write_safetensors(compressor, tmp.join("compressor.safetensors"))?;
-    }
-    let json = serde_json::to_string_pretty(state).expect("state serialises");
-    std::fs::write(tmp.join("state.json"), json)
-        .map_err(|e| Error::io(tmp.join("state.json"), e))?;
+    write(&tmp)?;
     write_manifest(&tmp)?;
     let _ = std::fs::remove_dir_all(&old);
     if dir.exists() {
@@ -94,6 +101,19 @@ pub fn save(
     std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&tmp, e))?;
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
+}
+
+/// Removes every checkpoint folder of the run (a finished federated run keeps none).
+pub fn remove(run_dir: &Path) {
+    for name in ["checkpoint", "checkpoint.tmp", "checkpoint.old"] {
+        let _ = std::fs::remove_dir_all(run_dir.join(name));
+    }
+}
+
+/// `value` as pretty JSON at `path`.
+pub fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let json = serde_json::to_string_pretty(value).expect("checkpoint state serialises");
+    std::fs::write(path, json).map_err(|e| Error::io(path, e))
 }
 
 /// The checkpoint's folder: `checkpoint/`, or `checkpoint.old/` when a save was cut between its

@@ -100,7 +100,9 @@ pub struct FlArgs {
     pub eval_examples: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Run folder for config.json, metrics.jsonl, summary.json.
+    /// Run folder for config.json, metrics.jsonl, summary.json, and a checkpoint after every
+    /// round: a run stopped before its end continues after its last round when started again
+    /// with the same settings and folder (other settings start afresh).
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// Data folder (default: $DPCOMP_DATA, else data/); Fashion-MNIST is read from

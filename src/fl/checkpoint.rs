@@ -1,0 +1,125 @@
+//! A federated run's checkpoint, written after every round when the run has a folder (`dpcomp
+//! grid` cells, `dpcomp fl --out`), so a run killed mid-way (a session's end, a machine going
+//! back) continues instead of starting over: a Fashion-MNIST FL-CS cell of the paper's 200
+//! rounds takes longer than one session on two cores.
+//!
+//! - `checkpoint/server.safetensors`: the global weights `w` and, when the server keeps it, its
+//!   momentum `momentum` (Algorithm 3: in the compressed domain for FL-CS);
+//! - `checkpoint/compressor.safetensors`: what the messages carry between rounds
+//!   (`messages::RoundMessages::state`: FL-CS's error e);
+//! - `checkpoint/state.json`: rounds done, the last message length, the accountant.
+//!
+//! Folder, manifest and swap are `train::checkpoint`'s: a half-written or edited checkpoint is
+//! refused, never trained on. A run restarted with the settings in its folder's `config.json`
+//! continues after its last saved round and keeps the metrics of the rounds before it; a run
+//! with other settings starts afresh and drops the stale checkpoint. A finished run removes its
+//! checkpoint (its summary is what stays). Runs with canary clients (audits) are not
+//! checkpointed: their scores are kept in memory.
+//!
+//! Randomness. The clients' batches, the sampled clients and the sketches' rows are seeded by
+//! (seed, round, client) and need nothing saved. The Gaussian noise comes from LibTorch's
+//! generator, seeded once when the run starts (the model's initialisation draws from it first),
+//! and tch gives no access to that generator's state. So a resumed run seeds it and builds the
+//! model as the first start did, then draws and drops one round's noise per round done
+//! (`PrivacyEngine::replay_noise`): its generator then stands where the uninterrupted run's
+//! does, and the rounds after the resume draw the same noise (`tests/fl.rs` compares a resumed
+//! private FL-CS run with an uninterrupted one, round by round).
+
+use crate::error::{Error, Result};
+use crate::privacy::accountant::Accountant;
+use crate::train::checkpoint::{open, read_compressor, remove, save_folder, write_json};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+use tch::Tensor;
+
+use super::FlSettings;
+
+/// What `state.json` records.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FlState {
+    pub rounds_done: usize,
+    /// m: the sketch's length, or the elements of the last compressor message.
+    pub message_length: i64,
+    /// Every round's DP step so far (client-level DP): a resumed run continues its ε.
+    pub accountant: Option<Accountant>,
+}
+
+/// A checkpoint as read back.
+pub struct Saved {
+    pub state: FlState,
+    pub weights: Tensor,
+    pub momentum: Option<Tensor>,
+    pub messages: HashMap<String, Tensor>,
+}
+
+/// Saves the server's state after round `state.rounds_done`.
+pub fn save(
+    run_dir: &Path,
+    state: &FlState,
+    weights: &Tensor,
+    momentum: Option<&Tensor>,
+    messages: &[(String, Tensor)],
+) -> Result<()> {
+    save_folder(run_dir, |tmp| {
+        let mut server = vec![("w".to_string(), weights.shallow_clone())];
+        if let Some(m) = momentum {
+            server.push(("momentum".to_string(), m.shallow_clone()));
+        }
+        Tensor::write_safetensors(&server, tmp.join("server.safetensors"))?;
+        if !messages.is_empty() {
+            Tensor::write_safetensors(messages, tmp.join("compressor.safetensors"))?;
+        }
+        write_json(&tmp.join("state.json"), state)
+    })
+}
+
+/// The checkpoint to continue `run_dir` from: `None` when it has none, or when its
+/// `config.json` is not `settings` (then the stale checkpoint is removed and the run starts
+/// afresh). A checkpoint that fails its manifest is an error, not a fresh start.
+pub fn load(run_dir: &Path, settings: &FlSettings) -> Result<Option<Saved>> {
+    if crate::train::checkpoint::find(run_dir).is_none() {
+        return Ok(None);
+    }
+    let same_config = std::fs::read_to_string(run_dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<FlSettings>(&t).ok())
+        .is_some_and(|c| &c == settings);
+    if !same_config {
+        remove(run_dir);
+        return Ok(None);
+    }
+    let dir = open(run_dir)?;
+    let path = dir.join("state.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let state: FlState =
+        serde_json::from_str(&text).map_err(|e| Error::bad_file(&path, e.to_string()))?;
+    let path = dir.join("server.safetensors");
+    let mut server: HashMap<String, Tensor> = Tensor::read_safetensors(&path)
+        .map_err(|e| Error::bad_file(&path, e.to_string()))?
+        .into_iter()
+        .collect();
+    let weights = server
+        .remove("w")
+        .ok_or_else(|| Error::bad_file(&path, "missing tensor w (the global weights)"))?;
+    Ok(Some(Saved {
+        state,
+        weights,
+        momentum: server.remove("momentum"),
+        messages: read_compressor(&dir)?,
+    }))
+}
+
+/// The round a run in `run_dir` with `settings` would continue after, if it has a checkpoint
+/// for them (for `dpcomp grid --list`; `load` verifies the files before anything is used).
+pub fn saved_round(run_dir: &Path, settings: &FlSettings) -> Option<usize> {
+    let dir = crate::train::checkpoint::find(run_dir)?;
+    let config: FlSettings =
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).ok()?).ok()?;
+    if &config != settings {
+        return None;
+    }
+    let state: FlState =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).ok()?).ok()?;
+    Some(state.rounds_done)
+}
