@@ -1054,3 +1054,55 @@ fn a_stopped_federated_run_continues_exactly_where_it_stopped() {
         "12 is the last round"
     );
 }
+
+/// A longer run's first rounds are the shorter run's, whatever either evaluates: without DP
+/// nothing in a round depends on the number of rounds or on the evaluation, so the `full`
+/// profile of `experiments/fl_scale.toml` (200 rounds, every test image) continues the `cpu`
+/// profile's runs (50 rounds, 2,000 test images) and the two can be read as one curve.
+#[test]
+fn a_longer_run_begins_with_the_shorter_runs_rounds() {
+    use dpcomp::fl::{data::FlData, data::FlDataset, run, FlSettings};
+    let Some(data_dir) = common::require_shared_data() else {
+        return;
+    };
+    let data = FlData::load(FlDataset::BreastCancer, &data_dir).unwrap();
+    let mut short = FlSettings::defaults(FlDataset::BreastCancer);
+    short.server_momentum = 0.9;
+    short.validation = 0.2;
+    short.rounds = 5;
+    short.eval_examples = 40;
+    let mut long = short.clone();
+    long.rounds = 9;
+    long.eval_examples = 0;
+    let mut long_same_eval = long.clone();
+    long_same_eval.eval_examples = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let (x, y, z) = (
+        dir.path().join("short"),
+        dir.path().join("long"),
+        dir.path().join("long40"),
+    );
+    for (settings, out) in [(&short, &x), (&long, &y), (&long_same_eval, &z)] {
+        std::fs::create_dir_all(out).unwrap();
+        let summary = run(settings, &data, Some(out), false).unwrap();
+        assert_eq!(summary.rounds_run, settings.rounds);
+    }
+    let read = |d: &std::path::Path| dpcomp::fl::read_rows(&d.join("metrics.jsonl")).unwrap();
+    let (short_rows, long_rows, long40_rows) = (read(&x), read(&y), read(&z));
+    for ((s, l), l40) in short_rows.iter().zip(&long_rows).zip(&long40_rows) {
+        // The same clients sent the same messages ...
+        assert_eq!(s.clients, l.clients, "round {}", s.round);
+        assert_eq!(s.upstream_bits_total, l.upstream_bits_total);
+        assert_eq!(s.message_norm, l.message_norm, "round {}", s.round);
+        // ... and the same model is scored the same on the same examples.
+        assert_eq!(s.test_loss, l40.test_loss, "round {}", s.round);
+        assert_eq!(s.validation_metric, l40.validation_metric);
+    }
+    // The evaluation differs (40 of the 114 test rows against all of them), so the check above
+    // is not vacuous: a longer run scored on all rows reads another loss.
+    assert!(short_rows
+        .iter()
+        .zip(&long_rows)
+        .any(|(s, l)| s.test_loss != l.test_loss));
+    assert_eq!(short_rows.len(), 5);
+}
