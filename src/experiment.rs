@@ -228,7 +228,12 @@ impl ExperimentFile {
         let from = self.folder(runs, profile);
         let name = self.name();
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let figures = dir.join(name);
+        // The cpu profile's figures in `{name}/`, another profile's in `{name}-{profile}/`, so
+        // that one profile's tables-only run does not overwrite another's figures.
+        let figures = match profile {
+            "cpu" => dir.join(name),
+            _ => dir.join(format!("{name}-{profile}")),
+        };
         let entries = std::fs::read_dir(&from).map_err(|e| Error::io(&from, e))?;
         for entry in entries {
             let path = entry.map_err(|e| Error::io(&from, e))?.path();

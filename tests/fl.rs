@@ -498,6 +498,39 @@ rounds = 3
     ] {
         assert!(results.join("tiny_fl").join(figure).is_file(), "{figure}");
     }
+    // Another profile's figures go beside the cpu profile's, not over them: the cpu cells
+    // copied to the full profile's folder and tabulated there.
+    let cpu_figure = std::fs::read(results.join("tiny_fl/fl_breast_cancer_rounds.svg")).unwrap();
+    copy_tree(&runs.join("tiny_fl/cpu"), &runs.join("tiny_fl/full"));
+    // Less in it than in the cpu folder, so that its figure differs.
+    std::fs::remove_dir_all(runs.join("tiny_fl/full/breast_cancer/dgc-x16")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+        .args([
+            "grid",
+            file.to_str().unwrap(),
+            "--profile",
+            "full",
+            "--tables-only",
+        ])
+        .arg("--runs")
+        .arg(&runs)
+        .arg("--results-dir")
+        .arg(&results)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(results.join("tiny_fl.full.csv").is_file());
+    assert!(results
+        .join("tiny_fl-full/fl_breast_cancer_rounds.svg")
+        .is_file());
+    assert_eq!(
+        std::fs::read(results.join("tiny_fl/fl_breast_cancer_rounds.svg")).unwrap(),
+        cpu_figure
+    );
     let summary = runs.join("tiny_fl/cpu/breast_cancer/cs-r0.1-dp/summary.json");
     let before = std::fs::metadata(&summary).unwrap().modified().unwrap();
     let s: serde_json::Value =
@@ -1105,4 +1138,17 @@ fn a_longer_run_begins_with_the_shorter_runs_rounds() {
         .zip(&long_rows)
         .any(|(s, l)| s.test_loss != l.test_loss));
     assert_eq!(short_rows.len(), 5);
+}
+
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
 }
