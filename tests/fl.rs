@@ -453,9 +453,12 @@ rounds = 3
     .unwrap();
     let runs = dir.path().join("runs");
     let results = dir.path().join("results");
-    let grid = || {
+    // `dpcomp grid FILE --profile PROFILE_ARGS...` into `runs` and `results`.
+    let grid = |profile_args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
-            .args(["grid", file.to_str().unwrap(), "--profile", "cpu", "--runs"])
+            .args(["grid", file.to_str().unwrap(), "--profile"])
+            .args(profile_args)
+            .arg("--runs")
             .arg(&runs)
             .arg("--results-dir")
             .arg(&results)
@@ -468,7 +471,7 @@ rounds = 3
             String::from_utf8_lossy(&out.stderr)
         );
     };
-    grid();
+    grid(&["cpu"]);
     let csv = std::fs::read_to_string(results.join("tiny_fl.cpu.csv")).unwrap();
     let lines: Vec<&str> = csv.lines().collect();
     assert_eq!(lines.len(), 7, "{csv}");
@@ -504,25 +507,7 @@ rounds = 3
     copy_tree(&runs.join("tiny_fl/cpu"), &runs.join("tiny_fl/full"));
     // Less in it than in the cpu folder, so that its figure differs.
     std::fs::remove_dir_all(runs.join("tiny_fl/full/breast_cancer/dgc-x16")).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
-        .args([
-            "grid",
-            file.to_str().unwrap(),
-            "--profile",
-            "full",
-            "--tables-only",
-        ])
-        .arg("--runs")
-        .arg(&runs)
-        .arg("--results-dir")
-        .arg(&results)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    grid(&["full", "--tables-only"]);
     assert!(results.join("tiny_fl.full.csv").is_file());
     assert!(results
         .join("tiny_fl-full/fl_breast_cancer_rounds.svg")
@@ -538,7 +523,7 @@ rounds = 3
     assert!(s["epsilon"].as_f64().unwrap() <= 2.0 + 1e-9);
     assert_eq!(s["rounds_run"].as_u64(), Some(3));
     // A second run finds every cell finished and runs none again.
-    grid();
+    grid(&["cpu"]);
     assert_eq!(
         std::fs::metadata(&summary).unwrap().modified().unwrap(),
         before
