@@ -616,6 +616,39 @@ impl TrainConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
+        // Every integer setting must fit the signed 64 bits TOML holds (`config.toml` is written
+        // before the first step), and the tensors' i64 sizes.
+        let (d, o, p, a) = (&self.data, &self.optimizer, &self.privacy, &self.analysis);
+        let integers = [
+            ("seed", Some(self.seed)),
+            ("epochs", Some(self.epochs as u64)),
+            ("data.max_seq_len", Some(d.max_seq_len as u64)),
+            ("data.eval_batch_size", Some(d.eval_batch_size as u64)),
+            ("data.limit_train", d.limit_train.map(|v| v as u64)),
+            ("data.limit_test", d.limit_test.map(|v| v as u64)),
+            ("optimizer.batch_size", Some(o.batch_size as u64)),
+            (
+                "privacy.physical_batch_size",
+                p.physical_batch_size.map(|v| v as u64),
+            ),
+            (
+                "analysis.grad_error_batches",
+                Some(a.grad_error_batches as u64),
+            ),
+            ("analysis.grad_error_draws", Some(a.grad_error_draws as u64)),
+            (
+                "analysis.grad_error_epochs",
+                a.grad_error_epochs.iter().map(|&e| e as u64).max(),
+            ),
+        ];
+        for (field, value) in integers {
+            if let Some(v) = value.filter(|&v| v > i64::MAX as u64) {
+                return Err(Error::bad_value(
+                    field,
+                    format!("{v}: expected at most {} (2^63 - 1)", i64::MAX),
+                ));
+            }
+        }
         let positive = |field: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
@@ -674,6 +707,19 @@ impl TrainConfig {
                 return Err(Error::bad_value(
                     "privacy.max_grad_norm",
                     "inf: DP noise needs a finite clipping radius",
+                ));
+            }
+            // The noise N(0, σ²C²) is drawn in the parameters' f32: its standard deviation
+            // must be a finite f32, or every weight becomes non-finite at the first step.
+            let std = sigma * privacy.max_grad_norm;
+            if sigma > 0.0 && !(std < f32::MAX as f64 / 1e6) {
+                return Err(Error::bad_value(
+                    "privacy.noise_multiplier",
+                    format!(
+                        "{sigma}: times privacy.max_grad_norm {} it gives a noise standard deviation of {std:e}, beyond what the f32 parameters hold (expected sigma * C below {:e})",
+                        privacy.max_grad_norm,
+                        f32::MAX as f64 / 1e6
+                    ),
                 ));
             }
             crate::privacy::validate_delta(privacy.delta).map_err(|_| {

@@ -21,6 +21,7 @@ pub mod nn;
 pub mod plot;
 pub mod privacy;
 pub mod rng_state;
+pub(crate) mod run_folder;
 pub mod run_lock;
 pub mod tasks;
 pub mod train;

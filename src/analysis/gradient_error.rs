@@ -26,7 +26,6 @@ use crate::json_floats::nan_if_null;
 use crate::models::Model;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
@@ -262,13 +261,8 @@ pub fn measure(
 /// Appends `record` to `<run>/grad_error.jsonl`.
 pub fn append(run_dir: &Path, record: &GradientErrorRecord) -> Result<()> {
     let path = run_dir.join(FILE);
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .map_err(|e| Error::io(&path, e))?;
     let line = serde_json::to_string(record).expect("record serialises");
-    writeln!(file, "{line}").map_err(|e| Error::io(&path, e))
+    crate::run_folder::append_line(&path, &line)
 }
 
 /// The records of `<run>/grad_error.jsonl` (none when the file does not exist).
@@ -294,12 +288,36 @@ pub fn write(run_dir: &Path, records: &[GradientErrorRecord]) -> Result<()> {
         .iter()
         .map(|r| serde_json::to_string(r).expect("record serialises") + "\n")
         .collect();
-    std::fs::write(&path, text).map_err(|e| Error::io(&path, e))
+    crate::run_folder::replace(&path, text.as_bytes())
 }
 
 /// Keeps only the records of epochs <= `epochs_done` (a resumed run measures later ones again).
 pub fn truncate(run_dir: &Path, epochs_done: usize) -> Result<()> {
-    let records = read(run_dir)?;
+    let path = run_dir.join(FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(&path, e)),
+    };
+    // A last line cut short (a full disk during its append) belongs to an epoch after the
+    // checkpoint: it is dropped with the other records measured after it.
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut records = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str::<GradientErrorRecord>(line) {
+            Ok(r) => records.push(r),
+            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {
+                return write(
+                    run_dir,
+                    &records
+                        .into_iter()
+                        .filter(|r| r.epoch <= epochs_done)
+                        .collect::<Vec<_>>(),
+                );
+            }
+            Err(e) => return Err(Error::bad_file(&path, format!("line {}: {e}", i + 1))),
+        }
+    }
     if records.iter().all(|r| r.epoch <= epochs_done) {
         return Ok(());
     }

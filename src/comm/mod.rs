@@ -141,6 +141,21 @@ pub fn end_job(comm: &mut dyn Communicator, message: &str) {
     comm.abort(1);
 }
 
+/// Makes a panic on this rank end the whole job at once, as an error does (`end_job`): without
+/// it a panicking rank unwinds into `MPI_Finalize` while the other ranks wait in their next
+/// collective, and the job hangs. The hook prints the panic as the previous hook did, then says
+/// which rank panicked and aborts the job (`Communicator::abort`); when the panic happened while
+/// this rank held `comm` (inside a collective) it aborts the process, which the MPI launcher
+/// turns into the end of the job. A program of one's own under MPI calls it once, after
+/// `world()`; the `dpcomp` binary does.
+pub fn end_job_on_panic(comm: Shared) {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        previous(info);
+        comm.abort_after_panic(&info.to_string());
+    }));
+}
+
 /// The MPI job this process belongs to, when an MPI launcher started it (and the `mpi` feature
 /// is built), or one process; with the transport's name ("MPI", "one process").
 pub fn world() -> Result<(Box<dyn Communicator>, &'static str)> {
@@ -201,6 +216,19 @@ impl Shared {
     fn with<T>(&self, f: impl FnOnce(&mut dyn Communicator) -> T) -> T {
         let mut guard = self.0.lock().unwrap_or_else(|p| p.into_inner());
         f(guard.as_mut())
+    }
+
+    /// `end_job` from a panic hook: never waits for the lock (the panicking thread may hold it),
+    /// and aborts the process when it cannot take it.
+    fn abort_after_panic(&self, panic: &str) {
+        let mut guard = match self.0.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => std::process::abort(),
+        };
+        if guard.size() > 1 {
+            end_job(guard.as_mut(), &format!("panicked: {panic}"));
+        }
     }
 }
 

@@ -11,8 +11,9 @@
 //!
 //! Folder, manifest and swap are `train::checkpoint`'s: a half-written or edited checkpoint is
 //! refused, never trained on. A run restarted with the settings in its folder's `config.json`
-//! continues after its last saved round and keeps the metrics of the rounds before it; a run
-//! with other settings starts afresh and drops the stale checkpoint. A finished run removes its
+//! continues after its last saved round and keeps the metrics of the rounds before it (it may
+//! have more rounds, or another device); one with other settings is refused naming each that
+//! differs, and only `dpcomp fl --restart` (`fl::clear_run`) discards it. A finished run removes its
 //! checkpoint (its summary is what stays). Runs with canary clients (audits) are not
 //! checkpointed: their scores are kept in memory.
 //!
@@ -27,7 +28,7 @@
 
 use crate::error::{Error, Result};
 use crate::privacy::accountant::Accountant;
-use crate::train::checkpoint::{open, read_compressor, remove, save_folder, write_json};
+use crate::train::checkpoint::{open, read_compressor, save_folder, write_json};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::Path;
@@ -74,20 +75,36 @@ pub fn save(
     })
 }
 
-/// The checkpoint to continue `run_dir` from: `None` when it has none, or when its
-/// `config.json` is not `settings` (then the stale checkpoint is removed and the run starts
-/// afresh). A checkpoint that fails its manifest is an error, not a fresh start.
+/// The settings a federated run may change when it continues from its checkpoint: more rounds
+/// (`rounds`, not fewer than it has done) and another device.
+pub const RESUME_MAY_CHANGE: [&str; 2] = ["rounds", "device"];
+
+/// The checkpoint to continue `run_dir` from: `None` when it has none. A checkpoint made with
+/// other settings than `settings` (beyond `RESUME_MAY_CHANGE`) is refused naming each differing
+/// setting, never thrown away (`dpcomp fl --restart` discards it explicitly); so is one already
+/// past `settings.rounds`. A checkpoint that fails its manifest is an error, not a fresh start.
 pub fn load(run_dir: &Path, settings: &FlSettings) -> Result<Option<Saved>> {
     if crate::train::checkpoint::find(run_dir).is_none() {
         return Ok(None);
     }
-    let same_config = std::fs::read_to_string(run_dir.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<FlSettings>(&t).ok())
-        .is_some_and(|c| &c == settings);
-    if !same_config {
-        remove(run_dir);
-        return Ok(None);
+    let config_path = run_dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
+    let saved: FlSettings = serde_json::from_str(&text).map_err(|e| {
+        Error::bad_file(
+            &config_path,
+            format!("{e}: the interrupted run's settings cannot be read, so its checkpoint cannot be continued (start it afresh with `--restart`)"),
+        )
+    })?;
+    let conflicts: Vec<crate::error::SettingConflict> = differences(&saved, settings)
+        .into_iter()
+        .filter(|c| !RESUME_MAY_CHANGE.contains(&c.field.as_str()))
+        .collect();
+    if !conflicts.is_empty() {
+        return Err(Error::ResumeConflict {
+            run_dir: run_dir.to_path_buf(),
+            may_change: RESUME_MAY_CHANGE.iter().map(|f| f.to_string()).collect(),
+            conflicts,
+        });
     }
     let dir = open(run_dir)?;
     let path = dir.join("state.json");
@@ -99,6 +116,17 @@ pub fn load(run_dir: &Path, settings: &FlSettings) -> Result<Option<Saved>> {
         .map_err(|e| Error::bad_file(&path, e.to_string()))?
         .into_iter()
         .collect();
+    if state.rounds_done >= settings.rounds {
+        return Err(Error::bad_value(
+            "rounds",
+            format!(
+                "{}: the interrupted run in {} is already after round {}; give more rounds to continue it",
+                settings.rounds,
+                run_dir.display(),
+                state.rounds_done
+            ),
+        ));
+    }
     let weights = server
         .remove("w")
         .ok_or_else(|| Error::bad_file(&path, "missing tensor w (the global weights)"))?;
@@ -108,6 +136,54 @@ pub fn load(run_dir: &Path, settings: &FlSettings) -> Result<Option<Saved>> {
         momentum: server.remove("momentum"),
         messages: read_compressor(&dir)?,
     }))
+}
+
+/// The settings that differ between `saved` and `given`, under their dotted JSON names
+/// (`local.lr`, `privacy.noise_multiplier`), with both values as JSON writes them.
+pub fn differences(saved: &FlSettings, given: &FlSettings) -> Vec<crate::error::SettingConflict> {
+    fn flatten(
+        prefix: &str,
+        value: &serde_json::Value,
+        out: &mut std::collections::BTreeMap<String, String>,
+    ) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    let name = if prefix.is_empty() {
+                        key.clone()
+                    } else {
+                        format!("{prefix}.{key}")
+                    };
+                    flatten(&name, v, out);
+                }
+            }
+            v => {
+                out.insert(prefix.to_string(), v.to_string());
+            }
+        }
+    }
+    let (mut a, mut b) = (Default::default(), Default::default());
+    flatten(
+        "",
+        &serde_json::to_value(saved).expect("settings serialise"),
+        &mut a,
+    );
+    flatten(
+        "",
+        &serde_json::to_value(given).expect("settings serialise"),
+        &mut b,
+    );
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| crate::error::SettingConflict {
+            field: k.clone(),
+            saved: a.get(k).cloned().unwrap_or_else(|| "none".into()),
+            given: b.get(k).cloned().unwrap_or_else(|| "none".into()),
+        })
+        .collect()
 }
 
 /// The round a run in `run_dir` with `settings` would continue after, if it has a checkpoint

@@ -47,7 +47,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use metrics::Evaluation;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 use tch::{Kind, Tensor};
@@ -527,49 +526,71 @@ fn run_rounds(
         data.test_x.narrow(0, 0, eval_count),
         data.test_y.narrow(0, 0, eval_count),
     );
+    // A folder without a checkpoint gets a fresh run only when it is new, empty or an
+    // unfinished dpcomp run's (`run_folder`): checked before the lock creates it.
+    let has_checkpoint = out.is_some_and(|dir| crate::train::checkpoint::find(dir).is_some());
+    let created = out.is_some_and(|dir| !dir.exists());
+    if let (Some(dir), false) = (out, has_checkpoint) {
+        crate::run_folder::check_fresh(dir)?;
+        if dir.join("summary.json").is_file() {
+            return Err(Error::bad_value(
+                "out",
+                format!(
+                    "{}: already holds a finished federated run (summary.json); choose another folder, or discard it with `--restart`",
+                    dir.display()
+                ),
+            ));
+        }
+    }
     // One writer per run folder (see `run_lock`), held until the run returns.
     let _lock = out.map(crate::run_lock::RunLock::acquire).transpose()?;
     // A run continues from its folder's checkpoint when it has one for these settings
-    // (`checkpoint`); audited runs are never checkpointed.
+    // (`checkpoint`; other settings are refused); audited runs are never checkpointed.
     let resumed = match out {
-        Some(dir) if !audited => checkpoint::load(dir, settings)?,
-        Some(dir) => {
-            crate::train::checkpoint::remove(dir);
-            None
+        Some(dir) if audited && has_checkpoint => {
+            return Err(Error::bad_value(
+                "out",
+                format!(
+                    "{}: holds an interrupted federated run, and an audited run does not resume; choose another folder, or discard it with `--restart`",
+                    dir.display()
+                ),
+            ))
         }
+        Some(dir) => checkpoint::load(dir, settings)?,
         None => None,
     };
     let rounds_done = resumed.as_ref().map_or(0, |r| r.state.rounds_done);
     // The rounds already done, as their metrics recorded them.
     let mut rows: Vec<RoundMetrics> = Vec::new();
     if let Some(dir) = out {
-        let config = serde_json::to_string_pretty(settings).expect("settings serialise");
-        std::fs::write(dir.join("config.json"), config)
-            .map_err(|e| Error::io(dir.join("config.json"), e))?;
         let metrics = dir.join("metrics.jsonl");
+        if rounds_done == 0 {
+            crate::run_folder::FreshStart::claim(dir, created, &["metrics.jsonl"])?;
+        }
+        let config = serde_json::to_string_pretty(settings).expect("settings serialise");
+        crate::run_folder::replace(&dir.join("config.json"), config.as_bytes())?;
         if rounds_done > 0 {
-            rows = read_rows(&metrics)?;
+            // Rows after the checkpoint (a run killed between its metrics and its save, or a
+            // row half-written when the disk filled up) are dropped: those rounds run again.
+            rows = read_rows_up_to(&metrics, rounds_done)?;
             if rows.len() < rounds_done {
                 return Err(Error::bad_file(
                     &metrics,
                     format!(
-                        "{} rounds recorded, but the checkpoint is after round {rounds_done}; remove the run's checkpoint folder to start it afresh",
+                        "{} rounds recorded, but the checkpoint is after round {rounds_done}; start the run afresh with `--restart`",
                         rows.len()
                     ),
                 ));
             }
-            // Rounds after the checkpoint (a run killed between its metrics and its save) run
-            // again.
-            rows.truncate(rounds_done);
-            let _ = std::fs::remove_file(&metrics);
+            let mut text = String::new();
             for row in &rows {
-                append_row(&metrics, row)?;
+                text.push_str(&serde_json::to_string(row).expect("metrics serialise"));
+                text.push('\n');
             }
+            crate::run_folder::replace(&metrics, text.as_bytes())?;
             if progress {
                 eprintln!("    resuming {} after round {rounds_done}", dir.display());
             }
-        } else {
-            let _ = std::fs::remove_file(&metrics);
         }
     }
     let binary = data.classes == 2;
@@ -928,13 +949,31 @@ fn evaluate(model: &model::FlModel, x: &Tensor, y: &Tensor) -> Evaluation {
 }
 
 fn append_row(path: &Path, row: &RoundMetrics) -> Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
     let line = serde_json::to_string(row).expect("metrics serialise");
-    writeln!(file, "{line}").map_err(|e| Error::io(path, e))
+    crate::run_folder::append_line(path, &line)
+}
+
+/// The first `rounds` rows of a run's `metrics.jsonl` for a resume: what follows them (rows of
+/// rounds after the checkpoint, a last line cut short by a full disk) is not read, since those
+/// rounds run again.
+fn read_rows_up_to(path: &Path, rounds: usize) -> Result<Vec<RoundMetrics>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(rounds)
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
+        })
+        .collect()
+}
+
+/// Discards the federated run in the dpcomp run folder `dir` (its checkpoint, logs and
+/// summary), so that the next run there starts afresh: `dpcomp fl --restart`. A folder that is
+/// not a dpcomp run folder is refused and left as it is.
+pub fn clear_run(dir: &Path) -> Result<()> {
+    crate::run_folder::clear(dir)
 }
 
 /// The rows of a run's `metrics.jsonl`.

@@ -79,9 +79,22 @@ impl AdaptiveClipping {
         }
     }
 
-    /// One geometric update from the released unclipped fraction b̃.
+    /// The largest η accepted: one step then moves the radius by at most e^{η max(γ, 1 − γ)}
+    /// (e^10 = 22,000x at η 20 and γ 0.5); beyond it a single step can collapse the radius or
+    /// blow it up, and the run diverges for a reason that is not the learning rate's.
+    pub const MAX_LEARNING_RATE: f64 = 20.0;
+    /// The radius never leaves [`MIN_RADIUS`, `MAX_RADIUS`] (post-processing of the released
+    /// count, so the bound costs no privacy): a radius of 0 would stop training silently and an
+    /// infinite one would scale the noise to infinity.
+    pub const MIN_RADIUS: f64 = 1e-12;
+    /// See `MIN_RADIUS`.
+    pub const MAX_RADIUS: f64 = 1e12;
+
+    /// One geometric update from the released unclipped fraction b̃, kept within
+    /// [`MIN_RADIUS`, `MAX_RADIUS`].
     pub fn update(&mut self, unclipped_fraction: f64) {
-        self.radius *= (-self.learning_rate * (unclipped_fraction - self.target_quantile)).exp();
+        let factor = (-self.learning_rate * (unclipped_fraction - self.target_quantile)).exp();
+        self.radius = (self.radius * factor).clamp(Self::MIN_RADIUS, Self::MAX_RADIUS);
     }
 
     fn validate(&self, noise_multiplier: f64) -> Result<()> {
@@ -91,10 +104,26 @@ impl AdaptiveClipping {
                 format!("{}: expected 0 < gamma < 1", self.target_quantile),
             ));
         }
-        if !(self.learning_rate.is_finite() && self.learning_rate >= 0.0) {
+        if !(self.learning_rate >= 0.0 && self.learning_rate <= Self::MAX_LEARNING_RATE) {
             return Err(Error::bad_value(
                 "clip_learning_rate",
-                format!("{}: expected a finite eta >= 0", self.learning_rate),
+                format!(
+                    "{}: expected 0 <= eta <= {} (Andrew et al.'s default is {}; a larger eta moves the radius by up to e^(eta/2) a step)",
+                    self.learning_rate,
+                    Self::MAX_LEARNING_RATE,
+                    Self::DEFAULT_LEARNING_RATE
+                ),
+            ));
+        }
+        if !(self.radius >= Self::MIN_RADIUS && self.radius <= Self::MAX_RADIUS) {
+            return Err(Error::bad_value(
+                "clipping radius",
+                format!(
+                    "{}: adaptive clipping starts from a radius in [{:e}, {:e}]",
+                    self.radius,
+                    Self::MIN_RADIUS,
+                    Self::MAX_RADIUS
+                ),
             ));
         }
         if !(self.count_noise.is_finite() && self.count_noise >= 0.0) {

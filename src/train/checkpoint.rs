@@ -41,6 +41,11 @@ pub struct TrainState {
     /// as many (`compressor.safetensors` then holds every rank's encoder state). Absent for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
+    /// A fingerprint of the training and test splits the run trains on
+    /// (`distributed::data_fingerprint`): a resume on other data (a data folder whose files
+    /// changed, every label rotated) is refused. Absent in checkpoints made before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
 }
 
 pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {

@@ -42,6 +42,18 @@ fn shared_settings(config: &TrainConfig) -> String {
 /// a reordering shows) and its features' shapes and sums. Two workers reading different files,
 /// limits or preprocessing differ in it.
 fn fingerprint(data: &Dataset) -> String {
+    fingerprint_with(data, |sum| format!("{sum:e}"))
+}
+
+/// The training and test splits' fingerprint a checkpoint records (`TrainState::data`), with
+/// float sums to 9 significant digits so that the same data held on another device or summed by
+/// another number of threads (a resume may change both) prints the same.
+pub fn data_fingerprint(data: &TaskData) -> String {
+    let print = |d: &Dataset| fingerprint_with(d, |sum| format!("{sum:.8e}"));
+    format!("train: {}; test: {}", print(&data.train), print(&data.test))
+}
+
+fn fingerprint_with(data: &Dataset, float: impl Fn(f64) -> String) -> String {
     let n = data.len();
     let labels = data.labels.to_kind(Kind::Int64);
     let positions = Tensor::arange(n, (Kind::Int64, labels.device()));
@@ -62,7 +74,7 @@ fn fingerprint(data: &Dataset) -> String {
     };
     for t in tensors {
         let sum = if t.is_floating_point() {
-            format!("{:e}", t.sum(Kind::Double).double_value(&[]))
+            float(t.sum(Kind::Double).double_value(&[]))
         } else {
             t.sum(Kind::Int64).int64_value(&[]).to_string()
         };

@@ -4,7 +4,6 @@
 use crate::error::{Error, Result};
 use crate::json_floats::{epsilon_json, nan_if_null};
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::Path;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -99,14 +98,10 @@ pub fn final_accuracy(history: &[EpochMetrics]) -> f64 {
     tail.iter().map(|m| m.test_accuracy).sum::<f64>() / tail.len() as f64
 }
 
+/// Appends one epoch's row to `metrics.jsonl`, whole or not at all (`run_folder::append_line`).
 pub fn append(path: &Path, metrics: &EpochMetrics) -> Result<()> {
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
     let line = serde_json::to_string(metrics).expect("metrics serialise");
-    writeln!(file, "{line}").map_err(|e| Error::io(path, e))
+    crate::run_folder::append_line(path, &line)
 }
 
 /// Every epoch row of `metrics.jsonl` (none when the file does not exist); reads only, so it is
@@ -127,20 +122,38 @@ pub fn read(path: &Path) -> Result<Vec<EpochMetrics>> {
         .collect()
 }
 
-/// Reads the epochs up to `epochs_done` and rewrites the file with only those, dropping lines a
-/// killed run wrote after its last checkpoint (for `resume`, which holds the run's lock).
+/// Reads the first `epochs_done` rows and replaces the file with only those (atomically,
+/// `run_folder::replace`), dropping what a killed run wrote after its last checkpoint: rows of
+/// later epochs, or a last row cut short when the disk filled up, which would otherwise make the
+/// run unresumable for good. For `resume`, which holds the run's lock.
 pub fn read_and_truncate(path: &Path, epochs_done: usize) -> Result<Vec<EpochMetrics>> {
-    let history: Vec<EpochMetrics> = read(path)?
-        .into_iter()
-        .filter(|m| m.epoch <= epochs_done)
-        .collect();
+    let history = read_first(path, epochs_done)?;
     let mut out = String::new();
     for m in &history {
         out.push_str(&serde_json::to_string(m).expect("metrics serialise"));
         out.push('\n');
     }
-    std::fs::write(path, out).map_err(|e| Error::io(path, e))?;
+    crate::run_folder::replace(path, out.as_bytes())?;
     Ok(history)
+}
+
+/// The first `epochs` rows of `metrics.jsonl` (fewer when it has fewer); what follows them is
+/// not read (see `read_and_truncate`).
+pub fn read_first(path: &Path, epochs: usize) -> Result<Vec<EpochMetrics>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .take(epochs)
+        .map(|(i, line)| {
+            serde_json::from_str(line)
+                .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
+        })
+        .collect()
 }
 
 /// One step's row of `upstream.csv`: step, epoch, exact wire bits, bits in the paper's unit.
@@ -158,11 +171,6 @@ pub fn append_upstream(path: &Path, rows: &[UpstreamRow]) -> Result<()> {
 /// Appends `lines` to the CSV file at `path`, writing `header` first when the file is new.
 pub fn append_csv(path: &Path, header: &str, lines: &[String]) -> Result<()> {
     let new = !path.exists();
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|e| Error::io(path, e))?;
     let mut text = String::new();
     if new {
         text.push_str(header);
@@ -172,8 +180,7 @@ pub fn append_csv(path: &Path, header: &str, lines: &[String]) -> Result<()> {
         text.push_str(line);
         text.push('\n');
     }
-    file.write_all(text.as_bytes())
-        .map_err(|e| Error::io(path, e))
+    crate::run_folder::append_text(path, &text)
 }
 
 /// Keeps the header and the rows of steps up to `steps_done` of `upstream.csv` (a killed run may
@@ -195,7 +202,7 @@ pub fn truncate_upstream(path: &Path, steps_done: u64) -> Result<u64> {
             rows += u64::from(i > 0);
         }
     }
-    std::fs::write(path, out).map_err(|e| Error::io(path, e))?;
+    crate::run_folder::replace(path, out.as_bytes())?;
     Ok(rows)
 }
 

@@ -116,22 +116,62 @@ pub fn train_step(
     batch: &Batch,
     max_grad_norm: f64,
 ) -> Result<(Tensor, Tensor)> {
+    train_step_share(model, params, updater, batch, max_grad_norm, 1.0)
+}
+
+/// `train_step` on one worker's share of a logical batch: its mean loss weighted by
+/// `share_weight` = W · share / logical batch, so that the mean of the W workers' updates is the
+/// logical batch's mean gradient whatever the shares' sizes (1.0 with one worker, and exactly
+/// 1.0 with equal shares). An empty share (the last shuffled batch of an epoch can have fewer
+/// examples than there are workers) runs no forward pass and sends a zero gradient, so that the
+/// other workers' collectives still meet it; its loss and count are zero.
+fn train_step_share(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    updater: &mut Updater,
+    batch: &Batch,
+    max_grad_norm: f64,
+    share_weight: f64,
+) -> Result<(Tensor, Tensor)> {
+    if batch.is_empty() {
+        return empty_share_step(params, updater, batch.labels.device());
+    }
+    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
     let mut ctx = Ctx::train();
     let logits = model.forward(&batch.features, &mut ctx)?;
     let loss = logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0);
     for (_, p) in params {
         p.shallow_clone().zero_grad();
     }
-    ctx.backward(&loss);
+    if share_weight == 1.0 {
+        ctx.backward(&loss);
+    } else {
+        ctx.backward(&(&loss * share_weight));
+    }
     let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
     let _ = clip_global_norm(&grads, max_grad_norm);
-    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
     updater.apply(&tensors, &grads)?;
     let correct = logits
         .argmax(-1, false)
         .eq_tensor(&batch.labels)
         .sum(Kind::Int64);
     Ok((loss.detach() * batch.len() as f64, correct))
+}
+
+/// The step of a worker whose share of the logical batch is empty: a zero gradient through the
+/// updater (so that the exchange with the other workers happens), zero loss and zero correct.
+fn empty_share_step(
+    params: &[(String, Tensor)],
+    updater: &mut Updater,
+    device: Device,
+) -> Result<(Tensor, Tensor)> {
+    let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+    let zeros: Vec<Tensor> = tensors.iter().map(Tensor::zeros_like).collect();
+    updater.apply(&tensors, &zeros)?;
+    Ok((
+        Tensor::zeros([], (Kind::Float, device)),
+        Tensor::zeros([], (Kind::Int64, device)),
+    ))
 }
 
 /// How `TrainState::stopped` starts when a run stopped because its loss became non-finite.
@@ -273,25 +313,47 @@ impl Trainer {
                 ),
             ));
         }
+        // Only a new or empty folder, or a dpcomp run folder, may hold a fresh run: a folder of
+        // the user's is refused before anything is written (`run_folder`).
+        crate::run_folder::check_fresh(run_dir)?;
         let created = !run_dir.exists();
         let lock = RunLock::acquire(run_dir)?;
-        let config_path = run_dir.join("config.toml");
-        std::fs::write(&config_path, config.to_toml()).map_err(|e| Error::io(&config_path, e))?;
         // Logs of an earlier start that left no checkpoint (a killed first epoch, or a cell
         // committed before it finished) belong to no run: start them afresh.
-        for stale in ["metrics.jsonl", "upstream.csv", "summary.json"] {
-            let _ = std::fs::remove_file(run_dir.join(stale));
-        }
-        Self::build(config, run_dir, Some(lock), own, edit, comm)
-            .and_then(|t| t.checked_by_workers(""))
-            .inspect_err(|_| {
-                // A start that failed before training (missing data, a bad option) leaves nothing
-                // behind: not a folder holding only config.toml that looks like a run.
-                let _ = std::fs::remove_file(&config_path);
+        let mut fresh = match crate::run_folder::FreshStart::claim(
+            run_dir,
+            created,
+            &[
+                "metrics.jsonl",
+                "upstream.csv",
+                "summary.json",
+                "traffic.csv",
+            ],
+        ) {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                drop(lock);
                 if created {
-                    let _ = std::fs::remove_dir_all(run_dir);
+                    let _ = std::fs::remove_dir(run_dir);
                 }
-            })
+                return Err(e);
+            }
+        };
+        let config_path = run_dir.join("config.toml");
+        fresh.wrote("config.toml");
+        let built = std::fs::write(&config_path, config.to_toml())
+            .map_err(|e| Error::io(&config_path, e))
+            .and_then(|()| Self::build(config, run_dir, Some(lock), own, edit, comm))
+            .and_then(|t| t.checked_by_workers(""));
+        match built {
+            Ok(trainer) => Ok(trainer),
+            Err(e) => {
+                // A start that failed before training (missing data, a bad option) leaves
+                // nothing behind but what was there before it.
+                fresh.undo();
+                Err(e)
+            }
+        }
     }
 
     /// Continues the run in `run_dir` from its last checkpoint. `epochs`, when given, replaces
@@ -446,18 +508,32 @@ impl Trainer {
                 .load_state(compressor_state)
                 .map_err(|e| Error::bad_file(dir.join("compressor.safetensors"), e.to_string()))?;
         }
+        // The same data as the run trained on (the data folder may move, its files may not
+        // change): a checkpoint made before fingerprints were recorded is not checked.
+        let data_now = trainer.state.data.take();
+        if let (Some(saved), Some(now)) = (&state.data, &data_now) {
+            if saved != now {
+                return Err(Error::bad_value(
+                    "data.data_dir",
+                    format!(
+                        "{}: holds other data than {} was trained on (the checkpoint's splits: {saved}; now: {now}); resume with the run's data",
+                        crate::data::data_dir(trainer.config.data.data_dir.as_deref()).display(),
+                        run_dir.display()
+                    ),
+                ));
+            }
+        }
         // The accountant now lives in the engine alone; the state's copy is written at each save.
         trainer.state = TrainState {
             accountant: None,
+            data: data_now,
             ..state
         };
         let metrics_path = run_dir.join("metrics.jsonl");
         trainer.history = if writes {
             metrics::read_and_truncate(&metrics_path, trainer.state.epochs_done)?
         } else {
-            let mut history = metrics::read(&metrics_path)?;
-            history.retain(|m| m.epoch <= trainer.state.epochs_done);
-            history
+            metrics::read_first(&metrics_path, trainer.state.epochs_done)?
         };
         if trainer.history.len() != trainer.state.epochs_done {
             // Past epochs' test accuracies cannot be rebuilt (their weights are gone), and a
@@ -492,8 +568,7 @@ impl Trainer {
         }
         gradient_error::truncate(run_dir, trainer.state.epochs_done)?;
         if trainer.config != saved {
-            std::fs::write(&config_path, trainer.config.to_toml())
-                .map_err(|e| Error::io(&config_path, e))?;
+            crate::run_folder::replace(&config_path, trainer.config.to_toml().as_bytes())?;
         }
         Ok(trainer)
     }
@@ -690,6 +765,7 @@ impl Trainer {
                 .collect::<Result<Vec<_>>>()?;
             updater.exchange = Some(Exchange::new(comm, decoders));
         }
+        let data_print = distributed::data_fingerprint(&data);
         Ok(Trainer {
             updater,
             config,
@@ -698,7 +774,10 @@ impl Trainer {
             model,
             params,
             run_dir: run_dir.to_path_buf(),
-            state: TrainState::default(),
+            state: TrainState {
+                data: Some(data_print),
+                ..TrainState::default()
+            },
             history: Vec::new(),
             progress: true,
             privacy,
@@ -759,8 +838,18 @@ impl Trainer {
                 .0
                 <= target)
         };
-        let remaining =
-            (self.config.epochs - self.state.epochs_done) as u64 * self.steps_per_epoch() as u64;
+        let remaining = ((self.config.epochs - self.state.epochs_done) as u64)
+            .checked_mul(self.steps_per_epoch() as u64)
+            .ok_or_else(|| {
+                Error::bad_value(
+                    "epochs",
+                    format!(
+                        "{}: at {} steps an epoch that is more steps than a run can count (2^64)",
+                        self.config.epochs,
+                        self.steps_per_epoch()
+                    ),
+                )
+            })?;
         if fits(remaining)? {
             return Ok(Some(remaining));
         }
@@ -1029,14 +1118,22 @@ impl Trainer {
                     correct += totals.correct;
                     clipped += totals.clipped;
                 } else {
-                    let batch = self.data.train.batch(index, self.device, true);
-                    let (loss, right) = train_step(
-                        self.model.as_ref(),
-                        &self.params,
-                        &mut self.updater,
-                        &batch,
-                        self.config.privacy.max_grad_norm,
-                    )?;
+                    let share = index.size()[0];
+                    let (loss, right) = if share == 0 {
+                        empty_share_step(&self.params, &mut self.updater, self.device)?
+                    } else {
+                        let batch = self.data.train.batch(index, self.device, true);
+                        let share_weight =
+                            self.workers() as f64 * share as f64 / logical_len as f64;
+                        train_step_share(
+                            self.model.as_ref(),
+                            &self.params,
+                            &mut self.updater,
+                            &batch,
+                            self.config.privacy.max_grad_norm,
+                            share_weight,
+                        )?
+                    };
                     loss_sum += loss;
                     correct += right;
                 }
@@ -1213,11 +1310,8 @@ impl Trainer {
         };
         if self.writes() {
             let path = self.run_dir.join("summary.json");
-            std::fs::write(
-                &path,
-                serde_json::to_string_pretty(&summary).expect("summary serialises"),
-            )
-            .map_err(|e| Error::io(&path, e))?;
+            let text = serde_json::to_string_pretty(&summary).expect("summary serialises");
+            crate::run_folder::replace(&path, text.as_bytes())?;
         }
         Ok(summary)
     }

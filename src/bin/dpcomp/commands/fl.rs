@@ -102,9 +102,14 @@ pub struct FlArgs {
     pub seed: u64,
     /// Run folder for config.json, metrics.jsonl, summary.json, and a checkpoint after every
     /// round: a run stopped before its end continues after its last round when started again
-    /// with the same settings and folder (other settings start afresh).
+    /// with the same settings and folder (--rounds may grow, --device change); other settings
+    /// are refused, naming each that differs. Only a new, empty or dpcomp run folder is used.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Discard the run already in --out (its checkpoint, logs and summary; nothing else) and
+    /// start afresh.
+    #[arg(long, requires = "out")]
+    pub restart: bool,
     /// Data folder (default: $DPCOMP_DATA, else data/); Fashion-MNIST is read from
     /// <data-dir>/fashion-mnist, else /usr/share/datasets/fashion-mnist.
     #[arg(long)]
@@ -211,6 +216,9 @@ pub fn run(args: FlArgs) -> Result<()> {
     let settings = fl_settings(&args)?;
     let data_dir = data::data_dir(args.data_dir.as_deref());
     let fl_data = dpcomp::fl::data::FlData::load(settings.dataset, &data_dir)?;
+    if let (true, Some(out)) = (args.restart, &args.out) {
+        dpcomp::fl::clear_run(out)?;
+    }
     let canaries = args
         .audit_canaries
         .map(|m| dpcomp::privacy::canary::CanarySettings {

@@ -45,6 +45,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     // W ranks of an MPI job: an error on any rank ends the whole job (the others would wait
     // for it in their next collective), after saying which rank failed and why.
     let shared = Shared::new(world);
+    dpcomp::comm::end_job_on_panic(shared.clone());
     run_with(args, Some(shared.clone())).inspect_err(|e| {
         dpcomp::comm::end_job(&mut shared.clone(), &format!("{e:#}"));
     })
@@ -88,6 +89,7 @@ fn run_in_threads(args: TrainArgs, workers: usize) -> Result<()> {
     let summaries = train_in_threads(workers, start, &out, !args.quiet)
         .with_context(|| format!("training {} with {workers} thread workers", out.display()))?;
     let summary = &summaries[0];
+    refuse_diverged(summary, &out)?;
     if let Some(e) = summary.epsilon {
         println!(
             "epsilon {e:.4} at delta {}",
@@ -159,16 +161,7 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
     if rank > 0 {
         return Ok(());
     }
-    if let Some(reason) = summary
-        .stopped
-        .as_deref()
-        .filter(|r| r.starts_with(train::DIVERGED))
-    {
-        return Err(anyhow::anyhow!(
-            "{reason}; the run's logs and summary are in {} (try a lower --lr)",
-            trainer.run_dir.display()
-        ));
-    }
+    refuse_diverged(&summary, &trainer.run_dir)?;
     if let Some(e) = summary.epsilon {
         let caveat = match trainer.config.privacy.sampling {
             dpcomp::config::Sampling::Shuffle => {
@@ -190,6 +183,25 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
     }
     print_accuracy(&summary);
     Ok(())
+}
+
+/// A run that stopped because its loss became non-finite is a failure (exit 1), however it
+/// was run (one process, W threads, W MPI ranks).
+fn refuse_diverged(
+    summary: &dpcomp::train::metrics::Summary,
+    run_dir: &std::path::Path,
+) -> Result<()> {
+    match summary
+        .stopped
+        .as_deref()
+        .filter(|r| r.starts_with(train::DIVERGED))
+    {
+        Some(reason) => Err(anyhow::anyhow!(
+            "{reason}; the run's logs and summary are in {} (a learning rate too high for the model is the usual cause: try a lower --lr)",
+            run_dir.display()
+        )),
+        None => Ok(()),
+    }
 }
 
 fn print_accuracy(summary: &dpcomp::train::metrics::Summary) {

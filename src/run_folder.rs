@@ -1,0 +1,278 @@
+//! What a fresh run may do to the folder it is pointed at: never touch a file it did not write.
+//!
+//! A run folder (`train --out`, `fl --out`, `audit --out`, every grid cell) holds only what
+//! dpcomp writes there (`RUN_FILES`), and a fresh start marks it with `MARKER`. A fresh start
+//! is accepted in a folder that does not exist, an empty one, or a dpcomp run folder that holds
+//! no checkpoint (an earlier start killed in its first epoch, or a grid cell committed before it
+//! finished): that run's logs are dpcomp's own and are started afresh. Any other folder, such as
+//! one holding a `config.toml` of the user's, is refused before anything is written, naming what
+//! it holds; and a start that fails removes only what it wrote itself.
+
+use crate::error::{Error, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The file a fresh start writes into its folder to mark it as a dpcomp run folder.
+pub const MARKER: &str = ".dpcomp-run";
+
+/// Every name a dpcomp run writes into its folder: the configuration (`config.toml` for
+/// training, `config.json` for federated runs), the logs, the checkpoint's three folders, the
+/// lock and the marker.
+pub const RUN_FILES: [&str; 13] = [
+    MARKER,
+    crate::run_lock::LOCK_FILE,
+    "config.toml",
+    "config.json",
+    "metrics.jsonl",
+    "upstream.csv",
+    "traffic.csv",
+    "summary.json",
+    "audit.json",
+    "grad_error.jsonl",
+    "checkpoint",
+    "checkpoint.tmp",
+    "checkpoint.old",
+];
+
+/// Names only a dpcomp run writes: a folder holding one of them (and nothing foreign) is a run
+/// folder of an earlier version that wrote no marker.
+const RUN_EVIDENCE: [&str; 6] = [
+    MARKER,
+    "metrics.jsonl",
+    "summary.json",
+    "checkpoint",
+    "checkpoint.old",
+    "audit.json",
+];
+
+/// Whether `name` is one dpcomp's runs write: one of `RUN_FILES`, or the temporary file a
+/// `replace` of one of them left when it was killed.
+fn is_run_file(name: &str) -> bool {
+    RUN_FILES.contains(&name)
+        || name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".tmp"))
+            .is_some_and(|n| RUN_FILES.contains(&n))
+}
+
+/// Replaces the file `path` with `contents` all at once: written to a temporary file beside it,
+/// synced, then renamed over it, so that a kill or a full disk leaves the old file or the new
+/// one, never a half of either.
+pub fn replace(path: &Path, contents: &[u8]) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let written = (|| {
+        let mut file = std::fs::File::create(&tmp)?;
+        file.write_all(contents)?;
+        file.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io(&tmp, e));
+    }
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// Appends `line` and a newline to the log at `path` (created if missing) in one write; when
+/// the write fails (a full disk) the file is cut back to its length before it, so a log never
+/// ends in half a row that would make every later row unreadable.
+pub fn append_line(path: &Path, line: &str) -> Result<()> {
+    append_text(path, &format!("{line}\n"))
+}
+
+/// `append_line` for several lines (or a header and lines) at once: all of `text` or none.
+pub fn append_text(path: &Path, text: &str) -> Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    let before = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if let Err(e) = file.write_all(text.as_bytes()).and_then(|()| file.flush()) {
+        let _ = file.set_len(before);
+        return Err(Error::io(path, e));
+    }
+    Ok(())
+}
+
+/// What a fresh start in `dir` would find: `Ok(true)` when the folder is a dpcomp run folder
+/// (its files may be replaced), `Ok(false)` when it does not exist or is empty, and an error
+/// naming the folder and what it holds otherwise.
+pub fn check_fresh(dir: &Path) -> Result<bool> {
+    if !dir.exists() {
+        return Ok(false);
+    }
+    if !dir.is_dir() {
+        return Err(Error::bad_value(
+            "run_dir",
+            format!(
+                "{}: is a file, expected a folder for the run",
+                dir.display()
+            ),
+        ));
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))?;
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    let foreign: Vec<&String> = names.iter().filter(|n| !is_run_file(n)).collect();
+    let only_lock = names.iter().all(|n| n == crate::run_lock::LOCK_FILE);
+    if only_lock {
+        return Ok(false);
+    }
+    let evidence = names.iter().any(|n| RUN_EVIDENCE.contains(&n.as_str()));
+    if foreign.is_empty() && evidence {
+        return Ok(true);
+    }
+    let shown: Vec<&str> = if foreign.is_empty() {
+        names.iter().map(String::as_str).take(5).collect()
+    } else {
+        foreign.iter().map(|n| n.as_str()).take(5).collect()
+    };
+    let more = if foreign.len().max(names.len()) > 5 {
+        ", ..."
+    } else {
+        ""
+    };
+    Err(Error::bad_value(
+        "run_dir",
+        format!(
+            "{}: not empty and not a dpcomp run folder (it holds {}{more}); a fresh run never overwrites or deletes files it did not write: choose a new or empty folder",
+            dir.display(),
+            shown.join(", ")
+        ),
+    ))
+}
+
+/// A fresh start's claim on its folder, taken after `check_fresh` and under the folder's lock:
+/// marks the folder and remembers what this start created, so that a failed start removes
+/// exactly that (`undo`).
+#[derive(Debug)]
+pub struct FreshStart {
+    dir: PathBuf,
+    created_dir: bool,
+    created: Vec<PathBuf>,
+}
+
+impl FreshStart {
+    /// Marks `dir` (which `check_fresh` accepted; `created_dir` when this start made it) and
+    /// removes the logs `stale` an earlier start of a dpcomp run left there.
+    pub fn claim(dir: &Path, created_dir: bool, stale: &[&str]) -> Result<FreshStart> {
+        let mut start = FreshStart {
+            dir: dir.to_path_buf(),
+            created_dir,
+            created: Vec::new(),
+        };
+        let marker = dir.join(MARKER);
+        if !marker.exists() {
+            std::fs::write(
+                &marker,
+                "a dpcomp run folder: dpcomp writes and replaces only its own files here\n",
+            )
+            .map_err(|e| Error::io(&marker, e))?;
+            start.created.push(marker);
+        }
+        for name in stale {
+            debug_assert!(RUN_FILES.contains(name), "{name} is not a run file");
+            let path = dir.join(name);
+            if path.is_file() {
+                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            }
+        }
+        Ok(start)
+    }
+
+    /// Records that this start wrote `name` into the folder (a file that did not exist before
+    /// it, or an earlier dpcomp start's).
+    pub fn wrote(&mut self, name: &str) {
+        debug_assert!(RUN_FILES.contains(&name), "{name} is not a run file");
+        self.created.push(self.dir.join(name));
+    }
+
+    /// After a failed start: removes what this start wrote, and the folder if it made it (and
+    /// it holds nothing else).
+    pub fn undo(self) {
+        for path in &self.created {
+            let _ = std::fs::remove_file(path);
+        }
+        if self.created_dir {
+            let _ = std::fs::remove_file(self.dir.join(crate::run_lock::LOCK_FILE));
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+}
+
+/// Removes what an earlier (unfinished, unresumable) run left in the dpcomp run folder `dir`:
+/// its files among `RUN_FILES` and its checkpoint folders. A folder that is not a dpcomp run
+/// folder is refused (`check_fresh`) and left as it is.
+pub fn clear(dir: &Path) -> Result<()> {
+    if !check_fresh(dir)? {
+        return Ok(());
+    }
+    for name in RUN_FILES {
+        if name == crate::run_lock::LOCK_FILE {
+            continue;
+        }
+        let path = dir.join(name);
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path).map_err(|e| Error::io(&path, e))?;
+        } else if path.exists() {
+            std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_of_the_users_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.toml"), "task = \"surnames\"\n").unwrap();
+        let error = check_fresh(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("not a dpcomp run folder"), "{error}");
+        assert!(error.contains("config.toml"), "{error}");
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        assert!(clear(dir.path()).is_err());
+        assert!(dir.path().join("notes.txt").exists());
+        assert!(dir.path().join("config.toml").exists());
+    }
+
+    #[test]
+    fn replace_leaves_one_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("metrics.jsonl");
+        std::fs::write(&path, "old\n").unwrap();
+        replace(&path, b"new\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
+        append_line(&path, "row").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\nrow\n");
+        // A killed replace's temporary file does not make the folder foreign.
+        std::fs::write(dir.path().join(".metrics.jsonl.tmp"), "half").unwrap();
+        assert!(check_fresh(dir.path()).unwrap());
+    }
+
+    #[test]
+    fn empty_new_and_run_folders_are_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!check_fresh(&dir.path().join("new")).unwrap());
+        assert!(!check_fresh(dir.path()).unwrap());
+        std::fs::write(dir.path().join("config.toml"), "").unwrap();
+        std::fs::write(dir.path().join("metrics.jsonl"), "").unwrap();
+        assert!(check_fresh(dir.path()).unwrap());
+        let start = FreshStart::claim(dir.path(), false, &["metrics.jsonl"]).unwrap();
+        assert!(dir.path().join(MARKER).exists());
+        assert!(!dir.path().join("metrics.jsonl").exists());
+        start.undo();
+        assert!(!dir.path().join(MARKER).exists());
+        assert!(dir.path().join("config.toml").exists());
+    }
+}

@@ -1,0 +1,402 @@
+//! Round two of the hostile tester's probes: data-parallel runs with empty shares, run folders
+//! holding the user's files, logs cut short by a full disk, interrupted federated runs restarted
+//! with other settings, resumes on other data, integer settings past what TOML holds, and
+//! divergence that is not the learning rate's. Each test failed before its fix.
+
+mod common;
+
+use common::require_shared_data;
+use dpcomp::config::{Task, TrainConfig};
+use dpcomp::error::Error;
+use dpcomp::train::Trainer;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn dpcomp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn summary(run: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+/// 33 names over 2 workers in batches of 32: the second step's batch has one name, so one
+/// worker's share is empty. It must contribute nothing and the run must finish (it panicked
+/// in LibTorch's LSTM); on CIFAR-10 2 images over 3 workers must not read as "diverged".
+#[test]
+fn empty_worker_shares_contribute_nothing_and_the_run_finishes() {
+    let Some(data) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let data = data.display().to_string();
+    for (task, limit, workers) in [("surnames", "33", "2"), ("cifar10", "2", "3")] {
+        let run = work.path().join(task);
+        let out = dpcomp(&[
+            "train",
+            "--task",
+            task,
+            "--epochs",
+            "1",
+            "--limit-train",
+            limit,
+            "--limit-test",
+            "10",
+            "--batch-size",
+            "32",
+            "--data-dir",
+            &data,
+            "--out",
+            &run.display().to_string(),
+            "--thread-workers",
+            workers,
+            "--quiet",
+        ]);
+        assert!(out.status.success(), "{task}: {}", stderr(&out));
+        let s = summary(&run);
+        assert!(s["stopped"].is_null(), "{task}: {s}");
+        assert!(
+            s["final_accuracy"].as_f64().unwrap().is_finite(),
+            "{task}: {s}"
+        );
+    }
+}
+
+/// The same empty share under a real MPI launcher: the job ends (it hung after the panic), and
+/// with the same result as the thread workers.
+#[test]
+fn empty_worker_shares_under_mpiexec_end_the_job() {
+    let Some(data) = require_shared_data() else {
+        return;
+    };
+    if Command::new("mpiexec").arg("--version").output().is_err() {
+        common::skip("mpiexec not installed");
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let run = work.path().join("mpi");
+    let mut child = Command::new("mpiexec")
+        .args([
+            "-n",
+            "2",
+            env!("CARGO_BIN_EXE_dpcomp"),
+            "train",
+            "--task",
+            "surnames",
+        ])
+        .args([
+            "--epochs",
+            "1",
+            "--limit-train",
+            "33",
+            "--limit-test",
+            "10",
+            "--quiet",
+        ])
+        .args(["--data-dir", &data.display().to_string()])
+        .args(["--out", &run.display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("mpiexec -n 2 with an empty share did not end within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success());
+    assert!(summary(&run)["stopped"].is_null());
+}
+
+/// A folder holding a file of the user's is refused before anything is written, and a start
+/// that fails never deletes the `--config` file it was given.
+#[test]
+fn a_folder_of_the_users_is_refused_and_its_files_kept() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("mine");
+    std::fs::create_dir(&dir).unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(&config, "task = \"surnames\"\n").unwrap();
+    let out = dpcomp(&[
+        "train",
+        "--config",
+        &config.display().to_string(),
+        "--out",
+        &dir.display().to_string(),
+        "--data-dir",
+        "/nonexistent",
+    ]);
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(
+        e.contains("--out") && e.contains("not a dpcomp run folder"),
+        "{e}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&config).unwrap(),
+        "task = \"surnames\"\n"
+    );
+    let names: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert_eq!(names.len(), 1, "only the user's config.toml stays");
+
+    // A dpcomp run folder's own failed start removes what it wrote, and nothing else.
+    let run = work.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let out = dpcomp(&[
+        "train",
+        "--task",
+        "surnames",
+        "--out",
+        &run.display().to_string(),
+        "--data-dir",
+        "/nonexistent",
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read_dir(&run).unwrap().count(), 0);
+}
+
+/// A run killed while appending a metrics row (a full disk) resumes: the rows after the
+/// checkpoint, half a row included, are dropped and those epochs train again.
+#[test]
+fn a_half_written_metrics_row_does_not_stop_the_resume() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let run = work.path().join("run");
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.epochs = 2;
+    c.data.limit_train = Some(200);
+    c.data.limit_test = Some(50);
+    c.data.data_dir = Some(root.clone());
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    let mut trainer = Trainer::new(c, &run).unwrap();
+    trainer.progress = false;
+    trainer.run().unwrap();
+    drop(trainer);
+    let metrics = run.join("metrics.jsonl");
+    let mut text = std::fs::read_to_string(&metrics).unwrap();
+    text.push_str("{\"epoch\":3,\"steps\":12,\"train_lo");
+    std::fs::write(&metrics, text).unwrap();
+    let mut resumed = Trainer::resume(&run, Some(3)).unwrap();
+    resumed.progress = false;
+    let s = resumed.run().unwrap();
+    assert_eq!(s.epochs, 3);
+    let rows = dpcomp::train::metrics::read(&metrics).unwrap();
+    assert_eq!(rows.iter().map(|m| m.epoch).collect::<Vec<_>>(), [1, 2, 3]);
+}
+
+/// A resume on a names folder whose files were rotated (every label wrong) is refused.
+#[test]
+fn a_resume_on_other_data_is_refused() {
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("data");
+    std::fs::create_dir_all(data.join("names")).unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(root.join("names"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for f in &files {
+        std::fs::copy(f, data.join("names").join(f.file_name().unwrap())).unwrap();
+    }
+    let run = work.path().join("run");
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.epochs = 1;
+    c.data.limit_train = Some(200);
+    c.data.limit_test = Some(50);
+    c.data.data_dir = Some(data.clone());
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    let mut trainer = Trainer::new(c, &run).unwrap();
+    trainer.progress = false;
+    trainer.run().unwrap();
+    drop(trainer);
+    // Rotate the files' contents: each language's names now sit under the next language.
+    let texts: Vec<String> = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
+    for (i, f) in files.iter().enumerate() {
+        let target = data.join("names").join(f.file_name().unwrap());
+        std::fs::write(target, &texts[(i + 1) % texts.len()]).unwrap();
+    }
+    match Trainer::resume(&run, Some(2)) {
+        Err(Error::BadValue { field, what }) => {
+            assert_eq!(field, "data.data_dir");
+            assert!(what.contains("other data"), "{what}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a resume on rotated labels was accepted"),
+    }
+}
+
+/// Integer settings past i64::MAX (TOML's largest) are errors naming the flag, not a panic,
+/// and leave no run folder; so is an epoch count whose steps overflow the step counter.
+#[test]
+fn integer_settings_beyond_toml_are_errors_naming_the_flag() {
+    let work = tempfile::tempdir().unwrap();
+    for (flag, value) in [
+        ("--seed", "9223372036854775808"),
+        ("--limit-train", "9223372036854775808"),
+        ("--batch-size", "18446744073709551615"),
+        ("--epochs", "9223372036854775808"),
+    ] {
+        let run = work.path().join(flag.trim_start_matches('-'));
+        let out = dpcomp(&[
+            "train",
+            "--task",
+            "surnames",
+            flag,
+            value,
+            "--out",
+            &run.display().to_string(),
+        ]);
+        assert_eq!(out.status.code(), Some(1), "{flag}: {}", stderr(&out));
+        let e = stderr(&out);
+        assert!(e.contains(flag) && e.contains("at most"), "{flag}: {e}");
+        assert!(!run.exists(), "{flag} left {}", run.display());
+    }
+    // Epochs whose steps overflow the step counter under a privacy budget (it wrapped and
+    // stopped after 16 steps with a false budget statement).
+    let Some(data) = require_shared_data() else {
+        return;
+    };
+    let run = work.path().join("budget").display().to_string();
+    let out = dpcomp(&[
+        "train",
+        "--task",
+        "surnames",
+        "--epochs",
+        "1152921504606846977",
+        "--target-epsilon",
+        "5",
+        "--noise-multiplier",
+        "1",
+        "--data-dir",
+        &data.display().to_string(),
+        "--out",
+        &run,
+        "--quiet",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--epochs"), "{}", stderr(&out));
+}
+
+/// σ·C beyond what f32 noise can hold, and an adaptive radius's learning rate that would
+/// collapse it in a step, are refused naming their settings (both used to "diverge" and were
+/// blamed on --lr).
+#[test]
+fn noise_and_radius_settings_that_break_training_are_refused_up_front() {
+    let work = tempfile::tempdir().unwrap();
+    let run = work.path().join("run").display().to_string();
+    let out = dpcomp(&[
+        "train",
+        "--task",
+        "surnames",
+        "--noise-multiplier",
+        "1e308",
+        "--out",
+        &run,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("--noise-multiplier"),
+        "{}",
+        stderr(&out)
+    );
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.privacy.noise_multiplier = Some(1.0);
+    c.privacy.clipping = dpcomp::config::ClippingMode::Adaptive;
+    let mut engine_settings = dpcomp::privacy::engine::AdaptiveClipping::new(1.0, 10.0);
+    engine_settings.learning_rate = 1000.0;
+    let error = dpcomp::privacy::engine::PrivacyEngine::new(
+        1.0,
+        0.01,
+        dpcomp::privacy::engine::Clipping::Adaptive(engine_settings),
+        dpcomp::privacy::noise::NoiseSource::Seeded,
+        1,
+    )
+    .err()
+    .expect("eta 1000 is refused")
+    .to_string();
+    assert!(error.contains("clip_learning_rate"), "{error}");
+    // The radius stays bounded whatever the released fraction.
+    let mut a = dpcomp::privacy::engine::AdaptiveClipping::new(1.0, 10.0);
+    a.learning_rate = 20.0;
+    for _ in 0..100 {
+        a.update(0.0);
+    }
+    assert_eq!(
+        a.radius,
+        dpcomp::privacy::engine::AdaptiveClipping::MAX_RADIUS
+    );
+}
+
+/// An interrupted federated run restarted with other settings is refused naming them (it was
+/// thrown away), more rounds continue it, and `clear_run` (`--restart`) starts it afresh.
+#[test]
+fn an_interrupted_federated_run_is_never_thrown_away() {
+    use dpcomp::fl::{data::FlData, data::FlDataset, run, run_until, FlSettings};
+    let Some(data_dir) = require_shared_data() else {
+        return;
+    };
+    let data = FlData::load(FlDataset::BreastCancer, &data_dir).unwrap();
+    let mut settings = FlSettings::defaults(FlDataset::BreastCancer);
+    settings.rounds = 4;
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("fl");
+    run_until(&settings, &data, &dir, 2, false).unwrap();
+    let mut other = settings.clone();
+    other.seed = 1;
+    match run(&other, &data, Some(&dir), false) {
+        Err(Error::ResumeConflict { conflicts, .. }) => {
+            assert_eq!(conflicts.len(), 1, "{conflicts:?}");
+            assert_eq!(conflicts[0].field, "seed");
+        }
+        other => panic!(
+            "expected a refusal naming the seed, got {:?}",
+            other.map(|s| s.rounds_run)
+        ),
+    }
+    assert!(
+        dpcomp::train::checkpoint::find(&dir).is_some(),
+        "the checkpoint is kept"
+    );
+    let mut longer = settings.clone();
+    longer.rounds = 6;
+    let s = run(&longer, &data, Some(&dir), false).unwrap();
+    assert_eq!(s.rounds_run, 6);
+    let rows = dpcomp::fl::read_rows(&dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(rows.len(), 6);
+    // A finished run is not replaced silently either; `clear_run` discards it explicitly.
+    assert!(run(&longer, &data, Some(&dir), false).is_err());
+    dpcomp::fl::clear_run(&dir).unwrap();
+    let s = run(&other, &data, Some(&dir), false).unwrap();
+    assert_eq!(s.rounds_run, 4);
+    // A folder of the user's is refused.
+    let mine = work.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::write(mine.join("config.json"), "{}").unwrap();
+    assert!(run(&settings, &data, Some(&mine), false).is_err());
+    assert_eq!(
+        std::fs::read_to_string(mine.join("config.json")).unwrap(),
+        "{}"
+    );
+}
