@@ -170,6 +170,33 @@ impl Experiment {
                 grid.insert(axis.clone(), values.clone());
             }
         }
+        // A value no cell has would select nothing and "finish" with 0 cells: an error
+        // listing the axis's values.
+        for (axis, wanted) in only {
+            let values = grid[axis].as_array().expect("checked in from_file");
+            if !values.iter().any(|v| same_value(v, wanted)) {
+                let shown: Vec<String> = values
+                    .iter()
+                    .map(|v| match v {
+                        toml::Value::Table(t) => t
+                            .get("label")
+                            .and_then(|l| l.as_str())
+                            .unwrap_or("?")
+                            .to_string(),
+                        toml::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    })
+                    .collect();
+                return Err(Error::bad_value(
+                    "only",
+                    format!(
+                        "{axis}={wanted}: no cell of {} profile {profile} has it; {axis} takes {}",
+                        self.name,
+                        shown.join(", ")
+                    ),
+                ));
+            }
+        }
         let mut combos: Vec<Vec<(String, toml::Value)>> = vec![Vec::new()];
         for (axis, values) in &grid {
             let values = values.as_array().expect("checked in from_file");

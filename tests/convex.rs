@@ -168,7 +168,7 @@ fn theorem11_beta_search_meets_the_target_by_the_accountant() {
 
 #[test]
 fn gradient_perturbation_approaches_nonprivate_sgd_as_epsilon_grows() {
-    let data = data::synthetic(400, 8, 4.0, 3);
+    let data = data::synthetic(400, 8, 4.0, 3).unwrap();
     let settings = |algorithm, epsilon| ConvexSettings {
         loss: Loss::Hinge,
         algorithm,

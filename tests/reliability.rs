@@ -608,7 +608,7 @@ fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
 fn excess_empirical_risk_is_never_negative() {
     use dpcomp::convex::{self, loss::Loss, Algorithm, Calibration, ConvexSettings};
     // |w*| 4: points with margin |<x, w*>| >= 1 inside the unit ball (|w*| <= 1 would have none).
-    let data = dpcomp::convex::data::synthetic(2000, 10, 4.0, 4);
+    let data = dpcomp::convex::data::synthetic(2000, 10, 4.0, 4).unwrap();
     for radius in [0.1, 1.0, 100.0, 1e30] {
         for (algorithm, loss) in [
             (Algorithm::Nonprivate, "hinge"),

@@ -400,3 +400,110 @@ fn an_interrupted_federated_run_is_never_thrown_away() {
         "{}"
     );
 }
+
+/// Settings checked as the user typed them, and inputs that used to hang, panic or exit 0 with a
+/// meaningless result.
+#[test]
+fn bad_settings_elsewhere_are_errors_naming_what_was_typed() {
+    let work = tempfile::tempdir().unwrap();
+    // A federated shard count whose product with the clients overflows (it panicked).
+    let shards = dpcomp::data::partition::Partition::parse("shards:9223372036854775808").unwrap();
+    assert!(shards.split(&[0, 1, 0, 1], 2, 0).is_err());
+    // synthetic:10:1000 never ended (rejection sampling of margin-1 points).
+    let started = Instant::now();
+    let e = dpcomp::convex::data::synthetic(10, 1000, 4.0, 0)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("1000 dimensions"), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // The grid's --only with a value no cell has "finished" 0 cells with exit 0.
+    let grid = dpcomp::grid::Experiment::from_file(Path::new("experiments/surnames_clipping.toml"))
+        .unwrap();
+    let only = vec![("setting".to_string(), "sigma-9".to_string())];
+    let e = grid.cells("cpu", &only).err().unwrap().to_string();
+    assert!(e.contains("sigma-0.4-C-3"), "{e}");
+    // Numbers as typed, not derived from them.
+    for (args, named) in [
+        (vec!["convex", "--epsilon=-1"], "--epsilon -1"),
+        (vec!["convex", "--delta", "5"], "--delta 5"),
+        (
+            vec![
+                "fl",
+                "--dp",
+                "--noise-multiplier",
+                "1",
+                "--full-clip",
+                "nan",
+            ],
+            "--full-clip",
+        ),
+        (
+            vec!["audit", "--task", "surnames", "--canaries", "0"],
+            "--canaries 0",
+        ),
+        (
+            vec!["bench", "train", "--task", "surnames", "--batch-size", "0"],
+            "--batch-size",
+        ),
+        (
+            vec![
+                "analyze",
+                "clipping",
+                "--task",
+                "surnames",
+                "--out",
+                "/nonexistent/x",
+                "--sigmas",
+                "nan",
+            ],
+            "--sigmas",
+        ),
+    ] {
+        let out = dpcomp(&args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(named), "{args:?}: {}", stderr(&out));
+    }
+    // A mistyped --resume folder is not created.
+    let missing = work.path().join("typo");
+    let out = dpcomp(&["train", "--resume", "--out", &missing.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no such folder"), "{}", stderr(&out));
+    assert!(!missing.exists());
+}
+
+/// An empty training or test split is refused before training, naming the data; a model with
+/// no trainable variable is an error, not a panic in the clipping.
+#[test]
+fn empty_splits_and_models_without_parameters_are_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let names = work.path().join("data").join("names");
+    std::fs::create_dir_all(&names).unwrap();
+    std::fs::write(names.join("English.txt"), "Smith\n").unwrap();
+    let out = dpcomp(&[
+        "train",
+        "--task",
+        "surnames",
+        "--epochs",
+        "1",
+        "--data-dir",
+        &work.path().join("data").display().to_string(),
+        "--out",
+        &work.path().join("run").display().to_string(),
+        "--quiet",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("has no examples"), "{}", stderr(&out));
+    assert!(!work.path().join("run").exists());
+    let e = dpcomp::privacy::engine::PrivacyEngine::new(
+        1.0,
+        0.01,
+        dpcomp::privacy::engine::Clipping::Flat { max_norm: 1.0 },
+        dpcomp::privacy::noise::NoiseSource::Seeded,
+        0,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("no trainable variable"), "{e}");
+}

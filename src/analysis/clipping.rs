@@ -169,6 +169,33 @@ pub struct ClippingSweep {
 /// (the clipped means are shared: only the noise scale differs). `points` log-spaced radii run
 /// from a thirtieth of the smallest model minimiser to ten times the largest median norm.
 #[allow(clippy::too_many_arguments)]
+/// The largest σ a sweep accepts: far beyond any trained (the papers use 0.4 to 2), still small
+/// enough that σ C and its square are ordinary f64 and f32 numbers.
+pub const MAX_SWEPT_SIGMA: f64 = 1e3;
+
+/// The noise multipliers a sweep accepts: σ sets the noise and, through the model of the error,
+/// the radii swept, so a NaN or infinite σ made a grid of billions of radii and a negative or
+/// absurd one meaningless numbers.
+pub fn check_sigmas(noise_multipliers: &[f64]) -> Result<()> {
+    if noise_multipliers.is_empty() {
+        return Err(Error::bad_value(
+            "sigmas",
+            "empty: expected at least one noise multiplier",
+        ));
+    }
+    for &sigma in noise_multipliers {
+        if !(sigma >= 0.0 && sigma <= MAX_SWEPT_SIGMA) {
+            return Err(Error::bad_value(
+                "sigmas",
+                format!(
+                    "{sigma}: expected a noise multiplier with 0 <= sigma <= {MAX_SWEPT_SIGMA}"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn sweep(
     task: &str,
     epoch: usize,
@@ -187,6 +214,7 @@ pub fn sweep(
             "needs at least one batch, one draw and two points",
         ));
     }
+    check_sigmas(noise_multipliers)?;
     let gradients: Vec<BatchGradients> = batches
         .iter()
         .map(|index| BatchGradients::new(model, params, data, index, device))

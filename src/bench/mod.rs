@@ -18,7 +18,7 @@ pub mod fl;
 
 use crate::config::{DeviceChoice, Task, TrainConfig};
 use crate::data::{Batch, Features};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::models::{BertClassifier, BertConfig, Model};
 use crate::tasks;
 use crate::train::sgd::Sgd;
@@ -245,7 +245,19 @@ impl BenchSetup {
             .batch_size
             .unwrap_or(defaults.optimizer.batch_size as i64);
         let (model, vocab) = bench_model(self.task, device, &self.bert_dir)?;
+        if batch_size < 1 {
+            return Err(Error::bad_value(
+                "batch_size",
+                format!("{batch_size}: expected at least 1 example per benchmarked step"),
+            ));
+        }
         let seq_len = self.seq_len.unwrap_or(default_seq_len(self.task));
+        if seq_len < 1 {
+            return Err(Error::bad_value(
+                "seq_len",
+                format!("{seq_len}: expected at least 1 token"),
+            ));
+        }
         let batch = synthetic_batch(self.task, batch_size, seq_len, classes(self.task), vocab);
         Ok(Prepared {
             device,

@@ -152,7 +152,7 @@ pub fn named(spec: &str, data_dir: Option<&Path>, scaling: &Scaling) -> Result<T
         if let [n, d] = parts.as_slice() {
             if let (Ok(n), Ok(d)) = (n.parse::<usize>(), d.parse::<i64>()) {
                 if n >= 10 && d >= 1 {
-                    return Ok(synthetic(n, d, 4.0, 0));
+                    return synthetic(n, d, 4.0, 0);
                 }
             }
         }
@@ -176,13 +176,19 @@ pub fn data_dir_or_default(data_dir: Option<&Path>) -> std::path::PathBuf {
 /// Every draw comes from a generator of its own seeded with `seed`, never from LibTorch's global
 /// one: another thread drawing from that (a concurrent test, a training run) would otherwise
 /// change the data this seed gives.
-pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Tabular {
+///
+/// In high dimension almost no point of the ball has margin 1 (⟨x, u⟩ is about N(0, 1/d), so at
+/// |w*| 4 and d 1000 a point is kept with probability about 1e-15): the draws stop after
+/// 200 n + 100,000 attempts with an error naming the dimension, instead of running forever.
+pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Result<Tabular> {
     // Rows need margin |<x, w*>| >= 1 with |x| <= 1: none exist unless |w*| > 1 (the rejection
     // loop below would never end).
-    assert!(
-        scale > 1.0,
-        "synthetic data needs |w*| > 1 for a margin of 1, got {scale}"
-    );
+    if !(scale > 1.0 && scale.is_finite()) {
+        return Err(Error::bad_value(
+            "scale",
+            format!("{scale}: synthetic data needs a finite |w*| > 1 for a margin of 1"),
+        ));
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let dim = d as usize;
     let gaussian = |rng: &mut rand::rngs::StdRng| -> Vec<f64> {
@@ -194,7 +200,19 @@ pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Tabular {
     let w_star: Vec<f64> = u.iter().map(|a| a / u_norm * scale).collect();
     let mut rows: Vec<f64> = Vec::with_capacity(n * dim);
     let mut labels: Vec<f64> = Vec::with_capacity(n);
+    let max_draws = 200 * n as u64 + 100_000;
+    let mut draws = 0u64;
     while labels.len() < n {
+        draws += 1;
+        if draws > max_draws {
+            return Err(Error::bad_value(
+                "data",
+                format!(
+                    "synthetic:{n}:{d}: in {d} dimensions too few points of the unit ball have margin 1 at |w*| {scale} ({} of {max_draws} draws kept); use fewer dimensions (d <= 100 keeps about 1 in 100)",
+                    labels.len()
+                ),
+            ));
+        }
         // A direction uniform on the sphere times a radius U^(1/d): uniform in the ball.
         let g = gaussian(&mut rng);
         let radius = rng.random::<f64>().powf(1.0 / d as f64) / norm(&g);
@@ -208,14 +226,14 @@ pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Tabular {
     let x = Tensor::from_slice(&rows).view([n as i64, d]);
     let y = Tensor::from_slice(&labels);
     let (train, test) = split_index(n);
-    Tabular {
+    Ok(Tabular {
         name: format!("synthetic(n {n}, d {d}, |w*| {scale})"),
         x_train: x.index_select(0, &train),
         y_train: y.index_select(0, &train),
         x_test: x.index_select(0, &test),
         y_test: y.index_select(0, &test),
         preprocess: None,
-    }
+    })
 }
 
 /// Fixed 80/20 split of 0..n.

@@ -121,14 +121,31 @@ pub fn load_cifar10(dir: &Path, augment: bool) -> Result<TaskData> {
         .collect();
     let train = read_split(&train_files, 1, 0, 10, 10_000)?;
     let test = read_split(&[dir.join("test_batch.bin")], 1, 0, 10, 10_000)?;
-    let classes = match std::fs::read_to_string(dir.join("batches.meta.txt")) {
-        Ok(text) => text
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect(),
-        Err(_) => (0..10).map(|i| i.to_string()).collect(),
+    // CIFAR-10 has 10 classes whatever `batches.meta.txt` says: the file gives their names
+    // only, and one with another number of lines is not used (its lines used to set the
+    // number of outputs).
+    let meta = dir.join("batches.meta.txt");
+    let numbered = || (0..10).map(|i| i.to_string()).collect::<Vec<_>>();
+    let classes = match std::fs::read_to_string(&meta) {
+        Ok(text) => {
+            let names: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
+            if names.len() == 10 {
+                names
+            } else {
+                log::warn!(
+                    "{}: {} class names, CIFAR-10 has 10; the classes are numbered instead",
+                    meta.display(),
+                    names.len()
+                );
+                numbered()
+            }
+        }
+        Err(_) => numbered(),
     };
     Ok(task(
         train,

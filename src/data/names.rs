@@ -52,11 +52,25 @@ pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
             )
         })?;
         let before = examples.len();
-        for line in text.lines() {
-            let name = fold_to_ascii(line.trim());
+        let mut truncated = Vec::new();
+        for (number, line) in text.lines().enumerate() {
+            let mut name = fold_to_ascii(line.trim());
+            if name.len() > MAX_NAME_LEN {
+                // A batch is as wide as its longest name: one line of a megabyte would make
+                // a batch need gigabytes of embeddings and LSTM activations.
+                name.truncate(MAX_NAME_LEN);
+                truncated.push(number + 1);
+            }
             if !name.is_empty() {
                 examples.push((name, label as i64));
             }
+        }
+        if let Some(first) = truncated.first() {
+            log::warn!(
+                "{}: {} name(s) longer than {MAX_NAME_LEN} characters truncated to it (first at line {first}); surnames are far shorter, so check the file",
+                path.display(),
+                truncated.len()
+            );
         }
         if examples.len() == before {
             // A class without examples still takes a label and an output unit.
@@ -108,6 +122,10 @@ fn dataset(examples: &[(String, i64)]) -> Dataset {
 }
 
 /// Deterministic 80/20 train/test split of the shuffled names, from `seed`.
+/// The longest name kept, in ASCII characters (the official data's longest has 20); longer
+/// lines are cut to it with a warning naming the file and line.
+pub const MAX_NAME_LEN: usize = 64;
+
 pub fn load(dir: &Path, seed: u64) -> Result<TaskData> {
     let (mut examples, classes) = read_names(dir)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

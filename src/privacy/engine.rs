@@ -325,6 +325,12 @@ impl PrivacyEngine {
         parameters: usize,
     ) -> Result<Self> {
         super::validate(sample_rate, noise_multiplier, 1)?;
+        if parameters == 0 {
+            return Err(Error::bad_value(
+                "parameters",
+                "0: the model has no trainable variable, so there is nothing to clip or noise (build its layers on the VarStore the model trains, with gradients enabled)",
+            ));
+        }
         clipping.validate(parameters, noise_multiplier)?;
         if noise_multiplier > 0.0 && !clipping.sensitivity().is_finite() {
             return Err(Error::bad_value(

@@ -425,6 +425,16 @@ impl Trainer {
     ) -> Result<Self> {
         let writes = comm.as_ref().is_none_or(|c| c.rank() == 0);
         let workers = comm.as_ref().map_or(1, |c| c.size());
+        if !run_dir.is_dir() {
+            // Checked before the lock, which would create a mistyped folder.
+            return Err(Error::bad_value(
+                "run_dir",
+                format!(
+                    "{}: no such folder; expected the folder of a run to continue",
+                    run_dir.display()
+                ),
+            ));
+        }
         let lock = if writes {
             Some(RunLock::acquire(run_dir)?)
         } else {
@@ -678,6 +688,29 @@ impl Trainer {
             }
         };
         let params = model.trainable_variables();
+        if params.is_empty() {
+            return Err(Error::bad_value(
+                "model",
+                "has no trainable variable: nothing to train (build its layers on the model's VarStore with gradients enabled)",
+            ));
+        }
+        // An empty split would train on nothing or report a NaN accuracy with exit 0 (and a
+        // sampling rate of infinity under DP): refused before training.
+        for (split, d) in [("training", &data.train), ("test", &data.test)] {
+            if d.is_empty() {
+                let source = match &config.task {
+                    TaskName::Builtin(task) => format!(
+                        "{task}'s data in {}",
+                        crate::data::data_dir(config.data.data_dir.as_deref()).display()
+                    ),
+                    TaskName::Own(_) => "the data given with the model".to_string(),
+                };
+                return Err(Error::bad_value(
+                    "data",
+                    format!("the {split} split of {source} has no examples (check its files: a names folder needs names in more than one example per split, an SNLI file labelled pairs other than \"-\"); expected at least one"),
+                ));
+            }
+        }
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
         let compressor = config.compressor_spec()?.link(&shapes, device)?;
         let optimizer: Box<dyn Optimizer> = match config.optimizer.kind {

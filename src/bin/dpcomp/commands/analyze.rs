@@ -223,6 +223,7 @@ fn gradient_error(args: GradientErrorArgs) -> Result<()> {
 
 fn clipping(args: ClippingArgs) -> Result<()> {
     use dpcomp::analysis::{clipping, fixed_batches};
+    clipping::check_sigmas(&args.sigmas)?;
     let (config, weights) = match &args.run {
         Some(run) => {
             let config = TrainConfig::from_toml_file(&run.join("config.toml"))?;

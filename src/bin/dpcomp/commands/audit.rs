@@ -69,6 +69,9 @@ pub fn run(args: AuditArgs) -> Result<()> {
             args.confidence
         );
     }
+    if args.canaries == 0 {
+        anyhow::bail!("--canaries 0: expected at least one canary (an audit guesses about them)");
+    }
     let settings = AuditSettings {
         kind: if args.black_box {
             CanaryKind::BlackBox

@@ -56,6 +56,14 @@ pub struct ConvexArgs {
 pub fn run(args: ConvexArgs) -> Result<()> {
     use dpcomp::convex::{self, loss::Loss, ConvexSettings};
     let private = args.algorithm != dpcomp::convex::Algorithm::Nonprivate;
+    // Checked as given, before the preprocessing takes its share of them (an error about the
+    // share would show a number the user never typed).
+    if private && !(args.epsilon.is_finite() && args.epsilon > 0.0) {
+        anyhow::bail!("--epsilon {}: expected a finite epsilon > 0", args.epsilon);
+    }
+    if let Some(delta) = args.delta.filter(|d| !(*d > 0.0 && *d < 1.0)) {
+        anyhow::bail!("--delta {delta}: expected 0 < delta < 1");
+    }
     let scaling = dpcomp::convex::experiment::scaling(
         args.preprocess,
         args.preprocess_share,

@@ -196,6 +196,13 @@ pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
                 .into())
             }
         };
+        if let Some(full) = args.full_clip.filter(|c| !(c.is_finite() && *c > 0.0)) {
+            return Err(Error::bad_value(
+                "--full-clip",
+                format!("{full}: expected a finite clip radius > 0"),
+            )
+            .into());
+        }
         let full = args.full_clip.unwrap_or(default_full_clip(args.dataset));
         s.privacy = Some(FlPrivacy {
             clip: args.clip.unwrap_or(default_clip(full, s.scheme, s.ratio)),
