@@ -151,8 +151,10 @@ impl AuditExperiment {
                 );
             }
             // An audited run does not resume: what an interrupted one left starts over.
+            // Only dpcomp's own files go (`run_folder::clear` refuses a folder that is not a
+            // dpcomp run folder).
             if dir.exists() {
-                std::fs::remove_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+                crate::run_folder::clear(&dir)?;
             }
             audit_training(cell.config.clone(), &dir, &self.settings, false)?;
         }

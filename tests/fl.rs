@@ -1056,12 +1056,20 @@ fn a_stopped_federated_run_continues_exactly_where_it_stopped() {
     assert_eq!(uninterrupted.validation_round, resumed.validation_round);
     assert!(resumed.wall_seconds >= b[3].wall_seconds);
 
-    // Other settings in a stopped run's folder: a fresh start, the stale checkpoint dropped.
+    // Other settings in a stopped run's folder: refused naming the setting (the interrupted
+    // run is never thrown away silently), then a fresh start once it is discarded explicitly.
     let changed = dir.path().join("changed");
     std::fs::create_dir_all(&changed).unwrap();
     run_until(&settings, &data, &changed, 2, false).unwrap();
     let mut faster = settings.clone();
     faster.local.learning_rate *= 2.0;
+    let refused = run(&faster, &data, Some(&changed), false)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(refused.contains("local.learning_rate"), "{refused}");
+    assert!(changed.join("checkpoint").exists());
+    dpcomp::fl::clear_run(&changed).unwrap();
     let fresh = run(&faster, &data, Some(&changed), false).unwrap();
     assert_eq!(fresh.rounds_run, 12);
     let rows = read_rows(&changed.join("metrics.jsonl")).unwrap();
@@ -1083,6 +1091,8 @@ fn a_longer_run_begins_with_the_shorter_runs_rounds() {
     let Some(data_dir) = common::require_shared_data() else {
         return;
     };
+    // LibTorch's generator is global: another test's run would draw from it mid-run.
+    let _serial = common::serial();
     let data = FlData::load(FlDataset::BreastCancer, &data_dir).unwrap();
     let mut short = FlSettings::defaults(FlDataset::BreastCancer);
     short.server_momentum = 0.9;
