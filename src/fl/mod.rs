@@ -298,6 +298,18 @@ impl FlSettings {
             }
             crate::privacy::validate(self.fraction, p.noise_multiplier, self.rounds as u64)?;
             crate::privacy::validate_delta(p.delta)?;
+            // The PLD accountant's floor, checked before the first round instead of at its ε.
+            if p.accountant == AccountantKind::Pld && p.delta < crate::privacy::pld::MIN_PLD_DELTA {
+                return Err(Error::bad_value(
+                    "privacy.delta",
+                    format!(
+                        "{:e}: the PLD accountant is accurate for delta >= {:e}; use \
+                         `privacy.accountant` rdp for a smaller delta",
+                        p.delta,
+                        crate::privacy::pld::MIN_PLD_DELTA
+                    ),
+                ));
+            }
         }
         Ok(())
     }
