@@ -174,6 +174,54 @@ fn epsilon_command_prints_json() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--steps: 0: expected at least one step"));
 }
 
+/// Issue 35: at σ 0 `dpcomp epsilon --json` printed `"epsilon": null` (serde_json's infinity)
+/// and the text "optimal RDP order NaN"; ε is infinite, written "inf", with no order.
+#[test]
+fn epsilon_command_writes_infinite_epsilon_as_inf() {
+    let bin = env!("CARGO_BIN_EXE_dpcomp");
+    let run = |accountant: &str, json: bool| {
+        let mut args = vec![
+            "epsilon",
+            "--sample-rate",
+            "0.01",
+            "--noise-multiplier",
+            "0",
+            "--steps",
+            "100",
+            "--delta",
+            "1e-5",
+            "--accountant",
+            accountant,
+        ];
+        if json {
+            args.push("--json");
+        }
+        let out = std::process::Command::new(bin)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for accountant in ["rdp", "pld"] {
+        let v: serde_json::Value = serde_json::from_str(&run(accountant, true)).unwrap();
+        assert_eq!(v["epsilon"], "inf", "{accountant}: {v}");
+        assert!(v["alpha"].is_null(), "{accountant}: {v}");
+        // The writer's own reader takes it back as ∞.
+        let e = dpcomp::json_floats::epsilon_json::deserialize(&v["epsilon"]).unwrap();
+        assert_eq!(e, Some(f64::INFINITY));
+        let text = run(accountant, false);
+        assert!(
+            text.starts_with("epsilon inf at delta") && !text.contains("NaN"),
+            "{accountant}: {text}"
+        );
+    }
+}
+
 #[test]
 fn pld_is_an_upper_bound_equal_to_dp_accounting_to_1e6() {
     let path = concat!(
