@@ -728,6 +728,21 @@ impl TrainConfig {
                     format!("{}: expected 0 < delta < 1", privacy.delta),
                 )
             })?;
+            // The PLD accountant's floor, checked here so that a run refuses at its start
+            // instead of at its first ε.
+            if privacy.accountant == AccountantKind::Pld
+                && privacy.delta < crate::privacy::pld::MIN_PLD_DELTA
+            {
+                return Err(Error::bad_value(
+                    "privacy.delta",
+                    format!(
+                        "{:e}: the PLD accountant is accurate for delta >= {:e}; use \
+                         `privacy.accountant` rdp for a smaller delta",
+                        privacy.delta,
+                        crate::privacy::pld::MIN_PLD_DELTA
+                    ),
+                ));
+            }
         }
         if let Some(e) = privacy.target_epsilon {
             if !self.private() {

@@ -44,3 +44,18 @@ pub mod epsilon_json {
         }
     }
 }
+
+/// A plain (always present) ε in JSON: a number, or "inf" when infinite (σ 0), as `epsilon_json`
+/// writes an optional one. Reads `null` as ∞ too: files written before issue 35 had serde_json's
+/// `null` for the infinite ε.
+pub mod epsilon_f64 {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(value: &f64, s: S) -> Result<S::Ok, S::Error> {
+        super::epsilon_json::serialize(&Some(*value), s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(super::epsilon_json::deserialize(d)?.unwrap_or(f64::INFINITY))
+    }
+}

@@ -174,6 +174,54 @@ fn epsilon_command_prints_json() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--steps: 0: expected at least one step"));
 }
 
+/// Issue 35: at σ 0 `dpcomp epsilon --json` printed `"epsilon": null` (serde_json's infinity)
+/// and the text "optimal RDP order NaN"; ε is infinite, written "inf", with no order.
+#[test]
+fn epsilon_command_writes_infinite_epsilon_as_inf() {
+    let bin = env!("CARGO_BIN_EXE_dpcomp");
+    let run = |accountant: &str, json: bool| {
+        let mut args = vec![
+            "epsilon",
+            "--sample-rate",
+            "0.01",
+            "--noise-multiplier",
+            "0",
+            "--steps",
+            "100",
+            "--delta",
+            "1e-5",
+            "--accountant",
+            accountant,
+        ];
+        if json {
+            args.push("--json");
+        }
+        let out = std::process::Command::new(bin)
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    for accountant in ["rdp", "pld"] {
+        let v: serde_json::Value = serde_json::from_str(&run(accountant, true)).unwrap();
+        assert_eq!(v["epsilon"], "inf", "{accountant}: {v}");
+        assert!(v["alpha"].is_null(), "{accountant}: {v}");
+        // The writer's own reader takes it back as ∞.
+        let e = dpcomp::json_floats::epsilon_json::deserialize(&v["epsilon"]).unwrap();
+        assert_eq!(e, Some(f64::INFINITY));
+        let text = run(accountant, false);
+        assert!(
+            text.starts_with("epsilon inf at delta") && !text.contains("NaN"),
+            "{accountant}: {text}"
+        );
+    }
+}
+
 #[test]
 fn pld_is_an_upper_bound_equal_to_dp_accounting_to_1e6() {
     let path = concat!(
@@ -236,6 +284,161 @@ fn connect_the_dots_reproduces_delta_at_grid_points_and_bounds_it_between() {
     }
 }
 
+/// log P[N(0, 1) > z], accurate in the far tail.
+fn log_normal_sf(z: f64) -> f64 {
+    0.5f64.ln() + log_erfc(z / std::f64::consts::SQRT_2)
+}
+
+/// ε at δ of a privacy curve δ(ε) decreasing in ε, by bisection to 1e-10.
+fn epsilon_of_curve(delta_of: impl Fn(f64) -> f64, delta: f64) -> f64 {
+    let (mut lo, mut hi) = (0.0, 100.0);
+    while hi - lo > 1e-10 {
+        let mid = 0.5 * (lo + hi);
+        if delta_of(mid) > delta {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    hi
+}
+
+/// Issue 35: PLD returned ∞ for δ <= 1e-15 (q 0.1, σ 2, one step: 1.54 at 1e-14, 2.21 at 2e-15,
+/// ∞ at 1e-15) and drifted far above the exact ε from about 1e-13. Now it is an upper bound
+/// within 1e-4 of exact values down to `MIN_PLD_DELTA`, and refuses below it. Exact values: T
+/// steps of the Gaussian mechanism (q = 1) are one Gaussian mechanism with μ = √T / σ,
+/// δ(ε) = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ) (Balle and Wang 2018); one subsampled step has the
+/// closed-form hockey-stick divergence `one_step_delta` in both directions.
+#[test]
+fn pld_is_exact_down_to_its_delta_floor_and_refuses_below() {
+    use dpcomp::privacy::pld::{epsilon as pld, one_step_delta, Adjacency, MIN_PLD_DELTA};
+    let deltas = [
+        1e-8,
+        1e-12,
+        1e-14,
+        2e-15,
+        1e-15,
+        1e-16,
+        1e-18,
+        MIN_PLD_DELTA,
+    ];
+    for (sigma, steps) in [(1.0, 1u64), (10.0, 100)] {
+        let mu = (steps as f64).sqrt() / sigma;
+        let gaussian = |e: f64| {
+            log_normal_sf(e / mu - mu / 2.0).exp() - (e + log_normal_sf(e / mu + mu / 2.0)).exp()
+        };
+        for delta in deltas {
+            let exact = epsilon_of_curve(gaussian, delta);
+            let ours = pld(1.0, sigma, steps, delta).unwrap();
+            assert!(
+                ours >= exact - 1e-8 && ours <= exact + 1e-4,
+                "Gaussian σ {sigma} T {steps} δ {delta:e}: PLD {ours} vs exact {exact}"
+            );
+        }
+    }
+    for (q, sigma) in [(0.1, 2.0), (0.001, 0.5)] {
+        let curve = |e: f64| {
+            one_step_delta(q, sigma, Adjacency::Remove, e).max(one_step_delta(
+                q,
+                sigma,
+                Adjacency::Add,
+                e,
+            ))
+        };
+        for delta in deltas {
+            let exact = epsilon_of_curve(curve, delta);
+            let ours = pld(q, sigma, 1, delta).unwrap();
+            let rdp = epsilon_for(sigma, q, 1, delta).unwrap();
+            assert!(
+                ours >= exact - 1e-8 && ours <= exact + 1e-4 && ours < rdp,
+                "q {q} σ {sigma} δ {delta:e}: PLD {ours} vs exact {exact}, RDP {rdp}"
+            );
+        }
+    }
+    let err = pld(0.1, 2.0, 1, MIN_PLD_DELTA / 10.0)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("delta: 1e-21: the PLD accountant is accurate for delta >= 1e-20")
+            && err.contains("use `accountant` rdp"),
+        "{err}"
+    );
+    // The accountant refuses before any step too, and so does PLD calibration.
+    let err = Accountant::default()
+        .epsilon(AccountantKind::Pld, 1e-21)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("delta:"), "{err}");
+    let err = noise_multiplier_for(AccountantKind::Pld, 1.0, 0.01, 100, 1e-21)
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("delta:"), "{err}");
+    assert!(noise_multiplier_for(AccountantKind::Rdp, 1.0, 0.01, 100, 1e-21).is_ok());
+}
+
+/// A training configuration with the PLD accountant and δ below its floor is refused when it is
+/// validated, naming `privacy.delta` and the RDP accountant, not at the run's first ε.
+#[test]
+fn a_run_config_with_pld_below_its_delta_floor_is_refused_up_front() {
+    use dpcomp::config::{Task, TrainConfig};
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.privacy.noise_multiplier = Some(1.0);
+    c.privacy.accountant = AccountantKind::Pld;
+    c.privacy.delta = 1e-21;
+    let err = c.validate().unwrap_err().to_string();
+    assert!(
+        err.starts_with("privacy.delta: 1e-21") && err.contains("`privacy.accountant` rdp"),
+        "{err}"
+    );
+    c.privacy.delta = 1e-20;
+    c.validate().unwrap();
+    c.privacy.accountant = AccountantKind::Rdp;
+    c.privacy.delta = 1e-21;
+    c.validate().unwrap();
+}
+
+/// `dpcomp epsilon --accountant pld` below the floor: an error naming the flags, not ∞.
+#[test]
+fn epsilon_command_refuses_pld_below_its_delta_floor() {
+    let bin = env!("CARGO_BIN_EXE_dpcomp");
+    let run = |delta: &str| {
+        std::process::Command::new(bin)
+            .args([
+                "epsilon",
+                "--sample-rate",
+                "0.1",
+                "--noise-multiplier",
+                "2",
+                "--steps",
+                "1",
+                "--delta",
+                delta,
+                "--accountant",
+                "pld",
+                "--json",
+            ])
+            .output()
+            .unwrap()
+    };
+    let out = run("1e-15");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let eps = v["epsilon"].as_f64().unwrap();
+    assert!((eps - 1.653896).abs() < 1e-5, "{v}");
+    let out = run("1e-21");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--delta: 1e-21: the PLD accountant is accurate for delta >= 1e-20")
+            && stderr.contains("--accountant rdp"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn pld_calibration_and_mixed_histories() {
     // Calibration on the PLD accountant inverts it.
@@ -292,12 +495,13 @@ fn accountant_arguments_refuse_nan_and_out_of_range_values() {
 }
 
 /// Both accountants over the whole input space of issue 14: q in (0, 1], σ from 0.01 to 100,
-/// T from 1 to 10^7, δ from 1e-12 to 0.1 (log-uniform draws, fixed seed, plus the corners).
-/// Never a panic; ε finite and >= 0; monotone in σ and in T; PLD never above RDP by more than
-/// its discretisation slack; a bounded grid (the σ 0.03 case used to allocate gigabytes).
+/// T from 1 to 10^7, δ from 1e-20 to 0.1 (issue 35; log-uniform draws, fixed seed, plus the
+/// corners). Never a panic; ε finite and >= 0; monotone in σ and in T; PLD never above RDP by
+/// more than its discretisation slack; a bounded grid (the σ 0.03 case used to allocate
+/// gigabytes); below `MIN_PLD_DELTA` PLD refuses with an error that names RDP, and RDP answers.
 #[test]
 fn accountants_fuzz_finite_monotone_and_ordered() {
-    use dpcomp::privacy::pld::{epsilon_detailed, DEFAULT_INTERVAL};
+    use dpcomp::privacy::pld::{epsilon_detailed, DEFAULT_INTERVAL, MIN_PLD_DELTA};
     use rand::{Rng, SeedableRng};
     let mut rng = rand::rngs::StdRng::seed_from_u64(14);
     let log_uniform = |rng: &mut rand::rngs::StdRng, lo: f64, hi: f64| {
@@ -311,13 +515,20 @@ fn accountants_fuzz_finite_monotone_and_ordered() {
         (1e-6, 0.01, 10_000_000, 1e-12),
         (1e-6, 100.0, 1, 1e-12),
         (1.0, 1.0, 1, 1e-5),
+        // Issue 35: ∞ at δ <= 1e-15 (the truncated mass went to infinite loss), and above RDP
+        // from about 1e-13 (FFT rounding), before the composition was tilted.
+        (0.1, 2.0, 1, 1e-15),
+        (0.1, 2.0, 1, MIN_PLD_DELTA),
+        (0.001, 0.8, 100_000, 1e-13),
+        (1.0, 0.01, 10_000_000, MIN_PLD_DELTA),
+        (1e-6, 100.0, 1, MIN_PLD_DELTA),
     ];
     for _ in 0..12 {
         cases.push((
             log_uniform(&mut rng, 1e-6, 1.0),
             log_uniform(&mut rng, 0.01, 100.0),
             log_uniform(&mut rng, 1.0, 1e7).round() as u64,
-            log_uniform(&mut rng, 1e-12, 0.1),
+            log_uniform(&mut rng, MIN_PLD_DELTA, 0.1),
         ));
     }
     let block = |q: f64, sigma: f64, steps: u64| dpcomp::privacy::history::StepBlock {
@@ -370,6 +581,20 @@ fn accountants_fuzz_finite_monotone_and_ordered() {
         let rdp_more_noise = epsilon_for(sigma * 1.5, q, steps, delta).unwrap();
         let rdp_more_steps = epsilon_for(sigma, q, steps * 2, delta).unwrap();
         assert!(rdp_more_noise <= rdp + tolerance(rdp) && rdp_more_steps >= rdp - tolerance(rdp));
+        // Below the PLD floor: a clear refusal that names RDP, which still answers.
+        let below = MIN_PLD_DELTA * delta.min(0.5) / 2.0;
+        let err = epsilon_detailed(&[block(q, sigma, steps)], below)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("delta:") && err.contains("`accountant` rdp"),
+            "δ {below:e}: {err}"
+        );
+        let rdp_below = epsilon_for(sigma, q, steps, below).unwrap();
+        assert!(
+            rdp_below.is_finite() && rdp_below >= rdp,
+            "RDP {rdp_below} at δ {below:e}"
+        );
     }
 }
 

@@ -789,6 +789,90 @@ fn a_round_with_an_overflowed_client_reads_back() {
     assert_eq!(rows[0].clipped_fraction, Some(1.0));
 }
 
+/// Issue 35: a private run at σ 0 has infinite ε, which `summary.json`, every row of
+/// `metrics.jsonl` and the canary audit write as "inf" (serde_json alone writes null, which reads
+/// as "not private"), and which reads back as ∞. FL-STD on breast cancer, 3 rounds.
+#[test]
+fn a_noiseless_private_federated_run_writes_its_infinite_epsilon_as_inf() {
+    use dpcomp::compress::linear_sketch::Scheme;
+    use dpcomp::fl::data::{FlData, FlDataset};
+    use dpcomp::fl::{default_full_clip, read_rows, run_with_canaries, FlPrivacy, FlSettings};
+    use dpcomp::privacy::audit::{CanaryAudit, Guesses};
+    use dpcomp::privacy::canary::{CanarySettings, Observe};
+    let Some(data_dir) = common::require_shared_data() else {
+        return;
+    };
+    let mut settings = FlSettings::defaults(FlDataset::BreastCancer);
+    settings.scheme = Scheme::Std;
+    settings.ratio = 1.0;
+    settings.rounds = 3;
+    settings.privacy = Some(FlPrivacy {
+        clip: default_full_clip(FlDataset::BreastCancer),
+        noise_multiplier: 0.0,
+        delta: 1e-5,
+        accountant: Default::default(),
+    });
+    settings.validation = 0.2;
+    settings.validate().unwrap();
+    // The PLD accountant's δ floor (issue 35 item 12) is refused before the first round.
+    let mut pld = settings.clone();
+    if let Some(p) = pld.privacy.as_mut() {
+        p.accountant = dpcomp::config::AccountantKind::Pld;
+        p.delta = 1e-21;
+    }
+    let err = pld.validate().unwrap_err().to_string();
+    assert!(
+        err.starts_with("privacy.delta: 1e-21") && err.contains("`privacy.accountant` rdp"),
+        "{err}"
+    );
+    let data = FlData::load(settings.dataset, &data_dir).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let canaries = CanarySettings {
+        canaries: 20,
+        dense: false,
+        observe: Observe::Final,
+        seed: 0,
+    };
+    let (summary, scores) =
+        run_with_canaries(&settings, &data, Some(dir.path()), false, Some(canaries)).unwrap();
+    assert_eq!(summary.epsilon, Some(f64::INFINITY));
+
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
+            .unwrap();
+    for key in ["epsilon", "epsilon_at_best", "epsilon_at_validation_round"] {
+        assert_eq!(written[key], "inf", "summary.json {key}: {written}");
+    }
+    let text = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    assert!(lines.iter().all(|l| l["epsilon"] == "inf"), "{text}");
+    // Both read back as ∞.
+    let back: dpcomp::fl::FlSummary = serde_json::from_value(written).unwrap();
+    assert_eq!(back.epsilon, Some(f64::INFINITY));
+    let rows = read_rows(&dir.path().join("metrics.jsonl")).unwrap();
+    assert!(rows.iter().all(|r| r.epsilon == Some(f64::INFINITY)));
+
+    // The audit of the run (what `dpcomp fl --audit-canaries` writes to audit.json).
+    let guesses = Guesses {
+        included: 4,
+        excluded: 0,
+    };
+    let audit = CanaryAudit::of(
+        &scores.unwrap(),
+        guesses,
+        1e-5,
+        0.05,
+        summary.epsilon.unwrap(),
+    )
+    .unwrap();
+    let audit = serde_json::to_value(&audit).unwrap();
+    assert_eq!(audit["accounted_epsilon"], "inf", "{audit}");
+}
+
 /// Issue 19's canary clients: without noise every sampled canary client shows in the weights
 /// (FL-STD and FL-CS on breast cancer, 200 canaries, 40 "included" guesses); with the noise of ε = 1 neither auditor's bound exceeds the accounted ε.
 #[test]
@@ -832,9 +916,9 @@ fn canary_clients_audit_client_level_dp() {
     };
     for scheme in ["std", "cs"] {
         let a = audit(scheme, &["--noise-multiplier", "0"]);
-        assert!(
-            a["accounted_epsilon"].is_null(),
-            "σ 0: ε infinite, written null"
+        assert_eq!(
+            a["accounted_epsilon"], "inf",
+            "σ 0: ε infinite, written \"inf\""
         );
         let max = a["max_bound"].as_f64().unwrap();
         // FL-STD: every round's weights show every sampled canary (the audit's power); the

@@ -297,6 +297,18 @@ impl FlSettings {
             }
             crate::privacy::validate(self.fraction, p.noise_multiplier, self.rounds as u64)?;
             crate::privacy::validate_delta(p.delta)?;
+            // The PLD accountant's floor, checked before the first round instead of at its ε.
+            if p.accountant == AccountantKind::Pld && p.delta < crate::privacy::pld::MIN_PLD_DELTA {
+                return Err(Error::bad_value(
+                    "privacy.delta",
+                    format!(
+                        "{:e}: the PLD accountant is accurate for delta >= {:e}; use \
+                         `privacy.accountant` rdp for a smaller delta",
+                        p.delta,
+                        crate::privacy::pld::MIN_PLD_DELTA
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -353,6 +365,8 @@ pub struct RoundMetrics {
     /// Bits the clients sent this round, and since the start.
     pub upstream_bits: u64,
     pub upstream_bits_total: u64,
+    /// ε after this round (DP runs; "inf" at σ 0, never serde_json's null).
+    #[serde(default, with = "crate::json_floats::epsilon_json")]
     pub epsilon: Option<f64>,
     /// The metric on the validation split (runs with one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -395,10 +409,11 @@ pub struct FlSummary {
     pub upstream_bits_at_best: u64,
     pub clip: Option<f64>,
     pub noise_multiplier: Option<f64>,
-    /// ε after the last round run.
+    /// ε after the last round run ("inf" at σ 0; null without DP).
+    #[serde(default, with = "crate::json_floats::epsilon_json")]
     pub epsilon: Option<f64>,
     /// ε at the best round (the paper reports ε where it stopped).
-    #[serde(default)]
+    #[serde(default, with = "crate::json_floats::epsilon_json")]
     pub epsilon_at_best: Option<f64>,
     /// With a validation split: the round whose validation metric was highest, the test metric
     /// there, and ε at that round (an honest alternative to `best`, which picks on the test set).
@@ -406,7 +421,11 @@ pub struct FlSummary {
     pub validation_round: Option<usize>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub test_at_validation_round: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::json_floats::epsilon_json"
+    )]
     pub epsilon_at_validation_round: Option<f64>,
     pub delta: Option<f64>,
     pub mean_server_seconds: f64,

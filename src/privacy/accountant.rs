@@ -69,9 +69,10 @@ impl Accountant {
         Ok(rdp::epsilon_from_rdp(&self.orders, &self.rdp(), delta))
     }
 
-    /// PLD: ε at δ, an upper bound (add-or-remove adjacency); 0 before any step.
+    /// PLD: ε at δ, an upper bound (add-or-remove adjacency); 0 before any step. Refuses δ below
+    /// `pld::MIN_PLD_DELTA` (before any step too, so that a run learns it at its start).
     pub fn epsilon_pld(&self, delta: f64) -> Result<f64> {
-        validate_delta(delta)?;
+        pld::validate_pld_delta(delta)?;
         if self.history.is_empty() {
             return Ok(0.0);
         }

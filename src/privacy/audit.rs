@@ -257,7 +257,8 @@ pub fn audit_scores(
 /// training runs report `train::audit::AuditReport`, which holds the same and more).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CanaryAudit {
-    /// ε by the run's accountant at `every_step.delta` (∞ at σ 0: written as null).
+    /// ε by the run's accountant at `every_step.delta` (∞ at σ 0, written "inf").
+    #[serde(serialize_with = "crate::json_floats::epsilon_f64::serialize")]
     pub accounted_epsilon: f64,
     pub every_step: AuditOutcome,
     pub final_weights: AuditOutcome,

@@ -40,7 +40,10 @@ pub fn noise_multiplier_for(
     delta: f64,
 ) -> Result<f64> {
     validate(sample_rate, 1.0, steps)?;
-    validate_delta(delta)?;
+    match kind {
+        AccountantKind::Rdp => validate_delta(delta)?,
+        AccountantKind::Pld => super::pld::validate_pld_delta(delta)?,
+    }
     if !(target_epsilon > 0.0 && target_epsilon.is_finite()) {
         return Err(Error::bad_value(
             "target_epsilon",

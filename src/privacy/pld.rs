@@ -16,6 +16,17 @@
 //! Chernoff bounds; the mass the window can miss is added to the infinite-loss mass.
 //! δ(ε) = Σ_y p(y) (1 − e^{ε − y})₊ + p(∞), and ε(δ) is found by bisection.
 //!
+//! Small δ (issue 35): the FFT's rounding error is about 1e-16 of the largest mass, and
+//! dp_accounting's fixed truncation moves 2e-15 to infinite loss, so an untilted composition
+//! cannot resolve δ below about 1e-13 (measured: ε 0.7 above the exact Gaussian value at δ 2e-15,
+//! ∞ at 1e-15). Here each step's pmf is first exponentially tilted, p_λ(y) = p(y) e^{λy} / M(λ)
+//! with λ the Chernoff-optimal order for the requested δ; tilting commutes with convolution, so
+//! the FFT composes p_λ, whose mass sits near the ε being sought, and δ(ε) is read back as
+//! Σ_y M(λ)^T e^{−λy} p_λ^{*T}(y) (1 − e^{ε − y})₊ in logs. The rounding error is then relative
+//! to the terms δ(ε) is made of, and the truncation can drop mass proportional to δ
+//! (`TAIL_FRACTION`). Valid from `MIN_PLD_DELTA` (1e-20) up; below it the accountant refuses
+//! and names the RDP accountant.
+//!
 //! Bounded memory: the grid spacing starts at dp_accounting's 1e-4 and doubles until the
 //! composed window fits `MAX_FFT_LEN` points (small σ or huge T have loss ranges of thousands,
 //! which at 1e-4 would need 10^8 points and gigabytes). Connect-the-dots is an upper bound at any
@@ -30,8 +41,23 @@ use tch::{Kind, Tensor};
 
 /// Grid spacing of the loss values (dp_accounting's default).
 pub const DEFAULT_INTERVAL: f64 = 1e-4;
-/// Probability mass each truncation may drop (moved to infinite loss).
+/// Probability mass each truncation may drop (moved to infinite loss), dp_accounting's 1e-15,
+/// and the bound on the aliased mass of a tilted composition's window (relative to the tilted
+/// distribution, whose mass is 1).
 const TAIL_MASS: f64 = 1e-15;
+/// For small δ the untilted mass each truncation may drop is `TAIL_FRACTION` δ instead of
+/// `TAIL_MASS` (it goes to infinite loss, so it changes δ by at most 2e-6 of itself).
+const TAIL_FRACTION: f64 = 1e-6;
+/// Smallest δ the PLD accountant answers. Each step keeps `Z_TAIL` = 12 standard deviations and
+/// sends the rest (Φ(−12) ≈ 2e-33 a step) to infinite loss, which 10^7 steps keep below
+/// `TAIL_FRACTION` δ down to δ = 1e-20; `tests/accountant.rs` checks the tilted composition
+/// against the exact Gaussian and one-step values and against RDP to that δ. Below it the
+/// accountant refuses (use RDP, which has no such floor).
+pub const MIN_PLD_DELTA: f64 = 1e-20;
+/// Tilts tried when choosing the Chernoff-optimal λ: 1e-3 to 1e3 in steps of 1.25 (λ + 1 is the
+/// RDP order, so this covers Opacus's orders 1.1 to 63 and beyond). Off by a factor 1.25 the
+/// tilted mass still sits within a few standard deviations of ε.
+const TILT_RANGE: (f64, f64, f64) = (1e-3, 1e3, 1.25);
 /// Largest FFT length a composition may use (2^22 points: about 200 MB at peak in f64 and
 /// complex buffers, measured). Grids that would need more are coarsened (see the module docs).
 pub const MAX_FFT_LEN: usize = 1 << 22;
@@ -45,12 +71,18 @@ fn normal_cdf(z: f64) -> f64 {
 }
 
 /// A loss distribution on the grid {k h : k_lo <= k < k_lo + pmf.len()} plus mass at +∞.
+///
+/// The pmf may be exponentially tilted (see the module docs): the mass at y = k h is
+/// `pmf[k − k_lo] · exp(log_scale − tilt · y)`; untilted distributions have `tilt` and
+/// `log_scale` 0. `infinity` is always the untilted mass at +∞.
 #[derive(Debug, Clone)]
 pub struct DiscretePld {
     pub interval: f64,
     pub k_lo: i64,
     pub pmf: Vec<f64>,
     pub infinity: f64,
+    pub tilt: f64,
+    pub log_scale: f64,
 }
 
 /// Which of the two pairs of distributions (see the module docs).
@@ -166,6 +198,8 @@ pub fn one_step(q: f64, sigma: f64, adjacency: Adjacency, interval: f64) -> Disc
         k_lo,
         pmf,
         infinity,
+        tilt: 0.0,
+        log_scale: 0.0,
     }
 }
 
@@ -189,25 +223,33 @@ fn one_step_points(q: f64, sigma: f64, adjacency: Adjacency, interval: f64) -> f
     (hi - lo) / interval + 3.0
 }
 
+/// log Σ exp(log p + λ y) over (y, log p) pairs, by log-sum-exp.
+fn log_mgf_of(points: &[(f64, f64)], lambda: f64) -> f64 {
+    let max = points
+        .iter()
+        .map(|&(y, log_p)| log_p + lambda * y)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = points
+        .iter()
+        .map(|&(y, log_p)| (log_p + lambda * y - max).exp())
+        .sum();
+    max + sum.ln()
+}
+
 impl DiscretePld {
-    /// log E[exp(λ Y)] over the finite part.
-    fn log_mgf(&self, lambda: f64) -> f64 {
-        let mut max = f64::NEG_INFINITY;
-        for (i, &p) in self.pmf.iter().enumerate() {
-            if p > 0.0 {
-                max = max.max(p.ln() + lambda * (self.k_lo + i as i64) as f64 * self.interval);
-            }
-        }
-        let sum: f64 = self
-            .pmf
+    /// (y, log p) of the positive masses, so that each log-mgf costs one exp a point.
+    fn log_masses(&self) -> Vec<(f64, f64)> {
+        self.pmf
             .iter()
             .enumerate()
             .filter(|(_, &p)| p > 0.0)
-            .map(|(i, &p)| {
-                (p.ln() + lambda * (self.k_lo + i as i64) as f64 * self.interval - max).exp()
-            })
-            .sum();
-        max + sum.ln()
+            .map(|(i, &p)| ((self.k_lo + i as i64) as f64 * self.interval, p.ln()))
+            .collect()
+    }
+
+    /// log E[exp(λ Y)] over the finite part.
+    fn log_mgf(&self, lambda: f64) -> f64 {
+        log_mgf_of(&self.log_masses(), lambda)
     }
 
     /// Variance of the loss over the finite part of the distribution (normalised).
@@ -226,36 +268,77 @@ impl DiscretePld {
         (second / mass - mean * mean).max(0.0)
     }
 
-    /// The window [k_lo, k_hi] (in grid units) of the T-fold composition outside which at most
-    /// `TAIL_MASS` lies on each side (Chernoff: P(S >= s) <= exp(T log M(λ) − λ s)).
-    pub fn composed_window(&self, steps: u64) -> (i64, i64) {
+    /// The same distribution with its pmf tilted by a further `lambda`: pmf · e^{λy}, normalised
+    /// (a pmf of mass 1 for the FFT), with the normaliser kept in `log_scale`.
+    pub fn tilted(&self, lambda: f64) -> DiscretePld {
+        let log_norm = self.log_mgf(lambda);
+        let pmf = self
+            .pmf
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                if p > 0.0 {
+                    let y = (self.k_lo + i as i64) as f64 * self.interval;
+                    (p.ln() + lambda * y - log_norm).exp()
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        DiscretePld {
+            interval: self.interval,
+            k_lo: self.k_lo,
+            pmf,
+            infinity: self.infinity,
+            tilt: self.tilt + lambda,
+            log_scale: self.log_scale + log_norm,
+        }
+    }
+
+    /// Chernoff bounds (in loss units) on the T-fold sum of a distribution with log-mgf
+    /// `log_mgf`: above the first at most `tail` lies, and below the second
+    /// (P(S >= s) <= exp(T log M(λ) − λ s)).
+    fn chernoff_bounds(&self, steps: u64, tail: f64, log_mgf: impl Fn(f64) -> f64) -> (f64, f64) {
         let t = steps as f64;
-        let h = self.interval;
         // Fixed orders, and orders around the Gaussian optimum λ* = sqrt(2 log(1/tail) / (T Var))
         // (for T in the millions λ* is far below the fixed ones, whose windows would then be
         // orders of magnitude too wide).
         let mut lambdas = vec![0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0];
         let variance = self.finite_variance();
         if variance > 0.0 {
-            let optimum = (2.0 * -TAIL_MASS.ln() / (t * variance)).sqrt();
+            let optimum = (2.0 * -tail.ln() / (t * variance)).sqrt();
             lambdas.extend([0.25, 0.5, 1.0, 2.0, 4.0].iter().map(|f| f * optimum));
         }
         let bound = |sign: f64| {
             lambdas
                 .iter()
-                .map(|&l| (t * self.log_mgf(sign * l) - TAIL_MASS.ln()) / l)
+                .map(|&l| (t * log_mgf(sign * l) - tail.ln()) / l)
                 .fold(f64::INFINITY, f64::min)
         };
+        (bound(1.0), -bound(-1.0))
+    }
+
+    /// The window [k_lo, k_hi] (in grid units) of the T-fold composition: outside it lies at most
+    /// `tail` of the untilted mass on each side (this goes to infinite loss), and at most
+    /// `TAIL_MASS` of the tilted mass (which the circular FFT may alias into the window).
+    pub fn composed_window(&self, steps: u64, tail: f64) -> (i64, i64) {
+        let t = steps as f64;
+        let h = self.interval;
+        let points = self.log_masses();
+        let (hi, lo) = self.chernoff_bounds(steps, TAIL_MASS, |l| log_mgf_of(&points, l));
+        // log E[exp(ν Y)] of the untilted distribution's finite part.
+        let untilted = |nu: f64| self.log_scale + log_mgf_of(&points, nu - self.tilt);
+        let (untilted_hi, untilted_lo) = self.chernoff_bounds(steps, tail, untilted);
         let min_k = self.k_lo as f64 * t;
         let max_k = (self.k_lo + self.pmf.len() as i64 - 1) as f64 * t;
-        let k_hi = (bound(1.0) / h).ceil().min(max_k).max(min_k);
-        let k_lo = (-bound(-1.0) / h).floor().max(min_k).min(k_hi);
+        let k_hi = (hi.max(untilted_hi) / h).ceil().min(max_k).max(min_k);
+        let k_lo = (lo.min(untilted_lo) / h).floor().max(min_k).min(k_hi);
         (k_lo as i64, k_hi as i64)
     }
 
-    /// FFT length `compose(steps)` would use.
-    pub fn compose_len(&self, steps: u64) -> usize {
-        self.fft_len(self.composed_window(steps))
+    /// FFT length `compose(steps, tail)` would use.
+    pub fn compose_len(&self, steps: u64, tail: f64) -> usize {
+        self.fft_len(self.composed_window(steps, tail))
     }
 
     fn fft_len(&self, (k_lo, k_hi): (i64, i64)) -> usize {
@@ -263,11 +346,13 @@ impl DiscretePld {
         (width.max(self.pmf.len()) * 2).next_power_of_two()
     }
 
-    /// The T-fold composition (at most `MAX_FFT_LEN` points: check `compose_len` first).
-    pub fn compose(&self, steps: u64) -> DiscretePld {
+    /// The T-fold composition (at most `MAX_FFT_LEN` points: check `compose_len` first), with
+    /// the pmf in the same tilt as `self`; `tail` is the untilted mass the window may drop on
+    /// each side, moved to infinite loss.
+    pub fn compose(&self, steps: u64, tail: f64) -> DiscretePld {
         let t = steps as f64;
         let h = self.interval;
-        let (k_lo, k_hi) = self.composed_window(steps);
+        let (k_lo, k_hi) = self.composed_window(steps, tail);
         let width = (k_hi - k_lo + 1) as usize;
         let n = self.fft_len((k_lo, k_hi));
         assert!(
@@ -288,18 +373,26 @@ impl DiscretePld {
             let index = (k - offset).rem_euclid(n) as usize;
             out.push(composed[index].max(0.0));
         }
-        let finite_survives = (1.0 - self.infinity).powf(t);
+        // 1 − (1 − p∞)^T without rounding p∞ ≈ 1e-33 away.
+        let infinite_in_some_step = -(t * (-self.infinity).ln_1p()).exp_m1();
         DiscretePld {
             interval: h,
             k_lo,
             pmf: out,
             // Infinite loss in any step, plus what the window may have dropped on both sides.
-            infinity: (1.0 - finite_survives + 2.0 * TAIL_MASS).min(1.0),
+            infinity: (infinite_in_some_step + 2.0 * tail).min(1.0),
+            tilt: self.tilt,
+            log_scale: self.log_scale * t,
         }
     }
 
-    /// The PLD of running `self` and then `other` (same grid spacing): their convolution.
+    /// The PLD of running `self` and then `other` (same grid spacing and tilt): their
+    /// convolution.
     pub fn convolve(&self, other: &DiscretePld) -> DiscretePld {
+        assert!(
+            self.interval == other.interval && self.tilt == other.tilt,
+            "convolving PLDs of different grids or tilts"
+        );
         let len = self.pmf.len() + other.pmf.len() - 1;
         let n = len.next_power_of_two() as i64;
         let a = Tensor::from_slice(&self.pmf).fft_rfft(n, 0, "backward");
@@ -311,16 +404,25 @@ impl DiscretePld {
             k_lo: self.k_lo + other.k_lo,
             pmf: pmf.into_iter().map(|p| p.max(0.0)).collect(),
             infinity: 1.0 - (1.0 - self.infinity) * (1.0 - other.infinity),
+            tilt: self.tilt,
+            log_scale: self.log_scale + other.log_scale,
         }
     }
 
-    /// δ(ε) = Σ_y p(y) (1 − e^{ε − y})₊ + p(∞).
+    /// δ(ε) = Σ_y p(y) (1 − e^{ε − y})₊ + p(∞), with the untilted mass
+    /// p(y) = pmf(y) exp(log_scale − tilt y) formed in logs (it is far below f64's smallest
+    /// normal number where the tilted pmf is not).
     pub fn delta(&self, epsilon: f64) -> f64 {
         let mut delta = self.infinity;
         for (i, &p) in self.pmf.iter().enumerate() {
             let y = (self.k_lo + i as i64) as f64 * self.interval;
-            if y > epsilon {
-                delta += p * (1.0 - (epsilon - y).exp());
+            if y > epsilon && p > 0.0 {
+                let mass = if self.tilt == 0.0 && self.log_scale == 0.0 {
+                    p
+                } else {
+                    (p.ln() + self.log_scale - self.tilt * y).exp()
+                };
+                delta += mass * -(epsilon - y).exp_m1();
             }
         }
         delta
@@ -383,10 +485,57 @@ impl PldEpsilon {
     }
 }
 
+/// Checks δ for the PLD accountant: 0 < δ < 1 and at least `MIN_PLD_DELTA`, below which its
+/// truncations are not shown to stay negligible (the error names the RDP accountant, which
+/// answers any δ).
+pub fn validate_pld_delta(delta: f64) -> Result<()> {
+    validate_delta(delta)?;
+    if delta < MIN_PLD_DELTA {
+        return Err(Error::bad_value(
+            "delta",
+            format!(
+                "{delta:e}: the PLD accountant is accurate for delta >= {MIN_PLD_DELTA:e} \
+                 (each step's loss is truncated at 12 standard deviations); use `accountant` \
+                 rdp for a smaller delta"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The tilt λ for composing `steps` at δ: the λ of the smallest Chernoff bound
+/// (Σ_b T_b log M_b(λ) − log δ) / λ on ε, tried on `TILT_RANGE`. The tilted composition's mass
+/// then sits near the ε being sought (for a Gaussian sum exactly at the Chernoff bound, a few
+/// standard deviations above ε), where its rounding error is relative.
+fn chernoff_tilt(steps: &[(DiscretePld, u64)], delta: f64) -> f64 {
+    let (low, high, factor) = TILT_RANGE;
+    let log_masses: Vec<(Vec<(f64, f64)>, f64)> = steps
+        .iter()
+        .map(|(s, t)| (s.log_masses(), *t as f64))
+        .collect();
+    let bound = |lambda: f64| {
+        let total: f64 = log_masses
+            .iter()
+            .map(|(points, t)| t * log_mgf_of(points, lambda))
+            .sum();
+        (total - delta.ln()) / lambda
+    };
+    let (mut best, mut best_bound) = (low, f64::INFINITY);
+    let mut lambda = low;
+    while lambda <= high {
+        let b = bound(lambda);
+        if b < best_bound {
+            (best, best_bound) = (lambda, b);
+        }
+        lambda *= factor;
+    }
+    best
+}
+
 /// ε of a history of step blocks, on the finest grid (1e-4 doubled as often as needed) whose
 /// composition fits `MAX_FFT_LEN` points.
 pub fn epsilon_detailed(blocks: &[StepBlock], delta: f64) -> Result<PldEpsilon> {
-    validate_delta(delta)?;
+    validate_pld_delta(delta)?;
     for b in blocks {
         validate(b.sample_rate, b.noise_multiplier, b.steps)?;
     }
@@ -426,15 +575,42 @@ fn epsilon_at(blocks: &[StepBlock], delta: f64, interval: f64) -> std::result::R
                 return Err((2.0 * points / cap).ceil() as usize);
             }
         }
+        let steps: Vec<(DiscretePld, u64)> = blocks
+            .iter()
+            .map(|b| {
+                let step = one_step(b.sample_rate, b.noise_multiplier, adjacency, interval);
+                (step, b.steps)
+            })
+            .collect();
+        // The untilted mass a truncation may drop: dp_accounting's 1e-15, or a millionth of a
+        // smaller δ (see the module docs).
+        let tail = TAIL_MASS.min(TAIL_FRACTION * delta);
+        // The tilted window reaches further up than the untilted one (to the tilted mass's own
+        // tail), so where λ* does not fit `MAX_FFT_LEN` a smaller tilt is tried before a coarser
+        // grid: at λ*/4 the tilted mass at ε is still about e^{-26} of its peak at δ 1e-20
+        // (Gaussian estimate), far above the FFT's 1e-16 rounding.
+        let optimum = chernoff_tilt(&steps, delta);
+        let mut tilted = Vec::new();
+        for lambda in [optimum, optimum / 2.0, optimum / 4.0] {
+            tilted = steps
+                .iter()
+                .map(|(step, t)| {
+                    let step = step.tilted(lambda);
+                    let len = step.compose_len(*t, tail);
+                    (step, *t, len)
+                })
+                .collect::<Vec<_>>();
+            if tilted.iter().all(|(_, _, len)| *len <= MAX_FFT_LEN) {
+                break;
+            }
+        }
         let mut composed: Option<DiscretePld> = None;
         let mut total = 0usize;
-        for b in blocks {
-            let step = one_step(b.sample_rate, b.noise_multiplier, adjacency, interval);
-            let len = step.compose_len(b.steps);
-            if len > MAX_FFT_LEN {
+        for (step, t, len) in &tilted {
+            if *len > MAX_FFT_LEN {
                 return Err(len.div_ceil(MAX_FFT_LEN));
             }
-            let block = step.compose(b.steps);
+            let block = step.compose(*t, tail);
             total += block.pmf.len();
             if 2 * total > MAX_FFT_LEN {
                 return Err((2 * total).div_ceil(MAX_FFT_LEN));

@@ -51,10 +51,7 @@ pub struct AuditReport {
     pub sample_rate: f64,
     pub steps: u64,
     /// ε of the run by its accountant at `outcome.delta` (∞ at σ 0, written "inf").
-    #[serde(
-        serialize_with = "epsilon_as_json",
-        deserialize_with = "epsilon_from_json"
-    )]
+    #[serde(with = "crate::json_floats::epsilon_f64")]
     pub accounted_epsilon: f64,
     /// The audit of `observe` (black box: of the final model).
     pub outcome: AuditOutcome,
@@ -69,14 +66,6 @@ pub struct AuditReport {
     /// The audited bound exceeds the accounted ε: the run's privacy claim is refuted (with the
     /// stated confidence), a bug in the mechanism or its accounting.
     pub flagged: bool,
-}
-
-fn epsilon_as_json<S: serde::Serializer>(e: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
-    crate::json_floats::epsilon_json::serialize(&Some(*e), s)
-}
-
-fn epsilon_from_json<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
-    Ok(crate::json_floats::epsilon_json::deserialize(d)?.unwrap_or(f64::INFINITY))
 }
 
 /// Trains `config` into `run_dir` with the canaries of `settings` and audits it.

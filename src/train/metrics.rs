@@ -85,7 +85,11 @@ pub struct Summary {
     /// With `--local-noise` and W > 1: ε of the aggregate update, whose noise has σ√W (each
     /// worker's message is private on its own at `epsilon`; the aggregate, by the same steps
     /// at the larger multiplier, at this tighter ε).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "epsilon_json"
+    )]
     pub aggregate_epsilon: Option<f64>,
 }
 

@@ -54,6 +54,8 @@ pub fn run(args: EpsilonArgs) -> Result<()> {
             (e, Some(a), None)
         }
     };
+    // σ 0: ε is ∞ at every RDP order, so there is no optimal order (RDP gives NaN for it).
+    let alpha = alpha.filter(|a| a.is_finite());
     let order = alpha.map_or(String::new(), |a| format!(" (optimal RDP order {a})"));
     if let Some(p) = pld_interval.filter(|p| p.coarsened()) {
         eprintln!(
@@ -65,10 +67,21 @@ pub fn run(args: EpsilonArgs) -> Result<()> {
         );
     }
     if args.json {
+        // ε through the run logs' writer: "inf" at σ 0 (serde_json alone writes null).
+        let epsilon_json = dpcomp::json_floats::epsilon_json::serialize(
+            &Some(epsilon),
+            serde_json::value::Serializer,
+        )?;
         println!(
             "{}",
-            serde_json::json!({"epsilon": epsilon, "alpha": alpha, "noise_multiplier": sigma,
+            serde_json::json!({"epsilon": epsilon_json, "alpha": alpha, "noise_multiplier": sigma,
                 "accountant": args.accountant, "pld_interval": pld_interval.map(|p| p.interval)})
+        );
+    } else if epsilon.is_infinite() {
+        println!(
+            "epsilon inf at delta {}: noise multiplier {sigma} adds no noise, so the steps are \
+             not private",
+            args.delta
         );
     } else if args.target_epsilon.is_some() {
         println!(
