@@ -191,7 +191,27 @@ impl AuditExperiment {
                 }
             ),
         };
-        let mut csv = String::from("cell,task,compressor,noise_multiplier,sample_rate,steps,accounted_epsilon,audited_epsilon,correct,guesses,canaries,every_step_epsilon,every_step_correct,final_weights_epsilon,final_weights_correct,max_bound,test_accuracy,flagged\n");
+        let header = [
+            "cell",
+            "task",
+            "compressor",
+            "noise_multiplier",
+            "sample_rate",
+            "steps",
+            "accounted_epsilon",
+            "audited_epsilon",
+            "correct",
+            "guesses",
+            "canaries",
+            "every_step_epsilon",
+            "every_step_correct",
+            "final_weights_epsilon",
+            "final_weights_correct",
+            "max_bound",
+            "test_accuracy",
+            "flagged",
+        ];
+        let mut csv_rows = Vec::new();
         let mut md = format!(
             "# {} ({profile} profile)\n\n{}\n\nCanaries: {} ({observed}), each included with probability 1/2 (seed {}); {} \"included\" and {} \"excluded\" guesses; lower bound at {:.0}% confidence (Steinke, Nasr and Jagielski 2023) and the run's δ. \"At most\" is the bound had every guess been right: the audit's power. White box: the same run audited by an auditor who sees the weights after every step and by one who sees only the final weights (right guesses in brackets).\n\n| cell | compressor | σ | steps | accounted ε | audited ε (lower bound) | every step | final weights | at most | test accuracy | flagged |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.grid.name,
@@ -214,27 +234,26 @@ impl AuditExperiment {
                     format!("{:.3} ({}/{})", o.epsilon_lower_bound, o.correct, o.guesses)
                 })
             };
-            csv.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-                row.cell,
-                r.task,
-                r.compressor,
-                r.noise_multiplier,
-                r.sample_rate,
-                r.steps,
-                r.accounted_epsilon,
-                o.epsilon_lower_bound,
-                o.correct,
-                o.guesses,
-                o.canaries,
+            csv_rows.push(vec![
+                row.cell.clone(),
+                r.task.clone(),
+                r.compressor.clone(),
+                r.noise_multiplier.to_string(),
+                r.sample_rate.to_string(),
+                r.steps.to_string(),
+                r.accounted_epsilon.to_string(),
+                o.epsilon_lower_bound.to_string(),
+                o.correct.to_string(),
+                o.guesses.to_string(),
+                o.canaries.to_string(),
                 number(every, |o| o.epsilon_lower_bound.to_string()),
                 number(every, |o| o.correct.to_string()),
                 number(last, |o| o.epsilon_lower_bound.to_string()),
                 number(last, |o| o.correct.to_string()),
-                r.max_bound,
-                r.test_accuracy,
-                r.flagged
-            ));
+                r.max_bound.to_string(),
+                r.test_accuracy.to_string(),
+                r.flagged.to_string(),
+            ]);
             md.push_str(&format!(
                 "| {} | {} | {} | {} | {} | {:.3} ({}/{}) | {} | {} | {:.3} | {:.2}% | {} |\n",
                 row.cell,
@@ -256,10 +275,9 @@ impl AuditExperiment {
                 if r.flagged { "**yes**" } else { "no" }
             ));
         }
-        for (file, text) in [("results.csv", csv), ("results.md", md)] {
-            let path = root.join(file);
-            std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
-        }
+        crate::csv_table::write(&root.join("results.csv"), &header, &csv_rows)?;
+        let path = root.join("results.md");
+        std::fs::write(&path, md).map_err(|e| Error::io(&path, e))?;
         Ok(rows)
     }
 }

@@ -483,28 +483,44 @@ pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
 }
 
 fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row]) -> Result<()> {
-    let mut csv = String::from(
-        "cell,task,noise_multiplier,epsilon,delta,compressor,rate,rank,seed,upstream_gigabits,upstream_paper_gib,final_accuracy,epochs,wall_seconds\n",
-    );
-    for r in rows {
-        csv.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-            r.cell,
-            r.task,
-            r.noise_multiplier,
-            r.epsilon.map_or("inf".to_string(), |e| format!("{e}")),
-            r.delta,
-            r.compressor,
-            r.rate,
-            r.rank,
-            r.seed,
-            r.upstream_gigabits,
-            r.upstream_paper_gib,
-            r.final_accuracy,
-            r.epochs,
-            r.wall_seconds
-        ));
-    }
+    let header = [
+        "cell",
+        "task",
+        "noise_multiplier",
+        "epsilon",
+        "delta",
+        "compressor",
+        "rate",
+        "rank",
+        "seed",
+        "upstream_gigabits",
+        "upstream_paper_gib",
+        "final_accuracy",
+        "epochs",
+        "wall_seconds",
+    ];
+    let csv_rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.cell.clone(),
+                r.task.clone(),
+                r.noise_multiplier.to_string(),
+                r.epsilon.map_or("inf".to_string(), |e| e.to_string()),
+                r.delta.to_string(),
+                r.compressor.clone(),
+                r.rate.to_string(),
+                r.rank.to_string(),
+                r.seed.to_string(),
+                r.upstream_gigabits.to_string(),
+                r.upstream_paper_gib.to_string(),
+                r.final_accuracy.to_string(),
+                r.epochs.to_string(),
+                r.wall_seconds.to_string(),
+            ]
+        })
+        .collect();
+    crate::csv_table::write(&root.join("results.csv"), &header, &csv_rows)?;
     let mut md = format!(
         "# {} ({profile} profile)\n\n{}\n\nFinal accuracy = mean test accuracy of the last min(10, epochs) epochs; with several seeds, their mean ± sample standard deviation (n seeds). Upstream = what one worker sent over the run: exact wire bits / 10^9 (Gb), and the paper's unit (64 bits per transmitted element / 8 / 2^30, its \"Gb\"). Diverged = seeds whose training loss became NaN (epoch), included in the mean.\n\n| cell | task | σ | ε | compressor | upstream Gb | paper's Gb | final accuracy | seeds | diverged | epochs | wall per run |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         experiment.name, experiment.description
@@ -545,11 +561,8 @@ fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row
             wall
         ));
     }
-    for (name, text) in [("results.csv", csv), ("results.md", md)] {
-        let path = root.join(name);
-        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
-    }
-    Ok(())
+    let path = root.join("results.md");
+    std::fs::write(&path, md).map_err(|e| Error::io(&path, e))
 }
 
 /// The cell name without its `seed-N` part: cells that differ only in their seed share it.

@@ -9,6 +9,7 @@ pub mod comm;
 pub mod compress;
 pub mod config;
 pub mod convex;
+pub mod csv_table;
 pub mod cuda_memory;
 pub mod data;
 pub mod error;

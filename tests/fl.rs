@@ -1008,12 +1008,11 @@ owlqn_iterations = 20
         .find(|l| l.starts_with("| breast_cancer | no | FL-STD |"))
         .expect("one row for the three seeds");
     // Three seeds: the mean of the three best values, and their sample deviation.
-    let bests: Vec<f64> = std::fs::read_to_string(outcome.folder.join("results.csv"))
-        .unwrap()
-        .lines()
-        .skip(1)
-        .filter(|l| l.split(',').nth(3) == Some("false"))
-        .map(|l| l.split(',').nth(9).unwrap().parse().unwrap())
+    let (_, records) = dpcomp::csv_table::read(&outcome.folder.join("results.csv")).unwrap();
+    let bests: Vec<f64> = records
+        .iter()
+        .filter(|f| f[3] == "false")
+        .map(|f| f[9].parse().unwrap())
         .collect();
     assert_eq!(bests.len(), 3);
     let (mean, sd) = dpcomp::grid::mean_sd(&bests);

@@ -510,3 +510,70 @@ fn full_profiles_estimate_the_papers_bandwidths() {
         }
     }
 }
+
+/// A cell whose `summary.json` has null numbers (a run on an empty test split writes its NaN
+/// accuracies as null) still reads, as NaN: the grid's table builds with NaN in that cell's row
+/// and the figures' reader takes it too. The compressor labels hold commas
+/// (`denoise x256 (budget=elements, clip=3.0, scope=model)`), which the CSV quotes.
+#[test]
+fn a_summary_with_null_numbers_reads_as_nan_in_the_table() {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/surnames_denoise.toml");
+    let experiment = Experiment::from_file(&path).unwrap();
+    let only = [("rate".to_string(), "256".to_string())];
+    let cells = experiment.cells("cpu", &only).unwrap();
+    let clipped: Vec<_> = cells
+        .iter()
+        .filter(|c| c.name.ends_with("variant-denoise-model-clip"))
+        .take(2)
+        .collect();
+    assert_eq!(clipped.len(), 2);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("surnames_denoise/cpu");
+    let label = "denoise x256 (budget=elements, clip=3.0, scope=model)";
+    // The second cell's every number null.
+    for (cell, x) in clipped.iter().zip(["0.5", "null"]) {
+        let cell_dir = root.join(&cell.name);
+        std::fs::create_dir_all(&cell_dir).unwrap();
+        std::fs::write(cell_dir.join("config.toml"), cell.config.to_toml()).unwrap();
+        std::fs::write(
+            cell_dir.join("summary.json"),
+            format!(
+                r#"{{"task": "surnames", "epochs": 15, "final_accuracy": {x},
+                "last_test_accuracy": {x}, "wall_seconds": {x}, "epsilon": 1.5,
+                "delta": 0.00008, "noise_multiplier": 0.8, "sample_rate": 0.002,
+                "sampling": "poisson", "stopped": null, "compressor": "{label}",
+                "upstream_gigabits": {x}, "upstream_paper_gib": {x}}}"#
+            ),
+        )
+        .unwrap();
+    }
+    let rows = dpcomp::grid::write_results(&experiment, "cpu", dir.path()).unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].final_accuracy, 0.5);
+    let r = &rows[1];
+    assert!(
+        r.final_accuracy.is_nan() && r.wall_seconds.is_nan(),
+        "{r:?}"
+    );
+    assert!(
+        r.upstream_gigabits.is_nan() && r.upstream_paper_gib.is_nan(),
+        "{r:?}"
+    );
+
+    let (header, records) = dpcomp::csv_table::read(&root.join("results.csv")).unwrap();
+    assert_eq!(header.len(), 14);
+    let column = |name: &str| header.iter().position(|h| h == name).unwrap();
+    assert_eq!(records.len(), 2);
+    assert_eq!(records[0][column("compressor")], label);
+    assert_eq!(records[0][column("final_accuracy")], "0.5");
+    assert_eq!(records[1][column("cell")], clipped[1].name);
+    assert_eq!(records[1][column("final_accuracy")], "NaN");
+    assert_eq!(records[1][column("upstream_paper_gib")], "NaN");
+    let md = std::fs::read_to_string(root.join("results.md")).unwrap();
+    assert!(md.contains("| NaN% |"), "{md}");
+
+    let logs = dpcomp::plot::read_cells(&root).unwrap();
+    assert_eq!(logs.len(), 2);
+    assert!(logs.iter().any(|c| c.summary.final_accuracy.is_nan()));
+}

@@ -55,31 +55,41 @@ pub fn write(dir: &Path, sweeps: &[ClippingSweep]) -> Result<()> {
     let path = dir.join(FILE);
     let json = serde_json::to_string_pretty(sweeps).expect("sweeps serialise");
     std::fs::write(&path, json).map_err(|e| Error::io(&path, e))?;
-    let mut csv = String::from(
-        "task,epoch,noise_multiplier,batch_size,parameters,median_norm,mean_gradient_norm,max_norm,measured,clip_bias2,model_median,model_mean\n",
-    );
+    let header = [
+        "task",
+        "epoch",
+        "noise_multiplier",
+        "batch_size",
+        "parameters",
+        "median_norm",
+        "mean_gradient_norm",
+        "max_norm",
+        "measured",
+        "clip_bias2",
+        "model_median",
+        "model_mean",
+    ];
+    let mut rows = Vec::new();
     for s in sweeps {
         let m = &s.model;
         for p in &s.points {
-            csv.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
-                s.task,
-                s.epoch,
-                m.noise_multiplier,
-                m.batch_size,
-                m.parameters,
-                m.median_norm,
-                m.mean_gradient_norm,
-                p.max_norm,
-                p.measured,
-                p.clip_bias2,
-                p.model_median,
-                p.model_mean
-            ));
+            rows.push(vec![
+                s.task.clone(),
+                s.epoch.to_string(),
+                m.noise_multiplier.to_string(),
+                m.batch_size.to_string(),
+                m.parameters.to_string(),
+                m.median_norm.to_string(),
+                m.mean_gradient_norm.to_string(),
+                p.max_norm.to_string(),
+                p.measured.to_string(),
+                p.clip_bias2.to_string(),
+                p.model_median.to_string(),
+                p.model_mean.to_string(),
+            ]);
         }
     }
-    let path = dir.join("clipping.csv");
-    std::fs::write(&path, csv).map_err(|e| Error::io(&path, e))
+    crate::csv_table::write(&dir.join("clipping.csv"), &header, &rows)
 }
 
 /// The sweeps of `dir/clipping.json`.

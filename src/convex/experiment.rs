@@ -254,9 +254,7 @@ fn write_tables(
     rows: &[Row],
     out: &Path,
 ) -> Result<()> {
-    let mut csv = String::from(
-        "data,loss,algorithm,epsilon,seeds,steps,sigma,excess_risk_mean,excess_risk_sd,test_accuracy_mean,test_accuracy_sd,infeasible\n",
-    );
+    let mut csv_rows = Vec::new();
     let base = &experiment.base;
     let preprocessing = match base.preprocess {
         Preprocess::Private => format!(
@@ -273,21 +271,20 @@ fn write_tables(
     for r in rows {
         let eps = r.epsilon.map_or("-".to_string(), |e| e.to_string());
         let sigma = r.sigma.map_or(String::new(), |s| format!("{s:.4e}"));
-        csv.push_str(&format!(
-            "{},{},{:?},{},{},{},{},{},{},{},{},{}\n",
-            r.data,
-            r.loss,
-            r.algorithm,
-            eps,
-            r.seeds,
-            r.steps,
-            sigma,
-            r.excess_risk.0,
-            r.excess_risk.1,
-            r.test_accuracy.0,
-            r.test_accuracy.1,
-            r.infeasible.is_some()
-        ));
+        csv_rows.push(vec![
+            r.data.clone(),
+            r.loss.clone(),
+            format!("{:?}", r.algorithm),
+            eps.clone(),
+            r.seeds.to_string(),
+            r.steps.to_string(),
+            sigma.clone(),
+            r.excess_risk.0.to_string(),
+            r.excess_risk.1.to_string(),
+            r.test_accuracy.0.to_string(),
+            r.test_accuracy.1.to_string(),
+            r.infeasible.is_some().to_string(),
+        ]);
         let (risk, acc) = if r.infeasible.is_some() {
             ("no feasible β".to_string(), String::new())
         } else {
@@ -305,47 +302,61 @@ fn write_tables(
             r.data, r.loss, r.algorithm, r.steps
         ));
     }
-    for (name, text) in [("results.csv", csv), ("results.md", md)] {
-        let path = out.join(name);
-        std::fs::write(&path, text).map_err(|e| Error::io(&path, e))?;
-    }
-    Ok(())
+    crate::csv_table::write(&out.join("results.csv"), &HEADER, &csv_rows)?;
+    let path = out.join("results.md");
+    std::fs::write(&path, md).map_err(|e| Error::io(&path, e))
 }
+
+/// The columns of a convex `results.csv`.
+const HEADER: [&str; 12] = [
+    "data",
+    "loss",
+    "algorithm",
+    "epsilon",
+    "seeds",
+    "steps",
+    "sigma",
+    "excess_risk_mean",
+    "excess_risk_sd",
+    "test_accuracy_mean",
+    "test_accuracy_sd",
+    "infeasible",
+];
 
 /// The rows of a `results.csv` this module wrote (to redraw the figures without re-running).
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let bad = |line: usize, what: &str| Error::bad_file(path, format!("line {line}: {what}"));
+    let (header, records) = crate::csv_table::read(path)?;
+    if header != HEADER {
+        return Err(Error::bad_file(
+            path,
+            format!("header {header:?}: expected {HEADER:?}"),
+        ));
+    }
     let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() != 12 {
-            return Err(bad(i + 1, "expected 12 columns"));
-        }
-        let num = |s: &str| {
-            s.parse::<f64>()
-                .map_err(|_| bad(i + 1, "expected a number"))
-        };
-        let algorithm = match f[2] {
+    for (i, f) in records.iter().enumerate() {
+        // Line i + 2: the header is line 1 (no field of this table holds a line break).
+        let bad = |what: &str| Error::bad_file(path, format!("line {}: {what}", i + 2));
+        let num = |s: &str| s.parse::<f64>().map_err(|_| bad("expected a number"));
+        let algorithm = match f[2].as_str() {
             "Output" => Algorithm::Output,
             "Gradient" => Algorithm::Gradient,
             "Nonprivate" => Algorithm::Nonprivate,
-            other => return Err(bad(i + 1, &format!("unknown algorithm {other}"))),
+            other => return Err(bad(&format!("unknown algorithm {other}"))),
         };
         rows.push(Row {
-            data: f[0].to_string(),
-            loss: f[1].to_string(),
+            data: f[0].clone(),
+            loss: f[1].clone(),
             algorithm,
-            epsilon: if f[3] == "-" { None } else { Some(num(f[3])?) },
-            seeds: f[4].parse().map_err(|_| bad(i + 1, "seeds"))?,
-            steps: f[5].parse().map_err(|_| bad(i + 1, "steps"))?,
+            epsilon: if f[3] == "-" { None } else { Some(num(&f[3])?) },
+            seeds: f[4].parse().map_err(|_| bad("seeds"))?,
+            steps: f[5].parse().map_err(|_| bad("steps"))?,
             sigma: if f[6].is_empty() {
                 None
             } else {
-                Some(num(f[6])?)
+                Some(num(&f[6])?)
             },
-            excess_risk: (num(f[7])?, num(f[8])?),
-            test_accuracy: (num(f[9])?, num(f[10])?),
+            excess_risk: (num(&f[7])?, num(&f[8])?),
+            test_accuracy: (num(&f[9])?, num(&f[10])?),
             infeasible: (f[11] == "true").then(|| "infeasible".to_string()),
         });
     }

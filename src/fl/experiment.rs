@@ -509,45 +509,72 @@ fn order_key(c: &Cell) -> (String, bool, usize, u64, u64, u64) {
 }
 
 pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
-    let mut csv = String::from(
-        "dataset,scheme,ratio,dp,clip,sigma,epsilon,delta,metric,best,round,accuracy,balanced_accuracy,auroc,cost_kb,upstream_kb,rounds_run,parameters,message_length,server_s,client_s,server_momentum,seed,epsilon_at_best,validation_round,test_at_validation_round,epsilon_at_validation_round\n",
-    );
+    let header = [
+        "dataset",
+        "scheme",
+        "ratio",
+        "dp",
+        "clip",
+        "sigma",
+        "epsilon",
+        "delta",
+        "metric",
+        "best",
+        "round",
+        "accuracy",
+        "balanced_accuracy",
+        "auroc",
+        "cost_kb",
+        "upstream_kb",
+        "rounds_run",
+        "parameters",
+        "message_length",
+        "server_s",
+        "client_s",
+        "server_momentum",
+        "seed",
+        "epsilon_at_best",
+        "validation_round",
+        "test_at_validation_round",
+        "epsilon_at_validation_round",
+    ];
     let opt = |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
-    for c in cells {
-        let s = &c.summary;
-        csv.push_str(&format!(
-            "{},{},{:.4},{},{},{},{},{},{},{:.4},{},{:.4},{:.4},{},{:.4},{:.4},{},{},{},{:.4},{:.4},{},{},{},{},{},{}\n",
-            c.dataset,
-            s.scheme,
-            s.ratio,
-            c.settings.privacy.is_some(),
-            opt(s.clip, 4),
-            opt(s.noise_multiplier, 4),
-            opt(s.epsilon, 3),
-            opt(s.delta, 7),
-            s.metric,
-            s.best,
-            s.best_round,
-            s.accuracy_at_best,
-            s.balanced_accuracy_at_best,
-            opt(s.auroc_at_best, 4),
-            s.cost_bits / 8e3,
-            s.upstream_bits_at_best as f64 / 8e3,
-            s.rounds_run,
-            s.parameters,
-            s.message_length,
-            s.mean_server_seconds,
-            s.mean_client_seconds,
-            c.settings.server_momentum,
-            c.settings.seed,
-            opt(s.epsilon_at_best, 3),
-            s.validation_round.map_or(String::new(), |r| r.to_string()),
-            opt(s.test_at_validation_round, 4),
-            opt(s.epsilon_at_validation_round, 3),
-        ));
-    }
-    std::fs::write(out.join("results.csv"), csv)
-        .map_err(|e| Error::io(out.join("results.csv"), e))?;
+    let rows: Vec<Vec<String>> = cells
+        .iter()
+        .map(|c| {
+            let s = &c.summary;
+            vec![
+                c.dataset.clone(),
+                s.scheme.clone(),
+                format!("{:.4}", s.ratio),
+                c.settings.privacy.is_some().to_string(),
+                opt(s.clip, 4),
+                opt(s.noise_multiplier, 4),
+                opt(s.epsilon, 3),
+                opt(s.delta, 7),
+                s.metric.clone(),
+                format!("{:.4}", s.best),
+                s.best_round.to_string(),
+                format!("{:.4}", s.accuracy_at_best),
+                format!("{:.4}", s.balanced_accuracy_at_best),
+                opt(s.auroc_at_best, 4),
+                format!("{:.4}", s.cost_bits / 8e3),
+                format!("{:.4}", s.upstream_bits_at_best as f64 / 8e3),
+                s.rounds_run.to_string(),
+                s.parameters.to_string(),
+                s.message_length.to_string(),
+                format!("{:.4}", s.mean_server_seconds),
+                format!("{:.4}", s.mean_client_seconds),
+                c.settings.server_momentum.to_string(),
+                c.settings.seed.to_string(),
+                opt(s.epsilon_at_best, 3),
+                s.validation_round.map_or(String::new(), |r| r.to_string()),
+                opt(s.test_at_validation_round, 4),
+                opt(s.epsilon_at_validation_round, 3),
+            ]
+        })
+        .collect();
+    crate::csv_table::write(&out.join("results.csv"), &header, &rows)?;
     let mut md = String::new();
     let mut current = String::new();
     for c in cells {

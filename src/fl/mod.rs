@@ -359,7 +359,9 @@ pub struct RoundMetrics {
     pub clients: usize,
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub test_loss: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub accuracy: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub balanced_accuracy: f64,
     pub auroc: Option<f64>,
     /// Bits the clients sent this round, and since the start.
@@ -377,9 +379,12 @@ pub struct RoundMetrics {
     /// as NaN) when a client's update overflowed, which private runs clip to zero and go on.
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub message_norm: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub client_seconds: f64,
     /// Aggregation, noise and reconstruction.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub server_seconds: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub wall_seconds: f64,
 }
 
@@ -388,22 +393,28 @@ pub struct FlSummary {
     pub dataset: String,
     pub scheme: String,
     /// Actual r = m / n.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub ratio: f64,
     pub parameters: i64,
     pub message_length: i64,
     pub chunks: Option<i64>,
     pub clients: usize,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub fraction: f64,
     pub rounds_run: usize,
     pub stopped_early: bool,
     /// Accuracy (Fashion-MNIST) or balanced accuracy (two classes): the paper's tables' metric.
     pub metric: String,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub best: f64,
     pub best_round: usize,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub accuracy_at_best: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub balanced_accuracy_at_best: f64,
     pub auroc_at_best: Option<f64>,
     /// The paper's cost r n 32 Round C, in bits, at the best round.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub cost_bits: f64,
     /// What the clients actually sent up to the best round.
     pub upstream_bits_at_best: u64,
@@ -428,8 +439,11 @@ pub struct FlSummary {
     )]
     pub epsilon_at_validation_round: Option<f64>,
     pub delta: Option<f64>,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub mean_server_seconds: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub mean_client_seconds: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub wall_seconds: f64,
 }
 

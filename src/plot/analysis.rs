@@ -139,35 +139,49 @@ pub fn gradient_error_figures(
 /// `gradient_error.csv`: every measurement of every cell, one row per stage, next to the
 /// figures (the numbers behind figures 4 and 5).
 fn write_table(cells: &[CellLog], out: &Path) -> Result<PathBuf> {
-    let mut csv = String::from(
-        "cell,noise_multiplier,compressor,final_accuracy,epoch,stage,error,bias2,variance,median_norm,mean_gradient_norm,max_norm,batch_size,batches,draws\n",
-    );
+    let header = [
+        "cell",
+        "noise_multiplier",
+        "compressor",
+        "final_accuracy",
+        "epoch",
+        "stage",
+        "error",
+        "bias2",
+        "variance",
+        "median_norm",
+        "mean_gradient_norm",
+        "max_norm",
+        "batch_size",
+        "batches",
+        "draws",
+    ];
+    let mut rows = Vec::new();
     for c in cells {
         for r in &c.grad_errors {
             for s in &r.stages {
-                csv.push_str(&format!(
-                    "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-                    c.name,
-                    r.noise_multiplier,
-                    r.compressor,
-                    c.summary.final_accuracy,
-                    r.epoch,
-                    s.stage,
-                    s.error,
-                    s.bias2,
-                    s.variance,
-                    r.median_norm,
-                    r.mean_gradient_norm,
-                    r.max_norm,
-                    r.batch_size,
-                    r.batches,
-                    r.draws
-                ));
+                rows.push(vec![
+                    c.name.clone(),
+                    r.noise_multiplier.to_string(),
+                    r.compressor.clone(),
+                    c.summary.final_accuracy.to_string(),
+                    r.epoch.to_string(),
+                    s.stage.clone(),
+                    s.error.to_string(),
+                    s.bias2.to_string(),
+                    s.variance.to_string(),
+                    r.median_norm.to_string(),
+                    r.mean_gradient_norm.to_string(),
+                    r.max_norm.to_string(),
+                    r.batch_size.to_string(),
+                    r.batches.to_string(),
+                    r.draws.to_string(),
+                ]);
             }
         }
     }
     let path = out.join("gradient_error.csv");
-    std::fs::write(&path, csv).map_err(|e| crate::error::Error::io(&path, e))?;
+    crate::csv_table::write(&path, &header, &rows)?;
     Ok(path)
 }
 

@@ -154,8 +154,11 @@ pub struct AuditOutcome {
     /// Of `guesses`, how many were "included" (the rest "excluded").
     pub guessed_included: usize,
     pub correct: usize,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub confidence: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub delta: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub epsilon_lower_bound: f64,
 }
 

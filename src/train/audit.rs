@@ -47,7 +47,9 @@ pub struct AuditReport {
     /// White box: what the auditor saw (black box: the final model only).
     pub observe: Option<Observe>,
     pub dense: bool,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub noise_multiplier: f64,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub sample_rate: f64,
     pub steps: u64,
     /// ε of the run by its accountant at `outcome.delta` (∞ at σ 0, written "inf").
@@ -59,9 +61,11 @@ pub struct AuditReport {
     pub every_step: Option<AuditOutcome>,
     pub final_weights: Option<AuditOutcome>,
     /// The bound had every guess been right: the most this audit could show.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub max_bound: f64,
     /// White box: how many times a canary was sampled into a step.
     pub canary_samples: Option<u64>,
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub test_accuracy: f64,
     /// The audited bound exceeds the accounted ε: the run's privacy claim is refuted (with the
     /// stated confidence), a bug in the mechanism or its accounting.

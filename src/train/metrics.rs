@@ -56,9 +56,13 @@ pub struct EpochMetrics {
 pub struct Summary {
     pub task: String,
     pub epochs: usize,
-    /// Mean test accuracy of the last min(10, epochs) epochs (the paper's figure).
+    /// Mean test accuracy of the last min(10, epochs) epochs (the paper's figure); NaN (written
+    /// as null) when the test split was empty.
+    #[serde(deserialize_with = "nan_if_null")]
     pub final_accuracy: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub last_test_accuracy: f64,
+    #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,
     /// DP runs: (ε, δ) spent, σ, q, how batches were sampled, and why training stopped early.
     /// ε is "inf" when σ = 0 (clipping without noise), null only without privacy.
@@ -75,6 +79,7 @@ pub struct Summary {
     /// The compressor ("identity", "dgc x256", "powersgd r1", ...) and the upstream gigabits
     /// (10^9 exact wire bits) one worker sent over the whole run.
     pub compressor: String,
+    #[serde(deserialize_with = "nan_if_null")]
     pub upstream_gigabits: f64,
     /// The same upload in the paper's unit (64 bits per element / 8 / 2^30, its "Gb").
     #[serde(default, deserialize_with = "nan_if_null")]
