@@ -802,6 +802,8 @@ fn a_noiseless_private_federated_run_writes_its_infinite_epsilon_as_inf() {
     let Some(data_dir) = common::require_shared_data() else {
         return;
     };
+    // An in-process run seeds LibTorch's global generator: never beside another one.
+    let _serial = common::serial();
     let mut settings = FlSettings::defaults(FlDataset::BreastCancer);
     settings.scheme = Scheme::Std;
     settings.ratio = 1.0;

@@ -403,7 +403,9 @@ impl DiscretePld {
             interval: self.interval,
             k_lo: self.k_lo + other.k_lo,
             pmf: pmf.into_iter().map(|p| p.max(0.0)).collect(),
-            infinity: 1.0 - (1.0 - self.infinity) * (1.0 - other.infinity),
+            // 1 − (1 − a)(1 − b), written so that masses below 1e-16 (a millionth of a small δ)
+            // are not rounded away.
+            infinity: self.infinity + other.infinity - self.infinity * other.infinity,
             tilt: self.tilt,
             log_scale: self.log_scale + other.log_scale,
         }
