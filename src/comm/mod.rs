@@ -148,11 +148,18 @@ pub fn end_job(comm: &mut dyn Communicator, message: &str) {
 /// this rank held `comm` (inside a collective) it aborts the process, which the MPI launcher
 /// turns into the end of the job. A program of one's own under MPI calls it once, after
 /// `world()`; the `dpcomp` binary does.
-pub fn end_job_on_panic(comm: Shared) {
+///
+/// The hook holds the communicator weakly: when the program drops its last handle the
+/// communicator ends (`MPI_Finalize`) as it would without the hook; a strong handle kept by the
+/// hook would skip that, and the launcher kills a job whose ranks exit unfinalised.
+pub fn end_job_on_panic(comm: &Shared) {
+    let weak = std::sync::Arc::downgrade(&comm.0);
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         previous(info);
-        comm.abort_after_panic(&info.to_string());
+        if let Some(strong) = weak.upgrade() {
+            Shared(strong).abort_after_panic(&info.to_string());
+        }
     }));
 }
 

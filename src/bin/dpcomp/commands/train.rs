@@ -45,7 +45,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     // W ranks of an MPI job: an error on any rank ends the whole job (the others would wait
     // for it in their next collective), after saying which rank failed and why.
     let shared = Shared::new(world);
-    dpcomp::comm::end_job_on_panic(shared.clone());
+    dpcomp::comm::end_job_on_panic(&shared);
     run_with(args, Some(shared.clone())).inspect_err(|e| {
         dpcomp::comm::end_job(&mut shared.clone(), &format!("{e:#}"));
     })
