@@ -116,19 +116,7 @@ pub fn append(path: &Path, metrics: &EpochMetrics) -> Result<()> {
 /// Every epoch row of `metrics.jsonl` (none when the file does not exist); reads only, so it is
 /// safe on a log another process is appending to.
 pub fn read(path: &Path) -> Result<Vec<EpochMetrics>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .map(|(i, line)| {
-            serde_json::from_str(line)
-                .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
-        })
-        .collect()
+    read_first(path, usize::MAX)
 }
 
 /// Reads the first `epochs_done` rows and replaces the file with only those (atomically,
