@@ -26,7 +26,7 @@ impl SequenceClassifier {
         tch::manual_seed(seed);
         let vs = nn::VarStore::new(Device::Cpu);
         let gru = Gru::new(&(vs.root() / "gru"), FEATURES, 16);
-        let head = Linear::new(&(vs.root() / "head"), 16, 2, true);
+        let head = Linear::new(&(vs.root() / "head"), 16, 2, LinearConfig::default());
         SequenceClassifier { vs, gru, head }
     }
 }
@@ -36,9 +36,9 @@ impl Model for SequenceClassifier {
         let Features::Rows(xs) = features else {
             return Err(Error::bad_value("features", "expected rows [B, T, 4]"));
         };
-        let states = self.gru.forward(xs, ctx);
+        let states = self.gru.forward(xs, ctx)?;
         let last = states.select(1, states.size()[1] - 1);
-        Ok(self.head.forward(&last, ctx))
+        self.head.forward(&last, ctx)
     }
 
     fn var_store(&self) -> &nn::VarStore {

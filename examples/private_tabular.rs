@@ -76,9 +76,9 @@ impl Net {
     pub fn new(inputs: i64, hidden: i64, classes: i64) -> Self {
         let vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
-        let first = Linear::new(&(&root / "first"), inputs, hidden, true);
+        let first = Linear::new(&(&root / "first"), inputs, hidden, LinearConfig::default());
         let scale = FeatureScale::new(&(&root / "scale"), hidden);
-        let last = Linear::new(&(&root / "last"), hidden, classes, true);
+        let last = Linear::new(&(&root / "last"), hidden, classes, LinearConfig::default());
         Net {
             vs,
             first,
@@ -87,8 +87,8 @@ impl Net {
         }
     }
 
-    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        let h = self.first.forward(xs, ctx).tanh();
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let h = self.first.forward(xs, ctx)?.tanh();
         let h = self.scale.forward(&h, ctx);
         self.last.forward(&h, ctx)
     }
@@ -170,8 +170,8 @@ pub fn train(path: &Path, target_epsilon: f64, epochs: usize, seed: i64) -> Resu
     let mut sgd = Sgd::new(0.5, 0.9);
     for _ in 0..epochs {
         for index in poisson_batches(n, q, steps_per_epoch) {
-            let mut ctx = Ctx::private(true);
-            let logits = net.forward(&x.index_select(0, &index), &mut ctx);
+            let mut ctx = Ctx::private();
+            let logits = net.forward(&x.index_select(0, &index), &mut ctx)?;
             let labels = y.index_select(0, &index);
             let loss =
                 logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::Sum, -100, 0.0);
@@ -181,7 +181,7 @@ pub fn train(path: &Path, target_epsilon: f64, epochs: usize, seed: i64) -> Resu
             tch::no_grad(|| sgd.step(&tensors, &grads));
         }
     }
-    let logits = tch::no_grad(|| net.forward(&x_test, &mut Ctx::eval()));
+    let logits = tch::no_grad(|| net.forward(&x_test, &mut Ctx::eval()))?;
     let right = logits
         .argmax(-1, false)
         .eq_tensor(&y_test)

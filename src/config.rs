@@ -712,7 +712,7 @@ impl TrainConfig {
             // The noise N(0, σ²C²) is drawn in the parameters' f32: its standard deviation
             // must be a finite f32, or every weight becomes non-finite at the first step.
             let std = sigma * privacy.max_grad_norm;
-            if sigma > 0.0 && !(std < f32::MAX as f64 / 1e6) {
+            if sigma > 0.0 && (std.is_nan() || std >= f32::MAX as f64 / 1e6) {
                 return Err(Error::bad_value(
                     "privacy.noise_multiplier",
                     format!(

@@ -53,8 +53,9 @@ pub mod prelude {
     pub use crate::error::{Error, Result};
     pub use crate::models::Model;
     pub use crate::nn::{
-        Conv2d, Ctx, Embedding, GroupNorm, Gru, InstanceNorm2d, LayerGradients, LayerNorm, Linear,
-        Lstm, MultiheadAttention, PerSample, PerSampleGradient, Recorded,
+        AttentionConfig, Conv2d, Conv2dConfig, Ctx, Embedding, GroupNorm, Gru, InstanceNorm2d,
+        LayerGradients, LayerNorm, Linear, LinearConfig, Lstm, MultiheadAttention, PerSample,
+        PerSampleGradient, Recorded,
     };
     pub use crate::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
     pub use crate::privacy::grad_sample::per_sample_of;

@@ -7,7 +7,9 @@
 use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
-use dpcomp::nn::{Ctx, LayerGradients, Linear, PerSample, PerSampleGradient, Recorded};
+use dpcomp::nn::{
+    Ctx, LayerGradients, Linear, LinearConfig, PerSample, PerSampleGradient, Recorded,
+};
 use dpcomp::privacy::grad_sample::clip_and_sum;
 use dpcomp::privacy::grad_sample::{per_sample_in_order, PerSampleBatch};
 use tch::{nn, Device, Kind, Tensor};
@@ -103,9 +105,9 @@ impl Net {
         let mut vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
         let (first, scale, last) = (
-            Linear::new(&(&root / "first"), 6, 8, true),
+            Linear::new(&(&root / "first"), 6, 8, LinearConfig::default()),
             FeatureScale::new(&(&root / "scale"), 8),
-            Linear::new(&(&root / "last"), 8, 3, true),
+            Linear::new(&(&root / "last"), 8, 3, LinearConfig::default()),
         );
         vs.double();
         Net {
@@ -123,9 +125,9 @@ impl Model for Net {
         let Features::Rows(xs) = features else {
             panic!("rows expected");
         };
-        let h = self.first.forward(xs, ctx).tanh();
+        let h = self.first.forward(xs, ctx)?.tanh();
         let h = self.scale.forward(&h, ctx);
-        Ok(self.last.forward(&h, ctx))
+        self.last.forward(&h, ctx)
     }
 
     fn var_store(&self) -> &nn::VarStore {

@@ -40,8 +40,8 @@ impl Mlp {
     fn new(seed: i64) -> Mlp {
         tch::manual_seed(seed);
         let vs = nn::VarStore::new(Device::Cpu);
-        let hidden = Linear::new(&(vs.root() / "hidden"), 6, 5, true);
-        let out = Linear::new(&(vs.root() / "out"), 5, 3, true);
+        let hidden = Linear::new(&(vs.root() / "hidden"), 6, 5, LinearConfig::default());
+        let out = Linear::new(&(vs.root() / "out"), 5, 3, LinearConfig::default());
         Mlp { vs, hidden, out }
     }
 }
@@ -51,8 +51,8 @@ impl Model for Mlp {
         let Features::Rows(xs) = features else {
             return Err(Error::bad_value("features", "rows [B, 6]"));
         };
-        let h = self.hidden.forward(xs, ctx).relu();
-        Ok(self.out.forward(&h, ctx))
+        let h = self.hidden.forward(xs, ctx)?.relu();
+        self.out.forward(&h, ctx)
     }
     fn var_store(&self) -> &nn::VarStore {
         &self.vs

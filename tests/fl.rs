@@ -629,7 +629,9 @@ fn the_fedavg_cnn_has_the_size_the_papers_cost_implies() {
     let model = dpcomp::fl::model::FlModel::fedavg_cnn(Device::Cpu);
     let n = model.parameter_count();
     assert_eq!(n, 1_663_370);
-    let logits = model.forward(&Tensor::zeros([2, 1, 28, 28], (Kind::Float, Device::Cpu)));
+    let logits = model
+        .forward(&Tensor::zeros([2, 1, 28, 28], (Kind::Float, Device::Cpu)))
+        .unwrap();
     assert_eq!(logits.size(), [2, 10]);
     let megabytes = 1.0 * n as f64 * 32.0 * 25.0 * (2.0 / 15.0) / 8.0 / 1e6;
     assert!((megabytes - 22.18).abs() < 0.005, "{megabytes} MB");

@@ -53,7 +53,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
     // The recipes formed inside the backward pass by gradient hooks (wherever every layer runs
     // in autograd) and those from every recorded output's gradient at once are the same values.
     let recipes = |every_output: bool| {
-        let mut ctx = Ctx::private(false);
+        let mut ctx = Ctx::private().without_dropout();
         let logits = model.forward(&features, &mut ctx).unwrap();
         let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
         let tape = ctx.take_tape().unwrap();
@@ -159,7 +159,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
         .collect();
     let mut in_autograd = false;
     for passes in [BackwardPasses::One, BackwardPasses::Two] {
-        let mut ctx = Ctx::private(false);
+        let mut ctx = Ctx::private().without_dropout();
         let logits = model.forward(&features, &mut ctx).unwrap();
         let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
         in_autograd = tape_runs_in_autograd(ctx.tape().unwrap());
@@ -198,7 +198,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
 
 /// C between the smallest and largest per-sample norm.
 fn median_norm_guess(model: &dyn Model, features: &Features, labels: &Tensor) -> f64 {
-    let mut ctx = Ctx::private(false);
+    let mut ctx = Ctx::private().without_dropout();
     let logits = model.forward(features, &mut ctx).unwrap();
     let losses = logits.cross_entropy_loss::<Tensor>(labels, None, Reduction::None, -100, 0.0);
     let per_sample =
@@ -387,7 +387,7 @@ fn an_empty_batch_gives_zero_sums() {
     tch::manual_seed(6);
     let model = CifarCnn::new(Device::Cpu, 10);
     for passes in [BackwardPasses::One, BackwardPasses::Two] {
-        let mut ctx = Ctx::private(false);
+        let mut ctx = Ctx::private().without_dropout();
         let xs = Tensor::zeros([0, 3, 32, 32], (Kind::Float, Device::Cpu));
         let logits = model.forward(&Features::Images(xs), &mut ctx).unwrap();
         let labels = Tensor::zeros([0], (Kind::Int64, Device::Cpu));

@@ -9,7 +9,7 @@ mod common;
 use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
-use dpcomp::nn::{Ctx, Gru, Linear, MultiheadAttention};
+use dpcomp::nn::{AttentionConfig, Ctx, Gru, Linear, LinearConfig, MultiheadAttention};
 use dpcomp::privacy::grad_sample::clip_and_sum;
 use dpcomp::privacy::grad_sample::{per_sample_in_order, PerSampleBatch};
 use tch::{nn, Device, Kind, Reduction, Tensor};
@@ -33,9 +33,9 @@ impl GruNet {
         let mut vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
         let (first, gru, last) = (
-            Linear::new(&(&root / "first"), 5, 6, true),
+            Linear::new(&(&root / "first"), 5, 6, LinearConfig::default()),
             Gru::new(&(&root / "gru"), 6, 7),
-            Linear::new(&(&root / "last"), 7, 3, true),
+            Linear::new(&(&root / "last"), 7, 3, LinearConfig::default()),
         );
         vs.double();
         GruNet {
@@ -52,9 +52,11 @@ impl Model for GruNet {
         let Features::Rows(xs) = features else {
             panic!("sequences of rows expected");
         };
-        let hs = self.gru.forward(&self.first.forward(xs, ctx).tanh(), ctx);
+        let hs = self
+            .gru
+            .forward(&self.first.forward(xs, ctx)?.tanh(), ctx)?;
         let steps = hs.size()[1];
-        Ok(self.last.forward(&hs.select(1, steps - 1), ctx))
+        self.last.forward(&hs.select(1, steps - 1), ctx)
     }
 
     fn var_store(&self) -> &nn::VarStore {
@@ -76,9 +78,13 @@ impl AttentionNet {
         tch::manual_seed(seed);
         let mut vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
-        let first = Linear::new(&(&root / "first"), 5, 8, true);
-        let attention = MultiheadAttention::new(&(&root / "attention"), 8, 2, 0.0).unwrap();
-        let last = Linear::new(&(&root / "last"), 8, 3, true);
+        let first = Linear::new(&(&root / "first"), 5, 8, LinearConfig::default());
+        let config = AttentionConfig {
+            heads: 2,
+            dropout: 0.0,
+        };
+        let attention = MultiheadAttention::new(&(&root / "attention"), 8, config).unwrap();
+        let last = Linear::new(&(&root / "last"), 8, 3, LinearConfig::default());
         vs.double();
         AttentionNet {
             vs,
@@ -102,11 +108,10 @@ impl Model for AttentionNet {
             .mask
             .index_select(0, &index)
             .view([-1, 1, 1, xs.size()[1]]);
-        let hs = self.first.forward(xs, ctx);
-        let attended = self.attention.forward(&hs, Some(&mask), ctx);
-        Ok(self
-            .last
-            .forward(&attended.mean_dim(1, false, Kind::Double), ctx))
+        let hs = self.first.forward(xs, ctx)?;
+        let attended = self.attention.forward(&hs, Some(&mask), ctx)?;
+        self.last
+            .forward(&attended.mean_dim(1, false, Kind::Double), ctx)
     }
 
     fn var_store(&self) -> &nn::VarStore {
@@ -181,7 +186,7 @@ fn gru_forward_equals_pytorchs_gru() {
     let _serial = common::serial();
     let net = GruNet::new(1);
     let xs = Tensor::randn([4, 9, 6], (Kind::Double, Device::Cpu));
-    let ours = net.gru.forward(&xs, &mut Ctx::eval());
+    let ours = net.gru.forward(&xs, &mut Ctx::eval()).unwrap();
     let g = &net.gru;
     let h0 = Tensor::zeros([1, 4, 7], (Kind::Double, Device::Cpu));
     let (theirs, last) = xs.gru(
@@ -282,8 +287,9 @@ fn attention_refuses_heads_that_do_not_divide_the_width() {
     // LibTorch\'s generator is global: tests that seed it run one at a time.
     let _serial = common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
-    let err = MultiheadAttention::new(&vs.root(), 8, 3, 0.0).unwrap_err();
+    let config = |heads, dropout| AttentionConfig { heads, dropout };
+    let err = MultiheadAttention::new(&vs.root(), 8, config(3, 0.0)).unwrap_err();
     assert!(err.to_string().starts_with("heads:"), "{err}");
-    let err = MultiheadAttention::new(&vs.root(), 8, 2, 1.0).unwrap_err();
+    let err = MultiheadAttention::new(&vs.root(), 8, config(2, 1.0)).unwrap_err();
     assert!(err.to_string().starts_with("dropout:"), "{err}");
 }

@@ -7,7 +7,7 @@ use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::config::{OptimizerKind, Task, TrainConfig};
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
-use dpcomp::nn::{Ctx, Linear};
+use dpcomp::nn::{Ctx, Linear, LinearConfig};
 use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
 use dpcomp::privacy::grad_sample::per_sample_in_order;
 use dpcomp::privacy::noise::NoiseSource;
@@ -89,7 +89,7 @@ impl Model for Mlp {
         let Features::Rows(xs) = features else {
             panic!("rows expected");
         };
-        Ok(self.last.forward(&self.first.forward(xs, ctx).tanh(), ctx))
+        self.last.forward(&self.first.forward(xs, ctx)?.tanh(), ctx)
     }
     fn var_store(&self) -> &nn::VarStore {
         &self.vs
@@ -105,8 +105,8 @@ fn dp_adam_applies_adam_to_the_noised_clipped_mean() {
     let mut vs = nn::VarStore::new(Device::Cpu);
     let root = vs.root();
     let (first, last) = (
-        Linear::new(&(&root / "first"), 4, 6, true),
-        Linear::new(&(&root / "last"), 6, 3, true),
+        Linear::new(&(&root / "first"), 4, 6, LinearConfig::default()),
+        Linear::new(&(&root / "last"), 6, 3, LinearConfig::default()),
     );
     vs.double();
     let model = Mlp { vs, first, last };

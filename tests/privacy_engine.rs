@@ -10,7 +10,7 @@ use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::config::{AccountantKind, ClippingMode, Task, TrainConfig};
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
-use dpcomp::nn::{Ctx, Linear};
+use dpcomp::nn::{Ctx, Linear, LinearConfig};
 use dpcomp::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
 use dpcomp::privacy::grad_sample::per_sample_in_order;
 use dpcomp::privacy::noise::NoiseSource;
@@ -30,8 +30,8 @@ impl Mlp {
         tch::manual_seed(8);
         let mut vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
-        let first = Linear::new(&(&root / "first"), 5, 7, true);
-        let last = Linear::new(&(&root / "last"), 7, 3, true);
+        let first = Linear::new(&(&root / "first"), 5, 7, LinearConfig::default());
+        let last = Linear::new(&(&root / "last"), 7, 3, LinearConfig::default());
         vs.double();
         Mlp { vs, first, last }
     }
@@ -42,8 +42,8 @@ impl Model for Mlp {
         let Features::Rows(xs) = features else {
             panic!("rows expected");
         };
-        let h = self.first.forward(xs, ctx).tanh();
-        Ok(self.last.forward(&h, ctx))
+        let h = self.first.forward(xs, ctx)?.tanh();
+        self.last.forward(&h, ctx)
     }
 
     fn var_store(&self) -> &nn::VarStore {

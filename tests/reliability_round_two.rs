@@ -423,6 +423,19 @@ fn bad_settings_elsewhere_are_errors_naming_what_was_typed() {
     let only = vec![("setting".to_string(), "sigma-9".to_string())];
     let e = grid.cells("cpu", &only).err().unwrap().to_string();
     assert!(e.contains("sigma-0.4-C-3"), "{e}");
+    // The same for a federated grid (its cells are selected by another function).
+    let out = dpcomp(&[
+        "grid",
+        "experiments/fl_scale.toml",
+        "--only",
+        "ratio=0.77",
+        "--list",
+        "--runs",
+        &work.path().join("fl-runs").display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("ratio=0.77: no cell"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("ratio takes 0.05"), "{}", stderr(&out));
     // Numbers as typed, not derived from them.
     for (args, named) in [
         (vec!["convex", "--epsilon=-1"], "--epsilon -1"),
@@ -506,4 +519,155 @@ fn empty_splits_and_models_without_parameters_are_refused() {
     .unwrap()
     .to_string();
     assert!(e.contains("no trainable variable"), "{e}");
+}
+
+/// Every layer given an input of a shape it cannot take returns an error that names the layer
+/// and both shapes (it panicked inside LibTorch with C++ frames), in evaluation, non-private
+/// training and private training alike.
+#[test]
+fn a_layer_given_an_input_it_cannot_take_is_an_error_naming_it() {
+    use dpcomp::nn::*;
+    use tch::{nn, Device, Kind, Tensor};
+    let _serial = common::serial();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let root = vs.root();
+    let float = |shape: &[i64]| Tensor::zeros(shape, (Kind::Float, Device::Cpu));
+    let linear = Linear::new(&(&root / "linear"), 5, 3, LinearConfig::default());
+    let conv_config = Conv2dConfig {
+        padding: 1,
+        ..Default::default()
+    };
+    let conv = Conv2d::new(&(&root / "conv"), 3, 4, 5, conv_config).unwrap();
+    let embedding = Embedding::new(&(&root / "embedding"), 10, 4);
+    let lstm = Lstm::new(&(&root / "lstm"), 4, 6);
+    let gru = Gru::new(&(&root / "gru"), 4, 6);
+    let layer_norm = LayerNorm::new(&(&root / "layer_norm"), 4, 1e-5);
+    let group_norm = GroupNorm::new(&(&root / "group_norm"), 2, 4);
+    let instance_norm = InstanceNorm2d::new(&(&root / "instance_norm"), 4);
+    let attention_config = AttentionConfig {
+        heads: 2,
+        ..Default::default()
+    };
+    let attention = MultiheadAttention::new(&(&root / "attention"), 4, attention_config).unwrap();
+    let ids = Tensor::zeros([2, 3], (Kind::Int64, Device::Cpu));
+    let contexts: [fn() -> Ctx; 3] = [Ctx::eval, Ctx::train, Ctx::private];
+    for make in contexts {
+        type Case<'a> = (
+            &'a str,
+            Box<dyn Fn(&mut Ctx) -> dpcomp::error::Result<Tensor> + 'a>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "Linear(5 -> 3) input: shape [2, 7], expected [.., 5]",
+                Box::new(|c| linear.forward(&float(&[2, 7]), c)),
+            ),
+            (
+                "Conv2d(3 -> 4, kernel 5) input: shape [2, 2, 8, 8]",
+                Box::new(|c| conv.forward(&float(&[2, 2, 8, 8]), c)),
+            ),
+            (
+                "Conv2d(3 -> 4, kernel 5) input: shape [2, 3, 2, 8], expected height and width",
+                Box::new(|c| conv.forward(&float(&[2, 3, 2, 8]), c)),
+            ),
+            (
+                "Embedding(10 x 4) input: shape [2, 3], expected integer ids",
+                Box::new(|c| embedding.forward(&float(&[2, 3]), c)),
+            ),
+            (
+                "Lstm(4 -> 6) input: shape [2, 3, 5]",
+                Box::new(|c| lstm.forward(&float(&[2, 3, 5]), c)),
+            ),
+            (
+                "Lstm(4 -> 6) input: shape [2, 4]",
+                Box::new(|c| lstm.forward(&float(&[2, 4]), c)),
+            ),
+            (
+                "Gru(4 -> 6) input: shape [2, 3, 5]",
+                Box::new(|c| gru.forward(&float(&[2, 3, 5]), c)),
+            ),
+            (
+                "LayerNorm(4) input: shape [2, 3, 5]",
+                Box::new(|c| layer_norm.forward(&float(&[2, 3, 5]), c)),
+            ),
+            (
+                "GroupNorm(2 groups, 4 channels) input: shape [2, 6, 3, 3]",
+                Box::new(|c| group_norm.forward(&float(&[2, 6, 3, 3]), c)),
+            ),
+            (
+                "InstanceNorm2d input: shape [2, 5, 3, 3]",
+                Box::new(|c| instance_norm.forward(&float(&[2, 5, 3, 3]), c)),
+            ),
+            (
+                "MultiheadAttention(4, 2 heads) input: shape [2, 3, 5]",
+                Box::new(|c| attention.forward(&float(&[2, 3, 5]), None, c)),
+            ),
+            // A mask that does not broadcast reaches LibTorch's kernel: its first line, no frames.
+            (
+                "MultiheadAttention(4, 2 heads) input:",
+                Box::new(|c| {
+                    let mask = Tensor::ones([2, 1, 1, 7], (Kind::Bool, Device::Cpu));
+                    attention.forward(&float(&[2, 3, 4]), Some(&mask), c)
+                }),
+            ),
+        ];
+        for (expected, forward) in &cases {
+            let mut ctx = make();
+            let message = forward(&mut ctx).err().unwrap().to_string();
+            assert!(
+                message.starts_with(expected),
+                "{message}\nexpected {expected}"
+            );
+            assert!(!message.contains("frame #"), "{message}");
+        }
+        // The right shapes still pass.
+        let mut ctx = make();
+        assert_eq!(
+            linear.forward(&float(&[2, 5]), &mut ctx).unwrap().size(),
+            [2, 3]
+        );
+        assert_eq!(embedding.forward(&ids, &mut ctx).unwrap().size(), [2, 3, 4]);
+        assert_eq!(
+            lstm.forward(&float(&[2, 3, 4]), &mut ctx).unwrap().size(),
+            [2, 3, 6]
+        );
+    }
+    // A model of one's own passes the error on through `Model::forward`.
+    struct Rows {
+        vs: nn::VarStore,
+        layer: Linear,
+    }
+    impl dpcomp::models::Model for Rows {
+        fn forward(
+            &self,
+            features: &dpcomp::data::Features,
+            ctx: &mut Ctx,
+        ) -> dpcomp::error::Result<Tensor> {
+            let dpcomp::data::Features::Rows(xs) = features else {
+                unreachable!("the test gives rows")
+            };
+            self.layer.forward(xs, ctx)
+        }
+        fn var_store(&self) -> &nn::VarStore {
+            &self.vs
+        }
+    }
+    let vs = nn::VarStore::new(Device::Cpu);
+    let layer = Linear::new(&vs.root(), 6, 2, LinearConfig::default());
+    let model = Rows { vs, layer };
+    let rows = dpcomp::data::Features::Rows(float(&[4, 5]));
+    let error = dpcomp::models::Model::forward(&model, &rows, &mut Ctx::private())
+        .err()
+        .unwrap();
+    assert_eq!(
+        error.to_string(),
+        "Linear(6 -> 2) input: shape [4, 5], expected [.., 6]"
+    );
+    // Invalid geometry is refused when the layer is built.
+    let bad = Conv2dConfig {
+        stride: 0,
+        ..Default::default()
+    };
+    let other = nn::VarStore::new(Device::Cpu);
+    let error = Conv2d::new(&other.root(), 3, 4, 3, bad).err().unwrap();
+    assert_eq!(error.to_string(), "Conv2d stride: 0, expected at least 1");
 }

@@ -175,10 +175,6 @@ pub struct ClippingSweep {
     pub measured_minimum: f64,
 }
 
-/// Sweeps C on `batches` of `data` at the model's current weights, once per noise multiplier
-/// (the clipped means are shared: only the noise scale differs). `points` log-spaced radii run
-/// from a thirtieth of the smallest model minimiser to ten times the largest median norm.
-#[allow(clippy::too_many_arguments)]
 /// The largest σ a sweep accepts: far beyond any trained (the papers use 0.4 to 2), still small
 /// enough that σ C and its square are ordinary f64 and f32 numbers.
 pub const MAX_SWEPT_SIGMA: f64 = 1e3;
@@ -194,7 +190,7 @@ pub fn check_sigmas(noise_multipliers: &[f64]) -> Result<()> {
         ));
     }
     for &sigma in noise_multipliers {
-        if !(sigma >= 0.0 && sigma <= MAX_SWEPT_SIGMA) {
+        if !(0.0..=MAX_SWEPT_SIGMA).contains(&sigma) {
             return Err(Error::bad_value(
                 "sigmas",
                 format!(
@@ -206,6 +202,10 @@ pub fn check_sigmas(noise_multipliers: &[f64]) -> Result<()> {
     Ok(())
 }
 
+/// Sweeps C on `batches` of `data` at the model's current weights, once per noise multiplier
+/// (the clipped means are shared: only the noise scale differs). `points` log-spaced radii run
+/// from a thirtieth of the smallest model minimiser to ten times the largest median norm.
+#[allow(clippy::too_many_arguments)]
 pub fn sweep(
     task: &str,
     epoch: usize,

@@ -250,7 +250,7 @@ fn per_sample_gap(
         .map(|(n, p)| (p.data_ptr() as usize, n.clone()))
         .collect();
 
-    let mut ctx = Ctx::private(false);
+    let mut ctx = Ctx::private().without_dropout();
     let logits = model.forward(features, &mut ctx)?;
     let losses = logits.cross_entropy_loss::<Tensor>(labels, None, Reduction::None, -100, 0.0);
     let per_sample = per_sample_gradients(

@@ -124,7 +124,7 @@ pub fn fl_bench(args: FlBenchArgs) -> Result<()> {
             let start = Instant::now();
             for k in 0..args.clients as i64 {
                 let index: Vec<i64> = (k * per_client..(k + 1) * per_client).collect();
-                update = client_update(&mut model, &global, &x, &y, &index, &local, round as u64);
+                update = client_update(&mut model, &global, &x, &y, &index, &local, round as u64)?;
             }
             client_times.push(start.elapsed().as_secs_f64());
             let message = sketch.compress(&update);

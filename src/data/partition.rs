@@ -79,7 +79,7 @@ impl Partition {
                 even_split(&order, clients)
             }
             Partition::Shards { per_client } => {
-                let shards = clients.checked_mul(per_client).unwrap_or(usize::MAX);
+                let shards = clients.saturating_mul(per_client);
                 if shards > n {
                     return Err(Error::bad_value(
                         "partition",

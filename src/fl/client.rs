@@ -5,6 +5,7 @@
 //! steps use the optimiser every run uses (`train::Sgd`, no momentum).
 
 use super::model::FlModel;
+use crate::error::Result;
 use crate::train::optimizer::Optimizer;
 use crate::train::sgd::Sgd;
 use rand::seq::SliceRandom;
@@ -31,7 +32,7 @@ pub fn client_update(
     examples: &[i64],
     local: &LocalTraining,
     seed: u64,
-) -> Tensor {
+) -> Result<Tensor> {
     model.set_flat(global);
     let device = x.device();
     let size = examples.len();
@@ -52,7 +53,7 @@ pub fn client_update(
         }
         let index = Tensor::from_slice(&order[position..position + batch]).to_device(device);
         position += batch;
-        let logits = model.forward(&x.index_select(0, &index));
+        let logits = model.forward(&x.index_select(0, &index))?;
         let loss = logits.cross_entropy_for_logits(&y.index_select(0, &index));
         for v in &variables {
             let mut g = v.grad();
@@ -64,5 +65,5 @@ pub fn client_update(
         let grads: Vec<Tensor> = variables.iter().map(Tensor::grad).collect();
         sgd.step(&variables, &grads);
     }
-    model.flat() - global
+    Ok(model.flat() - global)
 }

@@ -370,8 +370,28 @@ impl FlExperiment {
             (Ok(v), Ok(w)) => v == w,
             _ => value == wanted,
         };
-        Ok(self
-            .cells(profile)?
+        let cells = self.cells(profile)?;
+        // A value no cell has would select nothing and "finish" with 0 cells: an error listing
+        // the axis's values (as `grid::Experiment` does for training grids).
+        for (axis, wanted) in only {
+            let mut values: Vec<String> = cells
+                .iter()
+                .map(|(dataset, name, settings)| axis_value(dataset, name, settings, axis))
+                .collect();
+            if !values.iter().any(|v| same(v, wanted)) {
+                values.sort();
+                values.dedup();
+                return Err(Error::bad_value(
+                    "only",
+                    format!(
+                        "{axis}={wanted}: no cell of {} profile {profile} has it; {axis} takes {}",
+                        self.name,
+                        values.join(", ")
+                    ),
+                ));
+            }
+        }
+        Ok(cells
             .into_iter()
             .filter(|(dataset, name, settings)| {
                 only.iter()

@@ -742,7 +742,7 @@ fn run_rounds(
                 &shards[k],
                 &settings.local,
                 settings.seed ^ ((round * settings.clients + k) as u64).wrapping_mul(0x9E37_79B9),
-            );
+            )?;
             let received = messages.send(&update, round)?;
             bits += 8 * received.bytes as u64;
             if !messages.is_linear() {
@@ -809,7 +809,7 @@ fn run_rounds(
         let server_seconds = server_start.elapsed().as_secs_f64();
         // Evaluate.
         global_model.set_flat(&w);
-        let evaluation = evaluate(&global_model, &test_x, &test_y);
+        let evaluation = evaluate(&global_model, &test_x, &test_y)?;
         upstream_total += bits;
         let epsilon = match (&settings.privacy, &engine) {
             (Some(p), Some(engine)) => Some(engine.epsilon(p.accountant, p.delta)?),
@@ -817,14 +817,17 @@ fn run_rounds(
         };
         // The clients' clipped messages (a canary's always is).
         let clipped = round_clipped.clipped.int64_value(&[]) as usize - canary_messages;
-        let validation_metric = validation_set.as_ref().map(|(x, y)| {
-            let e = evaluate(&global_model, x, y);
-            if binary {
-                e.balanced_accuracy
-            } else {
-                e.accuracy
+        let validation_metric = match &validation_set {
+            Some((x, y)) => {
+                let e = evaluate(&global_model, x, y)?;
+                Some(if binary {
+                    e.balanced_accuracy
+                } else {
+                    e.accuracy
+                })
             }
-        });
+            None => None,
+        };
         let row = RoundMetrics {
             round,
             clients: sampled.len(),
@@ -971,14 +974,14 @@ fn validation_split(n: usize, validation: f64, seed: u64) -> (Vec<i64>, Vec<i64>
     (kept, validation_index)
 }
 
-fn evaluate(model: &model::FlModel, x: &Tensor, y: &Tensor) -> Evaluation {
+fn evaluate(model: &model::FlModel, x: &Tensor, y: &Tensor) -> Result<Evaluation> {
     let _guard = tch::no_grad_guard();
     let count = x.size()[0];
     let logits: Vec<Tensor> = (0..count)
         .step_by(2000)
         .map(|start| model.forward(&x.narrow(0, start, (count - start).min(2000))))
-        .collect();
-    metrics::evaluate(&Tensor::cat(&logits, 0), y)
+        .collect::<Result<_>>()?;
+    Ok(metrics::evaluate(&Tensor::cat(&logits, 0), y))
 }
 
 fn append_row(path: &Path, row: &RoundMetrics) -> Result<()> {

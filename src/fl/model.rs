@@ -26,7 +26,8 @@
 //! layers do (uniform ±1/√fan_in, `nn::uniform_init`). The parameters are handled as one flat
 //! vector (sorted by name), the thing FL sends.
 
-use crate::nn::{Conv2d, Ctx, Linear};
+use crate::error::Result;
+use crate::nn::{Conv2d, Conv2dConfig, Ctx, Linear, LinearConfig};
 use tch::{nn, Device, Kind, Tensor};
 
 // One per model, so the size difference of the variants does not matter.
@@ -83,10 +84,30 @@ impl FlModel {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let net = Net::FedavgCnn {
-            conv1: Conv2d::new(&(&root / "conv1"), 1, 32, 5, 1, 2, true),
-            conv2: Conv2d::new(&(&root / "conv2"), 32, 64, 5, 1, 2, true),
-            fc1: Linear::new(&(&root / "fc1"), 7 * 7 * 64, 512, true),
-            fc2: Linear::new(&(&root / "fc2"), 512, 10, true),
+            conv1: Conv2d::new(
+                &(&root / "conv1"),
+                1,
+                32,
+                5,
+                Conv2dConfig {
+                    padding: 2,
+                    ..Default::default()
+                },
+            )
+            .expect("constant geometry"),
+            conv2: Conv2d::new(
+                &(&root / "conv2"),
+                32,
+                64,
+                5,
+                Conv2dConfig {
+                    padding: 2,
+                    ..Default::default()
+                },
+            )
+            .expect("constant geometry"),
+            fc1: Linear::new(&(&root / "fc1"), 7 * 7 * 64, 512, LinearConfig::default()),
+            fc2: Linear::new(&(&root / "fc2"), 512, 10, LinearConfig::default()),
         };
         FlModel { vs, net }
     }
@@ -96,9 +117,11 @@ impl FlModel {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let net = Net::Cnn {
-            conv1: Conv2d::new(&(&root / "conv1"), 1, 8, 5, 1, 0, true),
-            conv2: Conv2d::new(&(&root / "conv2"), 8, 16, 5, 1, 0, true),
-            fc: Linear::new(&(&root / "fc"), 256, 10, true),
+            conv1: Conv2d::new(&(&root / "conv1"), 1, 8, 5, Conv2dConfig::default())
+                .expect("constant geometry"),
+            conv2: Conv2d::new(&(&root / "conv2"), 8, 16, 5, Conv2dConfig::default())
+                .expect("constant geometry"),
+            fc: Linear::new(&(&root / "fc"), 256, 10, LinearConfig::default()),
         };
         FlModel { vs, net }
     }
@@ -109,13 +132,18 @@ impl FlModel {
         let root = vs.root();
         let (hidden_layer, width) = if hidden > 0 {
             (
-                Some(Linear::new(&(&root / "hidden"), inputs, hidden, true)),
+                Some(Linear::new(
+                    &(&root / "hidden"),
+                    inputs,
+                    hidden,
+                    LinearConfig::default(),
+                )),
                 hidden,
             )
         } else {
             (None, inputs)
         };
-        let out = Linear::new(&(&root / "out"), width, classes, true);
+        let out = Linear::new(&(&root / "out"), width, classes, LinearConfig::default());
         FlModel {
             vs,
             net: Net::Mlp {
@@ -125,8 +153,8 @@ impl FlModel {
         }
     }
 
-    /// Logits [B, classes].
-    pub fn forward(&self, xs: &Tensor) -> Tensor {
+    /// Logits [B, classes]; an input of another shape than the network reads is an error.
+    pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         let ctx = &mut Ctx::eval();
         match &self.net {
             Net::FedavgCnn {
@@ -135,18 +163,18 @@ impl FlModel {
                 fc1,
                 fc2,
             } => {
-                let xs = conv1.forward(xs, ctx).relu().max_pool2d_default(2);
-                let xs = conv2.forward(&xs, ctx).relu().max_pool2d_default(2);
-                let xs = fc1.forward(&xs.flatten(1, -1), ctx).relu();
+                let xs = conv1.forward(xs, ctx)?.relu().max_pool2d_default(2);
+                let xs = conv2.forward(&xs, ctx)?.relu().max_pool2d_default(2);
+                let xs = fc1.forward(&xs.flatten(1, -1), ctx)?.relu();
                 fc2.forward(&xs, ctx)
             }
             Net::Cnn { conv1, conv2, fc } => {
-                let xs = conv1.forward(xs, ctx).relu().max_pool2d_default(2);
-                let xs = conv2.forward(&xs, ctx).relu().max_pool2d_default(2);
+                let xs = conv1.forward(xs, ctx)?.relu().max_pool2d_default(2);
+                let xs = conv2.forward(&xs, ctx)?.relu().max_pool2d_default(2);
                 fc.forward(&xs.flatten(1, -1), ctx)
             }
             Net::Mlp { hidden, out } => match hidden {
-                Some(h) => out.forward(&h.forward(xs, ctx).relu(), ctx),
+                Some(h) => out.forward(&h.forward(xs, ctx)?.relu(), ctx),
                 None => out.forward(xs, ctx),
             },
         }

@@ -129,7 +129,7 @@ pub fn measure(
                 &examples,
                 local,
                 seed ^ ((round * 1000 + i) as u64),
-            );
+            )?;
             for (sum, &ratio) in sums.iter_mut().zip(ratios) {
                 let s = energy_shares(&update, ratio, seed)?;
                 sum[0] += s.top_coordinates;

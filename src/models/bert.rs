@@ -11,7 +11,9 @@
 use super::{check_integer, check_range, wrong_features, Model};
 use crate::data::Features;
 use crate::error::{Error, Result};
-use crate::nn::{Ctx, Embedding, LayerNorm, Linear, MultiheadAttention};
+use crate::nn::{
+    AttentionConfig, Ctx, Embedding, LayerNorm, Linear, LinearConfig, MultiheadAttention,
+};
 use serde::Deserialize;
 use std::collections::HashMap;
 use std::path::Path;
@@ -147,33 +149,38 @@ impl EncoderLayer {
     fn new(p: &nn::Path, c: &BertConfig) -> Self {
         let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
         let attn = p / "attention";
+        let linear = |p: &nn::Path, i, o| Linear::new(p, i, o, LinearConfig::default());
         EncoderLayer {
             attention: MultiheadAttention::from_projections(
-                Linear::new(&(&attn / "self" / "query"), h, h, true),
-                Linear::new(&(&attn / "self" / "key"), h, h, true),
-                Linear::new(&(&attn / "self" / "value"), h, h, true),
-                Linear::new(&(&attn / "output" / "dense"), h, h, true),
-                c.num_attention_heads,
-                c.attention_probs_dropout_prob,
+                [
+                    linear(&(&attn / "self" / "query"), h, h),
+                    linear(&(&attn / "self" / "key"), h, h),
+                    linear(&(&attn / "self" / "value"), h, h),
+                    linear(&(&attn / "output" / "dense"), h, h),
+                ],
+                AttentionConfig {
+                    heads: c.num_attention_heads,
+                    dropout: c.attention_probs_dropout_prob,
+                },
             )
             .expect("BertConfig::from_file checks the heads and the dropout"),
             attention_norm: LayerNorm::new(&(&attn / "output" / "LayerNorm"), h, eps),
-            intermediate: Linear::new(&(p / "intermediate" / "dense"), h, i, true),
-            output: Linear::new(&(p / "output" / "dense"), i, h, true),
+            intermediate: linear(&(p / "intermediate" / "dense"), h, i),
+            output: linear(&(p / "output" / "dense"), i, h),
             output_norm: LayerNorm::new(&(p / "output" / "LayerNorm"), h, eps),
         }
     }
 
     /// Post-norm transformer layer. `mask`: bool [B, 1, 1, T], true where a key may be attended.
-    fn forward(&self, xs: &Tensor, mask: &Tensor, c: &BertConfig, ctx: &mut Ctx) -> Tensor {
+    fn forward(&self, xs: &Tensor, mask: &Tensor, c: &BertConfig, ctx: &mut Ctx) -> Result<Tensor> {
         let p = c.hidden_dropout_prob;
         let attended = self
             .attention
-            .forward(xs, Some(mask), ctx)
+            .forward(xs, Some(mask), ctx)?
             .dropout(p, ctx.train);
-        let xs = self.attention_norm.forward(&(attended + xs), ctx);
-        let inner = self.intermediate.forward(&xs, ctx).gelu("none");
-        let out = self.output.forward(&inner, ctx).dropout(p, ctx.train);
+        let xs = self.attention_norm.forward(&(attended + xs), ctx)?;
+        let inner = self.intermediate.forward(&xs, ctx)?.gelu("none");
+        let out = self.output.forward(&inner, ctx)?.dropout(p, ctx.train);
         self.output_norm.forward(&(out + xs), ctx)
     }
 }
@@ -206,7 +213,7 @@ impl BertClassifier {
             &(&root / "pooler" / "dense"),
             c.hidden_size,
             c.hidden_size,
-            true,
+            LinearConfig::default(),
         );
         let head = &root / "classifier";
         let classifier = Linear {
@@ -275,22 +282,28 @@ impl BertClassifier {
     }
 
     /// Embeddings and every encoder layer but the last: run without autograd.
-    fn frozen_encoder(&self, ids: &Tensor, types: &Tensor, mask: &Tensor, ctx: &mut Ctx) -> Tensor {
+    fn frozen_encoder(
+        &self,
+        ids: &Tensor,
+        types: &Tensor,
+        mask: &Tensor,
+        ctx: &mut Ctx,
+    ) -> Result<Tensor> {
         tch::no_grad(|| {
             let t = ids.size()[1];
             let positions = Tensor::arange(t, (Kind::Int64, ids.device())).unsqueeze(0);
             let e = &self.embeddings;
-            let xs = e.word.forward(ids, ctx)
-                + e.position.forward(&positions, ctx)
-                + e.token_type.forward(types, ctx);
+            let xs = e.word.forward(ids, ctx)?
+                + e.position.forward(&positions, ctx)?
+                + e.token_type.forward(types, ctx)?;
             let mut xs = e
                 .norm
-                .forward(&xs, ctx)
+                .forward(&xs, ctx)?
                 .dropout(self.config.hidden_dropout_prob, ctx.train);
             for layer in &self.layers[..self.layers.len() - 1] {
-                xs = layer.forward(&xs, mask, &self.config, ctx);
+                xs = layer.forward(&xs, mask, &self.config, ctx)?;
             }
-            xs
+            Ok(xs)
         })
     }
 
@@ -301,11 +314,11 @@ impl BertClassifier {
         types: &Tensor,
         attention_mask: &Tensor,
         ctx: &mut Ctx,
-    ) -> Tensor {
+    ) -> Result<Tensor> {
         let mask = attention_mask
             .gt(0)
             .view([attention_mask.size()[0], 1, 1, -1]);
-        let xs = self.frozen_encoder(ids, types, &mask, ctx);
+        let xs = self.frozen_encoder(ids, types, &mask, ctx)?;
         let last = self.layers.last().expect("BERT has at least one layer");
         last.forward(&xs, &mask, &self.config, ctx)
     }
@@ -371,10 +384,10 @@ fn canonical_name(name: &str) -> String {
 impl Model for BertClassifier {
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
         let (ids, token_types, attention_mask) = self.text_pair(features)?;
-        let hidden = self.encode(ids, token_types, attention_mask, ctx);
-        let pooled = self.pooler.forward(&hidden.select(1, 0), ctx).tanh();
+        let hidden = self.encode(ids, token_types, attention_mask, ctx)?;
+        let pooled = self.pooler.forward(&hidden.select(1, 0), ctx)?.tanh();
         let pooled = pooled.dropout(self.config.hidden_dropout_prob, ctx.train);
-        Ok(self.classifier.forward(&pooled, ctx))
+        self.classifier.forward(&pooled, ctx)
     }
 
     /// Token ids within the vocabulary, segment ids within `type_vocab_size`, a 0/1 mask.

@@ -15,7 +15,7 @@
 use super::{check_image_shape, wrong_features, Model};
 use crate::data::Features;
 use crate::error::Result;
-use crate::nn::{Conv2d, Ctx, InstanceNorm2d, Linear};
+use crate::nn::{Conv2d, Conv2dConfig, Ctx, InstanceNorm2d, Linear, LinearConfig};
 use tch::{nn, Device, Tensor};
 
 /// Flattened features after the three blocks: 128 channels x 2 x 2.
@@ -41,14 +41,21 @@ impl CifarCnn {
         for (i, out_channels) in [32, 64, 128].into_iter().enumerate() {
             let p = &root / format!("block{i}");
             blocks.push((
-                Conv2d::new(&(&p / "conv"), in_channels, out_channels, 3, 1, 0, true),
+                Conv2d::new(
+                    &(&p / "conv"),
+                    in_channels,
+                    out_channels,
+                    3,
+                    Conv2dConfig::default(),
+                )
+                .expect("constant geometry"),
                 InstanceNorm2d::plain(),
             ));
             in_channels = out_channels;
         }
-        let fc1 = Linear::new(&(&root / "fc1"), FEATURES, 256, true);
-        let fc2 = Linear::new(&(&root / "fc2"), 256, 512, true);
-        let fc3 = Linear::new(&(&root / "fc3"), 512, classes, true);
+        let fc1 = Linear::new(&(&root / "fc1"), FEATURES, 256, LinearConfig::default());
+        let fc2 = Linear::new(&(&root / "fc2"), 256, 512, LinearConfig::default());
+        let fc3 = Linear::new(&(&root / "fc3"), 512, classes, LinearConfig::default());
         CifarCnn {
             vs,
             blocks,
@@ -68,15 +75,15 @@ impl Model for CifarCnn {
         let mut xs = xs.shallow_clone();
         for (conv, norm) in &self.blocks {
             xs = norm
-                .forward(&conv.forward(&xs, ctx), ctx)
+                .forward(&conv.forward(&xs, ctx)?, ctx)?
                 .relu()
                 .avg_pool2d([2, 2], [2, 2], [0, 0], false, true, None::<i64>)
                 .feature_dropout(0.1, ctx.train);
         }
         let xs = xs.flatten(1, -1);
-        let xs = self.fc1.forward(&xs, ctx).relu().dropout(0.25, ctx.train);
-        let xs = self.fc2.forward(&xs, ctx).relu().dropout(0.25, ctx.train);
-        Ok(self.fc3.forward(&xs, ctx))
+        let xs = self.fc1.forward(&xs, ctx)?.relu().dropout(0.25, ctx.train);
+        let xs = self.fc2.forward(&xs, ctx)?.relu().dropout(0.25, ctx.train);
+        self.fc3.forward(&xs, ctx)
     }
 
     fn check_features(&self, features: &Features) -> Result<()> {

@@ -5,7 +5,7 @@
 use super::{check_image_shape, wrong_features, Model};
 use crate::data::Features;
 use crate::error::Result;
-use crate::nn::{Conv2d, Ctx, GroupNorm, Linear};
+use crate::nn::{Conv2d, Conv2dConfig, Ctx, GroupNorm, Linear, LinearConfig};
 use tch::{nn, Device, Tensor};
 
 /// Groups of every GroupNorm (Opacus's recommendation for ResNets: min(32, channels)).
@@ -24,27 +24,63 @@ impl BasicBlock {
     fn new(p: &nn::Path, in_c: i64, out_c: i64, stride: i64) -> Self {
         let shortcut = (stride != 1 || in_c != out_c).then(|| {
             (
-                Conv2d::new(&(p / "shortcut_conv"), in_c, out_c, 1, stride, 0, false),
+                Conv2d::new(
+                    &(p / "shortcut_conv"),
+                    in_c,
+                    out_c,
+                    1,
+                    Conv2dConfig {
+                        stride,
+                        bias: false,
+                        ..Default::default()
+                    },
+                )
+                .expect("constant geometry"),
                 GroupNorm::new(&(p / "shortcut_norm"), GROUPS.min(out_c), out_c),
             )
         });
         BasicBlock {
-            conv1: Conv2d::new(&(p / "conv1"), in_c, out_c, 3, stride, 1, false),
+            conv1: Conv2d::new(
+                &(p / "conv1"),
+                in_c,
+                out_c,
+                3,
+                Conv2dConfig {
+                    stride,
+                    padding: 1,
+                    bias: false,
+                },
+            )
+            .expect("constant geometry"),
             norm1: GroupNorm::new(&(p / "norm1"), GROUPS.min(out_c), out_c),
-            conv2: Conv2d::new(&(p / "conv2"), out_c, out_c, 3, 1, 1, false),
+            conv2: Conv2d::new(
+                &(p / "conv2"),
+                out_c,
+                out_c,
+                3,
+                Conv2dConfig {
+                    padding: 1,
+                    bias: false,
+                    ..Default::default()
+                },
+            )
+            .expect("constant geometry"),
             norm2: GroupNorm::new(&(p / "norm2"), GROUPS.min(out_c), out_c),
             shortcut,
         }
     }
 
-    fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        let ys = self.norm1.forward(&self.conv1.forward(xs, ctx), ctx).relu();
-        let ys = self.norm2.forward(&self.conv2.forward(&ys, ctx), ctx);
+    fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let ys = self
+            .norm1
+            .forward(&self.conv1.forward(xs, ctx)?, ctx)?
+            .relu();
+        let ys = self.norm2.forward(&self.conv2.forward(&ys, ctx)?, ctx)?;
         let skip = match &self.shortcut {
-            Some((conv, norm)) => norm.forward(&conv.forward(xs, ctx), ctx),
+            Some((conv, norm)) => norm.forward(&conv.forward(xs, ctx)?, ctx)?,
             None => xs.shallow_clone(),
         };
-        (ys + skip).relu()
+        Ok((ys + skip).relu())
     }
 }
 
@@ -60,7 +96,18 @@ impl ResNet18 {
     pub fn new(device: Device, classes: i64) -> Self {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
-        let stem = Conv2d::new(&(&root / "stem"), 3, 64, 3, 1, 1, false);
+        let stem = Conv2d::new(
+            &(&root / "stem"),
+            3,
+            64,
+            3,
+            Conv2dConfig {
+                padding: 1,
+                bias: false,
+                ..Default::default()
+            },
+        )
+        .expect("constant geometry");
         let stem_norm = GroupNorm::new(&(&root / "stem_norm"), GROUPS, 64);
         let mut blocks = Vec::new();
         let mut in_c = 64;
@@ -79,7 +126,12 @@ impl ResNet18 {
                 in_c = out_c;
             }
         }
-        let classifier = Linear::new(&(&root / "classifier"), 512 * 2 * 2, classes, true);
+        let classifier = Linear::new(
+            &(&root / "classifier"),
+            512 * 2 * 2,
+            classes,
+            LinearConfig::default(),
+        );
         ResNet18 {
             vs,
             stem,
@@ -98,13 +150,13 @@ impl Model for ResNet18 {
         check_image_shape("ResNet18", xs)?;
         let mut xs = self
             .stem_norm
-            .forward(&self.stem.forward(xs, ctx), ctx)
+            .forward(&self.stem.forward(xs, ctx)?, ctx)?
             .relu();
         for block in &self.blocks {
-            xs = block.forward(&xs, ctx);
+            xs = block.forward(&xs, ctx)?;
         }
         let xs = xs.adaptive_avg_pool2d([2, 2]).flatten(1, -1);
-        Ok(self.classifier.forward(&xs, ctx))
+        self.classifier.forward(&xs, ctx)
     }
 
     fn check_features(&self, features: &Features) -> Result<()> {

@@ -5,7 +5,7 @@ use super::{check_range, check_token_shape, wrong_features, Model};
 use crate::data::names::VOCAB;
 use crate::data::Features;
 use crate::error::Result;
-use crate::nn::{Ctx, Embedding, Linear, Lstm};
+use crate::nn::{Ctx, Embedding, Linear, LinearConfig, Lstm};
 use tch::{nn, Device, Kind, Tensor};
 
 pub const EMBEDDING: i64 = 64;
@@ -24,7 +24,12 @@ impl SurnamesLstm {
         let root = vs.root();
         let embedding = Embedding::new(&(&root / "embedding"), VOCAB, EMBEDDING);
         let lstm = Lstm::new(&(&root / "lstm"), EMBEDDING, HIDDEN);
-        let classifier = Linear::new(&(&root / "classifier"), HIDDEN, classes, true);
+        let classifier = Linear::new(
+            &(&root / "classifier"),
+            HIDDEN,
+            classes,
+            LinearConfig::default(),
+        );
         SurnamesLstm {
             vs,
             embedding,
@@ -40,8 +45,8 @@ impl Model for SurnamesLstm {
             return Err(wrong_features("SurnamesLstm", "token sequences", features));
         };
         check_token_shape("SurnamesLstm", ids, lengths)?;
-        let hs = self.lstm.forward(&self.embedding.forward(ids, ctx), ctx); // [B, T, H]
-                                                                            // Hidden state at index length-1 of each example.
+        let hs = self.lstm.forward(&self.embedding.forward(ids, ctx)?, ctx)?; // [B, T, H]
+                                                                              // Hidden state at index length-1 of each example.
         let last = (lengths - 1)
             .clamp_min(0)
             .to_kind(Kind::Int64)
@@ -49,7 +54,7 @@ impl Model for SurnamesLstm {
         let last = hs
             .gather(1, &last.expand([-1, 1, HIDDEN], false), false)
             .squeeze_dim(1);
-        Ok(self.classifier.forward(&last, ctx))
+        self.classifier.forward(&last, ctx)
     }
 
     /// Byte ids below the embedding's 256 rows; every length from 1 to the padded width.

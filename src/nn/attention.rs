@@ -5,9 +5,28 @@
 //! linear layers' g_i = Σ_t b_it x_itᵀ with no record of its own (`tests/layers.rs` checks them
 //! against per-example autograd).
 
-use super::{Ctx, Linear};
+use super::input::{expect_dim, kernel_error};
+use super::{Ctx, Linear, LinearConfig};
 use crate::error::{Error, Result};
 use tch::{nn, Tensor};
+
+/// Multi-head attention's settings besides its width.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionConfig {
+    /// Number of heads, a divisor of the width (default 1).
+    pub heads: i64,
+    /// Dropout on the attention probabilities in training, in [0, 1) (default 0).
+    pub dropout: f64,
+}
+
+impl Default for AttentionConfig {
+    fn default() -> Self {
+        AttentionConfig {
+            heads: 1,
+            dropout: 0.0,
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct MultiheadAttention {
@@ -22,28 +41,34 @@ pub struct MultiheadAttention {
 
 impl MultiheadAttention {
     /// Four `dim x dim` projections with biases under `query`, `key`, `value`, `output`.
-    pub fn new(p: &nn::Path, dim: i64, heads: i64, dropout: f64) -> Result<Self> {
-        let linear = |name: &str| Linear::new(&(p / name), dim, dim, true);
+    ///
+    /// ```
+    /// use dpcomp::nn::{AttentionConfig, Ctx, MultiheadAttention};
+    /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    /// let config = AttentionConfig { heads: 4, ..Default::default() };
+    /// let attention = MultiheadAttention::new(&vs.root(), 16, config)?;
+    /// let xs = tch::Tensor::zeros([2, 5, 16], (tch::Kind::Float, tch::Device::Cpu));
+    /// assert_eq!(attention.forward(&xs, None, &mut Ctx::eval())?.size(), [2, 5, 16]);
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn new(p: &nn::Path, dim: i64, config: AttentionConfig) -> Result<Self> {
+        let linear = |name: &str| Linear::new(&(p / name), dim, dim, LinearConfig::default());
         Self::from_projections(
-            linear("query"),
-            linear("key"),
-            linear("value"),
-            linear("output"),
-            heads,
-            dropout,
+            [
+                linear("query"),
+                linear("key"),
+                linear("value"),
+                linear("output"),
+            ],
+            config,
         )
     }
 
-    /// From projections built elsewhere (BERT's checkpoint names them
-    /// `attention.self.query`, ..., `attention.output.dense`).
-    pub fn from_projections(
-        query: Linear,
-        key: Linear,
-        value: Linear,
-        output: Linear,
-        heads: i64,
-        dropout: f64,
-    ) -> Result<Self> {
+    /// From projections [query, key, value, output] built elsewhere (BERT's checkpoint names
+    /// them `attention.self.query`, ..., `attention.output.dense`).
+    pub fn from_projections(projections: [Linear; 4], config: AttentionConfig) -> Result<Self> {
+        let AttentionConfig { heads, dropout } = config;
+        let [query, key, value, output] = projections;
         let dim = query.weight.size()[0];
         if heads < 1 || dim % heads != 0 {
             return Err(Error::bad_value(
@@ -68,7 +93,7 @@ impl MultiheadAttention {
     }
 
     /// Self-attention over xs [B, T, dim]; see `attend`.
-    pub fn forward(&self, xs: &Tensor, mask: Option<&Tensor>, ctx: &mut Ctx) -> Tensor {
+    pub fn forward(&self, xs: &Tensor, mask: Option<&Tensor>, ctx: &mut Ctx) -> Result<Tensor> {
         self.attend(xs, xs, mask, ctx)
     }
 
@@ -81,16 +106,28 @@ impl MultiheadAttention {
         memory: &Tensor,
         mask: Option<&Tensor>,
         ctx: &mut Ctx,
-    ) -> Tensor {
-        let (b, t, dim) = (queries.size()[0], queries.size()[1], queries.size()[2]);
+    ) -> Result<Tensor> {
+        let dim = self.query.weight.size()[0];
+        let layer = || format!("MultiheadAttention({dim}, {} heads)", self.heads);
+        let expected = || format!("[batch, steps, {dim}]");
+        expect_dim(queries, 3..=3, 2, dim, layer, expected)?;
+        expect_dim(memory, 3..=3, 0, queries.size()[0], layer, || {
+            format!(
+                "memory [{}, steps, {dim}], the queries' batch",
+                queries.size()[0]
+            )
+        })?;
+        expect_dim(memory, 3..=3, 2, dim, layer, expected)?;
+        let (b, t) = (queries.size()[0], queries.size()[1]);
         let head_dim = dim / self.heads;
         let split = |ys: Tensor| ys.view([b, -1, self.heads, head_dim]).transpose(1, 2);
-        let q = split(self.query.forward(queries, ctx));
-        let k = split(self.key.forward(memory, ctx));
-        let v = split(self.value.forward(memory, ctx));
+        let q = split(self.query.forward(queries, ctx)?);
+        let k = split(self.key.forward(memory, ctx)?);
+        let v = split(self.value.forward(memory, ctx)?);
         let dropout = if ctx.train { self.dropout } else { 0.0 };
         let attended =
-            Tensor::scaled_dot_product_attention(&q, &k, &v, mask, dropout, false, None, false)
+            Tensor::f_scaled_dot_product_attention(&q, &k, &v, mask, dropout, false, None, false)
+                .map_err(|e| kernel_error(&layer(), e))?
                 .transpose(1, 2)
                 .reshape([b, t, dim]);
         self.output.forward(&attended, ctx)

@@ -1,9 +1,11 @@
 //! Lookup table: ids [..] -> rows of `weight` [num, dim].
 
+use super::input::{kernel_error, wrong_shape};
 use super::per_sample::PerSample;
 use super::tape::{LayerGradients, Recorded};
 use super::Ctx;
-use tch::{nn, Tensor};
+use crate::error::Result;
+use tch::{nn, Kind, Tensor};
 
 #[derive(Debug)]
 pub struct Embedding {
@@ -24,8 +26,21 @@ impl Embedding {
         Embedding { weight }
     }
 
-    pub fn forward(&self, ids: &Tensor, ctx: &mut Ctx) -> Tensor {
-        let ys = Tensor::embedding(&self.weight, ids, -1, false, false);
+    /// ids [B, *] of an integer kind -> [B, *, dim]. Ids must lie in [0, num): their values are
+    /// not read here (that would synchronise the device every step); the built-in models check a
+    /// whole split once (`Model::check_features`), and a model of one's own should too.
+    pub fn forward(&self, ids: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let (num, dim) = (self.weight.size()[0], self.weight.size()[1]);
+        let layer = || format!("Embedding({num} x {dim})");
+        if !matches!(ids.kind(), Kind::Int64 | Kind::Int) || ids.dim() == 0 {
+            let expected = format!(
+                "integer ids [batch, ..] (kind Int64 or Int), given {:?}",
+                ids.kind()
+            );
+            return Err(wrong_shape(&layer(), ids, &expected));
+        }
+        let ys = Tensor::f_embedding(&self.weight, ids, -1, false, false)
+            .map_err(|e| kernel_error(&layer(), e))?;
         if let Some(tape) = ctx.tape().filter(|_| self.weight.requires_grad()) {
             let record = EmbeddingRecord {
                 weight: self.weight.shallow_clone(),
@@ -33,7 +48,7 @@ impl Embedding {
             };
             tape.push(record, &ys);
         }
-        ys
+        Ok(ys)
     }
 }
 

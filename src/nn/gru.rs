@@ -12,10 +12,12 @@
 //! known from the forward pass, so the backward loop is one multiply and one matrix product per
 //! step. `tests/layers.rs` checks it against autograd and the forward pass against PyTorch's GRU.
 
+use super::input::expect_dim;
 use super::per_sample::{outer, Activations, PerSample};
 use super::recurrent::{hand_to_autograd, shift_in_zero, stack_steps};
 use super::tape::{LayerGradients, Recorded};
 use super::{uniform_init, Ctx, ManualBackward};
+use crate::error::Result;
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -64,10 +66,15 @@ impl Gru {
     /// xs: [B, T, input] (batch first). Returns every hidden state, [B, T, hidden], from a zero
     /// initial state (as `Lstm::forward`: steps past an example's length are computed, and a
     /// model reads the state at its last real step).
-    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let input = self.w_ih.size()[1];
+        let layer = || format!("Gru({input} -> {})", self.hidden);
+        expect_dim(xs, 3..=3, 2, input, layer, || {
+            format!("[batch, steps, {input}] (batch first)")
+        })?;
         let private = ctx.tape().is_some() && self.w_ih.requires_grad();
         if !ctx.records() && !private {
-            return self.forward_autograd(xs);
+            return Ok(self.forward_autograd(xs));
         }
         let (hs, cache) = tch::no_grad(|| self.forward_cached(&xs.detach()));
         let hs = hs.set_requires_grad(true);
@@ -86,7 +93,7 @@ impl Gru {
                 output: hs.shallow_clone(),
             })),
         }
-        hs
+        Ok(hs)
     }
 
     /// One step; returns (h', r and z, n, gh_n).

@@ -1,9 +1,24 @@
 //! Fully connected layer y = x W^T + b, for 2-D inputs [B, in] and sequences [B, T, in].
 
+use super::input::{expect_dim, kernel_error};
 use super::per_sample::{outer, Activations, PerSample};
 use super::tape::{LayerGradients, Recorded};
 use super::{uniform_init, Ctx};
+use crate::error::Result;
 use tch::{nn, Tensor};
+
+/// A linear layer's settings besides its two sizes (tch-rs's `LinearConfig`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearConfig {
+    /// Whether the layer adds a bias b (default: true, as PyTorch's `nn.Linear`).
+    pub bias: bool,
+}
+
+impl Default for LinearConfig {
+    fn default() -> Self {
+        LinearConfig { bias: true }
+    }
+}
 
 #[derive(Debug)]
 pub struct Linear {
@@ -12,14 +27,36 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn new(p: &nn::Path, in_dim: i64, out_dim: i64, bias: bool) -> Self {
+    /// W [out_dim, in_dim] and b [out_dim] under `p`, both U(±1/√in_dim) (PyTorch's default).
+    ///
+    /// ```
+    /// use dpcomp::nn::{Ctx, Linear, LinearConfig};
+    /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    /// let layer = Linear::new(&vs.root(), 5, 3, LinearConfig::default());
+    /// let ys = layer.forward(&tch::Tensor::ones([4, 5], (tch::Kind::Float, tch::Device::Cpu)), &mut Ctx::eval())?;
+    /// assert_eq!(ys.size(), [4, 3]);
+    /// // An input of another width is an error naming the layer, not a panic.
+    /// assert!(layer.forward(&tch::Tensor::ones([4, 7], (tch::Kind::Float, tch::Device::Cpu)), &mut Ctx::eval()).is_err());
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn new(p: &nn::Path, in_dim: i64, out_dim: i64, config: LinearConfig) -> Self {
         let weight = p.var("weight", &[out_dim, in_dim], uniform_init(in_dim));
-        let bias = bias.then(|| p.var("bias", &[out_dim], uniform_init(in_dim)));
+        let bias = config
+            .bias
+            .then(|| p.var("bias", &[out_dim], uniform_init(in_dim)));
         Linear { weight, bias }
     }
 
-    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        let ys = xs.linear(&self.weight, self.bias.as_ref());
+    /// xs [B, *, in_dim] -> [B, *, out_dim]. Another last dimension is an error.
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let (out_dim, in_dim) = (self.weight.size()[0], self.weight.size()[1]);
+        let layer = || format!("Linear({in_dim} -> {out_dim})");
+        expect_dim(xs, 1..=usize::MAX, -1, in_dim, layer, || {
+            format!("[.., {in_dim}]")
+        })?;
+        let ys = xs
+            .f_linear(&self.weight, self.bias.as_ref())
+            .map_err(|e| kernel_error(&layer(), e))?;
         if let Some(tape) = ctx.tape().filter(|_| self.weight.requires_grad()) {
             let record = LinearRecord {
                 weight: self.weight.shallow_clone(),
@@ -28,7 +65,7 @@ impl Linear {
             };
             tape.push(record, &ys);
         }
-        ys
+        Ok(ys)
     }
 }
 

@@ -12,10 +12,12 @@
 //! fused tensor operations each and then forms every weight gradient as one contraction over all
 //! time steps. `tests/lstm.rs` checks it against autograd through `forward_autograd`.
 
+use super::input::expect_dim;
 use super::per_sample::{outer, Activations, PerSample};
 use super::recurrent::{hand_to_autograd, shift_in_zero, stack_steps};
 use super::tape::{LayerGradients, Recorded};
 use super::{uniform_init, Ctx, ManualBackward};
+use crate::error::Result;
 use tch::{nn, Tensor};
 
 #[derive(Debug)]
@@ -70,10 +72,15 @@ impl Lstm {
     /// In training (`ctx.records()`) the recurrence runs without autograd and records an
     /// `LstmBackward` segment; in private training it records a tape entry instead (the
     /// per-sample engine differentiates it); otherwise it is ordinary autograd code.
-    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let input = self.w_ih.size()[1];
+        let layer = || format!("Lstm({input} -> {})", self.hidden);
+        expect_dim(xs, 3..=3, 2, input, layer, || {
+            format!("[batch, steps, {input}] (batch first)")
+        })?;
         let private = ctx.tape().is_some() && self.w_ih.requires_grad();
         if !ctx.records() && !private {
-            return self.forward_autograd(xs);
+            return Ok(self.forward_autograd(xs));
         }
         let (hs, cache) = tch::no_grad(|| self.forward_cached(&xs.detach()));
         let hs = hs.set_requires_grad(true);
@@ -87,7 +94,7 @@ impl Lstm {
                 input: xs.shallow_clone(),
             };
             tape.push(record, &hs);
-            return hs;
+            return Ok(hs);
         }
         ctx.push(Box::new(LstmBackward {
             w_ih: self.w_ih.shallow_clone(),
@@ -98,7 +105,7 @@ impl Lstm {
             output: hs.shallow_clone(),
             cache,
         }));
-        hs
+        Ok(hs)
     }
 
     /// One time step: gates a = x_proj_t + h W_hh^T; i, f, o = sigmoid, g = tanh;

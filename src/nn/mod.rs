@@ -10,6 +10,7 @@ pub mod conv2d;
 pub mod embedding;
 pub mod grad_hook;
 pub mod gru;
+mod input;
 pub mod linear;
 pub mod lstm;
 pub mod norm;
@@ -17,11 +18,11 @@ pub mod per_sample;
 mod recurrent;
 pub mod tape;
 
-pub use attention::MultiheadAttention;
-pub use conv2d::{Conv2d, Conv2dRecord};
+pub use attention::{AttentionConfig, MultiheadAttention};
+pub use conv2d::{Conv2d, Conv2dConfig, Conv2dRecord};
 pub use embedding::{Embedding, EmbeddingRecord};
 pub use gru::{Gru, GruRecord};
-pub use linear::{Linear, LinearRecord};
+pub use linear::{Linear, LinearConfig, LinearRecord};
 pub use lstm::{Lstm, LstmRecord};
 pub use norm::{AffineRecord, GroupNorm, InstanceNorm2d, LayerNorm, Normalization};
 pub use per_sample::{PerSample, PerSampleGradient};
@@ -42,8 +43,10 @@ pub trait ManualBackward {
 /// - `Ctx::eval()`: nothing recorded; every layer is plain autograd code.
 /// - `Ctx::train()`: non-private training; layers with a hand-written backward (the LSTM)
 ///   record a segment that `Ctx::backward` completes.
-/// - `Ctx::private(dropout)`: DP training; every trainable layer writes a `Tape` record from
-///   which `privacy::grad_sample` forms per-sample norms and clipped sums.
+/// - `Ctx::private()`: DP training; every trainable layer writes a `Tape` record from
+///   which `privacy::grad_sample` forms per-sample norms and clipped sums. Dropout is on;
+///   `Ctx::private().without_dropout()` turns it off (the oracle tests compare against
+///   per-example autograd, which has no dropout).
 pub struct Ctx {
     pub train: bool,
     segments: Vec<Box<dyn ManualBackward>>,
@@ -67,14 +70,20 @@ impl Ctx {
         }
     }
 
-    /// Records a tape for per-sample gradients; `dropout` turns dropout on (training) or off
-    /// (oracle tests compare against per-example autograd without dropout).
-    pub fn private(dropout: bool) -> Self {
+    /// Records a tape for per-sample gradients, with dropout on (private training).
+    pub fn private() -> Self {
         Ctx {
-            train: dropout,
+            train: true,
             segments: Vec::new(),
             tape: Some(Tape::default()),
         }
+    }
+
+    /// The same context with dropout off (`Ctx::private().without_dropout()`: a private
+    /// forward pass comparable with per-example autograd in evaluation mode).
+    pub fn without_dropout(mut self) -> Self {
+        self.train = false;
+        self
     }
 
     /// Whether layers should record a hand-differentiated segment (non-private training).

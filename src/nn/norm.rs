@@ -5,9 +5,11 @@
 //! (`Ctx::private`) the layer's input is recorded, and `privacy::grad_sample` recomputes x̂ from
 //! it when it forms the per-sample gradients of the affine parameters.
 
+use super::input::{expect_dim, kernel_error, wrong_shape};
 use super::per_sample::{sum_except, PerSample};
 use super::tape::{LayerGradients, Recorded};
 use super::Ctx;
+use crate::error::Result;
 use tch::{nn, Tensor};
 
 const EPS: f64 = 1e-5;
@@ -60,6 +62,29 @@ impl Normalization {
             Normalization::Layer { dim, eps } => xs.layer_norm([dim], weight, bias, eps, false),
         }
     }
+
+    /// `apply_affine`, with LibTorch's error instead of a panic (the layers' forward passes).
+    fn f_apply_affine(
+        &self,
+        xs: &Tensor,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+    ) -> std::result::Result<Tensor, tch::TchError> {
+        match *self {
+            Normalization::Instance => xs.f_instance_norm(
+                weight,
+                bias,
+                None::<&Tensor>,
+                None::<&Tensor>,
+                true,
+                0.1,
+                EPS,
+                false,
+            ),
+            Normalization::Group { groups } => xs.f_group_norm(groups, weight, bias, EPS, false),
+            Normalization::Layer { dim, eps } => xs.f_layer_norm([dim], weight, bias, eps, false),
+        }
+    }
 }
 
 /// The fused normalisation with its affine map (the same kernel a non-private step runs;
@@ -73,8 +98,11 @@ fn normalise(
     channel_dim: i64,
     normalization: Normalization,
     ctx: &mut Ctx,
-) -> Tensor {
-    let ys = normalization.apply_affine(xs, Some(weight), Some(bias));
+    layer: &dyn Fn() -> String,
+) -> Result<Tensor> {
+    let ys = normalization
+        .f_apply_affine(xs, Some(weight), Some(bias))
+        .map_err(|e| kernel_error(&layer(), e))?;
     if let Some(tape) = ctx.tape().filter(|_| weight.requires_grad()) {
         let c = if channel_dim < 0 {
             xs.dim() as i64 + channel_dim
@@ -90,7 +118,7 @@ fn normalise(
         };
         tape.push(record, &ys);
     }
-    ys
+    Ok(ys)
 }
 
 #[derive(Debug)]
@@ -111,10 +139,29 @@ impl InstanceNorm2d {
         InstanceNorm2d { affine: None }
     }
 
-    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
+    /// xs [B, C, H, W] (C the layer's channels when it has an affine map).
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let layer = || "InstanceNorm2d".to_string();
         match &self.affine {
-            None => Normalization::Instance.apply(xs),
-            Some((weight, bias)) => normalise(xs, weight, bias, 1, Normalization::Instance, ctx),
+            None => {
+                if xs.dim() != 4 {
+                    return Err(wrong_shape(
+                        &layer(),
+                        xs,
+                        "[batch, channels, height, width]",
+                    ));
+                }
+                Normalization::Instance
+                    .f_apply_affine(xs, None, None)
+                    .map_err(|e| kernel_error(&layer(), e))
+            }
+            Some((weight, bias)) => {
+                let channels = weight.size()[0];
+                expect_dim(xs, 4..=4, 1, channels, layer, || {
+                    format!("[batch, {channels}, height, width]")
+                })?;
+                normalise(xs, weight, bias, 1, Normalization::Instance, ctx, &layer)
+            }
         }
     }
 }
@@ -137,17 +184,17 @@ impl GroupNorm {
         }
     }
 
-    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        normalise(
-            xs,
-            &self.weight,
-            &self.bias,
-            1,
-            Normalization::Group {
-                groups: self.groups,
-            },
-            ctx,
-        )
+    /// xs [B, channels, ..].
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let channels = self.weight.size()[0];
+        let layer = || format!("GroupNorm({} groups, {channels} channels)", self.groups);
+        expect_dim(xs, 2..=usize::MAX, 1, channels, layer, || {
+            format!("[batch, {channels}, ..]")
+        })?;
+        let groups = Normalization::Group {
+            groups: self.groups,
+        };
+        normalise(xs, &self.weight, &self.bias, 1, groups, ctx, &layer)
     }
 }
 
@@ -171,18 +218,15 @@ impl LayerNorm {
         }
     }
 
-    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Tensor {
-        normalise(
-            xs,
-            &self.weight,
-            &self.bias,
-            -1,
-            Normalization::Layer {
-                dim: self.dim,
-                eps: self.eps,
-            },
-            ctx,
-        )
+    /// xs [.., dim].
+    pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+        let dim = self.dim;
+        let layer = || format!("LayerNorm({dim})");
+        expect_dim(xs, 1..=usize::MAX, -1, dim, layer, || {
+            format!("[.., {dim}]")
+        })?;
+        let norm = Normalization::Layer { dim, eps: self.eps };
+        normalise(xs, &self.weight, &self.bias, -1, norm, ctx, &layer)
     }
 }
 

@@ -460,7 +460,11 @@ pub fn per_sample_in_order(
     batch: &Batch,
     dropout: bool,
 ) -> Result<PerSampleBatch> {
-    let mut ctx = Ctx::private(dropout);
+    let mut ctx = if dropout {
+        Ctx::private()
+    } else {
+        Ctx::private().without_dropout()
+    };
     let logits = model.forward(&batch.features, &mut ctx)?;
     let losses =
         logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);

@@ -46,7 +46,7 @@ fn clipped_sums_recorded(
     engine: &PrivacyEngine,
     passes: BackwardPasses,
 ) -> Result<(Clipped, [Tensor; 2])> {
-    let mut ctx = Ctx::private(true);
+    let mut ctx = Ctx::private();
     let logits = model.forward(&batch.features, &mut ctx)?;
     let losses =
         logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
