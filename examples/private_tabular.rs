@@ -152,21 +152,16 @@ pub fn train(path: &Path, target_epsilon: f64, epochs: usize, seed: i64) -> Resu
     let mut params: Vec<(String, Tensor)> = net.vs.variables().into_iter().collect();
     params.sort_by(|a, b| a.0.cmp(&b.0));
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-    let q = 64.0 / n as f64;
-    let steps_per_epoch = (1.0 / q).round() as usize;
-    let steps = (epochs * steps_per_epoch) as u64;
-    let clipping = Clipping::Flat { max_norm: 1.0 };
-    let (rdp, noise) = (AccountantKind::Rdp, NoiseSource::Seeded);
-    let mut engine = PrivacyEngine::with_epsilon(
-        target_epsilon,
-        delta,
-        rdp,
-        q,
-        steps,
-        clipping,
-        noise,
-        params.len(),
-    )?;
+    let mut engine = PrivacyEngine::builder()
+        .target_epsilon(target_epsilon)
+        .delta(delta)
+        .epochs(epochs as u64)
+        .dataset_size(n as u64)
+        .expected_batch_size(64.0)
+        .max_grad_norm(1.0)
+        .build(&params)?;
+    // Poisson batches of expected size 64: q = 64 / n, ⌈n / 64⌉ steps an epoch (the builder's).
+    let (q, steps_per_epoch) = (engine.sample_rate(), (n as usize).div_ceil(64));
     let mut sgd = Sgd::new(0.5, 0.9);
     for _ in 0..epochs {
         for index in poisson_batches(n, q, steps_per_epoch) {
@@ -177,7 +172,7 @@ pub fn train(path: &Path, target_epsilon: f64, epochs: usize, seed: i64) -> Resu
                 logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::Sum, -100, 0.0);
             let per_sample = per_sample_of(&mut ctx, &params, &loss)?;
             let clipped = engine.clip(&per_sample);
-            let grads = engine.privatize(&clipped, q * n as f64)?;
+            let grads = engine.privatize(&clipped)?; // noise + the accountant's step
             tch::no_grad(|| sgd.step(&tensors, &grads));
         }
     }
@@ -188,7 +183,7 @@ pub fn train(path: &Path, target_epsilon: f64, epochs: usize, seed: i64) -> Resu
         .to_kind(Kind::Double);
     Ok(Outcome {
         test_accuracy: right.mean(Kind::Double).double_value(&[]),
-        epsilon: engine.epsilon(rdp, delta)?,
+        epsilon: engine.epsilon()?,
         noise_multiplier: engine.noise_multiplier(),
         sample_rate: q,
         steps: engine.accountant().steps(),
@@ -207,7 +202,7 @@ fn main() -> Result<()> {
             .nth(k)
             .map_or(default, |a| a.parse().unwrap_or(default))
     };
-    let out = train(Path::new(&path), arg(2, 3.0), arg(3, 10.0) as usize, 0)?;
+    let out = train(Path::new(&path), arg(2, 3.0), arg(3, 10.0) as usize, arg(4, 0.0) as i64)?;
     println!("test accuracy {:.1}%", 100.0 * out.test_accuracy);
     println!(
         "epsilon {:.4} at delta {} (sigma {:.4}, q {:.5}, {} steps)",

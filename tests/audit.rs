@@ -101,9 +101,7 @@ fn the_bound_behaves_as_an_auditor_needs() {
 #[test]
 fn the_engine_passes_a_white_box_audit_and_a_step_without_its_noise_is_flagged() {
     use dpcomp::privacy::audit::{white_box_audit, WhiteBoxSettings};
-    use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
-    use dpcomp::privacy::noise::NoiseSource;
-    use dpcomp::privacy::AccountantKind;
+    use dpcomp::privacy::engine::Clipping;
     let _serial = common::serial();
     tch::manual_seed(19);
     let settings = WhiteBoxSettings {
@@ -119,14 +117,15 @@ fn the_engine_passes_a_white_box_audit_and_a_step_without_its_noise_is_flagged()
         seed: 0,
     };
     let clipping = Clipping::Flat { max_norm: 1.0 };
-    let engine =
-        || PrivacyEngine::new(3.0, 0.05, clipping.clone(), NoiseSource::Seeded, 1).unwrap();
+    // The audit divides by the expected batch q x canaries / 2 = 25, as the engine does.
+    let engine = || common::engine(3.0, 0.05, 25.0, clipping.clone(), 1).unwrap();
     let mut honest = engine();
     let outcome = white_box_audit(&settings, &clipping, &mut |batch, expected| {
-        honest.privatize(batch, expected)
+        assert_eq!(expected, honest.expected_batch_size());
+        honest.privatize(batch)
     })
     .unwrap();
-    let accounted = honest.epsilon(AccountantKind::Rdp, 1e-5).unwrap();
+    let accounted = honest.epsilon().unwrap();
     assert!(accounted > 0.2 && accounted < 1.0, "{accounted}");
     assert!(
         outcome.epsilon_lower_bound <= accounted,
@@ -138,11 +137,11 @@ fn the_engine_passes_a_white_box_audit_and_a_step_without_its_noise_is_flagged()
     // the run uses is the clipped sum without the noise.
     let mut buggy = engine();
     let flagged = white_box_audit(&settings, &clipping, &mut |batch, expected| {
-        buggy.privatize(batch, expected)?;
+        buggy.privatize(batch)?;
         Ok(batch.sums.iter().map(|s| s / expected).collect())
     })
     .unwrap();
-    let still_accounted = buggy.epsilon(AccountantKind::Rdp, 1e-5).unwrap();
+    let still_accounted = buggy.epsilon().unwrap();
     assert_eq!(still_accounted, accounted);
     assert!(
         flagged.epsilon_lower_bound > 3.0 * accounted,

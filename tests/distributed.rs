@@ -84,8 +84,7 @@ fn two_dp_steps(comm: Option<Box<dyn Communicator>>, steps: &[Tensor]) -> Vec<Te
         updater.exchange = Some(Exchange::new(comm, decoders));
     }
     let clipping = Clipping::Flat { max_norm: 0.3 };
-    let mut engine =
-        PrivacyEngine::new(0.0, 0.25, clipping, NoiseSource::Seeded, params.len()).unwrap();
+    let mut engine = common::engine(0.0, 0.25, 1.0, clipping, params.len()).unwrap();
     engine.share_noise_among(workers).unwrap();
     for index in steps {
         let mine = index

@@ -92,7 +92,7 @@ fn settings(expected: f64, mode: GradSampleMode, physical: Option<i64>) -> DpSet
 /// A flat-clipping engine at σ and C with seeded noise (q does not enter a step).
 fn engine(sigma: f64, c: f64, parameters: usize) -> PrivacyEngine {
     let clipping = Clipping::Flat { max_norm: c };
-    PrivacyEngine::new(sigma, 0.5, clipping, NoiseSource::Seeded, parameters).unwrap()
+    common::engine(sigma, 0.5, 1.0, clipping, parameters).unwrap()
 }
 
 /// One DP step of `m` over `index` of `data`: plain SGD at `lr`, flat clipping at C, noise

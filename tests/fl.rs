@@ -113,8 +113,7 @@ fn owlqn_matches_fista_on_noisy_measurements() {
 }
 
 use dpcomp::compress::linear_sketch::{Codec, Scheme};
-use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
-use dpcomp::privacy::noise::NoiseSource;
+use dpcomp::privacy::engine::Clipping;
 
 #[test]
 fn every_scheme_aggregates_in_the_compressed_domain() {
@@ -202,7 +201,8 @@ fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
     tch::manual_seed(22);
     let (m, clip) = (20_000, 0.3);
     let flat = Clipping::Flat { max_norm: clip };
-    let mut engine = PrivacyEngine::new(1.7, 0.125, flat, NoiseSource::Seeded, 1).unwrap();
+    let expected_clients = 12.5;
+    let mut engine = common::engine(1.7, 0.125, expected_clients, flat, 1).unwrap();
     // Every clipped message has norm <= S; short ones are untouched.
     for scale in [1e-3, 0.01, 0.1, 1.0, 10.0] {
         let message = Tensor::randn([m], OPTS) * (scale / (m as f64).sqrt());
@@ -233,12 +233,8 @@ fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
     }
     // (Σ + N(0, σ² S² I)) / (C N): the noise's standard deviation per coordinate is σ S / (C N),
     // it is there even when no client was sampled (an all-zero sum), and the round is counted.
-    let expected_clients = 12.5;
     let nobody = dpcomp::privacy::engine::Clipped::empty(&[Tensor::zeros([m], OPTS)]);
-    let noisy = engine
-        .privatize(&nobody, expected_clients)
-        .unwrap()
-        .remove(0);
+    let noisy = engine.privatize(&nobody).unwrap().remove(0);
     assert_eq!(engine.accountant().steps(), 1);
     let std = noisy.std(true).double_value(&[]);
     let want = 1.7 * clip / expected_clients;

@@ -8,9 +8,8 @@ use dpcomp::config::{OptimizerKind, Task, TrainConfig};
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear, LinearConfig};
-use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
+use dpcomp::privacy::engine::Clipping;
 use dpcomp::privacy::grad_sample::per_sample_in_order;
-use dpcomp::privacy::noise::NoiseSource;
 use dpcomp::train::adam::Adam;
 use dpcomp::train::optimizer::Optimizer;
 use dpcomp::train::update::Updater;
@@ -117,11 +116,11 @@ fn dp_adam_applies_adam_to_the_noised_clipped_mean() {
     let params = model.trainable_variables();
     let before: Vec<Tensor> = params.iter().map(|(_, p)| p.copy()).collect();
     let (c, sigma, expected_batch) = (0.5, 1.3, 6.0);
-    let mut engine = PrivacyEngine::new(
+    let mut engine = common::engine(
         sigma,
         0.1,
+        expected_batch,
         Clipping::Flat { max_norm: c },
-        NoiseSource::Seeded,
         params.len(),
     )
     .unwrap();
@@ -150,7 +149,7 @@ fn dp_adam_applies_adam_to_the_noised_clipped_mean() {
         assert!(max_abs(sum, &want) < 1e-12, "{name}");
     }
     tch::manual_seed(9);
-    let noisy = engine.privatize(&clipped, expected_batch).unwrap();
+    let noisy = engine.privatize(&clipped).unwrap();
     assert_eq!(engine.accountant().steps(), 1);
     // The noise is there: the noisy mean is not the clipped mean.
     let gap = max_abs(&noisy[0], &(&clipped.sums[0] / expected_batch));

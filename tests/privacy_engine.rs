@@ -13,7 +13,6 @@ use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear, LinearConfig};
 use dpcomp::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
 use dpcomp::privacy::grad_sample::per_sample_in_order;
-use dpcomp::privacy::noise::NoiseSource;
 use dpcomp::train::Trainer;
 use std::collections::HashMap;
 use tch::{nn, Device, Kind, Tensor};
@@ -60,7 +59,7 @@ fn batch() -> Batch {
 }
 
 fn engine(clipping: Clipping, parameters: usize) -> PrivacyEngine {
-    PrivacyEngine::new(1.0, 0.25, clipping, NoiseSource::Seeded, parameters).unwrap()
+    common::engine(1.0, 0.25, 1.0, clipping, parameters).unwrap()
 }
 
 /// Clipped sums given directly (nothing clipped, `examples` summed), for the noise tests.
@@ -200,7 +199,7 @@ fn privatize_adds_noise_at_sigma_times_sensitivity_and_counts_one_step() {
     let clipping = Clipping::PerLayer {
         max_norms: vec![3.0, 4.0],
     };
-    let mut engine = PrivacyEngine::new(0.7, 0.01, clipping, NoiseSource::Seeded, 2).unwrap();
+    let mut engine = common::engine(0.7, 0.01, 10.0, clipping, 2).unwrap();
     assert!((engine.noise_std() - 0.7 * 5.0).abs() < 1e-12);
     tch::manual_seed(12);
     let zeros = [
@@ -208,7 +207,7 @@ fn privatize_adds_noise_at_sigma_times_sensitivity_and_counts_one_step() {
         Tensor::zeros([200_000], (Kind::Double, Device::Cpu)),
     ];
     for step in 1..=3u64 {
-        let noisy = engine.privatize(&sums_of(&zeros, 10), 10.0).unwrap();
+        let noisy = engine.privatize(&sums_of(&zeros, 10)).unwrap();
         let all = Tensor::cat(&[noisy[0].shallow_clone(), noisy[1].shallow_clone()], 0) * 10.0;
         let std = all.std(true).double_value(&[]);
         // 500k draws: the sample std is within 0.5% of 3.5 with overwhelming probability.
@@ -247,14 +246,14 @@ fn replayed_noise_leaves_the_generator_where_the_steps_left_it() {
         let label = clipping().label();
         let new_engine = || {
             tch::manual_seed(31);
-            PrivacyEngine::new(0.9, 0.1, clipping(), NoiseSource::Seeded, 2).unwrap()
+            common::engine(0.9, 0.1, 4.0, clipping(), 2).unwrap()
         };
         let fourth = |engine: &mut PrivacyEngine| {
-            Tensor::cat(&engine.privatize(&sums_of(&zeros, 4), 4.0).unwrap(), 0)
+            Tensor::cat(&engine.privatize(&sums_of(&zeros, 4)).unwrap(), 0)
         };
         let mut stepped = new_engine();
         for _ in 0..3 {
-            stepped.privatize(&sums_of(&zeros, 4), 4.0).unwrap();
+            stepped.privatize(&sums_of(&zeros, 4)).unwrap();
         }
         let (accountant, radius) = (stepped.accountant().clone(), stepped.clip_radius());
         let expected = fourth(&mut stepped);
@@ -281,30 +280,19 @@ fn w_workers_each_draw_a_wth_of_the_noise_variance_and_their_sum_has_sigma_c() {
     let (sigma, c, workers) = (1.3, 2.0, 4usize);
     let zeros = [Tensor::zeros([400_000], (Kind::Double, Device::Cpu))];
     let mut total = Tensor::zeros([400_000], (Kind::Double, Device::Cpu));
-    let mut single = PrivacyEngine::new(
-        sigma,
-        0.02,
-        Clipping::Flat { max_norm: c },
-        NoiseSource::Seeded,
-        1,
-    )
-    .unwrap();
-    single.privatize(&sums_of(&zeros, 10), 1.0).unwrap();
-    let single_epsilon = single.epsilon(AccountantKind::Rdp, 1e-5).unwrap();
+    let mut single = common::engine(sigma, 0.02, 1.0, Clipping::Flat { max_norm: c }, 1).unwrap();
+    single.privatize(&sums_of(&zeros, 10)).unwrap();
+    let single_epsilon = single.epsilon().unwrap();
     for rank in 0..workers {
-        let mut engine = PrivacyEngine::new(
-            sigma,
-            0.02,
-            Clipping::Flat { max_norm: c },
-            NoiseSource::Seeded,
-            1,
-        )
-        .unwrap();
+        // Each rank divides by E[B] / W; E[B] = W makes that 1, as the single engine's.
+        let expected = workers as f64;
+        let mut engine =
+            common::engine(sigma, 0.02, expected, Clipping::Flat { max_norm: c }, 1).unwrap();
         engine.share_noise_among(workers).unwrap();
         assert!((engine.noise_std() - sigma * c / 2.0).abs() < 1e-12);
         // Each rank its own stream.
         tch::manual_seed(40 + rank as i64);
-        let noisy = engine.privatize(&sums_of(&zeros, 10), 1.0).unwrap();
+        let noisy = engine.privatize(&sums_of(&zeros, 10)).unwrap();
         let std = noisy[0].std(true).double_value(&[]);
         // 400k draws: the sample std is within 0.5% of σC/sqrt(W) with overwhelming probability.
         assert!(
@@ -314,10 +302,7 @@ fn w_workers_each_draw_a_wth_of_the_noise_variance_and_their_sum_has_sigma_c() {
         total += &noisy[0];
         // The accountant counts the step at σ, as the single-process engine does.
         assert_eq!(engine.accountant().steps(), 1);
-        assert_eq!(
-            engine.epsilon(AccountantKind::Rdp, 1e-5).unwrap(),
-            single_epsilon
-        );
+        assert_eq!(engine.epsilon().unwrap(), single_epsilon);
     }
     let std = total.std(true).double_value(&[]);
     assert!(
@@ -331,7 +316,7 @@ fn w_workers_each_draw_a_wth_of_the_noise_variance_and_their_sum_has_sigma_c() {
         learning_rate: 0.2,
         count_noise: 10.0,
     });
-    let mut engine = PrivacyEngine::new(sigma, 0.02, adaptive, NoiseSource::Seeded, 1).unwrap();
+    let mut engine = common::engine(sigma, 0.02, 1.0, adaptive, 1).unwrap();
     let message = engine.share_noise_among(2).unwrap_err().to_string();
     assert!(message.contains("adaptive with 2 workers"), "{message}");
     assert!(engine.share_noise_among(1).is_ok());
@@ -342,49 +327,25 @@ fn the_engine_refuses_what_it_cannot_account() {
     let _serial = common::serial();
     let err = |r: dpcomp::error::Result<PrivacyEngine>| r.err().expect("refused").to_string();
     let flat = |c: f64| Clipping::Flat { max_norm: c };
-    let e = err(PrivacyEngine::new(
-        1.0,
-        0.1,
-        flat(f64::INFINITY),
-        NoiseSource::Seeded,
-        2,
-    ));
+    let e = err(common::engine(1.0, 0.1, 1.0, flat(f64::INFINITY), 2));
     assert!(e.contains("infinite"), "{e}");
-    let e = err(PrivacyEngine::new(
-        1.0,
-        0.1,
-        flat(-1.0),
-        NoiseSource::Seeded,
-        2,
-    ));
+    let e = err(common::engine(1.0, 0.1, 1.0, flat(-1.0), 2));
     assert!(e.contains("positive"), "{e}");
-    let e = err(PrivacyEngine::new(
-        1.0,
-        0.0,
-        flat(1.0),
-        NoiseSource::Seeded,
-        2,
-    ));
+    let e = err(common::engine(1.0, 0.0, 1.0, flat(1.0), 2));
     assert!(e.contains("0 < q <= 1"), "{e}");
     let per_layer = Clipping::PerLayer {
         max_norms: vec![1.0; 3],
     };
-    let e = err(PrivacyEngine::new(
-        1.0,
-        0.1,
-        per_layer,
-        NoiseSource::Seeded,
-        2,
-    ));
+    let e = err(common::engine(1.0, 0.1, 1.0, per_layer, 2));
     assert!(e.contains("3 radii for 2"), "{e}");
     // A checkpoint's history at another σ is refused on resume.
     let mut other = engine(flat(1.0), 2);
-    let _ = other.privatize(
-        &sums_of(&[Tensor::zeros([3], (Kind::Float, Device::Cpu))], 1),
-        1.0,
-    );
+    let _ = other.privatize(&sums_of(
+        &[Tensor::zeros([3], (Kind::Float, Device::Cpu))],
+        1,
+    ));
     let history = other.accountant().clone();
-    let mut engine = PrivacyEngine::new(2.0, 0.25, flat(1.0), NoiseSource::Seeded, 2).unwrap();
+    let mut engine = common::engine(2.0, 0.25, 1.0, flat(1.0), 2).unwrap();
     let e = engine.resume(history, None).unwrap_err().to_string();
     assert!(
         e.contains("sigma 1 and q 0.25, but this run's are sigma 2"),
@@ -441,40 +402,173 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
     );
 }
 
-/// `with_epsilon` (Opacus's `make_private_with_epsilon`): the σ it picks spends at most the
-/// target over the planned steps, within 0.1% of it, on both accountants, and the engine's own
-/// accountant agrees after those steps are taken.
+/// The builder's `target_epsilon` (Opacus's `make_private_with_epsilon`): the σ it picks spends
+/// at most the target over the planned steps, within 0.1% of it, on both accountants; it is
+/// the σ `dpcomp epsilon --target-epsilon` prints; the engine's own accountant agrees after
+/// those steps, and a step past the budget is refused without drawing noise or counting.
 #[test]
-fn with_epsilon_picks_the_smallest_safe_sigma() {
+fn the_builder_calibrates_sigma_and_holds_the_step_budget() {
     let _serial = common::serial();
-    use dpcomp::config::AccountantKind;
     use dpcomp::privacy::calibrate::epsilon_with;
-    let (q, steps, delta) = (1.0 / 50.0, 200u64, 1e-5);
+    // 4 epochs over 500 examples at an expected batch of 10: q = 1/50, 200 steps.
+    let (n, batch, epochs, delta) = (500u64, 10.0, 4u64, 1e-5);
+    let (q, steps) = (1.0 / 50.0, 200u64);
     for (kind, target) in [(AccountantKind::Rdp, 3.0), (AccountantKind::Pld, 1.5)] {
-        let clipping = Clipping::Flat { max_norm: 1.0 };
-        let mut engine = PrivacyEngine::with_epsilon(
-            target,
-            delta,
-            kind,
-            q,
-            steps,
-            clipping,
-            NoiseSource::Seeded,
-            1,
-        )
-        .unwrap();
+        let tiny = [Tensor::zeros([2], (Kind::Float, Device::Cpu))];
+        let mut engine = PrivacyEngine::builder()
+            .target_epsilon(target)
+            .delta(delta)
+            .accountant(kind)
+            .epochs(epochs)
+            .dataset_size(n)
+            .expected_batch_size(batch)
+            .max_grad_norm(1.0)
+            .build(&tiny)
+            .unwrap();
+        assert_eq!(engine.steps_left(), Some(steps));
+        assert_eq!(engine.sample_rate(), q);
+        assert_eq!(engine.expected_batch_size(), batch);
         let sigma = engine.noise_multiplier();
         let eps = epsilon_with(kind, sigma, q, steps, delta).unwrap();
         assert!(
             eps <= target && eps > 0.999 * target,
             "{kind:?}: σ {sigma} gives ε {eps}"
         );
-        let tiny = [Tensor::zeros([2], (Kind::Float, Device::Cpu))];
+        // The command line calibrates the same σ.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+            .args([
+                "epsilon",
+                "--json",
+                "--target-epsilon",
+                &target.to_string(),
+                "--sample-rate",
+                &q.to_string(),
+                "--steps",
+                &steps.to_string(),
+                "--delta",
+                &delta.to_string(),
+                "--accountant",
+                if kind == AccountantKind::Rdp {
+                    "rdp"
+                } else {
+                    "pld"
+                },
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["noise_multiplier"].as_f64(), Some(sigma), "{json}");
         for _ in 0..steps {
-            engine.privatize(&sums_of(&tiny, 1), 1.0).unwrap();
+            engine.privatize(&sums_of(&tiny, 1)).unwrap();
         }
-        assert_eq!(engine.epsilon(kind, delta).unwrap(), eps, "{kind:?}");
+        assert_eq!(engine.epsilon().unwrap(), eps, "{kind:?}");
+        assert_eq!(engine.steps_left(), Some(0));
+        let e = engine
+            .privatize(&sums_of(&tiny, 1))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("budget of 200 steps is spent"), "{e}");
+        assert_eq!(
+            engine.accountant().steps(),
+            steps,
+            "the refused step is not counted"
+        );
     }
+}
+
+/// The builder names what is missing or contradictory.
+#[test]
+fn the_builder_names_the_setting_it_needs() {
+    let params = [Tensor::zeros([2], (Kind::Float, Device::Cpu))];
+    let complete = || {
+        PrivacyEngine::builder()
+            .noise_multiplier(1.0)
+            .delta(1e-5)
+            .dataset_size(100)
+            .expected_batch_size(10.0)
+            .max_grad_norm(1.0)
+    };
+    assert!(complete().build(&params).is_ok());
+    let refused = |b: dpcomp::privacy::builder::PrivacyEngineBuilder| {
+        b.build(&params).err().expect("refused").to_string()
+    };
+    let cases = [
+        (
+            PrivacyEngine::builder()
+                .delta(1e-5)
+                .dataset_size(100)
+                .expected_batch_size(10.0)
+                .max_grad_norm(1.0),
+            "noise_multiplier: not set",
+        ),
+        (
+            complete().target_epsilon(1.0),
+            "noise_multiplier: set together with target_epsilon",
+        ),
+        (
+            PrivacyEngine::builder()
+                .target_epsilon(1.0)
+                .delta(1e-5)
+                .dataset_size(100)
+                .expected_batch_size(10.0)
+                .max_grad_norm(1.0),
+            "target_epsilon: needs the training's length",
+        ),
+        (
+            PrivacyEngine::builder()
+                .noise_multiplier(1.0)
+                .dataset_size(100)
+                .expected_batch_size(10.0)
+                .max_grad_norm(1.0),
+            "delta: not set",
+        ),
+        (
+            PrivacyEngine::builder()
+                .noise_multiplier(1.0)
+                .delta(1e-5)
+                .expected_batch_size(10.0)
+                .max_grad_norm(1.0),
+            "sample_rate: not enough sampling settings",
+        ),
+        (
+            complete().sample_rate(0.5),
+            "expected_batch_size: 10: differs from sample_rate 0.5 x dataset_size 100",
+        ),
+        (
+            PrivacyEngine::builder()
+                .noise_multiplier(1.0)
+                .delta(1e-5)
+                .dataset_size(100)
+                .expected_batch_size(10.0),
+            "max_grad_norm: not set",
+        ),
+        (
+            complete().epochs(2).steps(3),
+            "steps: set together with epochs",
+        ),
+        (complete().epochs(0), "epochs: 0"),
+        (complete().delta(2.0), "delta: 2"),
+        (
+            complete().expected_batch_size(0.0),
+            "expected_batch_size: 0",
+        ),
+    ];
+    for (builder, expected) in cases {
+        let e = refused(builder);
+        assert!(e.starts_with(expected), "{e}\nexpected {expected}");
+    }
+    // The step budget from epochs: ⌈N / E[B]⌉ steps an epoch (the Trainer's count).
+    let engine = complete()
+        .expected_batch_size(30.0)
+        .epochs(3)
+        .build(&params)
+        .unwrap();
+    assert_eq!(engine.steps_left(), Some(12));
 }
 
 /// Per-sample gradients of one [B, 1] parameter whose norms are exactly 1, 2, ..., B.
@@ -497,19 +591,12 @@ fn the_adaptive_radius_converges_to_the_target_quantile_without_noise() {
             learning_rate: 0.2,
             count_noise: 0.0,
         };
-        let mut engine = PrivacyEngine::new(
-            0.0,
-            0.1,
-            Clipping::Adaptive(adaptive),
-            NoiseSource::Seeded,
-            1,
-        )
-        .unwrap();
+        let mut engine = common::engine(0.0, 0.1, 100.0, Clipping::Adaptive(adaptive), 1).unwrap();
         let mut tail = Vec::new();
         for step in 0..400 {
             let clipped = engine.clip(&per_sample);
             assert_eq!(clipped.examples(), 100);
-            engine.privatize(&clipped, 100.0).unwrap();
+            engine.privatize(&clipped).unwrap();
             if step >= 300 {
                 tail.push(engine.clip_radius().unwrap());
             }
@@ -540,11 +627,11 @@ fn adaptive_clipping_noises_at_sigma_delta_and_costs_what_flat_costs() {
         count_noise,
     };
     let make = || {
-        PrivacyEngine::new(
+        common::engine(
             sigma,
             0.01,
+            expected,
             Clipping::Adaptive(adaptive.clone()),
-            NoiseSource::Seeded,
             1,
         )
         .unwrap()
@@ -558,7 +645,7 @@ fn adaptive_clipping_noises_at_sigma_delta_and_costs_what_flat_costs() {
     tch::manual_seed(21);
     let mut engine = make();
     let zero = [Tensor::zeros([400_000], (Kind::Double, Device::Cpu))];
-    let noisy = engine.privatize(&sums_of(&zero, 100), expected).unwrap();
+    let noisy = engine.privatize(&sums_of(&zero, 100)).unwrap();
     let std = (&noisy[0] * expected).std(true).double_value(&[]);
     assert!(
         (std / (sigma_delta * 30.5) - 1.0).abs() < 5e-3,
@@ -573,7 +660,7 @@ fn adaptive_clipping_noises_at_sigma_delta_and_costs_what_flat_costs() {
         .map(|_| {
             let mut engine = make();
             let clipped = engine.clip(&per_sample);
-            engine.privatize(&clipped, expected).unwrap();
+            engine.privatize(&clipped).unwrap();
             (engine.clip_radius().unwrap() / 30.5).ln()
         })
         .collect();
@@ -589,27 +676,21 @@ fn adaptive_clipping_noises_at_sigma_delta_and_costs_what_flat_costs() {
 
     // ε: the adaptive engine's accountant equals a flat engine's after the same steps.
     let mut adaptive_engine = make();
-    let mut flat = PrivacyEngine::new(
-        sigma,
-        0.01,
-        Clipping::Flat { max_norm: 1.0 },
-        NoiseSource::Seeded,
-        1,
-    )
-    .unwrap();
+    let mut flat =
+        common::engine(sigma, 0.01, expected, Clipping::Flat { max_norm: 1.0 }, 1).unwrap();
     for _ in 0..50 {
         let clipped = adaptive_engine.clip(&per_sample);
-        adaptive_engine.privatize(&clipped, expected).unwrap();
-        flat.privatize(
-            &sums_of(&[Tensor::zeros([1], (Kind::Double, Device::Cpu))], 100),
-            expected,
-        )
+        adaptive_engine.privatize(&clipped).unwrap();
+        flat.privatize(&sums_of(
+            &[Tensor::zeros([1], (Kind::Double, Device::Cpu))],
+            100,
+        ))
         .unwrap();
     }
     let kind = dpcomp::config::AccountantKind::Rdp;
     assert_eq!(
-        adaptive_engine.epsilon(kind, 1e-5).unwrap(),
-        flat.epsilon(kind, 1e-5).unwrap()
+        adaptive_engine.epsilon_at(kind, 1e-5).unwrap(),
+        flat.epsilon_at(kind, 1e-5).unwrap()
     );
 }
 
@@ -627,7 +708,7 @@ fn adaptive_clipping_refuses_what_would_break_its_guarantee() {
         })
     };
     let refuse = |c: Clipping| {
-        PrivacyEngine::new(1.0, 0.1, c, NoiseSource::Seeded, 1)
+        common::engine(1.0, 0.1, 10.0, c, 1)
             .err()
             .expect("refused")
             .to_string()
@@ -641,25 +722,16 @@ fn adaptive_clipping_refuses_what_would_break_its_guarantee() {
     assert!(e.starts_with("count_noise:"), "{e}");
     let e = refuse(adaptive(5.0, 1.0));
     assert!(e.starts_with("target_quantile:"), "{e}");
-    let mut engine =
-        PrivacyEngine::new(1.0, 0.1, adaptive(5.0, 0.5), NoiseSource::Seeded, 1).unwrap();
+    let mut engine = common::engine(1.0, 0.1, 10.0, adaptive(5.0, 0.5), 1).unwrap();
     let zero = [Tensor::zeros([1], (Kind::Double, Device::Cpu))];
-    engine.privatize(&sums_of(&zero, 1), 10.0).unwrap();
+    engine.privatize(&sums_of(&zero, 1)).unwrap();
     let history = engine.accountant().clone();
-    let mut fresh =
-        PrivacyEngine::new(1.0, 0.1, adaptive(5.0, 0.5), NoiseSource::Seeded, 1).unwrap();
+    let mut fresh = common::engine(1.0, 0.1, 1.0, adaptive(5.0, 0.5), 1).unwrap();
     let e = fresh.resume(history.clone(), None).unwrap_err().to_string();
     assert!(e.contains("needs its current positive radius"), "{e}");
     fresh.resume(history.clone(), Some(0.75)).unwrap();
     assert_eq!(fresh.clip_radius(), Some(0.75));
-    let mut flat = PrivacyEngine::new(
-        1.0,
-        0.1,
-        Clipping::Flat { max_norm: 1.0 },
-        NoiseSource::Seeded,
-        1,
-    )
-    .unwrap();
+    let mut flat = common::engine(1.0, 0.1, 1.0, Clipping::Flat { max_norm: 1.0 }, 1).unwrap();
     let e = flat.resume(history, Some(0.75)).unwrap_err().to_string();
     assert!(e.contains("adaptive radius but this run clips flat"), "{e}");
 }

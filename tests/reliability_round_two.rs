@@ -326,16 +326,11 @@ fn noise_and_radius_settings_that_break_training_are_refused_up_front() {
     c.privacy.clipping = dpcomp::config::ClippingMode::Adaptive;
     let mut engine_settings = dpcomp::privacy::engine::AdaptiveClipping::new(1.0, 10.0);
     engine_settings.learning_rate = 1000.0;
-    let error = dpcomp::privacy::engine::PrivacyEngine::new(
-        1.0,
-        0.01,
-        dpcomp::privacy::engine::Clipping::Adaptive(engine_settings),
-        dpcomp::privacy::noise::NoiseSource::Seeded,
-        1,
-    )
-    .err()
-    .expect("eta 1000 is refused")
-    .to_string();
+    let clipping = dpcomp::privacy::engine::Clipping::Adaptive(engine_settings);
+    let error = common::engine(1.0, 0.01, 10.0, clipping, 1)
+        .err()
+        .expect("eta 1000 is refused")
+        .to_string();
     assert!(error.contains("clip_learning_rate"), "{error}");
     // The radius stays bounded whatever the released fraction.
     let mut a = dpcomp::privacy::engine::AdaptiveClipping::new(1.0, 10.0);
@@ -434,8 +429,16 @@ fn bad_settings_elsewhere_are_errors_naming_what_was_typed() {
         &work.path().join("fl-runs").display().to_string(),
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("ratio=0.77: no cell"), "{}", stderr(&out));
-    assert!(stderr(&out).contains("ratio takes 0.05"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("ratio=0.77: no cell"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains("ratio takes 0.05"),
+        "{}",
+        stderr(&out)
+    );
     // Numbers as typed, not derived from them.
     for (args, named) in [
         (vec!["convex", "--epsilon=-1"], "--epsilon -1"),
@@ -508,11 +511,11 @@ fn empty_splits_and_models_without_parameters_are_refused() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("has no examples"), "{}", stderr(&out));
     assert!(!work.path().join("run").exists());
-    let e = dpcomp::privacy::engine::PrivacyEngine::new(
+    let e = common::engine(
         1.0,
         0.01,
+        10.0,
         dpcomp::privacy::engine::Clipping::Flat { max_norm: 1.0 },
-        dpcomp::privacy::noise::NoiseSource::Seeded,
         0,
     )
     .err()

@@ -308,15 +308,15 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         crate::privacy::noise::NoiseSource::Seeded
     };
     // A step's cost does not depend on q; the engine counts the benchmark's steps at q = 1.
-    let engine = std::cell::RefCell::new(crate::privacy::engine::PrivacyEngine::new(
-        args.noise_multiplier,
-        1.0,
-        crate::privacy::engine::Clipping::Flat {
-            max_norm: defaults.privacy.max_grad_norm,
-        },
-        noise,
-        params.len(),
-    )?);
+    let engine = crate::privacy::engine::PrivacyEngine::builder()
+        .noise_multiplier(args.noise_multiplier)
+        .sample_rate(1.0)
+        .expected_batch_size(batch_size as f64)
+        .delta(defaults.privacy.delta)
+        .max_grad_norm(defaults.privacy.max_grad_norm)
+        .noise_source(noise)
+        .build(&params)?;
+    let engine = std::cell::RefCell::new(engine);
     let dp_step = |sgd: &mut Updater| -> Result<()> {
         let totals = crate::train::private::dp_step(
             model.as_ref(),

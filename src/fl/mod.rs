@@ -638,13 +638,15 @@ fn run_rounds(
     let mut engine = settings
         .privacy
         .map(|p| {
-            PrivacyEngine::new(
-                p.noise_multiplier,
-                settings.fraction,
-                Clipping::Flat { max_norm: p.clip },
-                NoiseSource::Seeded,
-                1,
-            )
+            PrivacyEngine::builder()
+                .noise_multiplier(p.noise_multiplier)
+                .sample_rate(settings.fraction)
+                .dataset_size(settings.clients as u64)
+                .delta(p.delta)
+                .accountant(p.accountant)
+                .max_grad_norm(p.clip)
+                .noise_source(NoiseSource::Seeded)
+                .build(std::slice::from_ref(&w))
         })
         .transpose()?;
     let mut canaries = match (canary_settings, settings.privacy) {
@@ -772,12 +774,7 @@ fn run_rounds(
         let server_start = Instant::now();
         // The noise is drawn (and the round counted) even when no client was sampled.
         let aggregate = match engine.as_mut() {
-            Some(engine) => {
-                let expected_clients = settings.fraction * settings.clients as f64;
-                engine
-                    .privatize(&round_clipped, expected_clients)?
-                    .remove(0)
-            }
+            Some(engine) => engine.privatize(&round_clipped)?.remove(0),
             None if weight_total > 0.0 => sum / weight_total,
             None => sum,
         };
@@ -812,7 +809,7 @@ fn run_rounds(
         let evaluation = evaluate(&global_model, &test_x, &test_y)?;
         upstream_total += bits;
         let epsilon = match (&settings.privacy, &engine) {
-            (Some(p), Some(engine)) => Some(engine.epsilon(p.accountant, p.delta)?),
+            (Some(_), Some(engine)) => Some(engine.epsilon()?),
             _ => None,
         };
         // The clients' clipped messages (a canary's always is).

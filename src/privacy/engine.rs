@@ -303,6 +303,7 @@ impl Clipped {
     }
 }
 
+/// The DP-SGD engine (module docs). Built by `PrivacyEngine::builder()`, in named settings.
 pub struct PrivacyEngine {
     noise_multiplier: f64,
     sample_rate: f64,
@@ -312,12 +313,43 @@ pub struct PrivacyEngine {
     /// The share of each step's noise variance this engine draws: 1 in one process; 1/W on
     /// each of W workers whose noised sums are added (`share_noise_among`).
     noise_share: f64,
+    /// The accountant and δ `epsilon()` reports with.
+    accountant_kind: AccountantKind,
+    delta: f64,
+    /// E[B] = qN, what `privatize` divides the noised sum by (in one process).
+    expected_batch: f64,
+    /// How many steps the engine may take (`None`: no limit set).
+    step_budget: Option<u64>,
 }
 
 impl PrivacyEngine {
+    /// The settings of an engine, each by name (`PrivacyEngineBuilder`).
+    ///
+    /// ```
+    /// use dpcomp::prelude::*;
+    /// let params = [tch::Tensor::zeros([3, 2], (tch::Kind::Float, tch::Device::Cpu))];
+    /// let mut engine = PrivacyEngine::builder()
+    ///     .noise_multiplier(1.0)
+    ///     .delta(1e-5)
+    ///     .dataset_size(1_000)
+    ///     .expected_batch_size(10.0)
+    ///     .max_grad_norm(1.0)
+    ///     .steps(1)
+    ///     .build(&params)?;
+    /// let clipped = Clipped::empty(&params);
+    /// engine.privatize(&clipped)?; // noise, and one step counted
+    /// assert_eq!(engine.steps_left(), Some(0));
+    /// assert!(engine.privatize(&clipped).is_err()); // past the budget: refused, no noise drawn
+    /// assert!(engine.epsilon()? > 0.0);
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn builder() -> super::builder::PrivacyEngineBuilder {
+        super::builder::PrivacyEngineBuilder::default()
+    }
+
     /// An engine for `parameters` trainable tensors at noise multiplier σ and sampling rate q,
-    /// with an empty accountant.
-    pub fn new(
+    /// with an empty accountant; `set_reporting` completes it (the builder does both).
+    pub(super) fn new(
         noise_multiplier: f64,
         sample_rate: f64,
         clipping: Clipping,
@@ -345,7 +377,25 @@ impl PrivacyEngine {
             noise,
             accountant: Accountant::default(),
             noise_share: 1.0,
+            accountant_kind: AccountantKind::Rdp,
+            delta: f64::NAN,
+            expected_batch: f64::NAN,
+            step_budget: None,
         })
+    }
+
+    /// The accountant and δ of `epsilon()`, the divisor of `privatize` and the step budget.
+    pub(super) fn set_reporting(
+        &mut self,
+        kind: AccountantKind,
+        delta: f64,
+        expected_batch: f64,
+        step_budget: Option<u64>,
+    ) {
+        self.accountant_kind = kind;
+        self.delta = delta;
+        self.expected_batch = expected_batch;
+        self.step_budget = step_budget;
     }
 
     /// Data-parallel training over `workers` ranks whose noised clipped sums are added (issue
@@ -369,31 +419,6 @@ impl PrivacyEngine {
         Ok(())
     }
 
-    /// Opacus's `make_private_with_epsilon`: the engine whose σ is the smallest that keeps
-    /// `steps` steps at sampling rate q within `target_epsilon` at δ on the `kind` accountant
-    /// (`calibrate::noise_multiplier_for`, always on the safe side: ε(σ) <= target). For a
-    /// training of E epochs at q = 1 / (steps per epoch), `steps` = E / q.
-    #[allow(clippy::too_many_arguments)]
-    pub fn with_epsilon(
-        target_epsilon: f64,
-        delta: f64,
-        kind: AccountantKind,
-        sample_rate: f64,
-        steps: u64,
-        clipping: Clipping,
-        noise: NoiseSource,
-        parameters: usize,
-    ) -> Result<Self> {
-        let sigma = super::calibrate::noise_multiplier_for(
-            kind,
-            target_epsilon,
-            sample_rate,
-            steps,
-            delta,
-        )?;
-        Self::new(sigma, sample_rate, clipping, noise, parameters)
-    }
-
     /// Continues from a checkpoint's accountant and, under adaptive clipping, its radius C_t.
     /// Every recorded block must be at this engine's σ and q (anything else would mix two
     /// mechanisms under one ε), and an adaptive run that has taken steps must have its radius.
@@ -414,6 +439,15 @@ impl PrivacyEngine {
                 ))
             }
             (_, None) => {}
+        }
+        if let Some(budget) = self.step_budget.filter(|&b| accountant.steps() > b) {
+            return Err(Error::bad_value(
+                "accountant",
+                format!(
+                    "the checkpoint's accountant has taken {} steps, more than this engine's budget of {budget}",
+                    accountant.steps()
+                ),
+            ));
         }
         for b in &accountant.history {
             if b.noise_multiplier != self.noise_multiplier || b.sample_rate != self.sample_rate {
@@ -479,9 +513,36 @@ impl PrivacyEngine {
         &self.accountant
     }
 
-    /// ε after the steps taken so far, at δ.
-    pub fn epsilon(&self, kind: AccountantKind, delta: f64) -> Result<f64> {
+    /// ε after the steps taken so far, with the engine's accountant at its δ.
+    pub fn epsilon(&self) -> Result<f64> {
+        self.epsilon_at(self.accountant_kind, self.delta)
+    }
+
+    /// ε after the steps taken so far with another accountant or at another δ.
+    pub fn epsilon_at(&self, kind: AccountantKind, delta: f64) -> Result<f64> {
         Ok(self.accountant.epsilon(kind, delta)?.0)
+    }
+
+    /// δ of the guarantee `epsilon()` reports.
+    pub fn delta(&self) -> f64 {
+        self.delta
+    }
+
+    /// The accountant `epsilon()` reports with.
+    pub fn accountant_kind(&self) -> AccountantKind {
+        self.accountant_kind
+    }
+
+    /// E[B] = qN, what `privatize` divides the noised sum by.
+    pub fn expected_batch_size(&self) -> f64 {
+        self.expected_batch
+    }
+
+    /// Steps the budget still allows (`None` when the engine was built without `epochs` or
+    /// `steps`).
+    pub fn steps_left(&self) -> Option<u64> {
+        self.step_budget
+            .map(|b| b.saturating_sub(self.accountant.steps()))
     }
 
     /// Clips `per_sample` (in the order of the parameters) and sums each parameter's clipped
@@ -538,12 +599,34 @@ impl PrivacyEngine {
     }
 
     /// The noised mean gradient of one logical batch from its clipped sums: each sum plus
-    /// N(0, (σ sensitivity)²) per coordinate, divided by `expected_batch` (q N under Poisson
-    /// sampling, never the realised size). The step is counted in the accountant first; if it
-    /// cannot be (σ or q invalid), no noise is drawn and nothing is returned. Under adaptive
-    /// clipping the gradient is noised at σ_Δ, and the noisy unclipped fraction then moves the
-    /// radius for the next step (module docs).
-    pub fn privatize(&mut self, batch: &Clipped, expected_batch: f64) -> Result<Vec<Tensor>> {
+    /// N(0, (σ sensitivity)²) per coordinate, divided by the expected batch E[B] = qN (never
+    /// the realised size; E[B]/W on each of W workers, whose results are averaged). The step is
+    /// counted in the accountant first; if it cannot be (past the step budget, σ or q invalid),
+    /// no noise is drawn and nothing is returned. Under adaptive clipping the gradient is noised
+    /// at σ_Δ, and the noisy unclipped fraction then moves the radius for the next step (module
+    /// docs).
+    pub fn privatize(&mut self, batch: &Clipped) -> Result<Vec<Tensor>> {
+        let divisor = self.expected_batch * self.noise_share;
+        self.privatize_dividing_by(batch, divisor)
+    }
+
+    /// `privatize` with another divisor: the trainer's shuffled batches divide by their fixed
+    /// size, which is public.
+    pub(crate) fn privatize_dividing_by(
+        &mut self,
+        batch: &Clipped,
+        expected_batch: f64,
+    ) -> Result<Vec<Tensor>> {
+        if let Some(budget) = self.step_budget.filter(|&b| self.accountant.steps() >= b) {
+            return Err(Error::bad_value(
+                "privatize",
+                format!(
+                    "the engine's budget of {budget} steps is spent (epsilon {:.4} at delta {}); build an engine with more epochs or steps",
+                    self.epsilon().unwrap_or(f64::NAN),
+                    self.delta
+                ),
+            ));
+        }
         self.accountant
             .step(self.noise_multiplier, self.sample_rate, 1)?;
         let (sigma, sensitivity) = (

@@ -3,6 +3,7 @@
 
 pub mod accountant;
 pub mod audit;
+pub mod builder;
 pub mod calibrate;
 pub mod canary;
 pub mod engine;

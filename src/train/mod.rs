@@ -753,7 +753,16 @@ impl Trainer {
                     }
                 };
                 let q = 1.0 / steps_per_epoch as f64;
-                Some(PrivacyEngine::new(sigma, q, clipping, noise, params.len())?)
+                let engine = PrivacyEngine::builder()
+                    .noise_multiplier(sigma)
+                    .sample_rate(q)
+                    .expected_batch_size(data.train.len() as f64 / steps_per_epoch as f64)
+                    .delta(config.privacy.delta)
+                    .accountant(config.privacy.accountant)
+                    .clipping(clipping)
+                    .noise_source(noise)
+                    .build(&params)?;
+                Some(engine)
             }
             None => None,
         };
@@ -841,9 +850,7 @@ impl Trainer {
     /// ε spent so far with the configured accountant; `None` without privacy.
     pub fn epsilon(&self) -> Result<Option<f64>> {
         match &self.privacy {
-            Some(engine) => Ok(Some(
-                engine.epsilon(self.config.privacy.accountant, self.config.privacy.delta)?,
-            )),
+            Some(engine) => Ok(Some(engine.epsilon()?)),
             None => Ok(None),
         }
     }

@@ -159,7 +159,7 @@ pub fn dp_step(
         canaries.inject(&mut logical, &tensors, engine.clipping());
     }
     // Noise and the accountant's step, together (`PrivacyEngine::privatize`).
-    let grads = engine.privatize(&logical, settings.expected_batch)?;
+    let grads = engine.privatize_dividing_by(&logical, settings.expected_batch)?;
     updater.apply(&tensors, &grads)?;
     if let Some(canaries) = canaries {
         canaries.observe_step(&tensors, settings.expected_batch);

@@ -129,3 +129,22 @@ impl Draws {
         tch::Tensor::from_slice(&values).view(shape).to_kind(kind)
     }
 }
+
+/// A privacy engine at σ and sampling rate q whose `privatize` divides by `expected_batch`,
+/// reporting ε at δ 1e-5 on the RDP accountant, for `parameters` trainable tensors: the builder
+/// with the settings the engine's tests vary.
+pub fn engine(
+    sigma: f64,
+    sample_rate: f64,
+    expected_batch: f64,
+    clipping: dpcomp::privacy::engine::Clipping,
+    parameters: usize,
+) -> dpcomp::error::Result<dpcomp::privacy::engine::PrivacyEngine> {
+    dpcomp::privacy::engine::PrivacyEngine::builder()
+        .noise_multiplier(sigma)
+        .sample_rate(sample_rate)
+        .expected_batch_size(expected_batch)
+        .delta(1e-5)
+        .clipping(clipping)
+        .build(&vec![(); parameters])
+}
