@@ -611,8 +611,9 @@ impl TrainConfig {
     }
 
     /// Whether this run trains with DP-SGD.
+    /// DP training: σ given, or a target ε that the trainer calibrates σ for.
     pub fn private(&self) -> bool {
-        self.privacy.noise_multiplier.is_some()
+        self.privacy.noise_multiplier.is_some() || self.privacy.target_epsilon.is_some()
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -744,13 +745,9 @@ impl TrainConfig {
                 ));
             }
         }
+        // With σ, a target ε is a budget the run stops at; without, the trainer calibrates σ
+        // to it over the run's epochs.
         if let Some(e) = privacy.target_epsilon {
-            if !self.private() {
-                return Err(Error::bad_value(
-                    "privacy.target_epsilon",
-                    "needs `privacy.noise_multiplier` (DP training)",
-                ));
-            }
             positive("privacy.target_epsilon", e)?;
         }
         if privacy.physical_batch_size.is_some() && !self.private() {

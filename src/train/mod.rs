@@ -188,6 +188,43 @@ fn steps_per_epoch_of(examples: i64, batch_size: usize) -> i64 {
     (examples + batch - 1) / batch
 }
 
+/// σ for a run given `privacy.target_epsilon` and no `privacy.noise_multiplier`: the smallest
+/// that keeps all `epochs` x ⌈N / B⌉ steps at q = 1 / (steps per epoch) within the target at δ
+/// on the configured accountant (`PrivacyEngine::builder().target_epsilon`, Opacus's
+/// `make_private_with_epsilon`); `None` when σ is given or the run is not private.
+fn calibrated_sigma(config: &TrainConfig, train_examples: i64) -> Result<Option<f64>> {
+    let (None, Some(target)) = (
+        config.privacy.noise_multiplier,
+        config.privacy.target_epsilon,
+    ) else {
+        return Ok(None);
+    };
+    let steps_per_epoch = steps_per_epoch_of(train_examples, config.optimizer.batch_size) as u64;
+    let steps = (config.epochs as u64)
+        .checked_mul(steps_per_epoch)
+        .ok_or_else(|| {
+            Error::bad_value(
+                "epochs",
+                format!(
+                    "{}: at {steps_per_epoch} steps an epoch, more steps than can be counted",
+                    config.epochs
+                ),
+            )
+        })?;
+    let sigma = crate::privacy::calibrate::noise_multiplier_for(
+        config.privacy.accountant,
+        target,
+        1.0 / steps_per_epoch as f64,
+        steps,
+        config.privacy.delta,
+    )
+    .map_err(|e| match e {
+        Error::BadValue { field, what } => Error::bad_value(format!("privacy.{field}"), what),
+        other => other,
+    })?;
+    Ok(Some(sigma))
+}
+
 /// A model and data of one's own, handed to `Trainer::with_model`.
 struct OwnTask {
     model: Box<dyn Model>,
@@ -343,8 +380,16 @@ impl Trainer {
         fresh.wrote("config.toml");
         let built = std::fs::write(&config_path, config.to_toml())
             .map_err(|e| Error::io(&config_path, e))
-            .and_then(|()| Self::build(config, run_dir, Some(lock), own, edit, comm))
-            .and_then(|t| t.checked_by_workers(""));
+            .and_then(|()| Self::build(config.clone(), run_dir, Some(lock), own, edit, comm))
+            .and_then(|t| t.checked_by_workers(""))
+            .and_then(|t| {
+                // A σ calibrated from the target ε is part of the run's settings: a resume
+                // reads it back rather than calibrating again.
+                if t.config != config {
+                    crate::run_folder::replace(&config_path, t.config.to_toml().as_bytes())?;
+                }
+                Ok(t)
+            });
         match built {
             Ok(trainer) => Ok(trainer),
             Err(e) => {
@@ -653,7 +698,7 @@ impl Trainer {
     }
 
     fn build(
-        config: TrainConfig,
+        mut config: TrainConfig,
         run_dir: &Path,
         lock: Option<RunLock>,
         own: Option<OwnTask>,
@@ -724,6 +769,10 @@ impl Trainer {
                 config.optimizer.adam_eps,
             )),
         };
+        if let Some(sigma) = calibrated_sigma(&config, data.train.len())? {
+            config.privacy.noise_multiplier = Some(sigma);
+            config.validate()?;
+        }
         let privacy = match config.privacy.noise_multiplier {
             Some(sigma) => {
                 let steps_per_epoch =

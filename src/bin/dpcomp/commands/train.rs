@@ -107,6 +107,7 @@ fn run_in_threads(args: TrainArgs, workers: usize) -> Result<()> {
 fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
     let rank = comm.as_ref().map_or(0, |c| c.rank());
     let boxed = |c: Shared| -> Box<dyn Communicator> { Box::new(c) };
+    let mut calibrating = false;
     let mut trainer = if args.resume {
         let out = args.out.clone().ok_or_else(|| {
             Error::bad_value("--resume", "needs --out naming the run to continue")
@@ -123,6 +124,8 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
         .with_context(|| format!("resuming {}", out.display()))?
     } else {
         let (config, out) = fresh_config(&args)?;
+        calibrating =
+            config.privacy.noise_multiplier.is_none() && config.privacy.target_epsilon.is_some();
         match comm {
             Some(c) => Trainer::new_on(config, &out, boxed(c))?,
             None => Trainer::new(config, &out)?,
@@ -149,6 +152,20 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
             trainer.device,
             trainer.run_dir.display()
         );
+        if let (true, Some(sigma), Some(target)) = (
+            calibrating,
+            c.privacy.noise_multiplier,
+            c.privacy.target_epsilon,
+        ) {
+            eprintln!(
+                "noise multiplier {sigma:.4}: the smallest that keeps {} epochs of {} steps (q {:.6}) within epsilon {target} at delta {} ({:?} accountant)",
+                c.epochs,
+                trainer.steps_per_epoch(),
+                1.0 / trainer.steps_per_epoch() as f64,
+                c.privacy.delta,
+                c.privacy.accountant
+            );
+        }
         if c.task == Task::Snli {
             let dir = data::data_dir(c.data.data_dir.as_deref()).join("snli_1.0");
             eprintln!(
