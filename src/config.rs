@@ -374,13 +374,19 @@ settings_section! {
         /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
         rank / rank: i64 = 1, arg(long);
         /// Compressor setting key=value, repeatable. dgc: value_bits (9-32), index_bits
-        /// (32|min), momentum, masking, warmup_epochs, topk (sampled|exact), sample_ratio.
-        /// powersgd: shape (square|rows), min_rate, epsilon, warm_start, seed. denoise: beta,
+        /// (32|min), momentum, masking, warmup_epochs, topk (sampled|exact), sample_ratio,
+        /// error_feedback (true|false), residual_decay (0-1). powersgd: shape (square|rows),
+        /// min_rate, epsilon, warm_start, seed, error_feedback, residual_decay. denoise: beta,
         /// decay, scope (layer|model), value_bits, index_bits, topk, sample_ratio, clip.
         options / compressor_options: Vec<String> = Vec::new(),
             arg(long = "compressor-option", value_name = "KEY=VALUE");
     }
-    optional {}
+    optional {
+        /// Clip the (under DP: privatised) update's global L2 norm to this before the
+        /// compressor, for every compressor including identity: the compression paper's
+        /// "second clipping". Post-processing: ε does not change. One worker only.
+        clip_noised / clip_noised: f64, arg(long);
+    }
 }
 
 settings_section! {
@@ -798,6 +804,15 @@ impl TrainConfig {
                 "privacy.physical_batch_size",
                 "0: expected at least 1",
             ));
+        }
+        if let Some(c2) = self.compression.clip_noised {
+            // NaN fails every comparison: `!(c2 > 0.0)` refuses it too.
+            if c2.is_nan() || c2 <= 0.0 || c2.is_infinite() {
+                return Err(Error::bad_value(
+                    "compression.clip_noised",
+                    format!("{c2}: expected a positive, finite radius for the update's norm (leave it out for none)"),
+                ));
+            }
         }
         let spec = self.compressor_spec()?;
         if spec.kind == crate::compress::CompressorKind::Dgc

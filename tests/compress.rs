@@ -266,6 +266,86 @@ fn error_feedback_sent_plus_residual_equals_input_plus_old_residual() {
     }
 }
 
+/// Issue 38's ablation options: without error feedback the residual stays zero and the message
+/// is the top-k (DGC) or rank-r approximation (PowerSGD) of the current update alone; with
+/// `residual_decay` γ the residual is γ (input + old residual - sent).
+#[test]
+fn without_error_feedback_the_residual_stays_zero_and_decay_scales_it() {
+    let shapes = shapes_of(&update(0));
+    for options in [&["error_feedback=false"][..], &["residual_decay=0"][..]] {
+        let case = spec(CompressorKind::Dgc, 16.0, 1, options);
+        assert_eq!(case.dgc_options().unwrap().residual_decay, 0.0);
+        let mut no_ef = DgcEncoder::new(&shapes, Device::Cpu, case.dgc_options().unwrap());
+        for step in 0..4 {
+            let input = update(30 + step);
+            let sent = Unpack::per_parameter().decode(&no_ef.encode(&input));
+            for r in no_ef.residuals() {
+                assert_eq!(r.abs().max().double_value(&[]), 0.0, "step {step}");
+            }
+            // The same message as a fresh encoder's on this update: no memory of the past.
+            let mut fresh = DgcEncoder::new(&shapes, Device::Cpu, case.dgc_options().unwrap());
+            let alone = Unpack::per_parameter().decode(&fresh.encode(&input));
+            for (a, b) in sent.iter().zip(&alone) {
+                assert!(a.equal(b), "step {step}");
+            }
+        }
+    }
+    let half = spec(CompressorKind::Dgc, 16.0, 1, &["residual_decay=0.5"]);
+    let mut decayed = DgcEncoder::new(&shapes, Device::Cpu, half.dgc_options().unwrap());
+    for step in 0..4 {
+        let input = update(40 + step);
+        let old: Vec<Tensor> = decayed.residuals().iter().map(Tensor::copy).collect();
+        let sent = Unpack::per_parameter().decode(&decayed.encode(&input));
+        for i in 0..input.len() {
+            let want = (&input[i] + &old[i] - &sent[i]) * 0.5;
+            assert!(
+                max_abs(&decayed.residuals()[i], &want) < 1e-6,
+                "step {step} layer {i}"
+            );
+        }
+    }
+    // PowerSGD: the error stays zero; the message is the fresh approximation of the update
+    // alone, from the warm-started Q (so it differs from a fresh encoder's after step 1).
+    let mut c = spec(CompressorKind::Powersgd, 1.0, 2, &["error_feedback=false"])
+        .link(&shapes, Device::Cpu)
+        .unwrap();
+    for step in 0..4 {
+        let input = update(50 + step);
+        let sent = c.round_trip(&input).1;
+        for (name, t) in c.state() {
+            if name.starts_with("encoder.error.") {
+                assert_eq!(t.abs().max().double_value(&[]), 0.0, "{name} step {step}");
+            }
+        }
+        assert_eq!(max_abs(&sent[2], &input[2]), 0.0, "the bias is sent dense");
+    }
+    // Contradictory settings are refused, naming the option.
+    let e = CompressorSpec::new(
+        CompressorKind::Dgc,
+        16.0,
+        1,
+        &[
+            "error_feedback=false".to_string(),
+            "residual_decay=0.5".to_string(),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("compressor option residual_decay: 0.5 with error_feedback=false"),
+        "{e}"
+    );
+    let e = CompressorSpec::new(
+        CompressorKind::Powersgd,
+        1.0,
+        1,
+        &["residual_decay=2".to_string()],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("compressor option residual_decay: 2"), "{e}");
+}
+
 #[test]
 fn dgc_momentum_correction_and_masking() {
     let _serial = common::serial();

@@ -40,8 +40,7 @@ fn the_trainer_with_only_a_target_epsilon_calibrates_sigma_and_ends_at_the_targe
     assert!(epsilon <= 3.0 && epsilon > 0.999 * 3.0, "epsilon {epsilon}");
     assert_eq!(summary.noise_multiplier, Some(want));
     // The run's config.toml holds the σ it chose, so a resume reads it back.
-    let saved =
-        TrainConfig::from_toml_file(&work.path().join("run").join("config.toml")).unwrap();
+    let saved = TrainConfig::from_toml_file(&work.path().join("run").join("config.toml")).unwrap();
     assert_eq!(saved.privacy.noise_multiplier, Some(want));
     assert_eq!(saved.privacy.target_epsilon, Some(3.0));
 }

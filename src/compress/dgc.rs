@@ -19,6 +19,12 @@
 //! `dense_vectors=true` every 1-D parameter (biases, norm scales) is sent dense too, as DGC
 //! implementations that compress only weight matrices and kernels do.
 //!
+//! Error feedback (`residual_decay` γ, default 1; `error_feedback=false` is γ = 0): after the
+//! message is taken out, the residual becomes γ (v - sent). γ = 1 is DGC's error feedback, which
+//! eventually sends every coordinate of every update, the DP noise included; γ = 0 is a top-k of
+//! the current update alone, which drops what it does not send (issue 38's ablation of the
+//! compression paper's gains under DP).
+//!
 //! What the rate divides is `budget` (`bits`, the default: the message's wire bits; `elements`:
 //! k = ceil(numel / rate), DGC's `compress_ratio`): see `encoding::Budget` for the derivation
 //! against the paper's bandwidth figures. The warm-up schedule is `warmup=paper` (DGC paper:
@@ -43,6 +49,8 @@ pub struct DgcOptions {
     pub scope: Scope,
     pub budget: Budget,
     pub dense_vectors: bool,
+    /// γ in [0, 1]: the share of the unsent update kept for the next step (1: error feedback).
+    pub residual_decay: f64,
 }
 
 /// DGC's sparsity warm-up over `warmup_epochs` W.
@@ -113,6 +121,15 @@ impl DgcEncoder {
     }
 }
 
+/// residual <- γ residual (nothing when γ = 1; zeros when γ = 0).
+fn decay_residual(residual: &mut Tensor, decay: f64) {
+    if decay == 0.0 {
+        let _ = residual.zero_();
+    } else if decay != 1.0 {
+        let _ = residual.g_mul_scalar_(decay);
+    }
+}
+
 impl Encoder for DgcEncoder {
     fn encode(&mut self, update: &[Tensor]) -> Message {
         let rate = self.current_rate();
@@ -151,6 +168,7 @@ impl Encoder for DgcEncoder {
                     {
                         let values = truncate_mantissa(v, o.value_bits);
                         let _ = v.g_sub_(&values);
+                        decay_residual(v, o.residual_decay);
                         if let Some(u) = self.momenta.get_mut(i).filter(|_| o.masking) {
                             let _ = u.zero_();
                         }
@@ -163,6 +181,7 @@ impl Encoder for DgcEncoder {
                     let (indices, kept) = largest(&flat, k, o.topk);
                     let values = truncate_mantissa(&kept, o.value_bits);
                     let _ = flat.shallow_clone().index_add_(0, &indices, &values.neg());
+                    decay_residual(v, o.residual_decay);
                     if let Some(u) = self.momenta.get_mut(i).filter(|_| o.masking) {
                         let _ = u.view([-1]).index_fill_(0, &indices, 0.0);
                     }

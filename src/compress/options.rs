@@ -90,8 +90,18 @@ impl CompressorKind {
                 "scope",
                 "budget",
                 "dense_vectors",
+                "error_feedback",
+                "residual_decay",
             ],
-            CompressorKind::Powersgd => &["shape", "min_rate", "epsilon", "warm_start", "seed"],
+            CompressorKind::Powersgd => &[
+                "shape",
+                "min_rate",
+                "epsilon",
+                "warm_start",
+                "seed",
+                "error_feedback",
+                "residual_decay",
+            ],
             CompressorKind::Denoise => &[
                 "beta",
                 "decay",
@@ -367,7 +377,24 @@ impl CompressorSpec {
             scope: self.scope()?,
             budget: self.budget()?,
             dense_vectors: self.get("dense_vectors", false, "true or false")?,
+            residual_decay: self.residual_decay()?,
         })
+    }
+
+    /// γ of `residual <- γ (residual - sent)` (DGC, PowerSGD): `residual_decay` in [0, 1]
+    /// (default 1: the error feedback of both papers); `error_feedback=false` is γ = 0 (the
+    /// compression of the current update alone: what is not sent is dropped). Giving both with
+    /// `error_feedback=false` and a γ other than 0 is a contradiction.
+    fn residual_decay(&self) -> Result<f64> {
+        let feedback: bool = self.get("error_feedback", true, "true or false")?;
+        let decay = self.unit("residual_decay", 1.0, false)?;
+        if !feedback && self.options.contains_key("residual_decay") && decay != 0.0 {
+            return Err(Error::bad_value(
+                "compressor option residual_decay",
+                format!("{decay} with error_feedback=false, which keeps no residual: give one of the two"),
+            ));
+        }
+        Ok(if feedback { decay } else { 0.0 })
     }
 
     /// `budget=bits|elements` of the sparsifiers (`encoding::Budget`; bits by default).
@@ -420,6 +447,7 @@ impl CompressorSpec {
             epsilon,
             warm_start: self.get("warm_start", true, "true or false")?,
             seed: self.get("seed", 0, "an integer")?,
+            residual_decay: self.residual_decay()?,
         })
     }
 

@@ -27,6 +27,10 @@ pub struct PowerSgdOptions {
     pub epsilon: f64,
     pub warm_start: bool,
     pub seed: i64,
+    /// γ in [0, 1] of the error feedback e <- γ (M - P Qᵀ) (1: PowerSGD's; 0,
+    /// `error_feedback=false`: the rank-r approximation of the current update alone, warm start
+    /// kept).
+    pub residual_decay: f64,
 }
 
 /// The matrix a parameter of `shape` is viewed as, or `None` for a vector.
@@ -250,7 +254,11 @@ impl PowerSgdEncoder {
                     .error
                     .as_mut()
                     .expect("compressed layer has a residual");
-                error.copy_(&(&matrix - approximation));
+                if o.residual_decay == 0.0 {
+                    let _ = error.zero_();
+                } else {
+                    error.copy_(&((&matrix - approximation) * o.residual_decay));
+                }
                 if n * m > numel {
                     // Padding is not part of the update: no error is fed back there.
                     let _ = error.view([-1]).narrow(0, numel, n * m - numel).zero_();

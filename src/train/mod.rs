@@ -816,9 +816,16 @@ impl Trainer {
             None => None,
         };
         let mut updater = Updater::new(optimizer, compressor);
+        updater.clip_noised = config.compression.clip_noised;
         let mut privacy = privacy;
         if let Some(comm) = comm.filter(|c| c.size() > 1) {
             let workers = comm.size();
+            if let Some(c2) = config.compression.clip_noised {
+                return Err(Error::bad_value(
+                    "compression.clip_noised",
+                    format!("{c2} with {workers} workers: each worker's update carries only its share of the noise, so clipping it before the exchange would not be post-processing of a private value; run it with one worker"),
+                ));
+            }
             if !config.analysis.grad_error_epochs.is_empty() {
                 return Err(Error::bad_value(
                     "analysis.grad_error_epochs",

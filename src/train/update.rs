@@ -22,6 +22,11 @@ pub struct Updater {
     pub exchange: Option<Exchange>,
     /// What the last step's exchange cost (zero with one worker).
     pub last_traffic: StepTraffic,
+    /// C2: the update's global L2 norm is clipped to this before the compressor (the
+    /// compression paper's "second clipping", `compression.clip_noised`; post-processing of
+    /// the privatised gradient, so ε does not change). One worker only: with several, each
+    /// worker's share of the noise is not private on its own.
+    pub clip_noised: Option<f64>,
 }
 
 impl Updater {
@@ -33,6 +38,7 @@ impl Updater {
             last_paper_bits: 0,
             exchange: None,
             last_traffic: StepTraffic::default(),
+            clip_noised: None,
         }
     }
 
@@ -49,6 +55,14 @@ impl Updater {
     /// decoder reconstructs from those bytes (with W workers: on the mean of what every worker's
     /// message decodes to, `Exchange::exchange`). Returns the bits sent (8 x the byte length).
     pub fn apply(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
+        let clipped;
+        let grads = match self.clip_noised {
+            Some(radius) => {
+                clipped = clip_global_norm(grads, radius);
+                &clipped[..]
+            }
+            None => grads,
+        };
         if let Some(exchange) = self.exchange.as_mut() {
             let exchanged = exchange.exchange(self.compressor.encoder.as_mut(), grads)?;
             self.last_bits = exchanged.bits;
@@ -67,4 +81,21 @@ impl Updater {
         self.optimizer.step(params, &update);
         Ok(self.last_bits)
     }
+}
+
+/// `grads` scaled by min(1, radius / ||grads||) over all of them together, on the device (no
+/// host read: the factor stays a tensor).
+fn clip_global_norm(grads: &[Tensor], radius: f64) -> Vec<Tensor> {
+    tch::no_grad(|| {
+        let squares: Vec<Tensor> = grads
+            .iter()
+            .map(|g| g.to_kind(tch::Kind::Float).square().sum(tch::Kind::Float))
+            .collect();
+        let norm = Tensor::stack(&squares, 0).sum(tch::Kind::Float).sqrt();
+        let factor = (radius / (norm + 1e-6)).clamp_max(1.0);
+        grads
+            .iter()
+            .map(|g| g * &factor.to_kind(g.kind()))
+            .collect()
+    })
 }

@@ -1,0 +1,104 @@
+//! Issue 38's ablation options are post-processing of the privatised gradient: the second
+//! clipping `compression.clip_noised` bounds the update's norm before any compressor, and no
+//! option (error feedback off, a residual decay, the second clipping) changes ε.
+
+mod common;
+
+use dpcomp::compress::CompressorKind;
+use dpcomp::config::{Task, TrainConfig};
+use dpcomp::train::sgd::Sgd;
+use dpcomp::train::update::Updater;
+use dpcomp::train::Trainer;
+use tch::{Device, Kind, Tensor};
+
+#[test]
+fn clip_noised_bounds_the_updates_norm_before_the_compressor() {
+    let _serial = common::serial();
+    let params = [
+        Tensor::zeros([30], (Kind::Float, Device::Cpu)),
+        Tensor::zeros([4, 5], (Kind::Float, Device::Cpu)),
+    ];
+    // Plain SGD at lr 1: the weights move by minus what the optimiser receives.
+    for (scale, radius) in [(10.0, 2.0), (0.01, 2.0), (3.0, 0.5)] {
+        let mut updater = Updater::plain(Sgd::new(1.0, 0.0));
+        updater.clip_noised = Some(radius);
+        for p in &params {
+            let _ = tch::no_grad(|| p.shallow_clone().zero_());
+        }
+        tch::manual_seed(3);
+        let grads: Vec<Tensor> = params.iter().map(|p| p.randn_like() * scale).collect();
+        let norm = |ts: &[Tensor]| {
+            ts.iter()
+                .map(|t| t.square().sum(Kind::Double).double_value(&[]))
+                .sum::<f64>()
+                .sqrt()
+        };
+        let before = norm(&grads);
+        updater.apply(&params, &grads).unwrap();
+        let moved = norm(&params);
+        let want = before.min(radius);
+        assert!(
+            (moved - want).abs() < 1e-4 * want,
+            "grad norm {before}, radius {radius}: moved {moved}, want {want}"
+        );
+        // The direction is kept.
+        let cosine: f64 = params
+            .iter()
+            .zip(&grads)
+            .map(|(p, g)| (p * g).sum(Kind::Double).double_value(&[]))
+            .sum::<f64>()
+            / (moved * before);
+        assert!((cosine + 1.0).abs() < 1e-5, "cosine {cosine}");
+    }
+}
+
+#[test]
+fn the_ablation_options_leave_epsilon_unchanged() {
+    let _serial = common::serial();
+    let Some(root) = common::require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let run = |name: &str, edit: &dyn Fn(&mut TrainConfig)| {
+        let mut c = TrainConfig::paper_defaults(Task::Surnames);
+        c.epochs = 1;
+        c.data.limit_train = Some(512);
+        c.data.limit_test = Some(64);
+        c.data.data_dir = Some(root.clone());
+        c.device = dpcomp::config::DeviceChoice::Cpu;
+        c.privacy.noise_multiplier = Some(0.8);
+        edit(&mut c);
+        let mut t = Trainer::new(c, &work.path().join(name)).unwrap();
+        t.progress = false;
+        t.run().unwrap()
+    };
+    let plain = run("plain", &|_| {});
+    let arms: [(&str, &dyn Fn(&mut TrainConfig)); 4] = [
+        ("clip-noised", &|c| c.compression.clip_noised = Some(3.0)),
+        ("dgc-no-ef", &|c| {
+            c.compression.kind = CompressorKind::Dgc;
+            c.compression.rate = 16.0;
+            c.compression.options = vec!["error_feedback=false".into()];
+        }),
+        ("dgc-decay", &|c| {
+            c.compression.kind = CompressorKind::Dgc;
+            c.compression.rate = 16.0;
+            c.compression.options = vec!["residual_decay=0.5".into()];
+            c.compression.clip_noised = Some(3.0);
+        }),
+        ("powersgd-no-ef", &|c| {
+            c.compression.kind = CompressorKind::Powersgd;
+            c.compression.options = vec!["error_feedback=false".into()];
+        }),
+    ];
+    for (name, edit) in arms {
+        let summary = run(name, edit);
+        assert_eq!(summary.epsilon, plain.epsilon, "{name}");
+        assert!(summary.last_test_accuracy.is_finite(), "{name}");
+    }
+    // A bad radius is refused, naming the setting.
+    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    c.compression.clip_noised = Some(f64::NAN);
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.starts_with("compression.clip_noised: NaN"), "{e}");
+}
