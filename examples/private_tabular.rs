@@ -202,7 +202,12 @@ fn main() -> Result<()> {
             .nth(k)
             .map_or(default, |a| a.parse().unwrap_or(default))
     };
-    let out = train(Path::new(&path), arg(2, 3.0), arg(3, 10.0) as usize, arg(4, 0.0) as i64)?;
+    let out = train(
+        Path::new(&path),
+        arg(2, 3.0),
+        arg(3, 10.0) as usize,
+        arg(4, 0.0) as i64,
+    )?;
     println!("test accuracy {:.1}%", 100.0 * out.test_accuracy);
     println!(
         "epsilon {:.4} at delta {} (sigma {:.4}, q {:.5}, {} steps)",

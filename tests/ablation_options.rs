@@ -73,7 +73,8 @@ fn the_ablation_options_leave_epsilon_unchanged() {
         t.run().unwrap()
     };
     let plain = run("plain", &|_| {});
-    let arms: [(&str, &dyn Fn(&mut TrainConfig)); 4] = [
+    type Edit<'a> = &'a dyn Fn(&mut TrainConfig);
+    let arms: [(&str, Edit); 4] = [
         ("clip-noised", &|c| c.compression.clip_noised = Some(3.0)),
         ("dgc-no-ef", &|c| {
             c.compression.kind = CompressorKind::Dgc;
