@@ -95,7 +95,9 @@ pub fn train(run_dir: &Path, epochs: usize, progress: bool) -> Result<Summary> {
     } else {
         Trainer::with_model(config(epochs), run_dir, model, data())?
     };
-    trainer.progress = progress;
+    if progress {
+        trainer.observe(Box::new(dpcomp::train::observer::ProgressBars::default()));
+    }
     trainer.run()
 }
 

@@ -428,7 +428,9 @@ pub fn run(
             }
             other => other?,
         };
-        trainer.progress = progress;
+        if progress {
+            trainer.observe(Box::new(crate::train::observer::ProgressBars::default()));
+        }
         trainer.run()?;
     }
     write_results(experiment, profile, runs_root)?;

@@ -69,7 +69,6 @@ fn the_ablation_options_leave_epsilon_unchanged() {
         c.privacy.noise_multiplier = Some(0.8);
         edit(&mut c);
         let mut t = Trainer::new(c, &work.path().join(name)).unwrap();
-        t.progress = false;
         t.run().unwrap()
     };
     let plain = run("plain", &|_| {});

@@ -286,7 +286,6 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
     measured.analysis.grad_error_draws = 2;
     let weights = |c: TrainConfig, dir: &Path| {
         let mut t = Trainer::new(c, dir).unwrap();
-        t.progress = false;
         t.run().unwrap();
         let ckpt = checkpoint::find(dir).unwrap();
         let mut named = Tensor::read_safetensors(ckpt.join("model.safetensors")).unwrap();

@@ -37,7 +37,6 @@ fn with(
 
 fn train(c: TrainConfig, dir: &Path) -> dpcomp::train::metrics::Summary {
     let mut t = Trainer::new(c, dir).unwrap();
-    t.progress = false;
     t.run().unwrap()
 }
 
@@ -176,7 +175,6 @@ fn compressor_state_survives_resume_exactly() {
             .join("compressor.safetensors")
             .is_file());
         let mut t = Trainer::resume(split.path(), Some(2)).unwrap();
-        t.progress = false;
         t.run().unwrap();
         let (straight_weights, split_weights) = (weights(straight.path()), weights(split.path()));
         assert!(!straight_weights.is_empty() && straight_weights.len() == split_weights.len());

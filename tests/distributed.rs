@@ -450,7 +450,6 @@ fn train_gru(
             }
             Trainer::with_model_on(config, &dir, model, data, comm)?
         };
-        trainer.progress = false;
         trainer.run()
     })?;
     // A failing rank's own error, rather than the others' "rank 1 left the group".
@@ -646,7 +645,6 @@ fn local_noise_gives_every_worker_the_whole_sigma() {
             config.compression.rate = 1.0;
             config.privacy.local_noise = local;
             let mut trainer = Trainer::with_model_on(config, &run, model, data, Box::new(comm))?;
-            trainer.progress = false;
             let std = trainer.privacy.as_ref().unwrap().noise_std();
             Ok::<_, Error>((std, trainer.run()?))
         })
@@ -697,7 +695,6 @@ fn gathered_compressors_need_the_whole_noise_on_every_worker() {
             let mut config = example::config(1);
             config.privacy.local_noise = local;
             let mut trainer = Trainer::with_model_on(config, &run, model, data, Box::new(comm))?;
-            trainer.progress = false;
             trainer.run()
         })
         .unwrap();

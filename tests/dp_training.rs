@@ -178,7 +178,6 @@ fn secure_noise_is_not_a_function_of_the_seed() {
         c.privacy.secure_noise = secure;
         let dir = work.path().join(name);
         let mut t = Trainer::new(c, &dir).unwrap();
-        t.progress = false;
         let summary = t.run().unwrap();
         let mut weights =
             Tensor::read_safetensors(checkpoint::checkpoint_dir(&dir).join("model.safetensors"))
@@ -465,16 +464,13 @@ fn resumed_dp_run_continues_its_epsilon() {
     };
     let straight = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(dp_config(&root, 3), straight.path()).unwrap();
-    t.progress = false;
     let whole = t.run().unwrap();
     let split = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(dp_config(&root, 1), split.path()).unwrap();
-    t.progress = false;
     t.run().unwrap();
     // The first trainer holds the run folder until dropped (one writer per folder).
     drop(t);
     let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
-    t.progress = false;
     assert_eq!(
         t.accountant().unwrap().steps(),
         20,
@@ -515,7 +511,6 @@ fn target_epsilon_stops_before_exceeding_it() {
     c.privacy.target_epsilon = Some(4.0);
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
-    t.progress = false;
     let summary = t.run().unwrap();
     let eps = summary.epsilon.unwrap();
     assert!(eps <= 4.0, "{eps}");
@@ -546,7 +541,6 @@ fn surnames_dp_training_learns_something() {
     c.privacy.max_grad_norm = 0.1;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
-    t.progress = false;
     let summary = t.run().unwrap();
     // The majority class (Russian) is about 47% of the test set; measured 62.9% after two epochs.
     assert!(
@@ -570,7 +564,6 @@ fn target_epsilon_with_the_pld_accountant() {
     c.privacy.accountant = dpcomp::config::AccountantKind::Pld;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
-    t.progress = false;
     let summary = t.run().unwrap();
     let steps = t.accountant().unwrap().steps();
     let eps = |n| dpcomp::privacy::pld::epsilon(1.0 / 20.0, 0.8, n, 8e-5).unwrap();
@@ -693,14 +686,12 @@ fn poisson_steps_divide_by_the_expected_batch() {
     assert_eq!(shuffle.dp_settings(7).unwrap().expected_batch, 7.0);
     // Shuffled batches are accounted as if Poisson: the summary says so.
     let mut shuffle = shuffle;
-    shuffle.progress = false;
     let sampling = shuffle.run().unwrap().sampling.unwrap();
     assert!(
         sampling.contains("approximation: the accountant assumes Poisson"),
         "{sampling}"
     );
     let mut poisson = poisson;
-    poisson.progress = false;
     assert_eq!(poisson.run().unwrap().sampling.as_deref(), Some("poisson"));
     let plain = trainer("plain", &|c| c.privacy.noise_multiplier = None);
     assert!(plain.dp_settings(32).is_none());

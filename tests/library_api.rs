@@ -23,7 +23,6 @@ fn the_trainer_with_only_a_target_epsilon_calibrates_sigma_and_ends_at_the_targe
     config.privacy.target_epsilon = Some(3.0);
     assert_eq!(config.privacy.noise_multiplier, None);
     let mut trainer = Trainer::new(config.clone(), &work.path().join("run")).unwrap();
-    trainer.progress = false;
     // 512 examples in batches of 32: 16 steps an epoch at q 1/16, 32 steps in all.
     assert_eq!(trainer.steps_per_epoch(), 16);
     let want = noise_multiplier_for(
@@ -43,4 +42,100 @@ fn the_trainer_with_only_a_target_epsilon_calibrates_sigma_and_ends_at_the_targe
     let saved = TrainConfig::from_toml_file(&work.path().join("run").join("config.toml")).unwrap();
     assert_eq!(saved.privacy.noise_multiplier, Some(want));
     assert_eq!(saved.privacy.target_epsilon, Some(3.0));
+}
+
+/// What an observer hears: every epoch's start and its metrics row (the same as `history` and
+/// `metrics.jsonl`), every step, the running totals every `interval` steps; and a run without
+/// one writes nothing to stderr (`dpcomp train --quiet` installs none).
+#[test]
+fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_one() {
+    use dpcomp::train::metrics::EpochMetrics;
+    use dpcomp::train::observer::{LiveProgress, Observer};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+    let _serial = common::serial();
+    let Some(root) = common::require_shared_data() else {
+        return;
+    };
+    #[derive(Default)]
+    struct Heard {
+        started: Vec<(usize, usize, usize)>,
+        steps: usize,
+        live: Vec<LiveProgress>,
+        rows: Vec<EpochMetrics>,
+    }
+    struct Recorder(Rc<RefCell<Heard>>);
+    impl Observer for Recorder {
+        fn epoch_started(&mut self, epoch: usize, epochs: usize, steps: usize) {
+            self.0.borrow_mut().started.push((epoch, epochs, steps));
+        }
+        fn step_finished(&mut self, _epoch: usize, _step: usize) {
+            self.0.borrow_mut().steps += 1;
+        }
+        fn interval(&self) -> usize {
+            5
+        }
+        fn progress(&mut self, live: &LiveProgress) {
+            self.0.borrow_mut().live.push(live.clone());
+        }
+        fn epoch_finished(&mut self, metrics: &EpochMetrics) {
+            self.0.borrow_mut().rows.push(metrics.clone());
+        }
+    }
+    let work = tempfile::tempdir().unwrap();
+    let mut config = TrainConfig::paper_defaults(Task::Surnames);
+    config.epochs = 3;
+    config.data.limit_train = Some(320);
+    config.data.limit_test = Some(64);
+    config.data.data_dir = Some(root.clone());
+    config.device = dpcomp::config::DeviceChoice::Cpu;
+    config.privacy.noise_multiplier = Some(1.0);
+    let run_dir = work.path().join("run");
+    let mut trainer = Trainer::new(config, &run_dir).unwrap();
+    let heard = Rc::new(RefCell::new(Heard::default()));
+    trainer.observe(Box::new(Recorder(heard.clone())));
+    trainer.run().unwrap();
+    let heard = heard.borrow();
+    // 320 examples in batches of 32: 10 steps an epoch (Poisson batches: 10 of them).
+    assert_eq!(heard.started, vec![(0, 3, 10), (1, 3, 10), (2, 3, 10)]);
+    assert_eq!(heard.steps, 30);
+    assert_eq!(heard.live.len(), 6, "steps 5 and 10 of each epoch");
+    assert!(heard
+        .live
+        .iter()
+        .all(|l| l.epsilon.is_some() && l.loss.is_finite()));
+    assert_eq!(heard.rows, trainer.history);
+    let logged = dpcomp::train::metrics::read(&run_dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(logged.len(), 3);
+    for (row, line) in heard.rows.iter().zip(&logged) {
+        assert_eq!(row.epoch, line.epoch);
+        assert_eq!(row.test_accuracy, line.test_accuracy);
+        assert_eq!(row.epsilon, line.epsilon);
+    }
+    // The command line without its observer (--quiet): nothing on stderr.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+        .args([
+            "train",
+            "--task",
+            "surnames",
+            "--epochs",
+            "1",
+            "--limit-train",
+            "64",
+            "--limit-test",
+            "32",
+            "--data-dir",
+            &root.display().to_string(),
+            "--out",
+            &work.path().join("quiet").display().to_string(),
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }

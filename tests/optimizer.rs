@@ -197,11 +197,9 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
     let work = tempfile::tempdir().unwrap();
     let (straight, split) = (work.path().join("straight"), work.path().join("split"));
     let mut t = Trainer::new(config(2), &straight).unwrap();
-    t.progress = false;
     let summary = t.run().unwrap();
     drop(t);
     let mut t = Trainer::new(config(1), &split).unwrap();
-    t.progress = false;
     t.run().unwrap();
     drop(t);
     let saved = checkpoint::read_momentum(&checkpoint::checkpoint_dir(&split)).unwrap();
@@ -211,7 +209,6 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
         "640 / 32 steps in one epoch"
     );
     let mut t = Trainer::resume(&split, Some(2)).unwrap();
-    t.progress = false;
     let resumed = t.run().unwrap();
     for ((name, a), (_, b)) in weights(&straight).iter().zip(weights(&split)) {
         assert!(a.equal(&b), "{name} differs after the resume");

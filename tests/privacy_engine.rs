@@ -375,7 +375,6 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
     };
     let run = |clipping: ClippingMode, name: &str| {
         let mut t = Trainer::new(config(clipping), &work.path().join(name)).unwrap();
-        t.progress = false;
         let summary = t.run().unwrap();
         let weights: Vec<Tensor> = t.params.iter().map(|(_, p)| p.copy()).collect();
         (summary, weights)
@@ -760,7 +759,6 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
     let work = tempfile::tempdir().unwrap();
     let (straight, split) = (work.path().join("straight"), work.path().join("split"));
     let mut t = Trainer::new(config(2, ClippingMode::Adaptive), &straight).unwrap();
-    t.progress = false;
     let summary = t.run().unwrap();
     let weights: Vec<Tensor> = t.params.iter().map(|(_, p)| p.copy()).collect();
     let history = t.history.clone();
@@ -771,11 +769,9 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
         "the radius did not move from 0.5: {radii:?}"
     );
     let mut t = Trainer::new(config(1, ClippingMode::Adaptive), &split).unwrap();
-    t.progress = false;
     t.run().unwrap();
     drop(t);
     let mut t = Trainer::resume(&split, Some(2)).unwrap();
-    t.progress = false;
     let resumed = t.run().unwrap();
     for ((name, p), w) in t.params.iter().zip(&weights) {
         assert!(p.equal(w), "{name} differs after the resume");
@@ -783,7 +779,6 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
     assert_eq!(t.history[1].clip_radius, history[1].clip_radius);
     assert_eq!(summary.epsilon, resumed.epsilon);
     let mut t = Trainer::new(config(2, ClippingMode::Flat), &work.path().join("flat")).unwrap();
-    t.progress = false;
     assert_eq!(t.run().unwrap().epsilon, summary.epsilon);
 }
 

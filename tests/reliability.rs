@@ -37,7 +37,6 @@ fn one_epoch_run(root: &Path, work: &Path) -> std::path::PathBuf {
 
 fn train(config: TrainConfig, dir: &Path) -> dpcomp::train::metrics::Summary {
     let mut trainer = Trainer::new(config, dir).unwrap();
-    trainer.progress = false;
     trainer.run().unwrap()
 }
 
@@ -270,7 +269,6 @@ fn resume_refuses_a_corrupted_or_altered_checkpoint() {
     // The untouched copy resumes, and its ε is the uninterrupted run's.
     let good = fresh("good");
     let mut trainer = Trainer::resume(&good, Some(2)).unwrap();
-    trainer.progress = false;
     let resumed = trainer.run().unwrap();
     let straight = train(small_private(&root), &work.path().join("straight"));
     assert_eq!(resumed.epsilon, straight.epsilon);
@@ -404,7 +402,6 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
     config.privacy.target_epsilon = Some(0.001);
     let run = work.path().join("tiny-target");
     let mut trainer = Trainer::new(config.clone(), &run).unwrap();
-    trainer.progress = false;
     let err = trainer.run().expect_err("an unreachable target trained");
     assert!(err.to_string().contains("already spends epsilon"), "{err}");
     assert!(!run.join("metrics.jsonl").exists());
@@ -413,7 +410,6 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
     config.privacy.noise_multiplier = Some(0.0);
     config.privacy.target_epsilon = Some(5.0);
     let mut trainer = Trainer::new(config.clone(), &work.path().join("sigma0-target")).unwrap();
-    trainer.progress = false;
     let err = trainer.run().unwrap_err().to_string();
     assert!(
         err.starts_with("privacy.target_epsilon:") && err.contains("inf"),

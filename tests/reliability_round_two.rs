@@ -185,7 +185,6 @@ fn a_half_written_metrics_row_does_not_stop_the_resume() {
     c.data.data_dir = Some(root.clone());
     c.device = dpcomp::config::DeviceChoice::Cpu;
     let mut trainer = Trainer::new(c, &run).unwrap();
-    trainer.progress = false;
     trainer.run().unwrap();
     drop(trainer);
     let metrics = run.join("metrics.jsonl");
@@ -193,7 +192,6 @@ fn a_half_written_metrics_row_does_not_stop_the_resume() {
     text.push_str("{\"epoch\":3,\"steps\":12,\"train_lo");
     std::fs::write(&metrics, text).unwrap();
     let mut resumed = Trainer::resume(&run, Some(3)).unwrap();
-    resumed.progress = false;
     let s = resumed.run().unwrap();
     assert_eq!(s.epochs, 3);
     let rows = dpcomp::train::metrics::read(&metrics).unwrap();
@@ -225,7 +223,6 @@ fn a_resume_on_other_data_is_refused() {
     c.data.data_dir = Some(data.clone());
     c.device = dpcomp::config::DeviceChoice::Cpu;
     let mut trainer = Trainer::new(c, &run).unwrap();
-    trainer.progress = false;
     trainer.run().unwrap();
     drop(trainer);
     // Rotate the files' contents: each language's names now sit under the next language.

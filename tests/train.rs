@@ -58,7 +58,6 @@ fn surnames_two_epochs_beat_the_majority_class_by_far() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut trainer = Trainer::new(surnames_config(&root, 2, None), dir.path()).unwrap();
-    trainer.progress = false;
     let summary = trainer.run().unwrap();
     // Majority class is 47%; two epochs of the paper's settings reach about 70%.
     assert!(
@@ -85,12 +84,10 @@ fn resume_equals_an_uninterrupted_run() {
     };
     let straight = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(surnames_config(&root, 3, Some(1500)), straight.path()).unwrap();
-    t.progress = false;
     t.run().unwrap();
 
     let split = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(surnames_config(&root, 1, Some(1500)), split.path()).unwrap();
-    t.progress = false;
     t.run().unwrap();
     // A stray line from after the checkpoint (a run killed between the two writes) is dropped.
     let line = std::fs::read_to_string(split.path().join("metrics.jsonl")).unwrap();
@@ -102,7 +99,6 @@ fn resume_equals_an_uninterrupted_run() {
     // The first trainer holds the run folder until dropped (one writer per folder).
     drop(t);
     let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
-    t.progress = false;
     assert_eq!(t.state.epochs_done, 1);
     assert_eq!(t.history.len(), 1);
     t.run().unwrap();
@@ -125,19 +121,16 @@ fn momentum_buffers_survive_resume() {
     config.optimizer.lr = 0.5;
     let straight = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(config.clone(), straight.path()).unwrap();
-    t.progress = false;
     t.run().unwrap();
     let split = tempfile::tempdir().unwrap();
     config.epochs = 1;
     let mut t = Trainer::new(config, split.path()).unwrap();
-    t.progress = false;
     t.run().unwrap();
     assert!(checkpoint::checkpoint_dir(split.path())
         .join("optimizer.safetensors")
         .is_file());
     drop(t);
     let mut t = Trainer::resume(split.path(), Some(2)).unwrap();
-    t.progress = false;
     t.run().unwrap();
     assert_same_weights(straight.path(), split.path());
 }
@@ -260,7 +253,6 @@ fn cifar10_cnn_learns_on_a_subset() {
     c.device = dpcomp::config::DeviceChoice::Cpu;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
-    t.progress = false;
     let summary = t.run().unwrap();
     // Chance is 10%; 2 x 20 steps reach about 25-30%.
     assert!(
@@ -417,7 +409,6 @@ fn config_file_then_flags_then_errors() {
     };
     let run = dir.path().join("run");
     let mut t = Trainer::new(surnames_config(&root, 1, Some(100)), &run).unwrap();
-    t.progress = false;
     t.run().unwrap();
     let err = Trainer::new(surnames_config(&root, 1, Some(100)), &run)
         .err()
@@ -453,7 +444,6 @@ fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
     c.data.augment = true;
     let run = dir.path().join("run");
     let mut t = Trainer::new(c, &run).unwrap();
-    t.progress = false;
     assert_eq!(t.model.parameter_count(), 11_373_732);
     let summary = t.run().unwrap();
     assert_eq!(summary.epochs, 2);
@@ -480,7 +470,6 @@ fn snli_bert_trains_only_its_last_layer_end_to_end() {
     c.device = dpcomp::config::DeviceChoice::Cpu;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
-    t.progress = false;
     let frozen_before: Vec<(String, Tensor)> = t
         .model
         .var_store()

@@ -118,7 +118,9 @@ pub fn audit_training(
             (trainer, canaries)
         }
     };
-    trainer.progress = progress;
+    if progress {
+        trainer.observe(Box::new(super::observer::ProgressBars::default()));
+    }
     if settings.kind == CanaryKind::WhiteBox {
         let tensors: Vec<tch::Tensor> = trainer
             .params

@@ -395,7 +395,9 @@ pub fn train_in_threads(
                 super::Trainer::resume_on(&run_dir, overrides.clone(), comm)?
             }
         };
-        trainer.progress = progress && rank == 0;
+        if progress && rank == 0 {
+            trainer.observe(Box::new(super::observer::ProgressBars::default()));
+        }
         trainer.run()
     })?;
     let mut summaries = Vec::with_capacity(workers);

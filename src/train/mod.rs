@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod distributed;
 pub mod exchange;
 pub mod metrics;
+pub mod observer;
 pub mod optimizer;
 pub mod private;
 pub mod sgd;
@@ -35,7 +36,6 @@ use crate::tasks;
 use adam::Adam;
 use checkpoint::TrainState;
 use exchange::Exchange;
-use indicatif::{ProgressBar, ProgressStyle};
 use metrics::{EpochMetrics, Summary};
 use optimizer::Optimizer;
 use private::{dp_step, DpSettings};
@@ -247,8 +247,9 @@ pub struct Trainer {
     pub run_dir: PathBuf,
     pub state: TrainState,
     pub history: Vec<EpochMetrics>,
-    /// Whether to draw a progress bar (off in tests).
-    pub progress: bool,
+    /// Who hears of the run's progress (`observe`); nobody by default: the library writes
+    /// nothing to stderr on its own.
+    observer: Option<Box<dyn observer::Observer>>,
     /// Under DP: σ, q, clipping, the noise source (seeded, or a CSPRNG with `--secure-noise`)
     /// and the accountant, which only the engine advances (`PrivacyEngine::privatize`).
     pub privacy: Option<PrivacyEngine>,
@@ -877,7 +878,7 @@ impl Trainer {
                 ..TrainState::default()
             },
             history: Vec::new(),
-            progress: true,
+            observer: None,
             privacy,
             canaries: None,
             _lock: lock,
@@ -901,6 +902,18 @@ impl Trainer {
 
     pub fn steps_per_epoch(&self) -> i64 {
         steps_per_epoch_of(self.data.train.len(), self.config.optimizer.batch_size)
+    }
+
+    /// Installs `observer`: it hears of every epoch's start and end, every step, the running
+    /// totals every `Observer::interval` steps, and why a run stopped early. Replaces the
+    /// observer installed before; `None` by default (a silent run).
+    pub fn observe(&mut self, observer: Box<dyn observer::Observer>) {
+        self.observer = Some(observer);
+    }
+
+    /// Removes the observer, so the run is silent again.
+    pub fn silence(&mut self) {
+        self.observer = None;
     }
 
     /// ε spent so far with the configured accountant; `None` without privacy.
@@ -1179,7 +1192,10 @@ impl Trainer {
             let batches = self.worker_batches(epoch, shuffle_seed);
             let mut traffic: Vec<distributed::TrafficRow> = Vec::new();
             let mut upstream: Vec<metrics::UpstreamRow> = Vec::with_capacity(batches.len());
-            let bar = self.progress_bar(epoch, batches.len() as u64);
+            if let Some(o) = self.observer.as_mut() {
+                o.epoch_started(epoch, self.config.epochs, batches.len());
+            }
+            let interval = self.observer.as_ref().map_or(0, |o| o.interval());
             let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
             let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
             let mut clipped = Tensor::zeros([], (Kind::Int64, self.device));
@@ -1253,29 +1269,31 @@ impl Trainer {
                     self.updater.last_bits,
                     self.updater.last_paper_bits,
                 ));
-                bar.inc(1);
-                if self.progress && step % 50 == 49 {
+                if let Some(o) = self.observer.as_mut() {
+                    o.step_finished(epoch, step);
+                }
+                if interval > 0 && step % interval == interval - 1 {
                     // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
                     let live = self.config.privacy.accountant == crate::config::AccountantKind::Rdp;
-                    let eps = match (self.epsilon_shown(live)?, live) {
-                        (Some(e), true) => format!(" eps {e:.2}"),
-                        (Some(e), false) => format!(" eps {e:.2} (epoch start)"),
-                        _ => String::new(),
+                    let shown = seen.max(1) as f64;
+                    let progress = observer::LiveProgress {
+                        epoch,
+                        step,
+                        loss: loss_sum.double_value(&[]) / shown,
+                        accuracy: correct.int64_value(&[]) as f64 / shown,
+                        epsilon: self.epsilon_shown(live)?,
+                        epsilon_is_live: live,
+                        upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
+                        examples_per_second: shown / started.elapsed().as_secs_f64(),
                     };
-                    let seen = seen.max(1) as f64;
-                    bar.set_message(format!(
-                        "loss {:.4} acc {:.2}%{eps} up {:.3} Gb {:.0} ex/s",
-                        loss_sum.double_value(&[]) / seen,
-                        100.0 * correct.int64_value(&[]) as f64 / seen,
-                        self.state.upstream_bits as f64 / 1e9,
-                        seen / started.elapsed().as_secs_f64()
-                    ));
+                    if let Some(o) = self.observer.as_mut() {
+                        o.progress(&progress);
+                    }
                 }
             }
             if steps_this_epoch == 0 {
                 // The budget ran out exactly at the end of the previous epoch: nothing was
                 // trained, so there is no epoch to evaluate or log (and no zero-loss row).
-                bar.finish_and_clear();
                 self.save_checkpoint()?;
                 break;
             }
@@ -1334,24 +1352,8 @@ impl Trainer {
                 upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
                 workers: epoch_traffic,
             };
-            bar.finish_and_clear();
-            if self.progress {
-                let eps = m
-                    .epsilon
-                    .map_or(String::new(), |e| format!("  epsilon {e:.3}"));
-                eprintln!(
-                    "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%{eps}  upstream {:.4} Gb ({:.4} in the paper's unit)  {:.0} ex/s  {:.1}s",
-                    m.epoch,
-                    self.config.epochs,
-                    m.train_loss,
-                    100.0 * m.train_accuracy,
-                    m.test_loss,
-                    100.0 * m.test_accuracy,
-                    m.upstream_gigabits,
-                    m.upstream_paper_gib,
-                    m.examples_per_second,
-                    m.epoch_seconds
-                );
+            if let Some(o) = self.observer.as_mut() {
+                o.epoch_finished(&m);
             }
             let diverged = !m.train_loss.is_finite();
             if self.writes() {
@@ -1373,8 +1375,8 @@ impl Trainer {
             self.gradient_error_if_due()?;
             self.save_checkpoint()?;
         }
-        if let (Some(reason), true) = (&self.state.stopped, self.progress) {
-            eprintln!("{reason}");
+        if let (Some(reason), Some(o)) = (&self.state.stopped, self.observer.as_mut()) {
+            o.stopped(reason);
         }
         let summary = Summary {
             task: self.config.task.to_string(),
@@ -1530,19 +1532,5 @@ impl Trainer {
                 ..self.state.clone()
             },
         )
-    }
-
-    fn progress_bar(&self, epoch: usize, steps: u64) -> ProgressBar {
-        if !self.progress {
-            return ProgressBar::hidden();
-        }
-        let bar = ProgressBar::new(steps);
-        bar.set_style(
-            ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        bar.set_prefix(format!("{}/{}", epoch + 1, self.config.epochs));
-        bar
     }
 }

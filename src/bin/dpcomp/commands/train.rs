@@ -133,7 +133,9 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
     };
     // Rank 0 speaks for the job.
     let quiet = args.quiet || rank > 0;
-    trainer.progress = !quiet;
+    if !quiet {
+        trainer.observe(Box::new(dpcomp::train::observer::ProgressBars::default()));
+    }
     let c = &trainer.config;
     if !quiet {
         if trainer.workers() > 1 {

@@ -1,0 +1,140 @@
+//! What a training run reports while it runs, to whoever installed an observer: the library
+//! itself writes nothing to stderr (issue 36). `Trainer::observe(..)` installs one; without one
+//! the run is silent and its results are the values `Trainer::run` returns and `history` holds.
+//!
+//! ```
+//! use dpcomp::train::metrics::EpochMetrics;
+//! use dpcomp::train::observer::Observer;
+//! /// Keeps each epoch's test accuracy.
+//! struct Accuracies(Vec<f64>);
+//! impl Observer for Accuracies {
+//!     fn epoch_finished(&mut self, metrics: &EpochMetrics) {
+//!         self.0.push(metrics.test_accuracy);
+//!     }
+//! }
+//! ```
+//!
+//! `ProgressBars` is the command line's: a bar per epoch and a line per epoch on stderr.
+
+use super::metrics::EpochMetrics;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// The running totals of an epoch, read from the device every `Observer::interval` steps
+/// (reading them synchronises the device, so only then).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveProgress {
+    /// 0-based epoch and step within it.
+    pub epoch: usize,
+    pub step: usize,
+    /// Mean training loss and accuracy of the epoch's examples so far.
+    pub loss: f64,
+    pub accuracy: f64,
+    /// ε so far: live with the RDP accountant, as of the epoch's start with the PLD (whose
+    /// FFTs run once per epoch); `None` without privacy.
+    pub epsilon: Option<f64>,
+    pub epsilon_is_live: bool,
+    /// Upstream traffic of the whole run so far, in 10^9 bits.
+    pub upstream_gigabits: f64,
+    pub examples_per_second: f64,
+}
+
+/// Callbacks of a training run; every one has an empty default.
+pub trait Observer {
+    /// Epoch `epoch` (0-based) of `epochs` starts, with `steps` steps.
+    fn epoch_started(&mut self, _epoch: usize, _epochs: usize, _steps: usize) {}
+
+    /// A step of the epoch finished (no tensor value is read for it).
+    fn step_finished(&mut self, _epoch: usize, _step: usize) {}
+
+    /// Every how many steps `progress` is called; 0 (the default): never, so no values are
+    /// read from the device during the epoch.
+    fn interval(&self) -> usize {
+        0
+    }
+
+    /// The epoch's running totals, every `interval()` steps.
+    fn progress(&mut self, _live: &LiveProgress) {}
+
+    /// The epoch's row of `metrics.jsonl`, after it is evaluated.
+    fn epoch_finished(&mut self, _metrics: &EpochMetrics) {}
+
+    /// The run stopped before its last epoch (the privacy budget, divergence): why.
+    fn stopped(&mut self, _reason: &str) {}
+}
+
+/// The command line's observer: an indicatif bar per epoch with live loss, accuracy, ε and
+/// throughput every 50 steps, then one line per epoch, on stderr.
+pub struct ProgressBars {
+    bar: ProgressBar,
+    epochs: usize,
+}
+
+impl Default for ProgressBars {
+    fn default() -> Self {
+        ProgressBars {
+            bar: ProgressBar::hidden(),
+            epochs: 0,
+        }
+    }
+}
+
+impl Observer for ProgressBars {
+    fn epoch_started(&mut self, epoch: usize, epochs: usize, steps: usize) {
+        self.epochs = epochs;
+        self.bar = ProgressBar::new(steps as u64);
+        self.bar.set_style(
+            ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        self.bar.set_prefix(format!("{}/{epochs}", epoch + 1));
+    }
+
+    fn step_finished(&mut self, _epoch: usize, _step: usize) {
+        self.bar.inc(1);
+    }
+
+    fn interval(&self) -> usize {
+        50
+    }
+
+    fn progress(&mut self, live: &LiveProgress) {
+        let eps = match (live.epsilon, live.epsilon_is_live) {
+            (Some(e), true) => format!(" eps {e:.2}"),
+            (Some(e), false) => format!(" eps {e:.2} (epoch start)"),
+            _ => String::new(),
+        };
+        self.bar.set_message(format!(
+            "loss {:.4} acc {:.2}%{eps} up {:.3} Gb {:.0} ex/s",
+            live.loss,
+            100.0 * live.accuracy,
+            live.upstream_gigabits,
+            live.examples_per_second
+        ));
+    }
+
+    fn epoch_finished(&mut self, m: &EpochMetrics) {
+        self.bar.finish_and_clear();
+        let eps = m
+            .epsilon
+            .map_or(String::new(), |e| format!("  epsilon {e:.3}"));
+        eprintln!(
+            "epoch {}/{}  train loss {:.4} acc {:.2}%  test loss {:.4} acc {:.2}%{eps}  upstream {:.4} Gb ({:.4} in the paper's unit)  {:.0} ex/s  {:.1}s",
+            m.epoch,
+            self.epochs,
+            m.train_loss,
+            100.0 * m.train_accuracy,
+            m.test_loss,
+            100.0 * m.test_accuracy,
+            m.upstream_gigabits,
+            m.upstream_paper_gib,
+            m.examples_per_second,
+            m.epoch_seconds
+        );
+    }
+
+    fn stopped(&mut self, reason: &str) {
+        self.bar.finish_and_clear();
+        eprintln!("{reason}");
+    }
+}
