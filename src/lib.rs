@@ -46,7 +46,7 @@ pub use train::Trainer;
 /// (`examples/private_tabular.rs`); or the `Trainer` with its configuration, datasets and
 /// compressors, which runs the loop with checkpoints and resumes (`examples/own_model_trainer.rs`).
 pub mod prelude {
-    pub use crate::compress::CompressorKind;
+    pub use crate::compress::{Compressor, CompressorKind, Denoise, Dgc, PowerSgd, Sketch};
     pub use crate::config::{AccountantKind, DeviceChoice, TrainConfig, TrainOverrides};
     pub use crate::data::sampler::{poisson_batches, shuffled_batches};
     pub use crate::data::{Dataset, Features, TaskData};
@@ -62,7 +62,9 @@ pub mod prelude {
     pub use crate::privacy::noise::NoiseSource;
     pub use crate::train::adam::Adam;
     pub use crate::train::metrics::Summary;
+    pub use crate::train::observer::Observer;
     pub use crate::train::optimizer::Optimizer;
     pub use crate::train::sgd::Sgd;
+    pub use crate::train::update::Updater;
     pub use crate::train::Trainer;
 }

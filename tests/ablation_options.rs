@@ -34,7 +34,7 @@ fn clip_noised_bounds_the_updates_norm_before_the_compressor() {
                 .sqrt()
         };
         let before = norm(&grads);
-        updater.apply(&params, &grads).unwrap();
+        updater.apply(0, &params, &grads).unwrap();
         let moved = norm(&params);
         let want = before.min(radius);
         assert!(

@@ -139,3 +139,117 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
     );
     assert_eq!(String::from_utf8_lossy(&out.stderr), "");
 }
+
+/// Typed compressor settings: their `Default`s are the command line's defaults, both forms
+/// build the same encoder (the same bytes for the same updates), and settings no compressor
+/// can run with are refused, naming the field.
+#[test]
+fn typed_compressor_settings_equal_the_command_lines_and_are_checked() {
+    use dpcomp::compress::{Compressor, CompressorKind, CompressorSpec, Denoise, Dgc, PowerSgd};
+    use tch::{Device, Kind, Tensor};
+    let parsed = |kind, rate, rank| {
+        CompressorSpec::new(kind, rate, rank, &[])
+            .unwrap()
+            .compressor()
+            .unwrap()
+    };
+    assert_eq!(
+        parsed(CompressorKind::Dgc, 16.0, 1),
+        Compressor::Dgc(Dgc::default())
+    );
+    assert_eq!(
+        parsed(CompressorKind::Powersgd, 1.0, 1),
+        Compressor::PowerSgd(PowerSgd::default())
+    );
+    assert_eq!(
+        parsed(CompressorKind::Denoise, 16.0, 1),
+        Compressor::Denoise(Denoise::default())
+    );
+    let typed = Compressor::Dgc(Dgc {
+        rate: 256.0,
+        residual_decay: 0.0,
+        ..Default::default()
+    });
+    let spec = CompressorSpec::new(
+        CompressorKind::Dgc,
+        256.0,
+        1,
+        &["error_feedback=false".to_string()],
+    )
+    .unwrap();
+    assert_eq!(spec.compressor().unwrap(), typed);
+    let shapes = [vec![40, 70], vec![40]];
+    let (mut a, mut b) = (
+        typed.link(&shapes, Device::Cpu).unwrap(),
+        spec.link(&shapes, Device::Cpu).unwrap(),
+    );
+    tch::manual_seed(5);
+    for _ in 0..3 {
+        let update = [
+            Tensor::randn([40, 70], (Kind::Float, Device::Cpu)),
+            Tensor::randn([40], (Kind::Float, Device::Cpu)),
+        ];
+        let (x, y) = (a.round_trip(&update).0, b.round_trip(&update).0);
+        assert_eq!(x.to_bytes().unwrap(), y.to_bytes().unwrap());
+    }
+    let refused = |c: Compressor| c.link(&shapes, Device::Cpu).err().unwrap().to_string();
+    for (c, expected) in [
+        (
+            Compressor::Dgc(Dgc {
+                rate: 0.5,
+                ..Default::default()
+            }),
+            "compressor setting rate: 0.5",
+        ),
+        (
+            Compressor::Dgc(Dgc {
+                residual_decay: 1.5,
+                ..Default::default()
+            }),
+            "compressor setting residual_decay: 1.5",
+        ),
+        (
+            Compressor::PowerSgd(PowerSgd {
+                rank: 0,
+                ..Default::default()
+            }),
+            "compressor setting rank: 0",
+        ),
+        (
+            Compressor::Denoise(Denoise {
+                value_bits: 40,
+                ..Default::default()
+            }),
+            "compressor setting value_bits: 40",
+        ),
+    ] {
+        let e = refused(c);
+        assert!(e.starts_with(expected), "{e}");
+    }
+}
+
+/// `Updater::apply` takes the epoch, so DGC's warm-up cannot be left off by forgetting to
+/// start it: epoch 0 of a 2-epoch warm-up sends at rate 4, epoch 2 at the full rate.
+#[test]
+fn the_updater_takes_the_epoch_so_the_warm_up_runs() {
+    use dpcomp::compress::{Compressor, Dgc};
+    use dpcomp::prelude::{Sgd, Updater};
+    use tch::{Device, Kind, Tensor};
+    let params = [Tensor::zeros([4096], (Kind::Float, Device::Cpu))];
+    let dgc = Compressor::Dgc(Dgc {
+        rate: 64.0,
+        warmup_epochs: 2,
+        budget: dpcomp::compress::encoding::Budget::Elements,
+        ..Default::default()
+    });
+    let mut updater = Updater::with_compressor(Sgd::new(0.1, 0.0), &dgc, &params).unwrap();
+    let grads = [Tensor::ones([4096], (Kind::Float, Device::Cpu))];
+    let paper_bits = |u: &Updater| u.last_paper_bits;
+    updater.apply(0, &params, &grads).unwrap();
+    // Rate min(64, 4^1) = 4 in epoch 0: 1024 elements of 64 bits in the paper's unit.
+    assert_eq!(paper_bits(&updater), 1024 * 64);
+    updater.apply(1, &params, &grads).unwrap();
+    assert_eq!(paper_bits(&updater), 256 * 64);
+    updater.apply(2, &params, &grads).unwrap();
+    assert_eq!(paper_bits(&updater), 64 * 64);
+}

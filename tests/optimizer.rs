@@ -157,7 +157,7 @@ fn dp_adam_applies_adam_to_the_noised_clipped_mean() {
     let (lr, b1, b2, eps) = (0.05, 0.9, 0.999, 1e-8);
     let mut updater = Updater::plain(Adam::new(lr, b1, b2, eps));
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-    updater.apply(&tensors, &noisy).unwrap();
+    updater.apply(0, &tensors, &noisy).unwrap();
     for (((name, p), theta), g) in params.iter().zip(&before).zip(&noisy) {
         let want = adam_direct(theta, std::slice::from_ref(g), lr, b1, b2, eps);
         assert!(max_abs(p, &want) < 1e-12, "{name}: {}", max_abs(p, &want));

@@ -34,7 +34,7 @@ use super::{Decoder, Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct DenoiseOptions {
+pub struct Denoise {
     pub rate: f64,
     pub beta: f64,
     pub decay: f64,
@@ -45,6 +45,25 @@ pub struct DenoiseOptions {
     pub clip: f64,
     /// What the rate divides (`encoding::Budget`).
     pub budget: Budget,
+}
+
+impl Default for Denoise {
+    /// Rate 16 and the command line's defaults: β 0.9, residual decay 0.9, layer-wise, fp32
+    /// values, 32-bit indices, the sampled top-k, no second clipping, the rate dividing the wire
+    /// bits.
+    fn default() -> Self {
+        Denoise {
+            rate: 16.0,
+            beta: 0.9,
+            decay: 0.9,
+            scope: Scope::Layer,
+            value_bits: 32,
+            index_bits: IndexBits::Fixed32,
+            topk: TopK::Sampled { ratio: 0.01 },
+            clip: f64::INFINITY,
+            budget: Budget::Bits,
+        }
+    }
 }
 
 /// The sender's state per segment (a parameter, or the whole model): flat [numel] tensors.
@@ -58,7 +77,7 @@ struct Segment {
 /// Denoise's worker side: its velocity, the decayed residual and a mirror of the receiver's
 /// velocity (to choose between velocity and acceleration by the receiver's remaining gap).
 pub struct DenoiseEncoder {
-    options: DenoiseOptions,
+    options: Denoise,
     segments: Vec<Segment>,
 }
 
@@ -98,7 +117,7 @@ impl DenoiseDecoder {
 }
 
 impl DenoiseEncoder {
-    pub fn new(shapes: &[Vec<i64>], device: Device, options: DenoiseOptions) -> Self {
+    pub fn new(shapes: &[Vec<i64>], device: Device, options: Denoise) -> Self {
         let zeros = |n: i64| Tensor::zeros([n], (Kind::Float, device));
         DenoiseEncoder {
             segments: segment_sizes(shapes, options.scope)

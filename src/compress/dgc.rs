@@ -37,7 +37,7 @@ use super::{Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct DgcOptions {
+pub struct Dgc {
     pub rate: f64,
     pub value_bits: u32,
     pub index_bits: IndexBits,
@@ -53,6 +53,28 @@ pub struct DgcOptions {
     pub residual_decay: f64,
 }
 
+impl Default for Dgc {
+    /// Rate 16 (the paper's milder setting), and the command line's defaults for the rest:
+    /// fp32 values, 32-bit indices, no momentum correction, masking on (inert without it), no
+    /// warm-up, the sampled top-k, layer-wise, the rate dividing the wire bits, error feedback.
+    fn default() -> Self {
+        Dgc {
+            rate: 16.0,
+            value_bits: 32,
+            index_bits: IndexBits::Fixed32,
+            momentum: 0.0,
+            masking: true,
+            warmup_epochs: 0,
+            warmup: Warmup::Paper,
+            topk: TopK::Sampled { ratio: 0.01 },
+            scope: Scope::Layer,
+            budget: Budget::Bits,
+            dense_vectors: false,
+            residual_decay: 1.0,
+        }
+    }
+}
+
 /// DGC's sparsity warm-up over `warmup_epochs` W.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Warmup {
@@ -65,7 +87,7 @@ pub enum Warmup {
 
 /// DGC's worker side (its receiver is the stateless `Unpack`).
 pub struct DgcEncoder {
-    options: DgcOptions,
+    options: Dgc,
     /// The parameters' shapes (a 1-D parameter may be sent dense, `dense_vectors`).
     shapes: Vec<Vec<i64>>,
     /// Accumulated unsent update per parameter, or one flat tensor model-wise (v in DGC's
@@ -77,7 +99,7 @@ pub struct DgcEncoder {
 }
 
 impl DgcEncoder {
-    pub fn new(shapes: &[Vec<i64>], device: Device, options: DgcOptions) -> Self {
+    pub fn new(shapes: &[Vec<i64>], device: Device, options: Dgc) -> Self {
         let segments: Vec<Vec<i64>> = match options.scope {
             Scope::Layer => shapes.to_vec(),
             Scope::Model => vec![vec![shapes.iter().map(|s| s.iter().product::<i64>()).sum()]],

@@ -12,6 +12,7 @@
 //! stays on the gradients' device.
 
 pub mod chunked_dct;
+pub mod compressor;
 pub mod dct;
 pub mod denoise;
 pub mod dgc;
@@ -27,13 +28,14 @@ pub mod topk;
 pub mod unpack;
 pub mod wire;
 
-pub use denoise::{DenoiseDecoder, DenoiseEncoder};
-pub use dgc::DgcEncoder;
+pub use compressor::Compressor;
+pub use denoise::{Denoise, DenoiseDecoder, DenoiseEncoder};
+pub use dgc::{Dgc, DgcEncoder};
 pub use identity::DenseEncoder;
 pub use message::{Message, Payload};
 pub use options::{CompressorKind, CompressorSpec};
-pub use powersgd::PowerSgdEncoder;
-pub use sketched::{SketchDecoder, SketchEncoder};
+pub use powersgd::{PowerSgd, PowerSgdEncoder};
+pub use sketched::{Sketch, SketchDecoder, SketchEncoder};
 pub use unpack::Unpack;
 
 use crate::error::Result;

@@ -3,15 +3,14 @@
 //! Unknown keys and bad values are errors that list what each compressor accepts.
 
 use super::chunked_dct::DctRows;
-use super::denoise::{DenoiseDecoder, DenoiseEncoder, DenoiseOptions};
-use super::dgc::{DgcEncoder, DgcOptions, Warmup};
+use super::compressor::Compressor;
+use super::denoise::Denoise;
+use super::dgc::{Dgc, Warmup};
 use super::encoding::{Budget, IndexBits};
-use super::identity::DenseEncoder;
 use super::linear_sketch::Scheme;
-use super::powersgd::{MatrixShape, PowerSgdEncoder, PowerSgdOptions};
-use super::sketched::{SketchDecoder, SketchEncoder, SketchOptions};
+use super::powersgd::{MatrixShape, PowerSgd};
+use super::sketched::Sketch;
 use super::topk::TopK;
-use super::unpack::Unpack;
 use super::{Decoder, Encoder, Link, Scope};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
@@ -224,49 +223,32 @@ impl CompressorSpec {
         Ok(spec)
     }
 
-    /// The worker's encoder for parameters of `shapes` on `device`, its state allocated there.
-    pub fn encoder(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Encoder>> {
+    /// The typed settings this spec parses into (`Compressor`).
+    pub fn compressor(&self) -> Result<Compressor> {
         Ok(match self.kind {
-            CompressorKind::Identity => Box::new(DenseEncoder),
-            CompressorKind::Dgc => Box::new(DgcEncoder::new(shapes, device, self.dgc_options()?)),
-            CompressorKind::Powersgd => Box::new(PowerSgdEncoder::new(
-                shapes,
-                device,
-                self.powersgd_options()?,
-            )),
-            CompressorKind::Denoise => {
-                Box::new(DenoiseEncoder::new(shapes, device, self.denoise_options()?))
-            }
+            CompressorKind::Identity => Compressor::Identity,
+            CompressorKind::Dgc => Compressor::Dgc(self.dgc_options()?),
+            CompressorKind::Powersgd => Compressor::PowerSgd(self.powersgd_options()?),
+            CompressorKind::Denoise => Compressor::Denoise(self.denoise_options()?),
             CompressorKind::FlRnd | CompressorKind::FlFreq | CompressorKind::FlCs => {
-                Box::new(SketchEncoder::new(shapes, device, self.sketch_options()?)?)
+                Compressor::Sketch(self.sketch_options()?)
             }
         })
+    }
+
+    /// The worker's encoder for parameters of `shapes` on `device`, its state allocated there.
+    pub fn encoder(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Encoder>> {
+        self.compressor()?.encoder(shapes, device)
     }
 
     /// The receiver's decoder for the encoder's messages (`encoder` with the same arguments).
     pub fn decoder(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Decoder>> {
-        Ok(match self.kind {
-            CompressorKind::Identity | CompressorKind::Powersgd => {
-                Box::new(Unpack::per_parameter())
-            }
-            CompressorKind::Dgc => Box::new(Unpack::new(shapes, self.dgc_options()?.scope)),
-            CompressorKind::Denoise => Box::new(DenoiseDecoder::new(
-                shapes,
-                device,
-                self.denoise_options()?.scope,
-            )),
-            CompressorKind::FlRnd | CompressorKind::FlFreq | CompressorKind::FlCs => {
-                Box::new(SketchDecoder::new(shapes, device, self.sketch_options()?)?)
-            }
-        })
+        self.compressor()?.decoder(shapes, device)
     }
 
     /// An encoder and its decoder in one process (`Link`).
     pub fn link(&self, shapes: &[Vec<i64>], device: Device) -> Result<Link> {
-        Ok(Link {
-            encoder: self.encoder(shapes, device)?,
-            decoder: self.decoder(shapes, device)?,
-        })
+        self.compressor()?.link(shapes, device)
     }
 
     /// A short label for tables: "identity", "dgc x256", "powersgd r16", "denoise x16", with the
@@ -355,8 +337,8 @@ impl CompressorSpec {
         Ok(v)
     }
 
-    pub fn dgc_options(&self) -> Result<DgcOptions> {
-        Ok(DgcOptions {
+    pub fn dgc_options(&self) -> Result<Dgc> {
+        Ok(Dgc {
             rate: self.rate,
             value_bits: self.value_bits()?,
             index_bits: self.index_bits()?,
@@ -421,7 +403,7 @@ impl CompressorSpec {
         }
     }
 
-    pub fn powersgd_options(&self) -> Result<PowerSgdOptions> {
+    pub fn powersgd_options(&self) -> Result<PowerSgd> {
         let shape = match self.options.get("shape").map(String::as_str) {
             None | Some("square") => MatrixShape::NearSquare,
             Some("rows") => MatrixShape::Rows,
@@ -440,7 +422,7 @@ impl CompressorSpec {
                 format!("{min_rate}/{epsilon}: expected numbers >= 0"),
             ));
         }
-        Ok(PowerSgdOptions {
+        Ok(PowerSgd {
             rank: self.rank,
             shape,
             min_rate,
@@ -451,7 +433,7 @@ impl CompressorSpec {
         })
     }
 
-    pub fn denoise_options(&self) -> Result<DenoiseOptions> {
+    pub fn denoise_options(&self) -> Result<Denoise> {
         let scope = self.scope()?;
         let clip: f64 = self.get("clip", f64::INFINITY, "a positive number (inf: off)")?;
         // NaN fails every comparison: test for it by name.
@@ -461,7 +443,7 @@ impl CompressorSpec {
                 format!("{clip}: expected a positive number (inf: off)"),
             ));
         }
-        Ok(DenoiseOptions {
+        Ok(Denoise {
             rate: self.rate,
             beta: self.unit("beta", 0.9, true)?,
             decay: self.unit("decay", 0.9, false)?,
@@ -478,7 +460,7 @@ impl CompressorSpec {
     /// ⌈n / 1024⌉); `rows=first|random` (FL-CS); `seed` (default 0); `lambda` (FL-CS, default
     /// 0.01, the federated runs' default); `iterations` (FL-CS OWL-QN, default 100);
     /// `error_feedback` (FL-RND: off by default; FL-CS: on, Algorithm 3's error).
-    pub fn sketch_options(&self) -> Result<SketchOptions> {
+    pub fn sketch_options(&self) -> Result<Sketch> {
         let scheme = match self.kind {
             CompressorKind::FlRnd => Scheme::Rnd,
             CompressorKind::FlFreq => Scheme::Freq,
@@ -524,7 +506,7 @@ impl CompressorSpec {
                 "0: FL-CS reconstructs with at least one OWL-QN iteration",
             ));
         }
-        Ok(SketchOptions {
+        Ok(Sketch {
             scheme,
             ratio: 1.0 / self.rate,
             chunks,

@@ -20,7 +20,7 @@ pub enum MatrixShape {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct PowerSgdOptions {
+pub struct PowerSgd {
     pub rank: i64,
     pub shape: MatrixShape,
     pub min_rate: f64,
@@ -31,6 +31,23 @@ pub struct PowerSgdOptions {
     /// `error_feedback=false`: the rank-r approximation of the current update alone, warm start
     /// kept).
     pub residual_decay: f64,
+}
+
+impl Default for PowerSgd {
+    /// Rank 1 and the command line's defaults: near-square matrices, layers compressed when
+    /// that saves at least half, ε 1e-8 in the orthonormalisation, warm start, seed 0, error
+    /// feedback.
+    fn default() -> Self {
+        PowerSgd {
+            rank: 1,
+            shape: MatrixShape::NearSquare,
+            min_rate: 2.0,
+            epsilon: 1e-8,
+            warm_start: true,
+            seed: 0,
+            residual_decay: 1.0,
+        }
+    }
 }
 
 /// The matrix a parameter of `shape` is viewed as, or `None` for a vector.
@@ -81,14 +98,14 @@ struct Layer {
 
 /// PowerSGD's worker side (its receiver, `Unpack`, forms P Qᵀ statelessly).
 pub struct PowerSgdEncoder {
-    options: PowerSgdOptions,
+    options: PowerSgd,
     layers: Vec<Layer>,
     /// Steps compressed so far (a CPU int64 scalar, checkpointed when Q is redrawn every step).
     step: Tensor,
 }
 
 impl PowerSgdEncoder {
-    pub fn new(shapes: &[Vec<i64>], device: Device, options: PowerSgdOptions) -> Self {
+    pub fn new(shapes: &[Vec<i64>], device: Device, options: PowerSgd) -> Self {
         // Q starts from N(0, 1) draws of a generator of its own (PyTorch forks the RNG with a
         // seeded state for the same reason): the training's random stream is untouched.
         let generator_seed = options.seed;

@@ -32,7 +32,7 @@ use tch::{Device, Kind, Tensor};
 
 /// The sketch and its settings (`CompressorSpec::sketch_options`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SketchOptions {
+pub struct Sketch {
     pub scheme: Scheme,
     /// r = m / n = 1 / rate.
     pub ratio: f64,
@@ -49,7 +49,25 @@ pub struct SketchOptions {
     pub error_feedback: bool,
 }
 
-fn codec(options: &SketchOptions, shapes: &[Vec<i64>], device: Device) -> Result<Codec> {
+impl Sketch {
+    /// `scheme` at rate n / m = `rate`, with the command line's defaults: ⌈n / 1024⌉ chunks, the
+    /// first DCT rows, seed 0, λ 0.01 and 100 OWL-QN iterations (FL-CS), error feedback for
+    /// FL-CS only (Algorithm 3's error).
+    pub fn new(scheme: Scheme, rate: f64) -> Self {
+        Sketch {
+            scheme,
+            ratio: 1.0 / rate,
+            chunks: None,
+            rows: DctRows::First,
+            seed: 0,
+            lambda: 0.01,
+            iterations: 100,
+            error_feedback: scheme == Scheme::Cs,
+        }
+    }
+}
+
+fn codec(options: &Sketch, shapes: &[Vec<i64>], device: Device) -> Result<Codec> {
     let length: i64 = shapes.iter().map(|s| s.iter().product::<i64>()).sum();
     Codec::new(
         options.scheme,
@@ -97,7 +115,7 @@ pub struct SketchEncoder {
 }
 
 impl SketchEncoder {
-    pub fn new(shapes: &[Vec<i64>], device: Device, options: SketchOptions) -> Result<Self> {
+    pub fn new(shapes: &[Vec<i64>], device: Device, options: Sketch) -> Result<Self> {
         let codec = codec(&options, shapes, device)?;
         let residual = (options.error_feedback && options.scheme == Scheme::Rnd)
             .then(|| Tensor::zeros([codec.length], (Kind::Float, device)));
@@ -187,7 +205,7 @@ impl Encoder for SketchEncoder {
 /// kept in the compressed domain (FL-CS).
 pub struct SketchDecoder {
     codec: Codec,
-    options: SketchOptions,
+    options: Sketch,
     shapes: Vec<Vec<i64>>,
     step: usize,
     /// FL-CS with error feedback: e, [m].
@@ -196,7 +214,7 @@ pub struct SketchDecoder {
 }
 
 impl SketchDecoder {
-    pub fn new(shapes: &[Vec<i64>], device: Device, options: SketchOptions) -> Result<Self> {
+    pub fn new(shapes: &[Vec<i64>], device: Device, options: Sketch) -> Result<Self> {
         let codec = codec(&options, shapes, device)?;
         let error = (options.error_feedback && options.scheme == Scheme::Cs)
             .then(|| Tensor::zeros([codec.message_length()], (Kind::Float, device)));

@@ -16,7 +16,7 @@
 use super::FlSettings;
 use crate::compress::linear_sketch::Scheme;
 use crate::compress::message::{Message, Payload};
-use crate::compress::sketched::{SketchEncoder, SketchOptions};
+use crate::compress::sketched::{Sketch, SketchEncoder};
 use crate::compress::{flatten, split, CompressorSpec, Decoder, Encoder, SketchDecoder};
 use crate::error::Result;
 use std::collections::HashMap;
@@ -60,7 +60,7 @@ impl RoundMessages {
                 }
             }
             None => {
-                let options = SketchOptions {
+                let options = Sketch {
                     scheme: settings.scheme,
                     ratio: settings.ratio,
                     chunks: settings.chunks,

@@ -150,7 +150,7 @@ fn train_step_share(
     }
     let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
     let _ = clip_global_norm(&grads, max_grad_norm);
-    updater.apply(&tensors, &grads)?;
+    updater.step(&tensors, &grads)?;
     let correct = logits
         .argmax(-1, false)
         .eq_tensor(&batch.labels)
@@ -167,7 +167,7 @@ fn empty_share_step(
 ) -> Result<(Tensor, Tensor)> {
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
     let zeros: Vec<Tensor> = tensors.iter().map(Tensor::zeros_like).collect();
-    updater.apply(&tensors, &zeros)?;
+    updater.step(&tensors, &zeros)?;
     Ok((
         Tensor::zeros([], (Kind::Float, device)),
         Tensor::zeros([], (Kind::Int64, device)),
@@ -1187,7 +1187,7 @@ impl Trainer {
         while self.state.epochs_done < self.config.epochs && self.state.stopped.is_none() {
             let epoch = self.state.epochs_done;
             let started = Instant::now();
-            self.updater.compressor.start_epoch(epoch);
+            self.updater.start_epoch(epoch);
             let shuffle_seed = self.shared_shuffle_seed()?;
             let batches = self.worker_batches(epoch, shuffle_seed);
             let mut traffic: Vec<distributed::TrafficRow> = Vec::new();

@@ -160,7 +160,7 @@ pub fn dp_step(
     }
     // Noise and the accountant's step, together (`PrivacyEngine::privatize`).
     let grads = engine.privatize_dividing_by(&logical, settings.expected_batch)?;
-    updater.apply(&tensors, &grads)?;
+    updater.step(&tensors, &grads)?;
     if let Some(canaries) = canaries {
         canaries.observe_step(&tensors, settings.expected_batch);
     }

@@ -4,10 +4,24 @@
 
 use super::exchange::{Exchange, StepTraffic};
 use super::optimizer::Optimizer;
-use crate::compress::{DenseEncoder, Link, Message, Unpack};
-use crate::error::Result;
+use crate::compress::{Compressor, DenseEncoder, Link, Message, Unpack};
+use crate::error::{Error, Result};
 use tch::Tensor;
 
+/// Compressor and optimiser: what a step's final gradient goes through (module docs). A loop of
+/// one's own makes one with `Updater::with_compressor` and calls `apply` once a step.
+///
+/// ```
+/// use dpcomp::prelude::*;
+/// use dpcomp::compress::{Compressor, Dgc};
+/// let params = [tch::Tensor::zeros([256], (tch::Kind::Float, tch::Device::Cpu))];
+/// let dgc = Compressor::Dgc(Dgc { rate: 16.0, warmup_epochs: 2, ..Default::default() });
+/// let mut updater = Updater::with_compressor(Sgd::new(0.1, 0.0), &dgc, &params)?;
+/// let grads = [tch::Tensor::ones([256], (tch::Kind::Float, tch::Device::Cpu))];
+/// let bits = updater.apply(0, &params, &grads)?; // epoch 0: DGC's warm-up rate 4
+/// assert!(bits < 256 * 32);
+/// # Ok::<(), dpcomp::error::Error>(())
+/// ```
 pub struct Updater {
     pub optimizer: Box<dyn Optimizer>,
     /// The worker's encoder and the receiver's decoder (one worker in this process).
@@ -22,6 +36,8 @@ pub struct Updater {
     pub exchange: Option<Exchange>,
     /// What the last step's exchange cost (zero with one worker).
     pub last_traffic: StepTraffic,
+    /// The epoch the compressor was last told of (DGC's warm-up depends on it).
+    epoch: Option<usize>,
     /// C2: the update's global L2 norm is clipped to this before the compressor (the
     /// compression paper's "second clipping", `compression.clip_noised`; post-processing of
     /// the privatised gradient, so ε does not change). One worker only: with several, each
@@ -39,7 +55,25 @@ impl Updater {
             exchange: None,
             last_traffic: StepTraffic::default(),
             clip_noised: None,
+            epoch: None,
         }
+    }
+
+    /// `optimizer` after `compressor`, for parameters shaped and placed as `params` are.
+    pub fn with_compressor(
+        optimizer: impl Optimizer + 'static,
+        compressor: &Compressor,
+        params: &[Tensor],
+    ) -> Result<Self> {
+        let Some(first) = params.first() else {
+            return Err(Error::bad_value(
+                "params",
+                "empty: expected the trainable tensors the updates apply to",
+            ));
+        };
+        let shapes: Vec<Vec<i64>> = params.iter().map(Tensor::size).collect();
+        let link = compressor.link(&shapes, first.device())?;
+        Ok(Self::new(Box::new(optimizer), link))
     }
 
     /// Uncompressed (dense fp32 messages, still counted).
@@ -51,10 +85,26 @@ impl Updater {
         Self::new(Box::new(optimizer), link)
     }
 
-    /// Encodes `grads`, sends the message through bytes, and steps the optimiser on what the
-    /// decoder reconstructs from those bytes (with W workers: on the mean of what every worker's
-    /// message decodes to, `Exchange::exchange`). Returns the bits sent (8 x the byte length).
-    pub fn apply(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
+    /// One step of epoch `epoch` (0-based): encodes `grads`, sends the message through bytes,
+    /// and steps the optimiser on what the decoder reconstructs from those bytes (with W
+    /// workers: on the mean of what every worker's message decodes to,
+    /// `Exchange::exchange`). Returns the bits sent (8 x the byte length). The epoch is an
+    /// argument so that a schedule that depends on it (DGC's warm-up) cannot be left behind.
+    pub fn apply(&mut self, epoch: usize, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
+        self.start_epoch(epoch);
+        self.step(params, grads)
+    }
+
+    /// Tells the compressor that epoch `epoch` has begun (once per epoch).
+    pub(crate) fn start_epoch(&mut self, epoch: usize) {
+        if self.epoch != Some(epoch) {
+            self.compressor.start_epoch(epoch);
+            self.epoch = Some(epoch);
+        }
+    }
+
+    /// `apply` in the epoch `start_epoch` last set (the trainer's steps).
+    pub(crate) fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
         let clipped;
         let grads = match self.clip_noised {
             Some(radius) => {

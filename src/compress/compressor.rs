@@ -1,0 +1,200 @@
+//! A compressor chosen in typed settings (issue 36): `Compressor::Dgc(Dgc { rate: 256.0,
+//! ..Default::default() })`, `Compressor::PowerSgd(PowerSgd { rank: 4, ..Default::default() })`.
+//! The command line's `--compressor dgc --rate 256 --compressor-option key=value` form
+//! (`CompressorSpec`) parses into the same settings, so both build the same encoder.
+//!
+//! ```
+//! use dpcomp::compress::{Compressor, Dgc};
+//! let dgc = Compressor::Dgc(Dgc { rate: 256.0, ..Default::default() });
+//! let shapes = [vec![64, 32], vec![64]];
+//! let mut link = dgc.link(&shapes, tch::Device::Cpu)?;
+//! let update = [tch::Tensor::ones([64, 32], (tch::Kind::Float, tch::Device::Cpu)), tch::Tensor::ones([64], (tch::Kind::Float, tch::Device::Cpu))];
+//! let (message, received) = link.round_trip(&update);
+//! assert!(message.to_bytes()?.len() < 64 * 33 * 4 / 100);
+//! assert_eq!(received[0].size(), [64, 32]);
+//! // Settings a compressor cannot run with are refused, naming the field.
+//! assert!(Compressor::Dgc(Dgc { rate: 0.5, ..Default::default() }).link(&shapes, tch::Device::Cpu).is_err());
+//! # Ok::<(), dpcomp::error::Error>(())
+//! ```
+
+use super::denoise::{Denoise, DenoiseDecoder, DenoiseEncoder};
+use super::dgc::{Dgc, DgcEncoder};
+use super::identity::DenseEncoder;
+use super::powersgd::{PowerSgd, PowerSgdEncoder};
+use super::sketched::{Sketch, SketchDecoder, SketchEncoder};
+use super::topk::TopK;
+use super::unpack::Unpack;
+use super::{CompressorKind, Decoder, Encoder, Link};
+use crate::error::{Error, Result};
+use tch::Device;
+
+/// Which compressor, with its settings.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum Compressor {
+    /// Dense fp32 messages (still counted).
+    #[default]
+    Identity,
+    /// Deep Gradient Compression (`dgc`).
+    Dgc(Dgc),
+    /// PowerSGD (`powersgd`).
+    PowerSgd(PowerSgd),
+    /// The compression paper's Denoise (`denoise`).
+    Denoise(Denoise),
+    /// The federated paper's linear sketches, FL-RND, FL-FREQ, FL-CS (`sketched`).
+    Sketch(Sketch),
+}
+
+impl Compressor {
+    /// Its kind, as the command line names it.
+    pub fn kind(&self) -> CompressorKind {
+        match self {
+            Compressor::Identity => CompressorKind::Identity,
+            Compressor::Dgc(_) => CompressorKind::Dgc,
+            Compressor::PowerSgd(_) => CompressorKind::Powersgd,
+            Compressor::Denoise(_) => CompressorKind::Denoise,
+            Compressor::Sketch(s) => match s.scheme {
+                super::linear_sketch::Scheme::Std => CompressorKind::Identity,
+                super::linear_sketch::Scheme::Rnd => CompressorKind::FlRnd,
+                super::linear_sketch::Scheme::Freq => CompressorKind::FlFreq,
+                super::linear_sketch::Scheme::Cs => CompressorKind::FlCs,
+            },
+        }
+    }
+
+    /// Checks every setting; each error names the field and what it takes.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            Compressor::Identity => Ok(()),
+            Compressor::Dgc(d) => {
+                rate(d.rate)?;
+                value_bits(d.value_bits)?;
+                unit("momentum", d.momentum, false)?;
+                unit("residual_decay", d.residual_decay, true)?;
+                topk(d.topk)
+            }
+            Compressor::PowerSgd(p) => {
+                if p.rank < 1 {
+                    return Err(field("rank", p.rank, "a rank >= 1"));
+                }
+                if !(p.min_rate >= 0.0 && p.epsilon >= 0.0) {
+                    return Err(field(
+                        "min_rate/epsilon",
+                        format!("{}/{}", p.min_rate, p.epsilon),
+                        "numbers >= 0",
+                    ));
+                }
+                unit("residual_decay", p.residual_decay, true)
+            }
+            Compressor::Denoise(d) => {
+                rate(d.rate)?;
+                value_bits(d.value_bits)?;
+                unit("beta", d.beta, false)?;
+                unit("decay", d.decay, true)?;
+                if d.clip.is_nan() || d.clip <= 0.0 {
+                    return Err(field("clip", d.clip, "a positive number (inf: off)"));
+                }
+                topk(d.topk)
+            }
+            Compressor::Sketch(s) => {
+                if s.scheme == super::linear_sketch::Scheme::Std {
+                    return Err(field(
+                        "scheme",
+                        "std",
+                        "rnd, freq or cs (std is the uncompressed scheme: Compressor::Identity)",
+                    ));
+                }
+                if !(s.ratio > 0.0 && s.ratio <= 1.0) {
+                    return Err(field("ratio", s.ratio, "m / n in (0, 1]"));
+                }
+                if s.chunks.is_some_and(|p| p < 1) {
+                    return Err(field("chunks", s.chunks.unwrap_or(0), "at least 1"));
+                }
+                if !(s.lambda.is_finite() && s.lambda >= 0.0) {
+                    return Err(field("lambda", s.lambda, "a finite number >= 0"));
+                }
+                if s.iterations == 0 {
+                    return Err(field("iterations", 0, "at least one OWL-QN iteration"));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The worker's encoder for parameters of `shapes` on `device`, its state allocated there.
+    pub fn encoder(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Encoder>> {
+        self.validate()?;
+        Ok(match self {
+            Compressor::Identity => Box::new(DenseEncoder),
+            Compressor::Dgc(d) => Box::new(DgcEncoder::new(shapes, device, d.clone())),
+            Compressor::PowerSgd(p) => Box::new(PowerSgdEncoder::new(shapes, device, p.clone())),
+            Compressor::Denoise(d) => Box::new(DenoiseEncoder::new(shapes, device, d.clone())),
+            Compressor::Sketch(s) => Box::new(SketchEncoder::new(shapes, device, *s)?),
+        })
+    }
+
+    /// The receiver's decoder for the encoder's messages (`encoder` with the same arguments).
+    pub fn decoder(&self, shapes: &[Vec<i64>], device: Device) -> Result<Box<dyn Decoder>> {
+        self.validate()?;
+        Ok(match self {
+            Compressor::Identity | Compressor::PowerSgd(_) => Box::new(Unpack::per_parameter()),
+            Compressor::Dgc(d) => Box::new(Unpack::new(shapes, d.scope)),
+            Compressor::Denoise(d) => Box::new(DenoiseDecoder::new(shapes, device, d.scope)),
+            Compressor::Sketch(s) => Box::new(SketchDecoder::new(shapes, device, *s)?),
+        })
+    }
+
+    /// An encoder and its decoder in one process.
+    pub fn link(&self, shapes: &[Vec<i64>], device: Device) -> Result<Link> {
+        Ok(Link {
+            encoder: self.encoder(shapes, device)?,
+            decoder: self.decoder(shapes, device)?,
+        })
+    }
+}
+
+fn field(name: &str, value: impl std::fmt::Display, expected: &str) -> Error {
+    Error::bad_value(
+        format!("compressor setting {name}"),
+        format!("{value}: expected {expected}"),
+    )
+}
+
+fn rate(rate: f64) -> Result<()> {
+    if rate.is_finite() && rate >= 1.0 {
+        Ok(())
+    } else {
+        Err(field("rate", rate, "a compression rate >= 1 (1 = dense)"))
+    }
+}
+
+fn value_bits(bits: u32) -> Result<()> {
+    if (9..=32).contains(&bits) {
+        Ok(())
+    } else {
+        Err(field(
+            "value_bits",
+            bits,
+            "9..=32 (sign + 8 exponent bits + kept mantissa bits)",
+        ))
+    }
+}
+
+/// A number in [0, 1) or, with `closed`, [0, 1].
+fn unit(name: &str, v: f64, closed: bool) -> Result<()> {
+    let ok = v >= 0.0 && if closed { v <= 1.0 } else { v < 1.0 };
+    if ok {
+        Ok(())
+    } else {
+        let range = if closed { "[0, 1]" } else { "[0, 1)" };
+        Err(field(name, v, &format!("a number in {range}")))
+    }
+}
+
+fn topk(topk: TopK) -> Result<()> {
+    match topk {
+        TopK::Sampled { ratio } if !(ratio > 0.0 && ratio <= 1.0) => {
+            Err(field("sample_ratio", ratio, "a number in (0, 1]"))
+        }
+        _ => Ok(()),
+    }
+}
