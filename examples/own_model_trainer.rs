@@ -91,9 +91,15 @@ pub fn train(run_dir: &Path, epochs: usize, progress: bool) -> Result<Summary> {
             epochs: Some(epochs),
             ..TrainOverrides::default()
         };
-        Trainer::resume_with_model(run_dir, more, model, data())?
+        Trainer::builder(run_dir)
+            .resume(more)
+            .model(model, data())
+            .build()?
     } else {
-        Trainer::with_model(config(epochs), run_dir, model, data())?
+        Trainer::builder(run_dir)
+            .config(config(epochs))
+            .model(model, data())
+            .build()?
     };
     if progress {
         trainer.observe(Box::new(dpcomp::train::observer::ProgressBars::default()));

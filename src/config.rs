@@ -37,7 +37,7 @@ impl std::fmt::Display for Task {
 }
 
 /// What a run trains: one of the paper's tasks (data and model built by `tasks::prepare`), or a
-/// model and data of one's own handed to `Trainer::with_model` under a name of one's choosing.
+/// model and data of one's own handed to `TrainerBuilder::model` under a name of one's choosing.
 /// In `config.toml` both are a plain string (`task = "cifar10"`, `task = "my-tabular-mlp"`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -48,7 +48,7 @@ pub enum TaskName {
 
 impl TaskName {
     /// The built-in task, or an error for a run of one's own (its model and data exist only in
-    /// the program that trained it: `Trainer::resume_with_model`).
+    /// the program that trained it: `TrainerBuilder::model` with `resume`).
     pub fn builtin(&self) -> Result<Task> {
         match self {
             TaskName::Builtin(task) => Ok(*task),
@@ -56,8 +56,8 @@ impl TaskName {
                 "task",
                 format!(
                     "{name:?} is a model of one's own, not one of surnames, cifar10, cifar100, snli: \
-                     its model and data come from the program that trains it (`Trainer::with_model`, \
-                     `Trainer::resume_with_model`)"
+                     its model and data come from the program that trains it (`TrainerBuilder::model`, \
+                     `TrainerBuilder::model` with `resume`)"
                 ),
             )),
         }
@@ -559,7 +559,7 @@ pub struct TrainConfig {
 }
 
 impl TrainConfig {
-    /// Settings for a model of one's own named `name` (`Trainer::with_model`): every section's
+    /// Settings for a model of one's own named `name` (`TrainerBuilder::model`): every section's
     /// defaults (SGD at learning rate 0.1, batch size 64, radius C = 1, δ = 1e-5, no privacy
     /// until `privacy.noise_multiplier` is set) and 10 epochs. Every field is public: set what
     /// differs.

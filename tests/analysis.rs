@@ -51,7 +51,7 @@ fn gradient_error_stages_match_autograd_and_theory() {
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Trainer::new(config(&root), dir.path()).unwrap();
-    let n = t.data.train.len();
+    let n = t.data().train.len();
 
     // Fixed batches: the same every time, distinct examples.
     let batches = fixed_batches(n, 32, 2);
@@ -64,23 +64,26 @@ fn gradient_error_stages_match_autograd_and_theory() {
 
     // The reference ḡ equals autograd's gradient of the mean loss, dropout off.
     let g = BatchGradients::new(
-        t.model.as_ref(),
-        &t.params,
-        &t.data.train,
+        t.model(),
+        t.params(),
+        &t.data().train,
         &batches[0],
         Device::Cpu,
     )
     .unwrap();
-    for (_, p) in &t.params {
+    for (_, p) in t.params() {
         p.shallow_clone().zero_grad();
     }
-    let batch = t.data.train.batch(&batches[0], Device::Cpu, false);
-    let logits = t.model.forward(&batch.features, &mut Ctx::eval()).unwrap();
+    let batch = t.data().train.batch(&batches[0], Device::Cpu, false);
+    let logits = t
+        .model()
+        .forward(&batch.features, &mut Ctx::eval())
+        .unwrap();
     logits
         .cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0)
         .backward();
     let autograd: Vec<Tensor> = t
-        .params
+        .params()
         .iter()
         .map(|(_, p)| {
             let g = p.grad();
@@ -98,16 +101,16 @@ fn gradient_error_stages_match_autograd_and_theory() {
         diff < 1e-4 * scale,
         "reference gradient {diff} vs scale {scale}"
     );
-    assert_eq!(g.parameters(), t.model.trainable_parameter_count());
+    assert_eq!(g.parameters(), t.model().trainable_parameter_count());
 
-    let shapes: Vec<Vec<i64>> = t.params.iter().map(|(_, p)| p.size()).collect();
+    let shapes: Vec<Vec<i64>> = t.params().iter().map(|(_, p)| p.size()).collect();
     let identity = CompressorSpec::new(CompressorKind::Identity, 1.0, 1, &[]).unwrap();
     let m = g.parameters() as f64;
     let run = |mechanism, spec: &CompressorSpec, draws| {
         measure(
-            t.model.as_ref(),
-            &t.params,
-            &t.data.train,
+            t.model(),
+            t.params(),
+            &t.data().train,
             Device::Cpu,
             mechanism,
             &fresh(spec, &shapes),
@@ -221,13 +224,13 @@ fn clipping_model_minimisers_and_measured_sweep() {
     };
     let dir = tempfile::tempdir().unwrap();
     let t = Trainer::new(config(&root), dir.path()).unwrap();
-    let batches = fixed_batches(t.data.train.len(), 32, 2);
+    let batches = fixed_batches(t.data().train.len(), 32, 2);
     let sweeps = sweep(
         "surnames",
         0,
-        t.model.as_ref(),
-        &t.params,
-        &t.data.train,
+        t.model(),
+        t.params(),
+        &t.data().train,
         Device::Cpu,
         &batches,
         &[0.0, 0.8],

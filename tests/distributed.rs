@@ -435,11 +435,15 @@ fn train_gru(
                 epochs: Some(epochs),
                 ..TrainOverrides::default()
             };
-            Trainer::resume_with_model_on(&dir, more, model, data, comm)?
+            Trainer::builder(&dir)
+                .resume(more)
+                .model(model, data)
+                .communicator(comm)
+                .build()?
         } else {
             let mut config = example::config(epochs);
             config.compression.kind = kind;
-            // Gathered messages must each carry the whole noise (Trainer::new_on).
+            // Gathered messages must each carry the whole noise (TrainerBuilder::communicator).
             config.privacy.local_noise = !kind.exchanged_by_sum();
             match kind {
                 CompressorKind::Identity => config.compression.rate = 1.0,
@@ -448,7 +452,11 @@ fn train_gru(
                 }
                 _ => config.compression.rate = 8.0,
             }
-            Trainer::with_model_on(config, &dir, model, data, comm)?
+            Trainer::builder(&dir)
+                .config(config)
+                .model(model, data)
+                .communicator(comm)
+                .build()?
         };
         trainer.run()
     })?;
@@ -616,7 +624,12 @@ fn workers_that_disagree_fail_together() {
                     _ => data.train = data.train.truncate(3999),
                 }
             }
-            Trainer::with_model_on(config, &run, model, data, Box::new(comm)).map(|_| ())
+            Trainer::builder(&run)
+                .config(config)
+                .model(model, data)
+                .communicator(Box::new(comm))
+                .build()
+                .map(|_| ())
         })
         .unwrap();
         for (rank, result) in results.iter().enumerate() {
@@ -644,8 +657,12 @@ fn local_noise_gives_every_worker_the_whole_sigma() {
             config.compression.kind = CompressorKind::Identity;
             config.compression.rate = 1.0;
             config.privacy.local_noise = local;
-            let mut trainer = Trainer::with_model_on(config, &run, model, data, Box::new(comm))?;
-            let std = trainer.privacy.as_ref().unwrap().noise_std();
+            let mut trainer = Trainer::builder(&run)
+                .config(config)
+                .model(model, data)
+                .communicator(Box::new(comm))
+                .build()?;
+            let std = trainer.privacy().unwrap().noise_std();
             Ok::<_, Error>((std, trainer.run()?))
         })
         .unwrap();
@@ -694,7 +711,11 @@ fn gathered_compressors_need_the_whole_noise_on_every_worker() {
             data.train = data.train.truncate(500);
             let mut config = example::config(1);
             config.privacy.local_noise = local;
-            let mut trainer = Trainer::with_model_on(config, &run, model, data, Box::new(comm))?;
+            let mut trainer = Trainer::builder(&run)
+                .config(config)
+                .model(model, data)
+                .communicator(Box::new(comm))
+                .build()?;
             trainer.run()
         })
         .unwrap();

@@ -516,7 +516,7 @@ fn target_epsilon_stops_before_exceeding_it() {
     assert!(eps <= 4.0, "{eps}");
     let stopped = summary.stopped.expect("stops early");
     assert!(stopped.contains("target 4"), "{stopped}");
-    assert!(t.state.steps_done > 0);
+    assert!(t.state().steps_done > 0);
     assert!(summary.epochs < 50);
     // One more step would have exceeded the target.
     let steps = t.accountant().unwrap().steps();
@@ -671,7 +671,7 @@ fn poisson_steps_divide_by_the_expected_batch() {
     // 640 examples in batches of 32: 20 steps, q = 1/20, q N = 32.
     let poisson = trainer("poisson", &|_| {});
     assert_eq!(poisson.sample_rate(), 1.0 / 20.0);
-    let engine = poisson.privacy.as_ref().unwrap();
+    let engine = poisson.privacy().unwrap();
     assert_eq!(
         (engine.noise_multiplier(), engine.sample_rate()),
         (0.8, 1.0 / 20.0)

@@ -33,7 +33,7 @@ fn the_trainer_with_only_a_target_epsilon_calibrates_sigma_and_ends_at_the_targe
         config.privacy.delta,
     )
     .unwrap();
-    assert_eq!(trainer.config.privacy.noise_multiplier, Some(want));
+    assert_eq!(trainer.config().privacy.noise_multiplier, Some(want));
     let summary = trainer.run().unwrap();
     let epsilon = summary.epsilon.unwrap();
     assert!(epsilon <= 3.0 && epsilon > 0.999 * 3.0, "epsilon {epsilon}");
@@ -104,7 +104,7 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
         .live
         .iter()
         .all(|l| l.epsilon.is_some() && l.loss.is_finite()));
-    assert_eq!(heard.rows, trainer.history);
+    assert_eq!(heard.rows, trainer.history());
     let logged = dpcomp::train::metrics::read(&run_dir.join("metrics.jsonl")).unwrap();
     assert_eq!(logged.len(), 3);
     for (row, line) in heard.rows.iter().zip(&logged) {
@@ -252,4 +252,24 @@ fn the_updater_takes_the_epoch_so_the_warm_up_runs() {
     assert_eq!(paper_bits(&updater), 256 * 64);
     updater.apply(2, &params, &grads).unwrap();
     assert_eq!(paper_bits(&updater), 64 * 64);
+}
+
+/// The trainer's builder names what it was not given, or given twice.
+#[test]
+fn the_trainer_builder_refuses_contradictory_starts() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("run");
+    let config = TrainConfig::paper_defaults(Task::Surnames);
+    let err = |b: dpcomp::train::builder::TrainerBuilder| b.build().err().unwrap().to_string();
+    let e = err(Trainer::builder(&dir));
+    assert!(e.starts_with("trainer: neither config"), "{e}");
+    let e = err(Trainer::builder(&dir)
+        .config(config.clone())
+        .resume(Default::default()));
+    assert!(e.starts_with("trainer: given both config"), "{e}");
+    let e = err(Trainer::builder(&dir)
+        .resume(Default::default())
+        .edit_data(Box::new(Ok)));
+    assert!(e.starts_with("edit_data: applies to a fresh run"), "{e}");
+    assert!(!dir.exists(), "nothing is written for a refused start");
 }

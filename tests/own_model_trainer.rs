@@ -102,13 +102,16 @@ fn a_run_of_ones_own_is_not_mistaken_for_a_built_in_task() {
     // Resuming without the model: the built-in path cannot build it and says how to.
     let err = Trainer::resume(&run, Some(2)).err().unwrap().to_string();
     assert!(
-        err.contains("model of one's own") && err.contains("resume_with_model"),
+        err.contains("model of one's own") && err.contains("TrainerBuilder::model"),
         "{err}"
     );
     // A model handed to a built-in task's configuration, and a name that is a built-in task's.
     let model = Box::new(example::SequenceClassifier::new(0));
     let builtin = TrainConfig::paper_defaults(dpcomp::Task::Surnames);
-    let err = Trainer::with_model(builtin, &dir.path().join("b"), model, example::data())
+    let err = Trainer::builder(&dir.path().join("b"))
+        .config(builtin)
+        .model(model, example::data())
+        .build()
         .err()
         .unwrap()
         .to_string();
@@ -117,14 +120,12 @@ fn a_run_of_ones_own_is_not_mistaken_for_a_built_in_task() {
         "{err}"
     );
     let model = Box::new(example::SequenceClassifier::new(0));
-    let err = Trainer::with_model(
-        TrainConfig::own("cifar10"),
-        &dir.path().join("c"),
-        model,
-        example::data(),
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let err = Trainer::builder(&dir.path().join("c"))
+        .config(TrainConfig::own("cifar10"))
+        .model(model, example::data())
+        .build()
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.starts_with("task:"), "{err}");
 }

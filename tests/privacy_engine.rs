@@ -376,7 +376,7 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
     let run = |clipping: ClippingMode, name: &str| {
         let mut t = Trainer::new(config(clipping), &work.path().join(name)).unwrap();
         let summary = t.run().unwrap();
-        let weights: Vec<Tensor> = t.params.iter().map(|(_, p)| p.copy()).collect();
+        let weights: Vec<Tensor> = t.params().iter().map(|(_, p)| p.copy()).collect();
         (summary, weights)
     };
     let (flat, w_flat) = run(ClippingMode::Flat, "flat");
@@ -760,8 +760,8 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
     let (straight, split) = (work.path().join("straight"), work.path().join("split"));
     let mut t = Trainer::new(config(2, ClippingMode::Adaptive), &straight).unwrap();
     let summary = t.run().unwrap();
-    let weights: Vec<Tensor> = t.params.iter().map(|(_, p)| p.copy()).collect();
-    let history = t.history.clone();
+    let weights: Vec<Tensor> = t.params().iter().map(|(_, p)| p.copy()).collect();
+    let history = t.history().to_vec();
     drop(t);
     let radii: Vec<f64> = history.iter().map(|m| m.clip_radius.unwrap()).collect();
     assert!(
@@ -773,10 +773,10 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
     drop(t);
     let mut t = Trainer::resume(&split, Some(2)).unwrap();
     let resumed = t.run().unwrap();
-    for ((name, p), w) in t.params.iter().zip(&weights) {
+    for ((name, p), w) in t.params().iter().zip(&weights) {
         assert!(p.equal(w), "{name} differs after the resume");
     }
-    assert_eq!(t.history[1].clip_radius, history[1].clip_radius);
+    assert_eq!(t.history()[1].clip_radius, history[1].clip_radius);
     assert_eq!(summary.epsilon, resumed.epsilon);
     let mut t = Trainer::new(config(2, ClippingMode::Flat), &work.path().join("flat")).unwrap();
     assert_eq!(t.run().unwrap().epsilon, summary.epsilon);

@@ -99,8 +99,8 @@ fn resume_equals_an_uninterrupted_run() {
     // The first trainer holds the run folder until dropped (one writer per folder).
     drop(t);
     let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
-    assert_eq!(t.state.epochs_done, 1);
-    assert_eq!(t.history.len(), 1);
+    assert_eq!(t.state().epochs_done, 1);
+    assert_eq!(t.history().len(), 1);
     t.run().unwrap();
 
     assert_same_weights(straight.path(), split.path());
@@ -444,7 +444,7 @@ fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
     c.data.augment = true;
     let run = dir.path().join("run");
     let mut t = Trainer::new(c, &run).unwrap();
-    assert_eq!(t.model.parameter_count(), 11_373_732);
+    assert_eq!(t.model().parameter_count(), 11_373_732);
     let summary = t.run().unwrap();
     assert_eq!(summary.epochs, 2);
     let history = metrics::read_and_truncate(&run.join("metrics.jsonl"), usize::MAX).unwrap();
@@ -471,7 +471,7 @@ fn snli_bert_trains_only_its_last_layer_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
     let frozen_before: Vec<(String, Tensor)> = t
-        .model
+        .model()
         .var_store()
         .variables()
         .into_iter()
@@ -483,9 +483,9 @@ fn snli_bert_trains_only_its_last_layer_end_to_end() {
         "the first encoder layer is in the store"
     );
     let trained_before =
-        t.model.var_store().variables()["encoder.layer.5.output.dense.weight"].copy();
+        t.model().var_store().variables()["encoder.layer.5.output.dense.weight"].copy();
     t.run().unwrap();
-    let vars = t.model.var_store().variables();
+    let vars = t.model().var_store().variables();
     for (name, before) in &frozen_before {
         assert!(vars[name].equal(before), "frozen {name} changed");
     }

@@ -60,7 +60,7 @@ impl CompressorKind {
     /// the compressed domain and decoded once), so that the update every worker applies is a
     /// function of the *sum* of their noised gradients. DGC's and Denoise's messages are
     /// gathered and each decoded on its own (top-k of each worker's update): the update then
-    /// depends on every worker's message separately (`train::Trainer::new_on`'s noise rule).
+    /// depends on every worker's message separately (`train::builder::TrainerBuilder::communicator`'s noise rule).
     pub fn exchanged_by_sum(self) -> bool {
         !matches!(self, CompressorKind::Dgc | CompressorKind::Denoise)
     }

@@ -102,18 +102,17 @@ pub fn audit_training(
             let canary_settings = settings.canaries;
             let planted = std::rc::Rc::new(std::cell::RefCell::new(None));
             let slot = planted.clone();
-            let trainer = Trainer::with_data_edit(
-                config,
-                run_dir,
-                Box::new(move |mut data| {
+            let trainer = Trainer::builder(run_dir)
+                .config(config)
+                .edit_data(Box::new(move |mut data| {
                     let classes = data.classes.len() as i64;
                     let (canaries, train) =
                         InputCanaries::carve(&canary_settings, &data.train, classes)?;
                     data.train = train;
                     *slot.borrow_mut() = Some(canaries);
                     Ok(data)
-                }),
-            )?;
+                }))
+                .build()?;
             let canaries = planted.borrow_mut().take();
             (trainer, canaries)
         }

@@ -364,7 +364,7 @@ impl EpochTraffic {
     }
 }
 
-/// How `train_in_threads` starts: a fresh run, or the resumption of one (`Trainer::resume_on`).
+/// How `train_in_threads` starts: a fresh run, or the resumption of one (`TrainerBuilder::resume`).
 #[derive(Debug, Clone)]
 pub enum Start {
     Fresh(TrainConfig),
@@ -389,11 +389,10 @@ pub fn train_in_threads(
     let results = crate::comm::ThreadGroup::run(workers, move |comm| {
         let rank = comm.rank();
         let comm: Box<dyn Communicator> = Box::new(comm);
+        let builder = super::Trainer::builder(&run_dir).communicator(comm);
         let mut trainer = match &start {
-            Start::Fresh(config) => super::Trainer::new_on(config.clone(), &run_dir, comm)?,
-            Start::Resume(overrides) => {
-                super::Trainer::resume_on(&run_dir, overrides.clone(), comm)?
-            }
+            Start::Fresh(config) => builder.config(config.clone()).build()?,
+            Start::Resume(overrides) => builder.resume(overrides.clone()).build()?,
         };
         if progress && rank == 0 {
             trainer.observe(Box::new(super::observer::ProgressBars::default()));

@@ -8,6 +8,7 @@
 
 pub mod adam;
 pub mod audit;
+pub mod builder;
 pub mod checkpoint;
 pub mod distributed;
 pub mod exchange;
@@ -225,36 +226,39 @@ fn calibrated_sigma(config: &TrainConfig, train_examples: i64) -> Result<Option<
     Ok(Some(sigma))
 }
 
-/// A model and data of one's own, handed to `Trainer::with_model`.
-struct OwnTask {
+/// A model and data of one's own (`TrainerBuilder::model`).
+pub(crate) struct OwnTask {
     model: Box<dyn Model>,
     data: TaskData,
 }
 
-/// A change to a built-in task's loaded data before training (`Trainer::with_data_edit`).
+/// A change to a built-in task's loaded data before training (`TrainerBuilder::edit_data`).
 pub type DataEdit = Box<dyn FnOnce(TaskData) -> Result<TaskData>>;
 
-/// A model, its data and optimiser, and where the run writes.
+/// A model, its data and optimiser, and where the run writes. Built by `Trainer::new`,
+/// `Trainer::resume` or `Trainer::builder`; its parts are read through accessors, so the
+/// engine's invariants (no noise without an accountant step, the run folder's one writer)
+/// cannot be bypassed.
 pub struct Trainer {
-    pub config: TrainConfig,
-    pub device: Device,
-    pub data: TaskData,
-    pub model: Box<dyn Model>,
+    pub(crate) config: TrainConfig,
+    pub(crate) device: Device,
+    pub(crate) data: TaskData,
+    pub(crate) model: Box<dyn Model>,
     /// Compressor and optimiser: what happens to each step's final gradient.
-    pub updater: Updater,
+    pub(crate) updater: Updater,
     /// Trainable variables, sorted by name.
-    pub params: Vec<(String, Tensor)>,
-    pub run_dir: PathBuf,
-    pub state: TrainState,
-    pub history: Vec<EpochMetrics>,
+    pub(crate) params: Vec<(String, Tensor)>,
+    pub(crate) run_dir: PathBuf,
+    pub(crate) state: TrainState,
+    pub(crate) history: Vec<EpochMetrics>,
     /// Who hears of the run's progress (`observe`); nobody by default: the library writes
     /// nothing to stderr on its own.
     observer: Option<Box<dyn observer::Observer>>,
     /// Under DP: σ, q, clipping, the noise source (seeded, or a CSPRNG with `--secure-noise`)
     /// and the accountant, which only the engine advances (`PrivacyEngine::privatize`).
-    pub privacy: Option<PrivacyEngine>,
+    pub(crate) privacy: Option<PrivacyEngine>,
     /// An audit's white-box canaries (`privacy::canary`, `dpcomp audit`), set after `new`.
-    pub canaries: Option<crate::privacy::canary::GradientCanaries>,
+    pub(crate) canaries: Option<crate::privacy::canary::GradientCanaries>,
     /// This process's exclusive hold on `run_dir` (see `run_lock`); `None` on the ranks other
     /// than 0 of a data-parallel run, which write nothing there.
     _lock: Option<RunLock>,
@@ -267,62 +271,7 @@ impl Trainer {
         Self::start(config, run_dir, None, None, None)
     }
 
-    /// A fresh run trained by W data-parallel workers (issue 17, `docs/distributed.md`): every
-    /// rank of `comm` calls this with the same configuration and run folder. Each rank holds
-    /// the examples i ≡ rank (mod W) and Poisson-samples them at the global rate, clips its own,
-    /// adds its share N(0, σ²C²/W) of the noise (the sum over ranks has the single-process σC,
-    /// and the accountant is unchanged), encodes with its own compressor state and exchanges
-    /// real messages (`train::exchange`); every rank applies the mean of the W decoded updates.
-    /// Rank 0 alone writes the run folder. Before training, every rank checks that all share
-    /// the configuration, the data and the initial weights. With one rank this is `new`.
-    pub fn new_on(
-        config: TrainConfig,
-        run_dir: &Path,
-        comm: Box<dyn Communicator>,
-    ) -> Result<Self> {
-        Self::start(config, run_dir, None, None, Some(comm))
-    }
-
-    /// A fresh run of a model and data of one's own (`config.task` is `TaskName::Own`, e.g. from
-    /// `TrainConfig::own`): everything `new` gives a built-in task (Poisson sampling, the privacy
-    /// engine and its accountant, compressors, checkpoints, metrics, `resume_with_model`). The
-    /// model's forward takes the batches `data` gives (`Features::Rows` for tensors of one's
-    /// own); seed LibTorch (`tch::manual_seed`) before building it for a reproducible start.
-    pub fn with_model(
-        config: TrainConfig,
-        run_dir: &Path,
-        model: Box<dyn Model>,
-        data: TaskData,
-    ) -> Result<Self> {
-        Self::start(config, run_dir, Some(OwnTask { model, data }), None, None)
-    }
-
-    /// `with_model` trained by the W workers of `comm` (as `new_on`): every rank builds the
-    /// same model from the same seed and passes the same data.
-    pub fn with_model_on(
-        config: TrainConfig,
-        run_dir: &Path,
-        model: Box<dyn Model>,
-        data: TaskData,
-        comm: Box<dyn Communicator>,
-    ) -> Result<Self> {
-        Self::start(
-            config,
-            run_dir,
-            Some(OwnTask { model, data }),
-            None,
-            Some(comm),
-        )
-    }
-
-    /// A fresh run of a built-in task whose loaded data `edit` changes first (on the host,
-    /// before the privacy engine takes q from the training split's size): what `dpcomp audit`
-    /// uses to plant black-box canaries (`privacy::canary::InputCanaries`). One process.
-    pub fn with_data_edit(config: TrainConfig, run_dir: &Path, edit: DataEdit) -> Result<Self> {
-        Self::start(config, run_dir, None, Some(edit), None)
-    }
-
-    fn start(
+    pub(crate) fn start(
         mut config: TrainConfig,
         run_dir: &Path,
         own: Option<OwnTask>,
@@ -409,61 +358,10 @@ impl Trainer {
             epochs,
             ..TrainOverrides::default()
         };
-        Self::resume_with(run_dir, changes)
+        Self::continue_run(run_dir, changes, None, None)
     }
 
-    /// Continues the run in `run_dir` with the settings a user passed again. Only
-    /// `RESUME_MAY_CHANGE` (epochs, data folder, device) may differ from the run's
-    /// `config.toml`; any other setting that differs is an error naming both values, because
-    /// the checkpoint and the accountant's history were made with the saved ones. The
-    /// checkpoint is verified against its manifest, the accountant's history against the steps
-    /// done and the run's σ and q, the logs against the epochs done; `config.toml` is rewritten
-    /// only after all of that has passed.
-    pub fn resume_with(run_dir: &Path, overrides: TrainOverrides) -> Result<Self> {
-        Self::continue_run(run_dir, overrides, None, None)
-    }
-
-    /// `resume_with` for a run of W workers (`new_on`), under the same W: every rank reads the
-    /// run folder (on a shared file system, or a copy at the same path) and takes its own
-    /// compressor state from the checkpoint; rank 0 alone writes. A run saved by another
-    /// number of workers is refused.
-    pub fn resume_on(
-        run_dir: &Path,
-        overrides: TrainOverrides,
-        comm: Box<dyn Communicator>,
-    ) -> Result<Self> {
-        Self::continue_run(run_dir, overrides, None, Some(comm))
-    }
-
-    /// Continues a run of a model and data of one's own (`with_model`) from its last checkpoint,
-    /// under the same rules as `resume_with`; `model` is built as it was at the start (its
-    /// weights are then read from the checkpoint).
-    pub fn resume_with_model(
-        run_dir: &Path,
-        overrides: TrainOverrides,
-        model: Box<dyn Model>,
-        data: TaskData,
-    ) -> Result<Self> {
-        Self::continue_run(run_dir, overrides, Some(OwnTask { model, data }), None)
-    }
-
-    /// `resume_with_model` for a run of W workers (`with_model_on`, `resume_on`).
-    pub fn resume_with_model_on(
-        run_dir: &Path,
-        overrides: TrainOverrides,
-        model: Box<dyn Model>,
-        data: TaskData,
-        comm: Box<dyn Communicator>,
-    ) -> Result<Self> {
-        Self::continue_run(
-            run_dir,
-            overrides,
-            Some(OwnTask { model, data }),
-            Some(comm),
-        )
-    }
-
-    fn continue_run(
+    pub(crate) fn continue_run(
         run_dir: &Path,
         overrides: TrainOverrides,
         own: Option<OwnTask>,
@@ -902,6 +800,62 @@ impl Trainer {
 
     pub fn steps_per_epoch(&self) -> i64 {
         steps_per_epoch_of(self.data.train.len(), self.config.optimizer.batch_size)
+    }
+
+    /// The run's settings (with a σ calibrated from a target ε filled in).
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    /// The measurements taken during training (`[analysis]`): the one part of the settings a
+    /// caller may change on a built trainer, since it changes no step and no privacy setting.
+    pub fn analysis_settings_mut(&mut self) -> &mut crate::config::AnalysisSettings {
+        &mut self.config.analysis
+    }
+
+    /// Where the model and the steps run.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The training and test splits, on the device.
+    pub fn data(&self) -> &TaskData {
+        &self.data
+    }
+
+    /// The model being trained.
+    pub fn model(&self) -> &dyn Model {
+        self.model.as_ref()
+    }
+
+    /// The trainable variables, sorted by name (what the optimiser updates).
+    pub fn params(&self) -> &[(String, Tensor)] {
+        &self.params
+    }
+
+    /// The run folder.
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    /// Epochs and steps done, traffic so far, why the run stopped (what a checkpoint holds).
+    pub fn state(&self) -> &TrainState {
+        &self.state
+    }
+
+    /// Every epoch's metrics row so far (`metrics.jsonl`), a resumed run's earlier ones first.
+    pub fn history(&self) -> &[EpochMetrics] {
+        &self.history
+    }
+
+    /// The privacy engine (σ, q, clipping, the accountant); `None` without DP.
+    pub fn privacy(&self) -> Option<&PrivacyEngine> {
+        self.privacy.as_ref()
+    }
+
+    /// The compressor and optimiser each step's gradient goes through.
+    pub fn updater(&self) -> &Updater {
+        &self.updater
     }
 
     /// Installs `observer`: it hears of every epoch's start and end, every step, the running

@@ -181,10 +181,10 @@ fn gradient_error(args: GradientErrorArgs) -> Result<()> {
     for run in run_folders(&args.runs)? {
         let mut trainer =
             Trainer::resume(&run, None).with_context(|| format!("loading {}", run.display()))?;
-        trainer.config.analysis.grad_error_batches = args.batches;
-        trainer.config.analysis.grad_error_draws = args.draws;
-        trainer.config.validate()?;
-        let epoch = trainer.state.epochs_done;
+        trainer.analysis_settings_mut().grad_error_batches = args.batches;
+        trainer.analysis_settings_mut().grad_error_draws = args.draws;
+        trainer.config().validate()?;
+        let epoch = trainer.state().epochs_done;
         let mut records = gradient_error::read(&run)?;
         if records.iter().any(|r| r.epoch == epoch) {
             if !args.force {

@@ -117,26 +117,30 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
             None => TrainOverrides::default(),
         };
         let overrides = args.settings.clone().or(file);
+        let builder = Trainer::builder(&out).resume(overrides);
         match comm {
-            Some(c) => Trainer::resume_on(&out, overrides, boxed(c)),
-            None => Trainer::resume_with(&out, overrides),
+            Some(c) => builder.communicator(boxed(c)),
+            None => builder,
         }
+        .build()
         .with_context(|| format!("resuming {}", out.display()))?
     } else {
         let (config, out) = fresh_config(&args)?;
         calibrating =
             config.privacy.noise_multiplier.is_none() && config.privacy.target_epsilon.is_some();
+        let builder = Trainer::builder(&out).config(config);
         match comm {
-            Some(c) => Trainer::new_on(config, &out, boxed(c))?,
-            None => Trainer::new(config, &out)?,
+            Some(c) => builder.communicator(boxed(c)),
+            None => builder,
         }
+        .build()?
     };
     // Rank 0 speaks for the job.
     let quiet = args.quiet || rank > 0;
     if !quiet {
         trainer.observe(Box::new(dpcomp::train::observer::ProgressBars::default()));
     }
-    let c = &trainer.config;
+    let c = &trainer.config();
     if !quiet {
         if trainer.workers() > 1 {
             eprintln!(
@@ -147,12 +151,12 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
         eprintln!(
             "{}: {} train / {} test examples, {} trainable of {} parameters, device {:?}, run folder {}",
             c.task,
-            trainer.data.train.len(),
-            trainer.data.test.len(),
-            trainer.model.trainable_parameter_count(),
-            trainer.model.parameter_count(),
-            trainer.device,
-            trainer.run_dir.display()
+            trainer.data().train.len(),
+            trainer.data().test.len(),
+            trainer.model().trainable_parameter_count(),
+            trainer.model().parameter_count(),
+            trainer.device(),
+            trainer.run_dir().display()
         );
         if let (true, Some(sigma), Some(target)) = (
             calibrating,
@@ -180,9 +184,9 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
     if rank > 0 {
         return Ok(());
     }
-    refuse_diverged(&summary, &trainer.run_dir)?;
+    refuse_diverged(&summary, trainer.run_dir())?;
     if let Some(e) = summary.epsilon {
-        let caveat = match trainer.config.privacy.sampling {
+        let caveat = match trainer.config().privacy.sampling {
             dpcomp::config::Sampling::Shuffle => {
                 " (shuffled batches: the accountant assumes Poisson sampling, so this ε is an approximation)"
             }
@@ -190,7 +194,7 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
         };
         println!(
             "epsilon {e:.4} at delta {}, {} noise{caveat}",
-            trainer.config.privacy.delta,
+            trainer.config().privacy.delta,
             trainer.noise_label().unwrap_or_default()
         );
     }
