@@ -61,10 +61,11 @@ pub mod prelude {
     pub use crate::privacy::grad_sample::per_sample_of;
     pub use crate::privacy::noise::NoiseSource;
     pub use crate::train::adam::Adam;
+    pub use crate::train::checkpoint::{load_weights, save_weights};
     pub use crate::train::metrics::Summary;
     pub use crate::train::observer::Observer;
     pub use crate::train::optimizer::Optimizer;
     pub use crate::train::sgd::Sgd;
     pub use crate::train::update::Updater;
-    pub use crate::train::Trainer;
+    pub use crate::train::{evaluate, Trainer};
 }

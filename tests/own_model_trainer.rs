@@ -129,3 +129,24 @@ fn a_run_of_ones_own_is_not_mistaken_for_a_built_in_task() {
         .to_string();
     assert!(err.starts_with("task:"), "{err}");
 }
+
+/// `data.limit_train` and `limit_test` apply to data of one's own as to a built-in task's (they
+/// were silently ignored).
+#[test]
+fn limits_apply_to_data_of_ones_own() {
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = example::config(1);
+    config.data.limit_train = Some(100);
+    config.data.limit_test = Some(30);
+    let model = Box::new(example::SequenceClassifier::new(0));
+    let trainer = Trainer::builder(&dir.path().join("run"))
+        .config(config)
+        .model(model, example::data())
+        .build()
+        .unwrap();
+    assert_eq!(trainer.data().train.len(), 100);
+    assert_eq!(trainer.data().test.len(), 30);
+    // q follows the limited split: 100 examples in the example's batches of 100, one step.
+    assert_eq!(trainer.steps_per_epoch(), 1);
+}

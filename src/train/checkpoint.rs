@@ -52,6 +52,35 @@ pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoint")
 }
 
+/// Writes every variable of `vs` (a model's weights, trainable or frozen) to the safetensors
+/// file `path`, through a temporary file renamed over it, so a crash never leaves half a file:
+/// how a model of one's own is saved after `Trainer::run` (`load_weights` reads it back).
+///
+/// ```
+/// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+/// let _w = vs.root().randn("w", &[3, 2], 0.0, 1.0);
+/// let dir = std::env::temp_dir().join(format!("dpcomp-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// dpcomp::train::checkpoint::save_weights(&vs, &dir.join("model.safetensors"))?;
+/// let other = tch::nn::VarStore::new(tch::Device::Cpu);
+/// let w2 = other.root().zeros("w", &[3, 2]);
+/// dpcomp::train::checkpoint::load_weights(&other, &dir.join("model.safetensors"))?;
+/// assert!(w2.equal(&vs.variables()["w"]));
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// # Ok::<(), dpcomp::error::Error>(())
+/// ```
+pub fn save_weights(vs: &nn::VarStore, path: &Path) -> Result<()> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    Tensor::write_safetensors(&named, &tmp).map_err(|e| Error::bad_file(&tmp, e.to_string()))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
 /// Copies every tensor of the safetensors file at `path` into the variable of the same name.
 /// Every variable must be present with the same shape, finite (`check_loaded`).
 pub fn load_weights(vs: &nn::VarStore, path: &Path) -> Result<()> {

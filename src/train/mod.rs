@@ -622,6 +622,14 @@ impl Trainer {
                         format!("{device:?}, but the model's parameter {name} is on {:?}: build the model on the run's device", p.device()),
                     ));
                 }
+                // `data.limit_train` / `limit_test` apply to data of one's own as to a task's.
+                let mut data = data;
+                if let Some(n) = config.data.limit_train {
+                    data.train = data.train.truncate(n as i64);
+                }
+                if let Some(n) = config.data.limit_test {
+                    data.test = data.test.truncate(n as i64);
+                }
                 (device, tasks::hold_on_device(data, device), model)
             }
             (Some(_), TaskName::Builtin(task)) => {
