@@ -60,12 +60,7 @@ fn the_ablation_options_leave_epsilon_unchanged() {
     };
     let work = tempfile::tempdir().unwrap();
     let run = |name: &str, edit: &dyn Fn(&mut TrainConfig)| {
-        let mut c = TrainConfig::paper_defaults(Task::Surnames);
-        c.epochs = 1;
-        c.data.limit_train = Some(512);
-        c.data.limit_test = Some(64);
-        c.data.data_dir = Some(root.clone());
-        c.device = dpcomp::config::DeviceChoice::Cpu;
+        let mut c = common::small_surnames(&root, 1, 512, 64);
         c.privacy.noise_multiplier = Some(0.8);
         edit(&mut c);
         let mut t = Trainer::new(c, &work.path().join(name)).unwrap();

@@ -14,12 +14,7 @@ fn the_trainer_with_only_a_target_epsilon_calibrates_sigma_and_ends_at_the_targe
         return;
     };
     let work = tempfile::tempdir().unwrap();
-    let mut config = TrainConfig::paper_defaults(Task::Surnames);
-    config.epochs = 2;
-    config.data.limit_train = Some(512);
-    config.data.limit_test = Some(128);
-    config.data.data_dir = Some(root);
-    config.device = dpcomp::config::DeviceChoice::Cpu;
+    let mut config = common::small_surnames(&root, 2, 512, 128);
     config.privacy.target_epsilon = Some(3.0);
     assert_eq!(config.privacy.noise_multiplier, None);
     let mut trainer = Trainer::new(config.clone(), &work.path().join("run")).unwrap();
@@ -83,12 +78,7 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
         }
     }
     let work = tempfile::tempdir().unwrap();
-    let mut config = TrainConfig::paper_defaults(Task::Surnames);
-    config.epochs = 3;
-    config.data.limit_train = Some(320);
-    config.data.limit_test = Some(64);
-    config.data.data_dir = Some(root.clone());
-    config.device = dpcomp::config::DeviceChoice::Cpu;
+    let mut config = common::small_surnames(&root, 3, 320, 64);
     config.privacy.noise_multiplier = Some(1.0);
     let run_dir = work.path().join("run");
     let mut trainer = Trainer::new(config, &run_dir).unwrap();

@@ -40,30 +40,19 @@ impl Normalization {
         self.apply_affine(xs, None, None)
     }
 
-    /// The fused kernel, with the affine map when `weight` and `bias` are given.
+    /// The fused kernel, with the affine map when `weight` and `bias` are given, on an input
+    /// the layer's forward pass has already taken (its shape was checked there).
     pub fn apply_affine(
         &self,
         xs: &Tensor,
         weight: Option<&Tensor>,
         bias: Option<&Tensor>,
     ) -> Tensor {
-        match *self {
-            Normalization::Instance => xs.instance_norm(
-                weight,
-                bias,
-                None::<&Tensor>,
-                None::<&Tensor>,
-                true,
-                0.1,
-                EPS,
-                false,
-            ),
-            Normalization::Group { groups } => xs.group_norm(groups, weight, bias, EPS, false),
-            Normalization::Layer { dim, eps } => xs.layer_norm([dim], weight, bias, eps, false),
-        }
+        self.f_apply_affine(xs, weight, bias)
+            .expect("an input the layer's forward pass took")
     }
 
-    /// `apply_affine`, with LibTorch's error instead of a panic (the layers' forward passes).
+    /// The fused kernel, with LibTorch's error instead of a panic (the layers' forward passes).
     fn f_apply_affine(
         &self,
         xs: &Tensor,

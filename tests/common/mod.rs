@@ -148,3 +148,20 @@ pub fn engine(
         .clipping(clipping)
         .build(&vec![(); parameters])
 }
+
+/// The paper's Surnames settings on the first `train` / `test` examples of `data_dir` for
+/// `epochs` epochs, on the CPU, not private: the small real training most tests start from.
+pub fn small_surnames(
+    data_dir: &std::path::Path,
+    epochs: usize,
+    train: usize,
+    test: usize,
+) -> dpcomp::config::TrainConfig {
+    let mut c = dpcomp::config::TrainConfig::paper_defaults(dpcomp::config::Task::Surnames);
+    c.epochs = epochs;
+    c.data.limit_train = Some(train);
+    c.data.limit_test = Some(test);
+    c.data.data_dir = Some(data_dir.to_path_buf());
+    c.device = dpcomp::config::DeviceChoice::Cpu;
+    c
+}
