@@ -1,29 +1,59 @@
 //! dpcomp: differentially private deep learning with gradient compression, on LibTorch.
 //!
-//! See the README's architecture section for how the modules fit together.
+//! The framework's surface: `nn` (layers that record per-sample gradients) and `models`,
+//! `data` (datasets and Poisson sampling), `privacy` (the `PrivacyEngine` and its builder,
+//! accountants, calibration, audits), `compress` (typed compressor settings and their byte
+//! messages), `train` (the `Trainer` and its builder, optimisers, the `Updater`, observers),
+//! `comm` (W workers over threads or MPI), `fl` (federated learning), `convex` (DP-SGD for
+//! convex losses), `analysis`, and the reproduction's runners (`experiment`, `grid`, `plot`).
+//! `prelude` has what a training of one's own needs. Modules marked hidden in these docs are
+//! plumbing that the `dpcomp` binary and the tests share; they are not part of the API.
+//!
+//! ```
+//! use dpcomp::prelude::*;
+//! let params = [tch::Tensor::zeros([10], (tch::Kind::Float, tch::Device::Cpu))];
+//! let engine = PrivacyEngine::builder()
+//!     .noise_multiplier(1.1)
+//!     .delta(1e-5)
+//!     .dataset_size(60_000)
+//!     .expected_batch_size(256.0)
+//!     .max_grad_norm(1.0)
+//!     .epochs(10)
+//!     .build(&params)?;
+//! assert_eq!(engine.sample_rate(), 256.0 / 60_000.0);
+//! # Ok::<(), dpcomp::error::Error>(())
+//! ```
+#[doc(hidden)]
 pub mod allocator;
 pub mod analysis;
-pub mod audit_experiment;
+pub(crate) mod audit_experiment;
+#[doc(hidden)]
 pub mod bench;
 pub mod comm;
 pub mod compress;
 pub mod config;
 pub mod convex;
+#[doc(hidden)]
 pub mod csv_table;
+#[doc(hidden)]
 pub mod cuda_memory;
 pub mod data;
 pub mod error;
 pub mod experiment;
 pub mod fl;
 pub mod grid;
+#[doc(hidden)]
 pub mod json_floats;
 pub mod models;
 pub mod nn;
 pub mod plot;
 pub mod privacy;
+#[doc(hidden)]
 pub mod rng_state;
 pub(crate) mod run_folder;
+#[doc(hidden)]
 pub mod run_lock;
+#[doc(hidden)]
 pub mod tasks;
 pub mod train;
 
