@@ -97,3 +97,69 @@ fn the_ablation_options_leave_epsilon_unchanged() {
     let e = c.validate().unwrap_err().to_string();
     assert!(e.starts_with("compression.clip_noised: NaN"), "{e}");
 }
+
+/// Through the binary: each bad use of the ablation options is an error naming the flag or
+/// option, and nothing is written.
+#[test]
+fn bad_ablation_settings_are_refused_by_name_before_anything_is_written() {
+    let Some(root) = common::require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--thread-workers", "2", "--clip-noised", "3"],
+            "--clip-noised: 3 with 2 workers",
+        ),
+        (
+            &["--clip-noised=-1"],
+            "--clip-noised: -1: expected a positive, finite radius",
+        ),
+        (
+            &[
+                "--compressor",
+                "dgc",
+                "--rate",
+                "16",
+                "--compressor-option",
+                "error_feedback=maybe",
+            ],
+            "compressor option error_feedback: \"maybe\": expected true or false",
+        ),
+        (
+            &[
+                "--compressor",
+                "powersgd",
+                "--compressor-option",
+                "error_feedback=false",
+                "--compressor-option",
+                "residual_decay=0.5",
+            ],
+            "compressor option residual_decay: 0.5 with error_feedback=false",
+        ),
+    ];
+    for (i, (args, expected)) in cases.iter().enumerate() {
+        let out_dir = work.path().join(format!("run{i}"));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+            .args([
+                "train",
+                "--task",
+                "surnames",
+                "--epochs",
+                "1",
+                "--limit-train",
+                "64",
+            ])
+            .args(["--limit-test", "32", "--quiet", "--data-dir"])
+            .arg(&root)
+            .arg("--out")
+            .arg(&out_dir)
+            .args(*args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!out_dir.exists(), "{args:?} wrote {}", out_dir.display());
+    }
+}
