@@ -4,24 +4,27 @@
 //!
 //! ```no_run
 //! use dpcomp::prelude::*;
-//! # fn model_and_data() -> (Box<dyn Model>, TaskData) { unimplemented!() }
-//! let (model, data) = model_and_data();
-//! let mut config = TrainConfig::own("my-task");
-//! config.privacy.target_epsilon = Some(3.0); // σ calibrated over the run's epochs
-//! let mut trainer = Trainer::builder("runs/mine".as_ref())
-//!     .config(config)
-//!     .model(model, data)
-//!     .observer(Box::new(dpcomp::train::observer::ProgressBars::default()))
-//!     .build()?;
-//! trainer.run()?;
-//! // Later, in another process: continue it for more epochs.
-//! let overrides = TrainOverrides { epochs: Some(20), ..TrainOverrides::default() };
-//! let (model, data) = model_and_data();
-//! let mut trainer = Trainer::builder("runs/mine".as_ref())
-//!     .resume(overrides)
-//!     .model(model, data)
-//!     .build()?;
-//! # Ok::<(), dpcomp::error::Error>(())
+//! /// A private run of one's own model, then its continuation to 20 epochs in a later process.
+//! fn train(
+//!     make_model: impl Fn() -> Box<dyn Model>,
+//!     data: impl Fn() -> TaskData,
+//! ) -> Result<()> {
+//!     let mut config = TrainConfig::own("my-task");
+//!     config.privacy.target_epsilon = Some(3.0); // σ calibrated over the run's epochs
+//!     let mut trainer = Trainer::builder("runs/mine".as_ref())
+//!         .config(config)
+//!         .model(make_model(), data())
+//!         .observer(Box::new(dpcomp::train::observer::ProgressBars::default()))
+//!         .build()?;
+//!     trainer.run()?;
+//!     let overrides = TrainOverrides { epochs: Some(20), ..TrainOverrides::default() };
+//!     let mut trainer = Trainer::builder("runs/mine".as_ref())
+//!         .resume(overrides)
+//!         .model(make_model(), data())
+//!         .build()?;
+//!     trainer.run()?;
+//!     Ok(())
+//! }
 //! ```
 
 use super::observer::Observer;
