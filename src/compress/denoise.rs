@@ -148,10 +148,7 @@ impl DenoiseEncoder {
             .map(|t| t.to_kind(Kind::Float).reshape([-1]))
             .collect();
         let flat = if self.options.clip.is_finite() {
-            let squares: Vec<Tensor> = flat.iter().map(|t| t.square().sum(Kind::Float)).collect();
-            let norm = Tensor::stack(&squares, 0).sum(Kind::Float).sqrt();
-            let factor = (self.options.clip / (norm + 1e-6)).clamp_max(1.0);
-            flat.iter().map(|t| t * &factor).collect()
+            super::clip_global_norm(&flat, self.options.clip)
         } else {
             flat
         };

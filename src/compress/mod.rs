@@ -268,3 +268,21 @@ pub(crate) fn take_state(
     }
     Ok(t)
 }
+
+/// `grads` scaled by min(1, radius / (||grads|| + 1e-6)) over all of them together (the second
+/// clipping of `compression.clip_noised` and of Denoise's `clip`), on the device (no
+/// host read: the factor stays a tensor).
+pub(crate) fn clip_global_norm(grads: &[Tensor], radius: f64) -> Vec<Tensor> {
+    tch::no_grad(|| {
+        let squares: Vec<Tensor> = grads
+            .iter()
+            .map(|g| g.to_kind(tch::Kind::Float).square().sum(tch::Kind::Float))
+            .collect();
+        let norm = Tensor::stack(&squares, 0).sum(tch::Kind::Float).sqrt();
+        let factor = (radius / (norm + 1e-6)).clamp_max(1.0);
+        grads
+            .iter()
+            .map(|g| g * &factor.to_kind(g.kind()))
+            .collect()
+    })
+}

@@ -108,7 +108,7 @@ impl Updater {
         let clipped;
         let grads = match self.clip_noised {
             Some(radius) => {
-                clipped = clip_global_norm(grads, radius);
+                clipped = crate::compress::clip_global_norm(grads, radius);
                 &clipped[..]
             }
             None => grads,
@@ -131,21 +131,4 @@ impl Updater {
         self.optimizer.step(params, &update);
         Ok(self.last_bits)
     }
-}
-
-/// `grads` scaled by min(1, radius / ||grads||) over all of them together, on the device (no
-/// host read: the factor stays a tensor).
-fn clip_global_norm(grads: &[Tensor], radius: f64) -> Vec<Tensor> {
-    tch::no_grad(|| {
-        let squares: Vec<Tensor> = grads
-            .iter()
-            .map(|g| g.to_kind(tch::Kind::Float).square().sum(tch::Kind::Float))
-            .collect();
-        let norm = Tensor::stack(&squares, 0).sum(tch::Kind::Float).sqrt();
-        let factor = (radius / (norm + 1e-6)).clamp_max(1.0);
-        grads
-            .iter()
-            .map(|g| g * &factor.to_kind(g.kind()))
-            .collect()
-    })
 }
