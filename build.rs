@@ -1,6 +1,8 @@
 //! Writes an rpath to LibTorch's `lib` folder into every binary, test and bench of this crate, so
 //! `target/release/dpcomp` runs without `LD_LIBRARY_PATH`. torch-sys (built with
-//! `LIBTORCH_USE_PYTORCH=1`) tells us where that folder is through `DEP_TCH_LIBTORCH_LIB`.
+//! `LIBTORCH_USE_PYTORCH=1`) tells us where that folder is through `DEP_TCH_LIBTORCH_LIB`. A crate
+//! that depends on dpcomp gets the same folder as `DEP_DPCOMP_LIBTORCH_LIB` (`links = "dpcomp"`)
+//! and writes the rpath into its own binaries (tests/dependent-crate/build.rs).
 //!
 //! It also links `libtorch_cuda.so` with `--no-as-needed` when the wheel has it: otherwise the
 //! linker drops the library (no symbol of it is referenced directly) and CUDA is never registered.
@@ -25,6 +27,8 @@ fn main() {
     );
     let lib_dir = Path::new(&lib_dir);
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    // For a dependent crate's build script: `DEP_DPCOMP_LIBTORCH_LIB` (an rpath to write).
+    println!("cargo:libtorch_lib={}", lib_dir.display());
     // The wheel's layout: torch/lib beside torch/include.
     let include = lib_dir
         .parent()

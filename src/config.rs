@@ -257,7 +257,7 @@ settings_section! {
         /// Random crop and horizontal flip on CIFAR training images.
         augment / augment: bool = false, arg(long);
         /// SNLI: longest WordPiece pair kept (longer pairs are truncated).
-        max_seq_len / max_seq_len: usize = crate::data::snli::DEFAULT_MAX_LEN, arg(long);
+        max_seq_len / max_seq_len: usize = crate::data::SNLI_DEFAULT_MAX_LEN, arg(long);
         /// Examples per evaluation batch (memory only; results do not depend on it)
         /// [default: 1024; SNLI 128].
         eval_batch_size / eval_batch_size: usize = 1024, arg(long);

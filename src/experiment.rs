@@ -184,14 +184,18 @@ impl ExperimentFile {
             ExperimentFile::Training(e) => grid::run(e, profile, only, runs, progress)?.len(),
             ExperimentFile::Convex(e) => {
                 let rows = crate::convex::experiment::run(e, profile, data_dir, &folder, progress)?;
+                #[cfg(feature = "plot")]
                 crate::plot::convex::draw_figures(&e.grid.data, &e.grid.loss, &rows, &folder)?;
+                no_figures_without_plot(&folder);
                 rows.len()
             }
             ExperimentFile::Federated(e) => {
                 let data_dir = crate::data::data_dir(data_dir);
                 let cells =
                     crate::fl::experiment::run(e, profile, only, &data_dir, &folder, progress)?;
+                #[cfg(feature = "plot")]
                 crate::plot::fl::figures(&cells, &folder)?;
+                no_figures_without_plot(&folder);
                 cells.len()
             }
             ExperimentFile::Audit(e) => e.run(profile, only, runs, progress)?.len(),
@@ -209,7 +213,9 @@ impl ExperimentFile {
             ExperimentFile::Federated(_) => {
                 let cells = crate::fl::experiment::read_cells(&folder)?;
                 crate::fl::experiment::write_results(&cells, &folder)?;
+                #[cfg(feature = "plot")]
                 crate::plot::fl::figures(&cells, &folder)?;
+                no_figures_without_plot(&folder);
                 cells.len()
             }
             ExperimentFile::Convex(_) => {
@@ -271,4 +277,16 @@ impl ExperimentFile {
             _ => Ok(()),
         }
     }
+}
+
+/// Built without the `plot` feature, an experiment writes its tables and says that its figures
+/// were not drawn (`dpcomp plot` draws them later from the same folder).
+fn no_figures_without_plot(folder: &Path) {
+    #[cfg(not(feature = "plot"))]
+    log::info!(
+        "{}: tables written; figures need dpcomp's `plot` feature (then `dpcomp plot`)",
+        folder.display()
+    );
+    #[cfg(feature = "plot")]
+    let _ = folder;
 }

@@ -429,7 +429,7 @@ pub fn run(
             other => other?,
         };
         if progress {
-            trainer.observe(Box::new(crate::train::observer::ProgressBars::default()));
+            trainer.observe(crate::train::observer::progress_bars()?);
         }
         trainer.run()?;
     }

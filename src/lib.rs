@@ -46,8 +46,10 @@ pub mod grid;
 pub mod json_floats;
 pub mod models;
 pub mod nn;
+#[cfg(feature = "plot")]
 pub mod plot;
 pub mod privacy;
+pub(crate) mod progress_bar;
 #[doc(hidden)]
 pub mod rng_state;
 pub(crate) mod run_folder;

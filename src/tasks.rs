@@ -1,7 +1,7 @@
 //! Glue between a configuration and its task: which files to read, which model to build.
 
 use crate::config::{Task, TrainConfig};
-use crate::data::{self, cifar, names, snli, TaskData};
+use crate::data::{self, cifar, names, TaskData};
 use crate::error::Result;
 use crate::models::{BertClassifier, CifarCnn, Model, ResNet18, SurnamesLstm};
 use std::path::{Path, PathBuf};
@@ -20,11 +20,25 @@ pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
             cifar::Cifar100Labels::Fine,
             config.data.augment,
         )?,
-        Task::Snli => snli::load(
-            &root.join("snli_1.0"),
-            &resolve_bert_dir(&config.model.bert_dir)?,
-            config.data.max_seq_len,
-        )?,
+        #[cfg(feature = "text")]
+        Task::Snli => {
+            let bert_dir = resolve_bert_dir(&config.model.bert_dir)?;
+            let config_path = bert_dir.join("config.json");
+            let limits = crate::models::BertConfig::from_file(&config_path)?.encoder_limits(&config_path);
+            data::snli::load(
+                &root.join("snli_1.0"),
+                &bert_dir,
+                config.data.max_seq_len,
+                &limits,
+            )?
+        }
+        #[cfg(not(feature = "text"))]
+        Task::Snli => {
+            return Err(crate::error::Error::bad_value(
+                "task",
+                "snli needs dpcomp's `text` feature (the BERT tokenizer): add `features = [\"text\"]` to the dependency",
+            ))
+        }
     };
     if let Some(n) = config.data.limit_train {
         data.train = data.train.truncate(n as i64);
@@ -43,7 +57,7 @@ pub fn prepare(config: &TrainConfig) -> Result<(Device, TaskData, Box<dyn Model>
 /// `prepare` with the loaded data (on the host) passed through `edit` first.
 pub fn prepare_edited(
     config: &TrainConfig,
-    edit: Option<crate::train::DataEdit>,
+    edit: Option<data::DataEdit>,
 ) -> Result<(Device, TaskData, Box<dyn Model>)> {
     let device = config.device.device()?;
     let data = load_data(config)?;

@@ -759,7 +759,11 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
         return;
     };
     let positions = original["max_position_embeddings"].as_u64().unwrap() as usize;
-    let err = dpcomp::data::snli::load(&root.join("snli_1.0"), &source, positions + 1)
+    let config_path = source.join("config.json");
+    let limits = BertConfig::from_file(&config_path)
+        .unwrap()
+        .encoder_limits(&config_path);
+    let err = dpcomp::data::snli::load(&root.join("snli_1.0"), &source, positions + 1, &limits)
         .expect_err("a sequence length beyond the position table was accepted");
     assert!(err.to_string().starts_with("data.max_seq_len:"), "{err}");
 

@@ -4,7 +4,7 @@
 //! everything succeeded, and both are removed on any error.
 
 use crate::error::{Error, Result};
-use indicatif::{ProgressBar, ProgressStyle};
+use crate::progress_bar::Bar;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
@@ -153,18 +153,13 @@ fn download(url: &str, dest: &Path, progress: bool) -> Result<String> {
     let length: Option<u64> = response
         .header("Content-Length")
         .and_then(|v| v.parse().ok());
-    let bar = if progress {
-        let bar = ProgressBar::new(length.unwrap_or(0));
-        bar.set_style(
-            ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
-                .expect("valid template")
-                .progress_chars("=> "),
-        );
-        bar.set_message(url.rsplit('/').next().unwrap_or(url).to_string());
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = Bar::new(
+        progress,
+        length.unwrap_or(0),
+        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+        "progress",
+    )?;
+    bar.set_message(url.rsplit('/').next().unwrap_or(url).to_string());
     let mut reader = response.into_reader();
     let mut file = std::fs::File::create(dest).map_err(|e| Error::io(dest, e))?;
     let mut hasher = Sha256::new();

@@ -2,17 +2,25 @@
 //! by index. Loaders read the official on-disk layouts (see `../shared/data/README.md`).
 
 pub mod cifar;
+#[cfg(feature = "fetch")]
 pub mod fetch;
 pub mod flchain;
 pub mod idx;
 pub mod names;
 pub mod partition;
 pub mod sampler;
+#[cfg(feature = "text")]
 pub mod snli;
+
+/// SNLI's longest WordPiece pair kept by default (`data.max_seq_len`).
+pub const SNLI_DEFAULT_MAX_LEN: usize = 128;
 
 use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
+
+/// A change to a built-in task's loaded data before training (`TrainerBuilder::edit_data`).
+pub type DataEdit = Box<dyn FnOnce(TaskData) -> Result<TaskData>>;
 
 /// The inputs of one or many examples, in the form the task's model reads.
 #[derive(Debug)]

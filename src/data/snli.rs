@@ -18,7 +18,7 @@ use tokenizers::processors::bert::BertProcessing;
 use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
 
 pub const CLASSES: [&str; 3] = ["entailment", "neutral", "contradiction"];
-pub const DEFAULT_MAX_LEN: usize = 128;
+pub const DEFAULT_MAX_LEN: usize = super::SNLI_DEFAULT_MAX_LEN;
 
 /// One labelled sentence pair.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,34 +178,47 @@ pub fn train_file(dir: &Path) -> PathBuf {
     }
 }
 
-/// `dir` is the `snli_1.0` folder, `model_dir` the BERT folder whose vocabulary tokenises it.
-pub fn load(dir: &Path, model_dir: &Path, max_len: usize) -> Result<TaskData> {
+/// What the encoder that reads the data admits (`models::bert::BertConfig::encoder_limits`):
+/// positions and token ids beyond its tables would index out of range inside LibTorch (a C++
+/// panic), so `load` checks them before any tensor.
+#[derive(Debug, Clone)]
+pub struct EncoderLimits {
+    pub max_positions: i64,
+    pub vocab_size: i64,
+    /// The file the limits were read from, named in the errors.
+    pub source: PathBuf,
+}
+
+/// `dir` is the `snli_1.0` folder, `model_dir` the BERT folder whose vocabulary tokenises it,
+/// `limits` what its encoder admits.
+pub fn load(
+    dir: &Path,
+    model_dir: &Path,
+    max_len: usize,
+    limits: &EncoderLimits,
+) -> Result<TaskData> {
     require_dir(
         dir,
         "the snli_1.0 folder with snli_1.0_{train,dev,test}.jsonl",
     )?;
     let tokenizer = load_tokenizer(model_dir, max_len)?;
-    // The encoder's tables bound what the data may hold: positions and token ids beyond them
-    // would index out of range inside LibTorch (a C++ panic), so check before any tensor.
-    let config_path = model_dir.join("config.json");
-    let config = crate::models::bert::BertConfig::from_file(&config_path)?;
-    if max_len as i64 > config.max_position_embeddings {
+    if max_len as i64 > limits.max_positions {
         return Err(Error::bad_value(
             "data.max_seq_len",
             format!(
                 "{max_len}: {} has only {} position embeddings",
-                config_path.display(),
-                config.max_position_embeddings
+                limits.source.display(),
+                limits.max_positions
             ),
         ));
     }
     let vocab = tokenizer.get_vocab_size(true) as i64;
-    if vocab > config.vocab_size {
+    if vocab > limits.vocab_size {
         return Err(Error::bad_file(
-            &config_path,
+            &limits.source,
             format!(
                 "vocab_size {}: the tokenizer in {} has {vocab} tokens",
-                config.vocab_size,
+                limits.vocab_size,
                 model_dir.display()
             ),
         ));

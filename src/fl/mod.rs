@@ -41,9 +41,9 @@ use crate::data::partition::Partition;
 use crate::error::{Error, Result};
 use crate::privacy::engine::{Clipped, Clipping, PrivacyEngine};
 use crate::privacy::noise::NoiseSource;
+use crate::progress_bar::Bar;
 use client::{client_update, LocalTraining};
 use data::{FlData, FlDataset};
-use indicatif::{ProgressBar, ProgressStyle};
 use metrics::Evaluation;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -722,7 +722,12 @@ fn run_rounds(
             }
         }
     }
-    let bar = progress_bar(progress, settings.rounds);
+    let bar = Bar::new(
+        progress,
+        settings.rounds as u64,
+        "round [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+        "progress",
+    )?;
     bar.inc(rounds_done as u64);
     let mut stopped_early = false;
     for round in rounds_done + 1..=settings.rounds {
@@ -1020,19 +1025,6 @@ pub fn read_rows(path: &Path) -> Result<Vec<RoundMetrics>> {
                 .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
         })
         .collect()
-}
-
-fn progress_bar(show: bool, rounds: usize) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(rounds as u64);
-    bar.set_style(
-        ProgressStyle::with_template("round [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar
 }
 
 #[cfg(test)]

@@ -59,6 +59,16 @@ fn default_init_range() -> f64 {
 }
 
 impl BertConfig {
+    /// What an encoder of this configuration (read from `source`) admits of its data.
+    #[cfg(feature = "text")]
+    pub fn encoder_limits(&self, source: &Path) -> crate::data::snli::EncoderLimits {
+        crate::data::snli::EncoderLimits {
+            max_positions: self.max_position_embeddings,
+            vocab_size: self.vocab_size,
+            source: source.to_path_buf(),
+        }
+    }
+
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let config: BertConfig = serde_json::from_str(&text)

@@ -8,13 +8,14 @@
 //! An audited run is one process (no W workers) and is not resumable: the every-step scores are
 //! not checkpointed.
 
+use super::input_canaries::InputCanaries;
 use super::Trainer;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::privacy::audit::{
     audit_power, audit_scores, outcome_of, refutes, AuditOutcome, Guesses,
 };
-use crate::privacy::canary::{CanarySettings, GradientCanaries, InputCanaries, Observe};
+use crate::privacy::canary::{CanarySettings, GradientCanaries, Observe};
 use serde::Serialize;
 use std::path::Path;
 
@@ -118,7 +119,7 @@ pub fn audit_training(
         }
     };
     if progress {
-        trainer.observe(Box::new(super::observer::ProgressBars::default()));
+        trainer.observe(super::observer::progress_bars()?);
     }
     if settings.kind == CanaryKind::WhiteBox {
         let tensors: Vec<tch::Tensor> = trainer

@@ -14,9 +14,12 @@
 //! }
 //! ```
 //!
-//! `ProgressBars` is the command line's: a bar per epoch and a line per epoch on stderr.
+//! `ProgressBars` is the command line's: a bar per epoch and a line per epoch on stderr (with the
+//! `progress` feature, which the binary has).
 
 use super::metrics::EpochMetrics;
+use crate::error::Result;
+#[cfg(feature = "progress")]
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// The running totals of an epoch, read from the device every `Observer::interval` steps
@@ -62,13 +65,31 @@ pub trait Observer {
     fn stopped(&mut self, _reason: &str) {}
 }
 
+/// The observer a run's `progress` setting (the grid's, the workers', the audit's) asks for:
+/// `ProgressBars`, or an error naming the `progress` feature when dpcomp was built without it.
+pub(crate) fn progress_bars() -> Result<Box<dyn Observer>> {
+    #[cfg(feature = "progress")]
+    {
+        Ok(Box::new(ProgressBars::default()))
+    }
+    #[cfg(not(feature = "progress"))]
+    {
+        Err(crate::error::Error::bad_value(
+            "progress",
+            "progress bars need dpcomp's `progress` feature: add `features = [\"progress\"]` to the dependency, or turn progress off",
+        ))
+    }
+}
+
 /// The command line's observer: an indicatif bar per epoch with live loss, accuracy, ε and
 /// throughput every 50 steps, then one line per epoch, on stderr.
+#[cfg(feature = "progress")]
 pub struct ProgressBars {
     bar: ProgressBar,
     epochs: usize,
 }
 
+#[cfg(feature = "progress")]
 impl Default for ProgressBars {
     fn default() -> Self {
         ProgressBars {
@@ -78,6 +99,7 @@ impl Default for ProgressBars {
     }
 }
 
+#[cfg(feature = "progress")]
 impl Observer for ProgressBars {
     fn epoch_started(&mut self, epoch: usize, epochs: usize, steps: usize) {
         self.epochs = epochs;

@@ -1,0 +1,7 @@
+//! The one thing a binary of one's own needs to run without LD_LIBRARY_PATH: an rpath to
+//! LibTorch's lib folder, which dpcomp's build script reports as `DEP_DPCOMP_LIBTORCH_LIB`.
+fn main() {
+    let lib =
+        std::env::var("DEP_DPCOMP_LIBTORCH_LIB").expect("dpcomp reports LibTorch's lib folder");
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+}
