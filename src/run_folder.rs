@@ -229,6 +229,21 @@ pub fn clear(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Appends `lines` to the CSV file at `path`, writing `header` first when the file is new.
+pub(crate) fn append_csv(path: &Path, header: &str, lines: &[String]) -> Result<()> {
+    let new = !path.exists();
+    let mut text = String::new();
+    if new {
+        text.push_str(header);
+        text.push('\n');
+    }
+    for line in lines {
+        text.push_str(line);
+        text.push('\n');
+    }
+    append_text(path, &text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

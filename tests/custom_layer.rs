@@ -11,7 +11,7 @@ use dpcomp::nn::{
     Ctx, LayerGradients, Linear, LinearConfig, PerSample, PerSampleGradient, Recorded,
 };
 use dpcomp::privacy::grad_sample::clip_and_sum;
-use dpcomp::privacy::grad_sample::{per_sample_in_order, PerSampleBatch};
+use dpcomp::train::private::{per_sample_in_order, PerSampleBatch};
 use tch::{nn, Device, Kind, Tensor};
 
 /// y = x ⊙ w + b per feature (w, b in R^d): a learned per-feature scale and shift.

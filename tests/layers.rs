@@ -11,7 +11,7 @@ use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{AttentionConfig, Ctx, Gru, Linear, LinearConfig, MultiheadAttention};
 use dpcomp::privacy::grad_sample::clip_and_sum;
-use dpcomp::privacy::grad_sample::{per_sample_in_order, PerSampleBatch};
+use dpcomp::train::private::{per_sample_in_order, PerSampleBatch};
 use tch::{nn, Device, Kind, Reduction, Tensor};
 
 fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {

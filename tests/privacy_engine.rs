@@ -12,7 +12,7 @@ use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear, LinearConfig};
 use dpcomp::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
-use dpcomp::privacy::grad_sample::per_sample_in_order;
+use dpcomp::train::private::per_sample_in_order;
 use dpcomp::train::Trainer;
 use std::collections::HashMap;
 use tch::{nn, Device, Kind, Tensor};

@@ -18,8 +18,8 @@ pub mod gradient_error;
 use crate::data::{Batch, Dataset};
 use crate::error::Result;
 use crate::models::Model;
-use crate::privacy::grad_sample::per_sample_in_order;
 use crate::privacy::grad_sample::PerSample;
+use crate::train::private::per_sample_in_order;
 use rand::SeedableRng;
 use tch::{Device, Kind, Tensor};
 

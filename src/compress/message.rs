@@ -130,16 +130,6 @@ impl Message {
         self.payloads.iter().map(Payload::elements).sum()
     }
 
-    /// The message as bytes (`wire`, version 1).
-    pub fn to_bytes(&self) -> crate::error::Result<Vec<u8>> {
-        super::wire::encode(self)
-    }
-
-    /// A message from `to_bytes`' bytes, its tensors on `device`.
-    pub fn from_bytes(bytes: &[u8], device: tch::Device) -> crate::error::Result<Message> {
-        super::wire::decode(bytes, device)
-    }
-
     /// The paper's count: `PAPER_BITS_PER_ELEMENT` per transmitted element plus the flag bits.
     pub fn paper_bits(&self) -> u64 {
         PAPER_BITS_PER_ELEMENT * self.elements() + self.flags.len() as u64

@@ -432,3 +432,17 @@ pub fn decode(bytes: &[u8], device: Device) -> Result<Message> {
     }
     Ok(Message { payloads, flags })
 }
+
+/// A message's bytes are this file's format; the methods sit here so that `message` (the
+/// in-memory form) does not depend on its encoding.
+impl Message {
+    /// The message as bytes (version 1 of this file's format).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        encode(self)
+    }
+
+    /// A message from `to_bytes`' bytes, its tensors on `device`.
+    pub fn from_bytes(bytes: &[u8], device: tch::Device) -> Result<Message> {
+        decode(bytes, device)
+    }
+}

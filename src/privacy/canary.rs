@@ -8,15 +8,13 @@
 //!   every step each included canary is Poisson-sampled at the run's rate q, like an example,
 //!   and its gradient goes through the engine's clipping into the clipped sum before the noise
 //!   (`dp_step`). Scored from the weights, as an auditor who sees them (`Observe`).
-//! - `InputCanaries` (black box): canary i is a training example given a wrong label; the
-//!   excluded ones are removed from the training split. Scored by minus the loss of the final
-//!   model on the canary (an included canary was fitted, so its loss is lower).
+//! - Black-box canaries (mislabelled training examples, scored by the final model's loss) need a
+//!   dataset and a model, so they live with the trainer: `train::input_canaries`.
 //!
 //! Any score gives a valid lower bound (the bound holds for every guessing rule fixed before
 //! the run); a better score only makes the bound tighter.
 
 use super::engine::{Clipped, Clipping};
-use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::nn::PerSample;
 use rand::rngs::StdRng;
@@ -50,7 +48,7 @@ pub struct CanarySettings {
 }
 
 /// Canary i's inclusion, drawn first from the audit's generator.
-fn draw_included(rng: &mut StdRng, m: usize) -> Vec<bool> {
+pub(crate) fn draw_included(rng: &mut StdRng, m: usize) -> Vec<bool> {
     (0..m).map(|_| rng.random::<bool>()).collect()
 }
 
@@ -363,101 +361,3 @@ pub struct CanaryScores {
 
 /// Dense canaries keep [m, P] floats: at most this many (2 GiB of f32).
 pub const DENSE_LIMIT: i64 = 1 << 29;
-
-/// Black-box canaries: training examples given a wrong label (see the module docs).
-pub struct InputCanaries {
-    pub included: Vec<bool>,
-    /// The canaries as examples (features, wrong labels), in canary order.
-    pub examples: Dataset,
-}
-
-impl InputCanaries {
-    /// Takes `settings.canaries` random examples of `train` as canaries, each relabelled to a
-    /// uniformly drawn wrong class of `classes`; returns the canaries and the training split
-    /// with the included canaries (relabelled) and without the excluded ones.
-    pub fn carve(
-        settings: &CanarySettings,
-        train: &Dataset,
-        classes: i64,
-    ) -> Result<(Self, Dataset)> {
-        let m = settings.canaries;
-        let n = train.len();
-        if m == 0 || m as i64 >= n || classes < 2 {
-            return Err(Error::bad_value(
-                "canaries",
-                format!("{m} from {n} training examples of {classes} classes: expected 0 < canaries < examples and at least 2 classes"),
-            ));
-        }
-        let mut rng = StdRng::seed_from_u64(settings.seed);
-        let included = draw_included(&mut rng, m);
-        let chosen: Vec<i64> = rand::seq::index::sample(&mut rng, n as usize, m)
-            .into_iter()
-            .map(|i| i as i64)
-            .collect();
-        let index = Tensor::from_slice(&chosen);
-        let labels = Vec::<i64>::try_from(
-            &train
-                .labels
-                .index_select(0, &index.to_device(train.device()))
-                .to_device(Device::Cpu),
-        )
-        .map_err(|e| Error::bad_value("labels", e.to_string()))?;
-        let wrong: Vec<i64> = labels
-            .iter()
-            .map(|&y| (y + rng.random_range(1..classes)) % classes)
-            .collect();
-        let cpu = |t: &Tensor| t.to_device(train.device());
-        let wrong = Tensor::from_slice(&wrong);
-        let examples = Dataset::new(
-            train.features.select_trimmed(&cpu(&index), None),
-            cpu(&wrong),
-            train.image_transform.clone(),
-        );
-        // Training: every example but the excluded canaries, the included ones relabelled.
-        let mut keep = vec![true; n as usize];
-        for (&i, &inside) in chosen.iter().zip(&included) {
-            keep[i as usize] = inside;
-        }
-        let kept = Tensor::from_slice(&(0..n).filter(|&i| keep[i as usize]).collect::<Vec<_>>());
-        let relabelled = train
-            .labels
-            .copy()
-            .index_put_(&[Some(cpu(&index))], &cpu(&wrong), false);
-        let trained = Dataset::new(
-            train.features.select_trimmed(&cpu(&kept), None),
-            relabelled.index_select(0, &cpu(&kept)),
-            train.image_transform.clone(),
-        );
-        Ok((InputCanaries { included, examples }, trained))
-    }
-
-    /// Each canary's score, minus its cross-entropy under `model` (evaluation mode) with its
-    /// wrong label: an included canary was fitted, so its loss is lower and its score higher.
-    pub fn scores(&self, model: &dyn crate::models::Model, device: Device) -> Result<Vec<f64>> {
-        let n = self.examples.len();
-        let mut scores = Vec::with_capacity(n as usize);
-        tch::no_grad(|| -> Result<()> {
-            let mut start = 0;
-            while start < n {
-                let len = 256.min(n - start);
-                let index = Tensor::arange_start(start, start + len, (Kind::Int64, Device::Cpu));
-                let batch = self.examples.batch(&index, device, false);
-                let logits = model.forward(&batch.features, &mut crate::nn::Ctx::eval())?;
-                let losses = logits.cross_entropy_loss::<Tensor>(
-                    &batch.labels,
-                    None,
-                    tch::Reduction::None,
-                    -100,
-                    0.0,
-                );
-                let losses =
-                    Vec::<f64>::try_from(&losses.to_kind(Kind::Double).to_device(Device::Cpu))
-                        .map_err(|e| Error::bad_value("canary losses", e.to_string()))?;
-                scores.extend(losses.into_iter().map(|l| -l));
-                start += len;
-            }
-            Ok(())
-        })?;
-        Ok(scores)
-    }
-}

@@ -36,14 +36,12 @@
 //! adaptive clipping).
 
 use super::engine::{Clipped, Clipping};
-use crate::data::Batch;
 use crate::error::{Error, Result};
-use crate::models::Model;
 use crate::nn::grad_hook::{on_grad, reaches_another, HookStatus};
 use crate::nn::{Ctx, LayerGradients, Record, Recorded, Tape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Tensor};
 
 pub use crate::nn::per_sample::{
     ghost_is_cheaper, outer, patches, Activations, PerSample, PerSampleGradient,
@@ -440,41 +438,6 @@ fn in_parameter_order<T>(
             })
         })
         .collect()
-}
-
-/// One private forward and backward pass over a batch.
-pub struct PerSampleBatch {
-    /// (parameter, its per-sample gradient recipe), in the order of the trainable parameters.
-    pub per_sample: Vec<(Tensor, PerSample)>,
-    pub logits: Tensor,
-    /// Σ_i loss_i.
-    pub loss_sum: Tensor,
-}
-
-/// The per-sample gradient recipes of `batch` in the order of `params`, from one private forward
-/// pass (`dropout` on in training, off for measurements), with the logits and the summed loss.
-/// A trainable parameter missing from the tape is an error: it would escape clipping.
-pub fn per_sample_in_order(
-    model: &dyn Model,
-    params: &[(String, Tensor)],
-    batch: &Batch,
-    dropout: bool,
-) -> Result<PerSampleBatch> {
-    let mut ctx = if dropout {
-        Ctx::private()
-    } else {
-        Ctx::private().without_dropout()
-    };
-    let logits = model.forward(&batch.features, &mut ctx)?;
-    let losses =
-        logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
-    let loss_sum = losses.sum(losses.kind());
-    let ordered = per_sample_of(&mut ctx, params, &loss_sum)?;
-    Ok(PerSampleBatch {
-        per_sample: ordered,
-        logits,
-        loss_sum,
-    })
 }
 
 /// Per-sample norms over all parameters and the clipped sum of each parameter's gradients.

@@ -104,7 +104,7 @@ impl TrainerBuilder {
 
     /// A fresh run of a built-in task whose loaded data `edit` changes first (on the host,
     /// before the privacy engine takes q from the training split's size): how `dpcomp audit`
-    /// plants black-box canaries (`privacy::canary::InputCanaries`). One process.
+    /// plants black-box canaries (`train::input_canaries::InputCanaries`). One process.
     pub fn edit_data(mut self, edit: DataEdit) -> Self {
         self.edit = Some(edit);
         self

@@ -49,7 +49,7 @@ pub struct EpochMetrics {
     /// With W data-parallel workers: what each sent and received, and its time in the
     /// collectives (`upstream_*` above count rank 0's own messages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workers: Option<super::distributed::EpochTraffic>,
+    pub workers: Option<super::traffic::EpochTraffic>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -162,22 +162,7 @@ pub fn append_upstream(path: &Path, rows: &[UpstreamRow]) -> Result<()> {
         .iter()
         .map(|(step, epoch, bits, paper)| format!("{step},{epoch},{bits},{paper}"))
         .collect();
-    append_csv(path, "step,epoch,upstream_bits,paper_bits", &lines)
-}
-
-/// Appends `lines` to the CSV file at `path`, writing `header` first when the file is new.
-pub fn append_csv(path: &Path, header: &str, lines: &[String]) -> Result<()> {
-    let new = !path.exists();
-    let mut text = String::new();
-    if new {
-        text.push_str(header);
-        text.push('\n');
-    }
-    for line in lines {
-        text.push_str(line);
-        text.push('\n');
-    }
-    crate::run_folder::append_text(path, &text)
+    crate::run_folder::append_csv(path, "step,epoch,upstream_bits,paper_bits", &lines)
 }
 
 /// Keeps the header and the rows of steps up to `steps_done` of `upstream.csv` (a killed run may

@@ -9,9 +9,10 @@ use crate::data::{Batch, Dataset};
 use crate::error::Result;
 use crate::models::Model;
 use crate::nn::Ctx;
+use crate::nn::PerSample;
 use crate::privacy::canary::GradientCanaries;
 use crate::privacy::engine::{Clipped, PrivacyEngine};
-use crate::privacy::grad_sample::{clipped_sums, BackwardPasses};
+use crate::privacy::grad_sample::{clipped_sums, per_sample_of, BackwardPasses};
 use tch::{Device, Kind, Reduction, Tensor};
 
 /// How a logical batch is processed (σ, q and the clipping rule are the engine's).
@@ -169,5 +170,40 @@ pub fn dp_step(
         loss_sum,
         correct,
         clipped: logical.clipped,
+    })
+}
+
+/// One private forward and backward pass over a batch.
+pub struct PerSampleBatch {
+    /// (parameter, its per-sample gradient recipe), in the order of the trainable parameters.
+    pub per_sample: Vec<(Tensor, PerSample)>,
+    pub logits: Tensor,
+    /// Σ_i loss_i.
+    pub loss_sum: Tensor,
+}
+
+/// The per-sample gradient recipes of `batch` in the order of `params`, from one private forward
+/// pass (`dropout` on in training, off for measurements), with the logits and the summed loss.
+/// A trainable parameter missing from the tape is an error: it would escape clipping.
+pub fn per_sample_in_order(
+    model: &dyn Model,
+    params: &[(String, Tensor)],
+    batch: &Batch,
+    dropout: bool,
+) -> Result<PerSampleBatch> {
+    let mut ctx = if dropout {
+        Ctx::private()
+    } else {
+        Ctx::private().without_dropout()
+    };
+    let logits = model.forward(&batch.features, &mut ctx)?;
+    let losses =
+        logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
+    let loss_sum = losses.sum(losses.kind());
+    let ordered = per_sample_of(&mut ctx, params, &loss_sum)?;
+    Ok(PerSampleBatch {
+        per_sample: ordered,
+        logits,
+        loss_sum,
     })
 }

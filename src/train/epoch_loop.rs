@@ -1,0 +1,370 @@
+//! `Trainer::run`: the epochs, each a pass of steps, then the epoch's totals over the workers,
+//! evaluation, one row in `metrics.jsonl` and a checkpoint.
+
+use super::checkpoint::TrainState;
+use super::metrics::{EpochMetrics, Summary};
+use super::private::dp_step;
+use super::step::{empty_share_step, train_step_share};
+use super::{checkpoint, distributed, metrics, observer, traffic, Trainer, DIVERGED};
+use crate::analysis::gradient_error;
+use crate::compress::message::paper_gib;
+use crate::config::Sampling;
+use crate::error::{Error, Result};
+use crate::privacy::accountant::Accountant;
+use crate::privacy::engine::PrivacyEngine;
+use std::time::Instant;
+use tch::{Kind, Tensor};
+
+/// What one epoch's steps added up to on this worker (`Trainer::train_epoch`), before the
+/// totals over the workers (`Trainer::finish_epoch`).
+struct EpochSteps {
+    epoch: usize,
+    started: Instant,
+    /// Steps taken (0 when the budget allowed none).
+    steps: usize,
+    /// Examples in this worker's batches.
+    seen: i64,
+    /// Device tensors: summed loss, correct predictions and clipped examples (read once, at
+    /// the epoch's end).
+    loss_sum: Tensor,
+    correct: Tensor,
+    clipped: Tensor,
+    traffic: Vec<traffic::TrafficRow>,
+    upstream: Vec<metrics::UpstreamRow>,
+}
+
+impl Trainer {
+    /// Trains the remaining epochs, evaluating and checkpointing after each. Under DP every
+    /// step is accounted, and training stops before a step that would exceed --target-epsilon.
+    pub fn run(&mut self) -> Result<Summary> {
+        let q = self.sample_rate();
+        let mut budget = self.steps_within_budget()?;
+        if budget == Some(0) && self.state.steps_done == 0 {
+            // Not even one step fits the target: refuse rather than "finish" a run that never
+            // trained (σ = 0 lands here too: its ε is infinite).
+            let sigma = self.config.privacy.noise_multiplier.unwrap_or(0.0);
+            let mut one = Accountant::default();
+            one.step(sigma, q, 1)?;
+            let eps = one
+                .epsilon(self.config.privacy.accountant, self.config.privacy.delta)?
+                .0;
+            return Err(Error::bad_value(
+                "privacy.target_epsilon",
+                format!(
+                    "{}: a single step at noise multiplier {sigma} and sampling rate {q:.6} already spends epsilon {eps:.4} (delta {}); raise the target or the noise multiplier",
+                    self.config.privacy.target_epsilon.unwrap_or(f64::NAN),
+                    self.config.privacy.delta
+                ),
+            ));
+        }
+        if self.state.epochs_done == 0 && self.state.steps_done == 0 {
+            gradient_error::truncate(&self.run_dir, 0)?;
+            if gradient_error::read(&self.run_dir)?.is_empty() {
+                self.gradient_error_if_due()?;
+            }
+        }
+        while self.state.epochs_done < self.config.epochs && self.state.stopped.is_none() {
+            let steps = self.train_epoch(&mut budget)?;
+            if steps.steps == 0 {
+                // The budget ran out exactly at the end of the previous epoch: nothing was
+                // trained, so there is no epoch to evaluate or log (and no zero-loss row).
+                self.save_checkpoint()?;
+                break;
+            }
+            self.finish_epoch(steps)?;
+        }
+        if let (Some(reason), Some(o)) = (&self.state.stopped, self.observer.as_mut()) {
+            o.stopped(reason);
+        }
+        let summary = self.summary()?;
+        if self.writes() {
+            let path = self.run_dir.join("summary.json");
+            let text = serde_json::to_string_pretty(&summary).expect("summary serialises");
+            crate::run_folder::replace(&path, text.as_bytes())?;
+        }
+        Ok(summary)
+    }
+
+    /// One epoch's steps on this worker: its batches, each a private step (`private::dp_step`)
+    /// or a non-private one, the bits each step's message took, and the observer's calls. Stops
+    /// early, saying why in `state.stopped`, when the target ε allows no further step.
+    fn train_epoch(&mut self, budget: &mut Option<u64>) -> Result<EpochSteps> {
+        let epoch = self.state.epochs_done;
+        let started = Instant::now();
+        self.updater.start_epoch(epoch);
+        let shuffle_seed = self.shared_shuffle_seed()?;
+        let batches = self.worker_batches(epoch, shuffle_seed);
+        let mut traffic: Vec<traffic::TrafficRow> = Vec::new();
+        let mut upstream: Vec<metrics::UpstreamRow> = Vec::with_capacity(batches.len());
+        if let Some(o) = self.observer.as_mut() {
+            o.epoch_started(epoch, self.config.epochs, batches.len());
+        }
+        let interval = self.observer.as_ref().map_or(0, |o| o.interval());
+        let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
+        let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
+        let mut clipped = Tensor::zeros([], (Kind::Int64, self.device));
+        let mut seen = 0i64;
+        let mut steps = 0usize;
+        for (step, index) in batches.iter().enumerate() {
+            if *budget == Some(0) {
+                self.state.stopped = Some(self.budget_message()?);
+                break;
+            }
+            steps += 1;
+            *budget = budget.map(|b| b - 1);
+            let step_started = Instant::now();
+            let logical_len = if self.workers() > 1 {
+                self.shuffled_batch_len(step)
+            } else {
+                index.size()[0]
+            };
+            if let Some(settings) = self.dp_settings(logical_len) {
+                let totals = dp_step(
+                    self.model.as_ref(),
+                    &self.params,
+                    &mut self.updater,
+                    &self.data.train,
+                    index,
+                    self.device,
+                    &settings,
+                    self.privacy.as_mut().expect("a private step has an engine"),
+                    self.canaries.as_mut(),
+                )?;
+                loss_sum += totals.loss_sum.to_kind(Kind::Float);
+                correct += totals.correct;
+                clipped += totals.clipped;
+            } else {
+                let share = index.size()[0];
+                let (loss, right) = if share == 0 {
+                    empty_share_step(&self.params, &mut self.updater, self.device)?
+                } else {
+                    let batch = self.data.train.batch(index, self.device, true);
+                    let share_weight = self.workers() as f64 * share as f64 / logical_len as f64;
+                    train_step_share(
+                        self.model.as_ref(),
+                        &self.params,
+                        &mut self.updater,
+                        &batch,
+                        self.config.privacy.max_grad_norm,
+                        share_weight,
+                    )?
+                };
+                loss_sum += loss;
+                correct += right;
+            }
+            seen += index.size()[0];
+            self.state.steps_done += 1;
+            if self.workers() > 1 {
+                let cost = self.updater.last_traffic;
+                let exchange = cost.encode_seconds + cost.comm_seconds + cost.decode_seconds;
+                traffic.push(traffic::TrafficRow {
+                    step: self.state.steps_done,
+                    rank: self.rank(),
+                    compute_seconds: (step_started.elapsed().as_secs_f64() - exchange).max(0.0),
+                    cost,
+                });
+            }
+            self.state.upstream_bits += self.updater.last_bits;
+            self.state.upstream_paper_bits += self.updater.last_paper_bits;
+            upstream.push((
+                self.state.steps_done,
+                epoch + 1,
+                self.updater.last_bits,
+                self.updater.last_paper_bits,
+            ));
+            if let Some(o) = self.observer.as_mut() {
+                o.step_finished(epoch, step);
+            }
+            if interval > 0 && step % interval == interval - 1 {
+                // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
+                let live = self.config.privacy.accountant == crate::config::AccountantKind::Rdp;
+                let shown = seen.max(1) as f64;
+                let progress = observer::LiveProgress {
+                    epoch,
+                    step,
+                    loss: loss_sum.double_value(&[]) / shown,
+                    accuracy: correct.int64_value(&[]) as f64 / shown,
+                    epsilon: self.epsilon_shown(live)?,
+                    epsilon_is_live: live,
+                    upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
+                    examples_per_second: shown / started.elapsed().as_secs_f64(),
+                };
+                if let Some(o) = self.observer.as_mut() {
+                    o.progress(&progress);
+                }
+            }
+        }
+        Ok(EpochSteps {
+            epoch,
+            started,
+            steps,
+            seen,
+            loss_sum,
+            correct,
+            clipped,
+            traffic,
+            upstream,
+        })
+    }
+
+    /// The end of an epoch that trained: the totals over the workers, the test evaluation, the
+    /// epoch's row (to the observer and `metrics.jsonl`), a stop if the loss diverged, the
+    /// gradient-error measurement when due, and the checkpoint.
+    fn finish_epoch(&mut self, steps: EpochSteps) -> Result<()> {
+        let EpochSteps {
+            epoch,
+            started,
+            steps: _,
+            mut seen,
+            loss_sum,
+            correct,
+            clipped,
+            mut traffic,
+            upstream,
+        } = steps;
+        let train_seconds = started.elapsed().as_secs_f64();
+        let mut epoch_traffic = None;
+        let (mut loss_sum, mut correct, mut clipped) = (
+            loss_sum.double_value(&[]),
+            correct.int64_value(&[]) as f64,
+            clipped.int64_value(&[]) as f64,
+        );
+        if let Some(exchange) = self.updater.exchange.as_mut() {
+            // The epoch's totals over all workers, the same on every rank.
+            let control = exchange.take_control();
+            let comm = exchange.comm.as_mut();
+            let totals = distributed::sum_over_workers(
+                comm,
+                &[
+                    loss_sum,
+                    correct,
+                    clipped,
+                    seen as f64,
+                    (control.sent + control.received) as f64,
+                ],
+            )?;
+            (loss_sum, correct, clipped, seen) =
+                (totals[0], totals[1], totals[2], totals[3] as i64);
+            let rows = traffic::gather_traffic(comm, &traffic)?;
+            epoch_traffic = Some(traffic::EpochTraffic::of(
+                comm.size(),
+                &rows,
+                totals[4] as u64,
+            ));
+            traffic = rows;
+        }
+        let (test_loss, test_accuracy) = self.evaluate_on_workers()?;
+        let epoch_seconds = started.elapsed().as_secs_f64();
+        self.state.epochs_done += 1;
+        self.state.wall_seconds += epoch_seconds;
+        let per_example = |total: &f64| total / seen.max(1) as f64;
+        let m = EpochMetrics {
+            epoch: epoch + 1,
+            steps: self.state.steps_done,
+            train_loss: per_example(&loss_sum),
+            train_accuracy: per_example(&correct),
+            test_loss,
+            test_accuracy,
+            examples_per_second: seen as f64 / train_seconds,
+            epoch_seconds,
+            wall_seconds: self.state.wall_seconds,
+            epsilon: self.epsilon()?,
+            clipped_fraction: self.config.private().then(|| per_example(&clipped)),
+            noise: self.noise_label(),
+            clip_radius: self.privacy.as_ref().and_then(PrivacyEngine::clip_radius),
+            upstream_bits: upstream.iter().map(|r| r.2).sum(),
+            upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
+            upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
+            workers: epoch_traffic,
+        };
+        if let Some(o) = self.observer.as_mut() {
+            o.epoch_finished(&m);
+        }
+        let diverged = !m.train_loss.is_finite();
+        if self.writes() {
+            metrics::append(&self.run_dir.join("metrics.jsonl"), &m)?;
+            metrics::append_upstream(&self.run_dir.join("upstream.csv"), &upstream)?;
+            if !traffic.is_empty() {
+                traffic::append_traffic(&self.run_dir.join("traffic.csv"), &traffic)?;
+            }
+        }
+        self.history.push(m);
+        if diverged {
+            // Every later epoch would train a NaN model: stop, and say where.
+            self.state.stopped = Some(format!(
+                "{DIVERGED}: non-finite training loss in epoch {} (step {})",
+                epoch + 1,
+                self.state.steps_done
+            ));
+        }
+        self.gradient_error_if_due()?;
+        self.save_checkpoint()?;
+        Ok(())
+    }
+
+    /// What the run ended with (`summary.json`).
+    fn summary(&self) -> Result<Summary> {
+        let q = self.sample_rate();
+        Ok(Summary {
+            task: self.config.task.to_string(),
+            epochs: self.state.epochs_done,
+            final_accuracy: metrics::final_accuracy(&self.history),
+            last_test_accuracy: self.history.last().map_or(f64::NAN, |m| m.test_accuracy),
+            wall_seconds: self.state.wall_seconds,
+            epsilon: self.epsilon()?,
+            delta: self.config.private().then_some(self.config.privacy.delta),
+            noise_multiplier: self.config.privacy.noise_multiplier,
+            sample_rate: self.config.private().then_some(q),
+            sampling: self
+                .config
+                .private()
+                .then(|| match self.config.privacy.sampling {
+                    Sampling::Poisson => "poisson".to_string(),
+                    Sampling::Shuffle => {
+                        "shuffle (approximation: the accountant assumes Poisson sampling)"
+                            .to_string()
+                    }
+                }),
+            noise: self.noise_label(),
+            stopped: self.state.stopped.clone(),
+            compressor: self.config.compressor_spec()?.label(),
+            upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
+            upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
+            workers: (self.workers() > 1).then_some(self.workers()),
+            aggregate_epsilon: self.aggregate_epsilon()?,
+        })
+    }
+
+    /// Saves the checkpoint (rank 0). With W workers every rank takes part: each sends its
+    /// encoder state, which rank 0 saves beside its own (`distributed::compressor_checkpoint`).
+    pub(super) fn save_checkpoint(&mut self) -> Result<()> {
+        let compressor = match self.updater.exchange.as_mut() {
+            Some(exchange) => {
+                let encoders = distributed::gather_encoder_states(
+                    exchange.comm.as_mut(),
+                    &self.updater.compressor.encoder.state(),
+                )?;
+                distributed::compressor_checkpoint(encoders, &exchange.decoders)
+            }
+            None => self.updater.compressor.state(),
+        };
+        if !self.writes() {
+            return Ok(());
+        }
+        let names: Vec<String> = self.params.iter().map(|(n, _)| n.clone()).collect();
+        let optimizer = self.updater.optimizer.state(&names);
+        let workers = self.workers();
+        checkpoint::save(
+            &self.run_dir,
+            self.model.var_store(),
+            &optimizer,
+            &compressor,
+            &TrainState {
+                accountant: self.accountant().cloned(),
+                clip_radius: self.privacy.as_ref().and_then(PrivacyEngine::clip_radius),
+                workers: (workers > 1).then_some(workers),
+                ..self.state.clone()
+            },
+        )
+    }
+}

@@ -1,0 +1,578 @@
+//! Starting a run: a fresh one in an empty run folder (`config.toml` first), or the continuation
+//! of one from its checkpoint with every invariant checked (the accountant's history, the data,
+//! the workers, the logs), and building the model, data, compressor, optimiser and privacy
+//! engine that both share.
+
+use super::adam::Adam;
+use super::checkpoint::TrainState;
+use super::exchange::Exchange;
+use super::optimizer::Optimizer;
+use super::sgd::Sgd;
+use super::update::Updater;
+use super::{checkpoint, distributed, metrics, DataEdit, OwnTask, Trainer, RESUME_MAY_CHANGE};
+use crate::analysis::gradient_error;
+use crate::comm::Communicator;
+use crate::config::{ClippingMode, OptimizerKind, TaskName, TrainConfig, TrainOverrides};
+use crate::error::{Error, Result, SettingConflict};
+use crate::privacy::engine::{AdaptiveClipping, Clipping, PrivacyEngine};
+use crate::privacy::noise::NoiseSource;
+use crate::run_lock::RunLock;
+use crate::tasks;
+use std::path::Path;
+
+/// ceil(examples / batch size): the steps of one epoch, and 1 / q under DP (one formula for the
+/// trainer's loop and the privacy engine's q).
+pub(super) fn steps_per_epoch_of(examples: i64, batch_size: usize) -> i64 {
+    let batch = batch_size as i64;
+    (examples + batch - 1) / batch
+}
+
+/// σ for a run given `privacy.target_epsilon` and no `privacy.noise_multiplier`: the smallest
+/// that keeps all `epochs` x ⌈N / B⌉ steps at q = 1 / (steps per epoch) within the target at δ
+/// on the configured accountant (`PrivacyEngine::builder().target_epsilon`, Opacus's
+/// `make_private_with_epsilon`); `None` when σ is given or the run is not private.
+pub(super) fn calibrated_sigma(config: &TrainConfig, train_examples: i64) -> Result<Option<f64>> {
+    let (None, Some(target)) = (
+        config.privacy.noise_multiplier,
+        config.privacy.target_epsilon,
+    ) else {
+        return Ok(None);
+    };
+    let steps_per_epoch = steps_per_epoch_of(train_examples, config.optimizer.batch_size) as u64;
+    let steps = (config.epochs as u64)
+        .checked_mul(steps_per_epoch)
+        .ok_or_else(|| {
+            Error::bad_value(
+                "epochs",
+                format!(
+                    "{}: at {steps_per_epoch} steps an epoch, more steps than can be counted",
+                    config.epochs
+                ),
+            )
+        })?;
+    let sigma = crate::privacy::calibrate::noise_multiplier_for(
+        config.privacy.accountant,
+        target,
+        1.0 / steps_per_epoch as f64,
+        steps,
+        config.privacy.delta,
+    )
+    .map_err(|e| match e {
+        Error::BadValue { field, what } => Error::bad_value(format!("privacy.{field}"), what),
+        other => other,
+    })?;
+    Ok(Some(sigma))
+}
+
+impl Trainer {
+    /// A fresh run in `run_dir`, which must not hold another run's checkpoint. Writes
+    /// `config.toml` before anything else.
+    pub fn new(config: TrainConfig, run_dir: &Path) -> Result<Self> {
+        Self::start(config, run_dir, None, None, None)
+    }
+
+    pub(crate) fn start(
+        mut config: TrainConfig,
+        run_dir: &Path,
+        own: Option<OwnTask>,
+        edit: Option<DataEdit>,
+        comm: Option<Box<dyn Communicator>>,
+    ) -> Result<Self> {
+        config.validate()?;
+        // Record the data folder this run reads, resolved ($DPCOMP_DATA or data/) and
+        // absolute, so `eval`, `resume` and analyses find it later from anywhere.
+        // (A run of one's own reads no data folder.)
+        if own.is_none() {
+            let data = crate::data::data_dir(config.data.data_dir.as_deref());
+            config.data.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
+        }
+        if comm.as_ref().is_some_and(|c| c.rank() > 0) {
+            // Rank 0 alone touches the run folder.
+            return Self::build(config, run_dir, None, own, edit, comm)
+                .and_then(|t| t.checked_by_workers(""));
+        }
+        if checkpoint::find(run_dir).is_some() {
+            return Err(Error::bad_value(
+                "run_dir",
+                format!(
+                    "{} already holds a run; resume it (`resume`) or choose another run folder",
+                    run_dir.display()
+                ),
+            ));
+        }
+        // Only a new or empty folder, or a dpcomp run folder, may hold a fresh run: a folder of
+        // the user's is refused before anything is written (`run_folder`).
+        crate::run_folder::check_fresh(run_dir)?;
+        let created = !run_dir.exists();
+        let lock = RunLock::acquire(run_dir)?;
+        // Logs of an earlier start that left no checkpoint (a killed first epoch, or a cell
+        // committed before it finished) belong to no run: start them afresh.
+        let mut fresh = match crate::run_folder::FreshStart::claim(
+            run_dir,
+            created,
+            &[
+                "metrics.jsonl",
+                "upstream.csv",
+                "summary.json",
+                "traffic.csv",
+            ],
+        ) {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                drop(lock);
+                if created {
+                    let _ = std::fs::remove_dir(run_dir);
+                }
+                return Err(e);
+            }
+        };
+        let config_path = run_dir.join("config.toml");
+        fresh.wrote("config.toml");
+        let built = std::fs::write(&config_path, config.to_toml())
+            .map_err(|e| Error::io(&config_path, e))
+            .and_then(|()| Self::build(config.clone(), run_dir, Some(lock), own, edit, comm))
+            .and_then(|t| t.checked_by_workers(""))
+            .and_then(|t| {
+                // A σ calibrated from the target ε is part of the run's settings: a resume
+                // reads it back rather than calibrating again.
+                if t.config != config {
+                    crate::run_folder::replace(&config_path, t.config.to_toml().as_bytes())?;
+                }
+                Ok(t)
+            });
+        match built {
+            Ok(trainer) => Ok(trainer),
+            Err(e) => {
+                // A start that failed before training (missing data, a bad option) leaves
+                // nothing behind but what was there before it.
+                fresh.undo();
+                Err(e)
+            }
+        }
+    }
+
+    /// Continues the run in `run_dir` from its last checkpoint. `epochs`, when given, replaces
+    /// the saved epoch count (to extend a finished run).
+    pub fn resume(run_dir: &Path, epochs: Option<usize>) -> Result<Self> {
+        let changes = TrainOverrides {
+            epochs,
+            ..TrainOverrides::default()
+        };
+        Self::continue_run(run_dir, changes, None, None)
+    }
+
+    pub(crate) fn continue_run(
+        run_dir: &Path,
+        overrides: TrainOverrides,
+        own: Option<OwnTask>,
+        comm: Option<Box<dyn Communicator>>,
+    ) -> Result<Self> {
+        let writes = comm.as_ref().is_none_or(|c| c.rank() == 0);
+        let workers = comm.as_ref().map_or(1, |c| c.size());
+        if !run_dir.is_dir() {
+            // Checked before the lock, which would create a mistyped folder.
+            return Err(Error::bad_value(
+                "run_dir",
+                format!(
+                    "{}: no such folder; expected the folder of a run to continue",
+                    run_dir.display()
+                ),
+            ));
+        }
+        let lock = if writes {
+            Some(RunLock::acquire(run_dir)?)
+        } else {
+            None
+        };
+        let config_path = run_dir.join("config.toml");
+        let saved = TrainConfig::from_toml_file(&config_path)?;
+        let mut config = saved.clone();
+        overrides.apply(&mut config);
+        let conflicts: Vec<SettingConflict> = saved
+            .differences(&config)
+            .into_iter()
+            .filter(|(field, _, _)| !RESUME_MAY_CHANGE.contains(&field.as_str()))
+            .map(|(field, saved, given)| SettingConflict {
+                field,
+                saved,
+                given,
+            })
+            .collect();
+        if !conflicts.is_empty() {
+            return Err(Error::ResumeConflict {
+                run_dir: run_dir.to_path_buf(),
+                may_change: RESUME_MAY_CHANGE.iter().map(|f| f.to_string()).collect(),
+                conflicts,
+            });
+        }
+        config.validate()?;
+        let dir = checkpoint::open(run_dir)?;
+        let state = checkpoint::read_state(&dir)?;
+        if config.epochs < state.epochs_done {
+            return Err(Error::bad_value(
+                "epochs",
+                format!(
+                    "{}: {} has already trained {} epochs; give at least that many",
+                    config.epochs,
+                    run_dir.display(),
+                    state.epochs_done
+                ),
+            ));
+        }
+        if state.workers.unwrap_or(1) != workers {
+            return Err(Error::bad_value(
+                "workers",
+                format!(
+                    "{workers}, but {} was trained by {} worker(s): resume it with as many (each holds its own compressor state and data shard)",
+                    run_dir.display(),
+                    state.workers.unwrap_or(1)
+                ),
+            ));
+        }
+        let mut trainer = Self::build(config, run_dir, lock, own, None, comm)?;
+        trainer.check_accountant(&state, &dir)?;
+        if let (Some(engine), Some(accountant)) =
+            (trainer.privacy.as_mut(), state.accountant.clone())
+        {
+            engine
+                .resume(accountant, state.clip_radius)
+                .map_err(|e| Error::bad_file(dir.join("state.json"), e.to_string()))?;
+        }
+        checkpoint::load_weights(trainer.model.var_store(), &dir.join("model.safetensors"))?;
+        let optimizer_state = checkpoint::read_momentum(&dir)?;
+        let optimizer_path = dir.join("optimizer.safetensors");
+        trainer
+            .updater
+            .optimizer
+            .load_state(&trainer.params, &optimizer_state, &optimizer_path)?;
+        let compressor_state = checkpoint::read_compressor(&dir)?;
+        let rank = trainer.rank();
+        if let Some(exchange) = trainer.updater.exchange.as_mut() {
+            distributed::load_compressor_checkpoint(
+                compressor_state,
+                rank,
+                trainer.updater.compressor.encoder.as_mut(),
+                &mut exchange.decoders,
+            )
+            .map_err(|e| Error::bad_file(dir.join("compressor.safetensors"), e.to_string()))?;
+        } else if !trainer.updater.compressor.state().is_empty() {
+            trainer
+                .updater
+                .compressor
+                .load_state(compressor_state)
+                .map_err(|e| Error::bad_file(dir.join("compressor.safetensors"), e.to_string()))?;
+        }
+        // The same data as the run trained on (the data folder may move, its files may not
+        // change): a checkpoint made before fingerprints were recorded is not checked.
+        let data_now = trainer.state.data.take();
+        if let (Some(saved), Some(now)) = (&state.data, &data_now) {
+            if saved != now {
+                return Err(Error::bad_value(
+                    "data.data_dir",
+                    format!(
+                        "{}: holds other data than {} was trained on (the checkpoint's splits: {saved}; now: {now}); resume with the run's data",
+                        crate::data::data_dir(trainer.config.data.data_dir.as_deref()).display(),
+                        run_dir.display()
+                    ),
+                ));
+            }
+        }
+        // The accountant now lives in the engine alone; the state's copy is written at each save.
+        trainer.state = TrainState {
+            accountant: None,
+            data: data_now,
+            ..state
+        };
+        let metrics_path = run_dir.join("metrics.jsonl");
+        trainer.history = if writes {
+            metrics::read_and_truncate(&metrics_path, trainer.state.epochs_done)?
+        } else {
+            metrics::read_first(&metrics_path, trainer.state.epochs_done)?
+        };
+        if trainer.history.len() != trainer.state.epochs_done {
+            // Past epochs' test accuracies cannot be rebuilt (their weights are gone), and a
+            // summary over fewer rows than it claims would be wrong: refuse.
+            return Err(Error::bad_file(
+                &metrics_path,
+                format!(
+                    "{} rows for the {} epochs the checkpoint has trained; restore the file or start the run again",
+                    trainer.history.len(),
+                    trainer.state.epochs_done
+                ),
+            ));
+        }
+        let state_json = serde_json::to_string(&trainer.state).expect("state serialises");
+        let trainer = trainer.checked_by_workers(&state_json)?;
+        if !writes {
+            return Ok(trainer);
+        }
+        if workers > 1 {
+            metrics::truncate_upstream(&run_dir.join("traffic.csv"), trainer.state.steps_done)?;
+        }
+        let upstream_path = run_dir.join("upstream.csv");
+        let upstream_rows = metrics::truncate_upstream(&upstream_path, trainer.state.steps_done)?;
+        if upstream_rows != trainer.state.steps_done {
+            return Err(Error::bad_file(
+                &upstream_path,
+                format!(
+                    "{upstream_rows} rows for the {} steps the checkpoint has taken; restore the file or start the run again",
+                    trainer.state.steps_done
+                ),
+            ));
+        }
+        gradient_error::truncate(run_dir, trainer.state.epochs_done)?;
+        if trainer.config != saved {
+            crate::run_folder::replace(&config_path, trainer.config.to_toml().as_bytes())?;
+        }
+        Ok(trainer)
+    }
+
+    /// The privacy invariant across a resume: a private run's checkpoint holds one accounted
+    /// step per step taken, every one at this run's σ and sampling rate; a non-private run's
+    /// holds none. Anything else (a null, shortened or edited history) would restart or
+    /// under-count ε, so the resume is refused.
+    pub(super) fn check_accountant(&self, state: &TrainState, dir: &Path) -> Result<()> {
+        let path = dir.join("state.json");
+        match (&state.accountant, self.config.privacy.noise_multiplier) {
+            (None, None) => Ok(()),
+            (Some(a), None) if a.history.is_empty() => Ok(()),
+            (Some(_), None) => Err(Error::bad_file(
+                &path,
+                "holds an accountant's history but the run is not private",
+            )),
+            (None, Some(_)) if state.steps_done == 0 => Ok(()),
+            (None, Some(_)) => Err(Error::bad_file(
+                &path,
+                format!(
+                    "no accountant history for a private run that has taken {} steps: its ε cannot be continued",
+                    state.steps_done
+                ),
+            )),
+            (Some(a), Some(_)) => {
+                if a.steps() != state.steps_done {
+                    return Err(Error::bad_file(
+                        &path,
+                        format!(
+                            "the accountant has {} steps but the run has taken {}: ε would be under-counted",
+                            a.steps(),
+                            state.steps_done
+                        ),
+                    ));
+                }
+                // Each block's (σ, q) is checked by `PrivacyEngine::resume`.
+                Ok(())
+            }
+        }
+    }
+
+    /// With W > 1 workers: every rank checks that all share the configuration, the data, the
+    /// weights and `state` (the checkpoint's, when resuming), `distributed::check_workers_agree`.
+    pub(super) fn checked_by_workers(mut self, state: &str) -> Result<Self> {
+        let Some(exchange) = self.updater.exchange.as_mut() else {
+            return Ok(self);
+        };
+        distributed::check_workers_agree(
+            exchange.comm.as_mut(),
+            &self.config,
+            &self.data,
+            &self.params,
+            state,
+        )?;
+        Ok(self)
+    }
+
+    pub(super) fn build(
+        mut config: TrainConfig,
+        run_dir: &Path,
+        lock: Option<RunLock>,
+        own: Option<OwnTask>,
+        edit: Option<DataEdit>,
+        comm: Option<Box<dyn Communicator>>,
+    ) -> Result<Self> {
+        for warning in config.warnings() {
+            log::warn!("{warning}");
+        }
+        let (device, data, model) = match (own, &config.task) {
+            (None, _) => tasks::prepare_edited(&config, edit)?,
+            (Some(OwnTask { model, data }), TaskName::Own(_)) => {
+                let device = config.device.device()?;
+                tasks::check_data(model.as_ref(), &data, data.classes.len() as i64)?;
+                if let Some((name, p)) = model
+                    .trainable_variables()
+                    .into_iter()
+                    .find(|(_, p)| p.device() != device)
+                {
+                    return Err(Error::bad_value(
+                        "device",
+                        format!("{device:?}, but the model's parameter {name} is on {:?}: build the model on the run's device", p.device()),
+                    ));
+                }
+                // `data.limit_train` / `limit_test` apply to data of one's own as to a task's.
+                let mut data = data;
+                if let Some(n) = config.data.limit_train {
+                    data.train = data.train.truncate(n as i64);
+                }
+                if let Some(n) = config.data.limit_test {
+                    data.test = data.test.truncate(n as i64);
+                }
+                (device, tasks::hold_on_device(data, device), model)
+            }
+            (Some(_), TaskName::Builtin(task)) => {
+                return Err(Error::bad_value(
+                    "task",
+                    format!("{task} is a built-in task, but a model was given: name a task of one's own (`TrainConfig::own`)"),
+                ))
+            }
+        };
+        let params = model.trainable_variables();
+        if params.is_empty() {
+            return Err(Error::bad_value(
+                "model",
+                "has no trainable variable: nothing to train (build its layers on the model's VarStore with gradients enabled)",
+            ));
+        }
+        // An empty split would train on nothing or report a NaN accuracy with exit 0 (and a
+        // sampling rate of infinity under DP): refused before training.
+        for (split, d) in [("training", &data.train), ("test", &data.test)] {
+            if d.is_empty() {
+                let source = match &config.task {
+                    TaskName::Builtin(task) => format!(
+                        "{task}'s data in {}",
+                        crate::data::data_dir(config.data.data_dir.as_deref()).display()
+                    ),
+                    TaskName::Own(_) => "the data given with the model".to_string(),
+                };
+                return Err(Error::bad_value(
+                    "data",
+                    format!("the {split} split of {source} has no examples (check its files: a names folder needs names in more than one example per split, an SNLI file labelled pairs other than \"-\"); expected at least one"),
+                ));
+            }
+        }
+        let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
+        let compressor = config.compressor_spec()?.link(&shapes, device)?;
+        let optimizer: Box<dyn Optimizer> = match config.optimizer.kind {
+            OptimizerKind::Sgd => {
+                Box::new(Sgd::new(config.optimizer.lr, config.optimizer.momentum))
+            }
+            OptimizerKind::Adam => Box::new(Adam::new(
+                config.optimizer.lr,
+                config.optimizer.adam_beta1,
+                config.optimizer.adam_beta2,
+                config.optimizer.adam_eps,
+            )),
+        };
+        if let Some(sigma) = calibrated_sigma(&config, data.train.len())? {
+            config.privacy.noise_multiplier = Some(sigma);
+            config.validate()?;
+        }
+        let privacy = match config.privacy.noise_multiplier {
+            Some(sigma) => {
+                let steps_per_epoch =
+                    steps_per_epoch_of(data.train.len(), config.optimizer.batch_size);
+                let noise = if config.privacy.secure_noise {
+                    NoiseSource::secure()
+                } else {
+                    NoiseSource::Seeded
+                };
+                let clipping = match config.privacy.clipping {
+                    ClippingMode::Flat => Clipping::Flat {
+                        max_norm: config.privacy.max_grad_norm,
+                    },
+                    ClippingMode::PerLayer => {
+                        Clipping::per_layer_even(config.privacy.max_grad_norm, params.len())
+                    }
+                    ClippingMode::Adaptive => {
+                        let expected_batch = data.train.len() as f64 / steps_per_epoch as f64;
+                        Clipping::Adaptive(AdaptiveClipping {
+                            radius: config.privacy.max_grad_norm,
+                            target_quantile: config.privacy.target_quantile,
+                            learning_rate: config.privacy.clip_learning_rate,
+                            count_noise: config.privacy.count_noise.unwrap_or_else(|| {
+                                AdaptiveClipping::default_count_noise(expected_batch)
+                            }),
+                        })
+                    }
+                };
+                let q = 1.0 / steps_per_epoch as f64;
+                let engine = PrivacyEngine::builder()
+                    .noise_multiplier(sigma)
+                    .sample_rate(q)
+                    .expected_batch_size(data.train.len() as f64 / steps_per_epoch as f64)
+                    .delta(config.privacy.delta)
+                    .accountant(config.privacy.accountant)
+                    .clipping(clipping)
+                    .noise_source(noise)
+                    .build(&params)?;
+                Some(engine)
+            }
+            None => None,
+        };
+        let mut updater = Updater::new(optimizer, compressor);
+        updater.clip_noised = config.compression.clip_noised;
+        let mut privacy = privacy;
+        if let Some(comm) = comm.filter(|c| c.size() > 1) {
+            let workers = comm.size();
+            if let Some(c2) = config.compression.clip_noised {
+                return Err(Error::bad_value(
+                    "compression.clip_noised",
+                    format!("{c2} with {workers} workers: each worker's update carries only its share of the noise, so clipping it before the exchange would not be post-processing of a private value; run it with one worker"),
+                ));
+            }
+            if !config.analysis.grad_error_epochs.is_empty() {
+                return Err(Error::bad_value(
+                    "analysis.grad_error_epochs",
+                    format!("{:?} with {workers} workers: the gradient-error analysis measures one worker's pipeline; run it with one", config.analysis.grad_error_epochs),
+                ));
+            }
+            if let Some(engine) = privacy.as_mut() {
+                if matches!(config.privacy.clipping, ClippingMode::Adaptive) {
+                    return Err(Error::bad_value(
+                        "privacy.clipping",
+                        format!("adaptive with {workers} workers: its noisy unclipped count would need every rank's count added first, which is not supported; use flat or per-layer clipping"),
+                    ));
+                }
+                // Each rank's share of the noise: σ²C²/W (the sum has the single-process σC),
+                // or with --local-noise the whole σ²C² (each message private on its own).
+                // Sharing is sound only when the update depends on the ranks' noised sums
+                // through their total: a gathered compressor decodes each rank's message on
+                // its own, so the released weights would be private only at σ/√W.
+                let kind = config.compression.kind;
+                if !config.privacy.local_noise && !kind.exchanged_by_sum() {
+                    return Err(Error::bad_value(
+                        "privacy.local_noise",
+                        format!("false with {workers} workers and the {kind} compressor: its messages are gathered and each worker's is decoded on its own, so the weights depend on every worker's message, not only on their sum; with the noise shared among the workers (σ/√W each) they would be private only at σ/√{workers}. Give every worker the whole noise (local_noise = true, `--local-noise`; ε is then each worker's, as reported), or use a compressor whose exchange sums the workers' messages (identity, powersgd, fl-rnd, fl-freq, fl-cs)"),
+                    ));
+                }
+                engine.share_noise_among(if config.privacy.local_noise {
+                    1
+                } else {
+                    workers
+                })?;
+            }
+            let spec = config.compressor_spec()?;
+            let decoders = (0..workers)
+                .map(|_| spec.decoder(&shapes, device))
+                .collect::<Result<Vec<_>>>()?;
+            updater.exchange = Some(Exchange::new(comm, decoders));
+        }
+        let data_print = distributed::data_fingerprint(&data);
+        Ok(Trainer {
+            updater,
+            config,
+            device,
+            data,
+            model,
+            params,
+            run_dir: run_dir.to_path_buf(),
+            state: TrainState {
+                data: Some(data_print),
+                ..TrainState::default()
+            },
+            history: Vec::new(),
+            observer: None,
+            privacy,
+            canaries: None,
+            _lock: lock,
+        })
+    }
+}
