@@ -135,14 +135,14 @@ impl AuditExperiment {
                 continue;
             }
             if let Some(owner) = crate::run_lock::holder(&dir) {
-                eprintln!(
-                    "    {}: in use by another process ({owner}), skipped",
+                log::warn!(
+                    "{}: in use by another process ({owner}), skipped",
                     cell.name
                 );
                 continue;
             }
             if progress {
-                eprintln!(
+                log::info!(
                     "[{}/{}] {} {}",
                     i + 1,
                     cells.len(),

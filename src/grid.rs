@@ -397,7 +397,7 @@ pub fn run(
         let dir = root.join(&cell.name);
         let state = cell_state(&dir, &cell.config)?;
         if progress {
-            eprintln!(
+            log::info!(
                 "[{}/{}] {} {}: {}  ({:.0} s so far)",
                 i + 1,
                 cells.len(),
@@ -420,8 +420,8 @@ pub fn run(
         // Another worker is training this cell: leave it to them (workers may share a grid).
         let mut trainer = match trainer {
             Err(Error::RunInUse { owner, .. }) => {
-                eprintln!(
-                    "    {}: in use by another process ({owner}), skipped",
+                log::warn!(
+                    "{}: in use by another process ({owner}), skipped",
                     cell.name
                 );
                 continue;
@@ -466,7 +466,7 @@ pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
             noise_multiplier: c.privacy.noise_multiplier.unwrap_or(0.0),
             epsilon: summary.epsilon.filter(|e| e.is_finite()),
             delta: c.privacy.delta,
-            compressor: c.compressor_spec()?.label(),
+            compressor: c.compression_label()?,
             rate: c.compression.rate,
             rank: c.compression.rank,
             seed: c.seed,

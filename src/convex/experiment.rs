@@ -208,7 +208,7 @@ pub fn run(
                         },
                     };
                     if progress {
-                        eprintln!(
+                        log::info!(
                             "{} {} {:?} epsilon {}: excess risk {:.4} ± {:.4}, test accuracy {:.2}% ± {:.2}{}",
                             row.data,
                             row.loss,

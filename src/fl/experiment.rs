@@ -433,12 +433,12 @@ pub fn run(
             loaded.insert(dataset.clone(), FlData::load(settings.dataset, data_dir)?);
         }
         if progress {
-            eprintln!("[{}/{total}] {dataset} {name}", i + 1);
+            log::info!("[{}/{total}] {dataset} {name}", i + 1);
         }
         match super::run(settings, &loaded[dataset], Some(&dir), progress) {
             // Another worker runs this cell: leave it to them (workers may share a grid).
             Err(Error::RunInUse { owner, .. }) => {
-                eprintln!("    {name}: in use by another process ({owner}), skipped");
+                log::warn!("{name}: in use by another process ({owner}), skipped");
             }
             other => {
                 other?;

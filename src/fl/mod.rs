@@ -622,7 +622,7 @@ fn run_rounds(
             }
             crate::run_folder::replace(&metrics, text.as_bytes())?;
             if progress {
-                eprintln!("    resuming {} after round {rounds_done}", dir.display());
+                log::info!("resuming {} after round {rounds_done}", dir.display());
             }
         }
     }
