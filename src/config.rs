@@ -616,6 +616,40 @@ impl TrainConfig {
         crate::compress::CompressorSpec::new(c.kind, c.rate, c.rank, &c.options)
     }
 
+    /// Trains with `compressor`'s typed settings: `[compression]`'s kind, rate, rank and
+    /// options become their configuration form (`Compressor::to_spec`); `clip_noised` stays.
+    ///
+    /// ```
+    /// use dpcomp::prelude::*;
+    /// let mut config = TrainConfig::own("mine");
+    /// config.set_compressor(&Compressor::Dgc(Dgc { rate: 256.0, ..Default::default() }))?;
+    /// assert_eq!(config.compression_label()?, "dgc x256");
+    /// config.compression.clip_noised = Some(5.0);
+    /// assert_eq!(config.compression_label()?, "dgc x256, clip_noised 5");
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn set_compressor(&mut self, compressor: &crate::compress::Compressor) -> Result<()> {
+        let spec = compressor.to_spec()?;
+        let c = &mut self.compression;
+        (c.kind, c.rate, c.rank) = (spec.kind, spec.rate, spec.rank);
+        c.options = spec
+            .options
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        Ok(())
+    }
+
+    /// The compressor's label for tables and summaries (`CompressorSpec::label`), with the
+    /// second clipping when there is one: "identity, clip_noised 5".
+    pub fn compression_label(&self) -> Result<String> {
+        let label = self.compressor_spec()?.label();
+        Ok(match self.compression.clip_noised {
+            Some(c2) => format!("{label}, clip_noised {c2}"),
+            None => label,
+        })
+    }
+
     /// Whether this run trains with DP-SGD.
     /// DP training: σ given, or a target ε that the trainer calibrates σ for.
     pub fn private(&self) -> bool {

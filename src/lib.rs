@@ -84,6 +84,7 @@ pub mod prelude {
     pub use crate::data::{Dataset, Features, TaskData};
     pub use crate::error::{Error, Result};
     pub use crate::models::Model;
+    pub use crate::nn::per_sample::Activations;
     pub use crate::nn::{
         AttentionConfig, Conv2d, Conv2dConfig, Ctx, Embedding, GroupNorm, Gru, InstanceNorm2d,
         LayerGradients, LayerNorm, Linear, LinearConfig, Lstm, MultiheadAttention, PerSample,

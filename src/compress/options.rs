@@ -518,3 +518,244 @@ impl CompressorSpec {
         })
     }
 }
+
+impl Compressor {
+    /// These settings as a run's configuration holds them (`[compression]`'s `kind`, `rate`,
+    /// `rank` and `options`; `TrainConfig::set_compressor`): a setting that differs from the
+    /// command line's default becomes one `key=value` option, so `to_spec()?.compressor()`
+    /// gives the same settings back (tested for every kind). A setting the kind does not
+    /// read (a seed for FL-FREQ, say) is refused, naming it, as on the command line.
+    ///
+    /// ```
+    /// use dpcomp::compress::{Compressor, Dgc};
+    /// let dgc = Compressor::Dgc(Dgc { rate: 256.0, residual_decay: 0.0, ..Default::default() });
+    /// let spec = dgc.to_spec()?;
+    /// assert_eq!(spec.label(), "dgc x256 (error_feedback=false)");
+    /// assert_eq!(spec.compressor()?, dgc);
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn to_spec(&self) -> Result<CompressorSpec> {
+        self.validate()?;
+        let mut options: Vec<String> = Vec::new();
+        let mut set = |key: &str, value: String| options.push(format!("{key}={value}"));
+        let (mut rate, mut rank) = (1.0, 1);
+        match self {
+            Compressor::Identity => {}
+            Compressor::Dgc(d) => {
+                let default = Dgc::default();
+                rate = d.rate;
+                sparsifier_options(
+                    &mut set,
+                    (d.value_bits, d.index_bits, d.topk, d.scope, d.budget),
+                );
+                if d.momentum != default.momentum {
+                    set("momentum", d.momentum.to_string());
+                }
+                if d.masking != default.masking {
+                    set("masking", d.masking.to_string());
+                }
+                if d.warmup_epochs != default.warmup_epochs {
+                    set("warmup_epochs", d.warmup_epochs.to_string());
+                }
+                if d.warmup == Warmup::Reference {
+                    set("warmup", "reference".into());
+                }
+                if d.dense_vectors != default.dense_vectors {
+                    set("dense_vectors", d.dense_vectors.to_string());
+                }
+                residual_options(&mut set, d.residual_decay);
+            }
+            Compressor::PowerSgd(p) => {
+                let default = PowerSgd::default();
+                rank = p.rank;
+                if p.shape == MatrixShape::Rows {
+                    set("shape", "rows".into());
+                }
+                if p.min_rate != default.min_rate {
+                    set("min_rate", p.min_rate.to_string());
+                }
+                if p.epsilon != default.epsilon {
+                    set("epsilon", p.epsilon.to_string());
+                }
+                if p.warm_start != default.warm_start {
+                    set("warm_start", p.warm_start.to_string());
+                }
+                if p.seed != default.seed {
+                    set("seed", p.seed.to_string());
+                }
+                residual_options(&mut set, p.residual_decay);
+            }
+            Compressor::Denoise(d) => {
+                let default = Denoise::default();
+                rate = d.rate;
+                sparsifier_options(
+                    &mut set,
+                    (d.value_bits, d.index_bits, d.topk, d.scope, d.budget),
+                );
+                if d.beta != default.beta {
+                    set("beta", d.beta.to_string());
+                }
+                if d.decay != default.decay {
+                    set("decay", d.decay.to_string());
+                }
+                if d.clip != default.clip {
+                    set("clip", d.clip.to_string());
+                }
+            }
+            Compressor::Sketch(s) => {
+                let default = Sketch::new(s.scheme, 1.0 / s.ratio);
+                rate = 1.0 / s.ratio;
+                if let Some(chunks) = s.chunks {
+                    set("chunks", chunks.to_string());
+                }
+                if s.rows == DctRows::Random {
+                    set("rows", "random".into());
+                }
+                if s.seed != default.seed {
+                    set("seed", s.seed.to_string());
+                }
+                if s.lambda != default.lambda {
+                    set("lambda", s.lambda.to_string());
+                }
+                if s.iterations != default.iterations {
+                    set("iterations", s.iterations.to_string());
+                }
+                if s.error_feedback != default.error_feedback {
+                    set("error_feedback", s.error_feedback.to_string());
+                }
+            }
+        }
+        CompressorSpec::new(self.kind(), rate, rank, &options)
+    }
+}
+
+/// The options DGC and Denoise share, where they differ from the defaults.
+fn sparsifier_options(
+    set: &mut impl FnMut(&str, String),
+    (value_bits, index_bits, topk, scope, budget): (u32, IndexBits, TopK, Scope, Budget),
+) {
+    if value_bits != 32 {
+        set("value_bits", value_bits.to_string());
+    }
+    if index_bits == IndexBits::Minimal {
+        set("index_bits", "min".into());
+    }
+    match topk {
+        TopK::Exact => set("topk", "exact".into()),
+        TopK::Sampled { ratio } if ratio != 0.01 => set("sample_ratio", ratio.to_string()),
+        TopK::Sampled { .. } => {}
+    }
+    if scope == Scope::Model {
+        set("scope", "model".into());
+    }
+    if budget == Budget::Elements {
+        set("budget", "elements".into());
+    }
+}
+
+/// γ as the options say it: 0 is `error_feedback=false`, 1 (the default) nothing.
+fn residual_options(set: &mut impl FnMut(&str, String), residual_decay: f64) {
+    if residual_decay == 0.0 {
+        set("error_feedback", "false".into());
+    } else if residual_decay != 1.0 {
+        set("residual_decay", residual_decay.to_string());
+    }
+}
+
+#[cfg(test)]
+mod to_spec_tests {
+    use super::*;
+
+    /// Every kind, at its defaults and with every setting moved off its default, comes back
+    /// from its configuration form unchanged.
+    #[test]
+    fn typed_settings_survive_the_configuration_form() {
+        let changed_dgc = Dgc {
+            rate: 256.0,
+            value_bits: 16,
+            index_bits: IndexBits::Minimal,
+            momentum: 0.9,
+            masking: false,
+            warmup_epochs: 4,
+            warmup: Warmup::Reference,
+            topk: TopK::Sampled { ratio: 0.05 },
+            scope: Scope::Model,
+            budget: Budget::Elements,
+            dense_vectors: true,
+            residual_decay: 0.5,
+        };
+        let changed_powersgd = PowerSgd {
+            rank: 16,
+            shape: MatrixShape::Rows,
+            min_rate: 0.0,
+            epsilon: 1e-6,
+            warm_start: false,
+            seed: 7,
+            residual_decay: 0.0,
+        };
+        let changed_denoise = Denoise {
+            rate: 64.0,
+            beta: 0.5,
+            decay: 0.25,
+            scope: Scope::Model,
+            value_bits: 12,
+            index_bits: IndexBits::Minimal,
+            topk: TopK::Exact,
+            clip: 5.0,
+            budget: Budget::Elements,
+        };
+        let mut cs = Sketch::new(Scheme::Cs, 20.0);
+        cs.chunks = Some(8);
+        cs.rows = DctRows::Random;
+        cs.seed = 3;
+        cs.lambda = 0.05;
+        cs.iterations = 7;
+        cs.error_feedback = false;
+        let mut rnd = Sketch::new(Scheme::Rnd, 10.0);
+        rnd.error_feedback = true;
+        let all = [
+            Compressor::Identity,
+            Compressor::Dgc(Dgc::default()),
+            Compressor::Dgc(changed_dgc),
+            Compressor::Dgc(Dgc {
+                residual_decay: 0.0,
+                ..Dgc::default()
+            }),
+            Compressor::PowerSgd(PowerSgd::default()),
+            Compressor::PowerSgd(changed_powersgd),
+            Compressor::Denoise(Denoise::default()),
+            Compressor::Denoise(changed_denoise),
+            Compressor::Sketch(Sketch::new(Scheme::Freq, 5.0)),
+            Compressor::Sketch(cs),
+            Compressor::Sketch(rnd),
+        ];
+        for compressor in all {
+            let spec = compressor.to_spec().unwrap();
+            assert_eq!(spec.compressor().unwrap(), compressor, "{}", spec.label());
+        }
+        let spec = Compressor::Dgc(Dgc::default()).to_spec().unwrap();
+        assert_eq!(
+            (spec.kind, spec.rate, spec.options.len()),
+            (CompressorKind::Dgc, 16.0, 0)
+        );
+    }
+
+    #[test]
+    fn a_setting_the_kind_does_not_read_is_refused() {
+        let mut freq = Sketch::new(Scheme::Freq, 5.0);
+        freq.seed = 9;
+        let err = Compressor::Sketch(freq).to_spec().unwrap_err().to_string();
+        assert!(
+            err.contains("\"seed\" is not an option of fl-freq"),
+            "{err}"
+        );
+        let err = Compressor::Dgc(Dgc {
+            rate: 0.5,
+            ..Dgc::default()
+        })
+        .to_spec()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("rate"), "{err}");
+    }
+}

@@ -225,8 +225,7 @@ impl PrivacyEngineBuilder {
             )),
             (Some(steps), None) => Ok(Some(steps)),
             (None, Some(epochs)) => {
-                // ⌈1/q⌉, robust to 1/q landing a rounding error above an integer.
-                let per_epoch = ((1.0 / sample_rate) * (1.0 - 1e-12)).ceil() as u64;
+                let per_epoch = steps_per_epoch(sample_rate);
                 epochs.checked_mul(per_epoch).map(Some).ok_or_else(|| {
                     Error::bad_value(
                         "epochs",
@@ -237,4 +236,10 @@ impl PrivacyEngineBuilder {
             (None, None) => Ok(None),
         }
     }
+}
+
+/// Steps in an epoch of Poisson sampling at rate q: ⌈1/q⌉ (an epoch is expected to visit every
+/// example once), robust to 1/q landing a rounding error above an integer.
+pub(crate) fn steps_per_epoch(sample_rate: f64) -> u64 {
+    ((1.0 / sample_rate) * (1.0 - 1e-12)).ceil() as u64
 }

@@ -472,6 +472,13 @@ impl PrivacyEngine {
         self.sample_rate
     }
 
+    /// The steps of one epoch at this engine's q, ⌈1/q⌉: what `epochs(e)` budgets e times, and
+    /// the count a loop of one's own draws Poisson batches for
+    /// (`poisson_batches(n, engine.sample_rate(), engine.steps_per_epoch())`).
+    pub fn steps_per_epoch(&self) -> u64 {
+        super::builder::steps_per_epoch(self.sample_rate)
+    }
+
     pub fn clipping(&self) -> &Clipping {
         &self.clipping
     }

@@ -327,7 +327,7 @@ impl Trainer {
                 }),
             noise: self.noise_label(),
             stopped: self.state.stopped.clone(),
-            compressor: self.config.compressor_spec()?.label(),
+            compressor: self.config.compression_label()?,
             upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
             upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
             workers: (self.workers() > 1).then_some(self.workers()),
