@@ -57,7 +57,12 @@ fn the_cnn_trains_to_its_target_epsilon_through_the_trainer_and_through_its_own_
     // (Opacus's `1 / len(data_loader)`), the builder q = B / N = 0.064 as given, both over 16
     // steps an epoch; σ differs by the ratio that makes up for 2.4% more sampled per step.
     let relative = (trainer.noise_multiplier - own.noise_multiplier).abs() / own.noise_multiplier;
-    assert!(relative < 0.01, "σ {} against {}", trainer.noise_multiplier, own.noise_multiplier);
+    assert!(
+        relative < 0.01,
+        "σ {} against {}",
+        trainer.noise_multiplier,
+        own.noise_multiplier
+    );
     assert!(trainer.noise_multiplier < own.noise_multiplier);
 }
 
