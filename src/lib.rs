@@ -23,6 +23,8 @@
 //! assert_eq!(engine.sample_rate(), 256.0 / 60_000.0);
 //! # Ok::<(), dpcomp::error::Error>(())
 //! ```
+#![warn(missing_docs)]
+
 #[doc(hidden)]
 pub mod allocator;
 pub mod analysis;
