@@ -431,6 +431,7 @@ pub fn run(
         if progress {
             trainer.observe(crate::train::observer::progress_bars()?);
         }
+        crate::analysis::probe::GradientErrorProbe::install(&mut trainer);
         trainer.run()?;
     }
     write_results(experiment, profile, runs_root)?;

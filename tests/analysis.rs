@@ -9,6 +9,7 @@ mod common;
 use common::require_shared_data;
 use dpcomp::analysis::clipping::{sweep, ClippingModel};
 use dpcomp::analysis::gradient_error::{self, measure, CompressorSource, Mechanism};
+use dpcomp::analysis::probe::GradientErrorProbe;
 use dpcomp::analysis::{fixed_batches, BatchGradients};
 use dpcomp::compress::{CompressorKind, CompressorSpec};
 use dpcomp::config::{DeviceChoice, Task, TrainConfig};
@@ -287,8 +288,22 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
     measured.analysis.grad_error_epochs = vec![0, 2];
     measured.analysis.grad_error_batches = 1;
     measured.analysis.grad_error_draws = 2;
+    // Without the probe installed, a run that names epochs to measure is refused by name
+    // before its first step, rather than run without measuring.
+    let refused = tempfile::tempdir().unwrap();
+    let err = Trainer::new(measured.clone(), refused.path())
+        .unwrap()
+        .run()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("analysis.grad_error_epochs") && err.contains("GradientErrorProbe::install"),
+        "{err}"
+    );
+    assert!(!refused.path().join("metrics.jsonl").exists());
     let weights = |c: TrainConfig, dir: &Path| {
         let mut t = Trainer::new(c, dir).unwrap();
+        GradientErrorProbe::install(&mut t);
         t.run().unwrap();
         let ckpt = checkpoint::find(dir).unwrap();
         let mut named = Tensor::read_safetensors(ckpt.join("model.safetensors")).unwrap();
@@ -337,4 +352,42 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
     );
     gradient_error::truncate(&b, 1).unwrap();
     assert_eq!(gradient_error::read(&b).unwrap().len(), 1);
+}
+
+/// A resumed run's probe drops the records of epochs after the checkpoint (a continuation that
+/// was lost) and measures those epochs again, once each; epochs already measured before the
+/// checkpoint are not measured twice.
+#[test]
+fn a_resumed_run_measures_the_lost_epochs_again_and_no_epoch_twice() {
+    let _guard = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let mut c = config(&root);
+    c.data.limit_train = Some(128);
+    c.epochs = 1;
+    c.analysis.grad_error_epochs = vec![0, 1, 2];
+    c.analysis.grad_error_batches = 1;
+    c.analysis.grad_error_draws = 2;
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(c, dir.path()).unwrap();
+    GradientErrorProbe::install(&mut t);
+    t.run().unwrap();
+    drop(t);
+    let mut records = gradient_error::read(dir.path()).unwrap();
+    assert_eq!(records.iter().map(|r| r.epoch).collect::<Vec<_>>(), [0, 1]);
+    // A record of epoch 2 from a continuation whose checkpoint never landed.
+    let mut lost = records[1].clone();
+    (lost.epoch, lost.median_norm) = (2, -1.0);
+    records.push(lost);
+    gradient_error::write(dir.path(), &records).unwrap();
+    let mut t = Trainer::resume(dir.path(), Some(2)).unwrap();
+    GradientErrorProbe::install(&mut t);
+    t.run().unwrap();
+    let records = gradient_error::read(dir.path()).unwrap();
+    assert_eq!(
+        records.iter().map(|r| r.epoch).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    assert!(records[2].median_norm > 0.0, "epoch 2 measured again");
 }

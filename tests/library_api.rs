@@ -58,6 +58,8 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
         steps: usize,
         live: Vec<LiveProgress>,
         rows: Vec<EpochMetrics>,
+        /// (epochs done, rows in the trainer's history) at each `between_epochs`.
+        between: Vec<(usize, usize)>,
     }
     struct Recorder(Rc<RefCell<Heard>>);
     impl Observer for Recorder {
@@ -76,6 +78,21 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
         fn epoch_finished(&mut self, metrics: &EpochMetrics) {
             self.0.borrow_mut().rows.push(metrics.clone());
         }
+        fn between_epochs(&mut self, trainer: &Trainer) -> dpcomp::Result<()> {
+            let seen = (trainer.state().epochs_done, trainer.history().len());
+            self.0.borrow_mut().between.push(seen);
+            Ok(())
+        }
+    }
+    /// A second observer at its own interval: each hears what it asked for.
+    struct EveryOther(Rc<RefCell<usize>>);
+    impl Observer for EveryOther {
+        fn interval(&self) -> usize {
+            2
+        }
+        fn progress(&mut self, _live: &LiveProgress) {
+            *self.0.borrow_mut() += 1;
+        }
     }
     let work = tempfile::tempdir().unwrap();
     let mut config = common::small_surnames(&root, 3, 320, 64);
@@ -84,8 +101,17 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
     let mut trainer = Trainer::new(config, &run_dir).unwrap();
     let heard = Rc::new(RefCell::new(Heard::default()));
     trainer.observe(Box::new(Recorder(heard.clone())));
+    let every_other = Rc::new(RefCell::new(0));
+    trainer.observe(Box::new(EveryOther(every_other.clone())));
     trainer.run().unwrap();
     let heard = heard.borrow();
+    assert_eq!(
+        *every_other.borrow(),
+        15,
+        "steps 2, 4, .., 10 of each epoch"
+    );
+    // Between epochs: at the start, then after each epoch's row.
+    assert_eq!(heard.between, vec![(0, 0), (1, 1), (2, 2), (3, 3)]);
     // 320 examples in batches of 32: 10 steps an epoch (Poisson batches: 10 of them).
     assert_eq!(heard.started, vec![(0, 3, 10), (1, 3, 10), (2, 3, 10)]);
     assert_eq!(heard.steps, 30);

@@ -14,6 +14,7 @@
 
 pub mod clipping;
 pub mod gradient_error;
+pub mod probe;
 
 use crate::data::{Batch, Dataset};
 use crate::error::Result;

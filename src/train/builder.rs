@@ -50,7 +50,7 @@ pub struct TrainerBuilder {
     own: Option<OwnTask>,
     edit: Option<DataEdit>,
     comm: Option<Box<dyn Communicator>>,
-    observer: Option<Box<dyn Observer>>,
+    observers: Vec<Box<dyn Observer>>,
 }
 
 impl Trainer {
@@ -64,7 +64,7 @@ impl Trainer {
             own: None,
             edit: None,
             comm: None,
-            observer: None,
+            observers: Vec::new(),
         }
     }
 }
@@ -124,9 +124,11 @@ impl TrainerBuilder {
         self
     }
 
-    /// Who hears of the run's progress (`Trainer::observe`); nobody by default.
+    /// Who hears of the run's progress and sees the trainer between epochs
+    /// (`Trainer::observe`); several may be given, each hears every call in the order given;
+    /// nobody by default.
     pub fn observer(mut self, observer: Box<dyn Observer>) -> Self {
-        self.observer = Some(observer);
+        self.observers.push(observer);
         self
     }
 
@@ -158,7 +160,7 @@ impl TrainerBuilder {
                 ))
             }
         };
-        if let Some(observer) = self.observer {
+        for observer in self.observers {
             trainer.observe(observer);
         }
         Ok(trainer)

@@ -6,7 +6,6 @@ use super::metrics::{EpochMetrics, Summary};
 use super::private::dp_step;
 use super::step::{empty_share_step, train_step_share};
 use super::{checkpoint, distributed, metrics, observer, traffic, Trainer, DIVERGED};
-use crate::analysis::gradient_error;
 use crate::compress::message::paper_gib;
 use crate::config::Sampling;
 use crate::error::{Error, Result};
@@ -57,12 +56,8 @@ impl Trainer {
                 ),
             ));
         }
-        if self.state.epochs_done == 0 && self.state.steps_done == 0 {
-            gradient_error::truncate(&self.run_dir, 0)?;
-            if gradient_error::read(&self.run_dir)?.is_empty() {
-                self.gradient_error_if_due()?;
-            }
-        }
+        self.refuse_settings_nobody_carries_out()?;
+        self.between_epochs()?;
         while self.state.epochs_done < self.config.epochs && self.state.stopped.is_none() {
             let steps = self.train_epoch(&mut budget)?;
             if steps.steps == 0 {
@@ -73,8 +68,10 @@ impl Trainer {
             }
             self.finish_epoch(steps)?;
         }
-        if let (Some(reason), Some(o)) = (&self.state.stopped, self.observer.as_mut()) {
-            o.stopped(reason);
+        if let Some(reason) = &self.state.stopped {
+            for o in &mut self.observers {
+                o.stopped(reason);
+            }
         }
         let summary = self.summary()?;
         if self.writes() {
@@ -96,10 +93,11 @@ impl Trainer {
         let batches = self.worker_batches(epoch, shuffle_seed);
         let mut traffic: Vec<traffic::TrafficRow> = Vec::new();
         let mut upstream: Vec<metrics::UpstreamRow> = Vec::with_capacity(batches.len());
-        if let Some(o) = self.observer.as_mut() {
+        for o in &mut self.observers {
             o.epoch_started(epoch, self.config.epochs, batches.len());
         }
-        let interval = self.observer.as_ref().map_or(0, |o| o.interval());
+        let intervals: Vec<usize> = self.observers.iter().map(|o| o.interval()).collect();
+        let due = |step: usize, interval: usize| interval > 0 && step % interval == interval - 1;
         let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
         let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
         let mut clipped = Tensor::zeros([], (Kind::Int64, self.device));
@@ -172,10 +170,10 @@ impl Trainer {
                 self.updater.last_bits,
                 self.updater.last_paper_bits,
             ));
-            if let Some(o) = self.observer.as_mut() {
+            for o in &mut self.observers {
                 o.step_finished(epoch, step);
             }
-            if interval > 0 && step % interval == interval - 1 {
+            if intervals.iter().any(|&i| due(step, i)) {
                 // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
                 let live = self.config.privacy.accountant == crate::config::AccountantKind::Rdp;
                 let shown = seen.max(1) as f64;
@@ -189,8 +187,10 @@ impl Trainer {
                     upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
                     examples_per_second: shown / started.elapsed().as_secs_f64(),
                 };
-                if let Some(o) = self.observer.as_mut() {
-                    o.progress(&progress);
+                for (o, &interval) in self.observers.iter_mut().zip(&intervals) {
+                    if due(step, interval) {
+                        o.progress(&progress);
+                    }
                 }
             }
         }
@@ -277,7 +277,7 @@ impl Trainer {
             upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
             workers: epoch_traffic,
         };
-        if let Some(o) = self.observer.as_mut() {
+        for o in &mut self.observers {
             o.epoch_finished(&m);
         }
         let diverged = !m.train_loss.is_finite();
@@ -297,8 +297,40 @@ impl Trainer {
                 self.state.steps_done
             ));
         }
-        self.gradient_error_if_due()?;
+        self.between_epochs()?;
         self.save_checkpoint()?;
+        Ok(())
+    }
+
+    /// Every observer's `between_epochs`, in the order installed. They are taken out for the
+    /// call so that each sees the whole trainer; an error stops the run.
+    fn between_epochs(&mut self) -> Result<()> {
+        let mut observers = std::mem::take(&mut self.observers);
+        let seen = observers
+            .iter_mut()
+            .try_for_each(|o| o.between_epochs(self));
+        self.observers = observers;
+        seen
+    }
+
+    /// A setting that an observer carries out (`Observer::carries_out`: the gradient-error
+    /// probe's `analysis.grad_error_epochs`) but that no installed observer does is refused
+    /// before the first step, naming the observer to install, rather than silently ignored.
+    fn refuse_settings_nobody_carries_out(&self) -> Result<()> {
+        let carried = |setting: &str| {
+            self.observers
+                .iter()
+                .any(|o| o.carries_out() == Some(setting))
+        };
+        let epochs = &self.config.analysis.grad_error_epochs;
+        if !epochs.is_empty() && !carried("analysis.grad_error_epochs") {
+            return Err(Error::bad_value(
+                "analysis.grad_error_epochs",
+                format!(
+                    "{epochs:?}: the gradient-error measurement is an observer; install it before `run` with `dpcomp::analysis::probe::GradientErrorProbe::install(&mut trainer)`"
+                ),
+            ));
+        }
         Ok(())
     }
 

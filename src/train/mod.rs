@@ -9,8 +9,9 @@
 //! The `Trainer` is this file: its state and accessors. What it does lives beside it, a file per
 //! concern: `start` (a fresh run or a resumed one, and building its parts), `batches` (which
 //! examples each step sees), `step` (the non-private step; the private one is `private`),
-//! `epoch_loop` (`run`), `evaluate`, `budget` (the steps a target ε allows), and
-//! `gradient_error_probe` (the in-training analysis).
+//! `epoch_loop` (`run`), `evaluate`, and `budget` (the steps a target ε allows). Measurements
+//! during training are observers (`observer::Observer::between_epochs`; the gradient-error
+//! probe is `analysis::probe`), so the trainer depends on no analysis.
 
 pub mod adam;
 pub mod audit;
@@ -22,7 +23,6 @@ pub mod distributed;
 mod epoch_loop;
 mod evaluate;
 pub mod exchange;
-mod gradient_error_probe;
 pub mod input_canaries;
 pub mod metrics;
 pub mod observer;
@@ -84,9 +84,9 @@ pub struct Trainer {
     pub(crate) run_dir: PathBuf,
     pub(crate) state: TrainState,
     pub(crate) history: Vec<EpochMetrics>,
-    /// Who hears of the run's progress (`observe`); nobody by default: the library writes
-    /// nothing to stderr on its own.
-    observer: Option<Box<dyn observer::Observer>>,
+    /// Who hears of the run's progress and measures between epochs (`observe`), in the order
+    /// installed; nobody by default: the library writes nothing to stderr on its own.
+    observers: Vec<Box<dyn observer::Observer>>,
     /// Under DP: σ, q, clipping, the noise source (seeded, or a CSPRNG with `--secure-noise`)
     /// and the accountant, which only the engine advances (`PrivacyEngine::privatize`).
     pub(crate) privacy: Option<PrivacyEngine>,
@@ -137,12 +137,6 @@ impl Trainer {
         &self.config
     }
 
-    /// The measurements taken during training (`[analysis]`): the one part of the settings a
-    /// caller may change on a built trainer, since it changes no step and no privacy setting.
-    pub fn analysis_settings_mut(&mut self) -> &mut crate::config::AnalysisSettings {
-        &mut self.config.analysis
-    }
-
     /// Where the model and the steps run.
     pub fn device(&self) -> Device {
         self.device
@@ -189,15 +183,16 @@ impl Trainer {
     }
 
     /// Installs `observer`: it hears of every epoch's start and end, every step, the running
-    /// totals every `Observer::interval` steps, and why a run stopped early. Replaces the
-    /// observer installed before; `None` by default (a silent run).
+    /// totals every `Observer::interval` steps, why a run stopped early, and it sees the trainer
+    /// between epochs. Observers installed before stay; each hears every call, in the order
+    /// installed. None by default (a silent run).
     pub fn observe(&mut self, observer: Box<dyn observer::Observer>) {
-        self.observer = Some(observer);
+        self.observers.push(observer);
     }
 
-    /// Removes the observer, so the run is silent again.
+    /// Removes every observer, so the run is silent again.
     pub fn silence(&mut self) {
-        self.observer = None;
+        self.observers.clear();
     }
 
     /// ε spent so far with the configured accountant; `None` without privacy.

@@ -1,6 +1,6 @@
 //! What a training run reports while it runs, to whoever installed an observer: the library
-//! itself writes nothing to stderr (issue 36). `Trainer::observe(..)` installs one; without one
-//! the run is silent and its results are the values `Trainer::run` returns and `history` holds.
+//! itself writes nothing to stderr (issue 36). `Trainer::observe(..)` installs one (several may be
+//! installed; each hears every call, in the order installed); without one the run is silent and its results are the values `Trainer::run` returns and `history` holds.
 //!
 //! ```
 //! use dpcomp::train::metrics::EpochMetrics;
@@ -18,6 +18,7 @@
 //! `progress` feature, which the binary has).
 
 use super::metrics::EpochMetrics;
+use super::Trainer;
 use crate::error::Result;
 #[cfg(feature = "progress")]
 use indicatif::{ProgressBar, ProgressStyle};
@@ -63,6 +64,21 @@ pub trait Observer {
 
     /// The run stopped before its last epoch (the privacy budget, divergence): why.
     fn stopped(&mut self, _reason: &str) {}
+
+    /// The trainer as it stands between epochs: at the run's start (after the epochs a resumed
+    /// run had done) and after each epoch's row, before its checkpoint. A measurement of one's
+    /// own reads the model, the data and the compressor state here
+    /// (`analysis::probe::GradientErrorProbe` is one); an error stops the run.
+    fn between_epochs(&mut self, _trainer: &Trainer) -> Result<()> {
+        Ok(())
+    }
+
+    /// The configuration setting this observer carries out, if any (the gradient-error probe:
+    /// `"analysis.grad_error_epochs"`). A run whose configuration sets one refuses to start
+    /// without an observer that carries it out, rather than ignore it.
+    fn carries_out(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// The observer a run's `progress` setting (the grid's, the workers', the audit's) asks for:

@@ -10,7 +10,6 @@ use super::optimizer::Optimizer;
 use super::sgd::Sgd;
 use super::update::Updater;
 use super::{checkpoint, distributed, metrics, DataEdit, OwnTask, Trainer, RESUME_MAY_CHANGE};
-use crate::analysis::gradient_error;
 use crate::comm::Communicator;
 use crate::config::{ClippingMode, OptimizerKind, TaskName, TrainConfig, TrainOverrides};
 use crate::error::{Error, Result, SettingConflict};
@@ -320,7 +319,6 @@ impl Trainer {
                 ),
             ));
         }
-        gradient_error::truncate(run_dir, trainer.state.epochs_done)?;
         if trainer.config != saved {
             crate::run_folder::replace(&config_path, trainer.config.to_toml().as_bytes())?;
         }
@@ -569,7 +567,7 @@ impl Trainer {
                 ..TrainState::default()
             },
             history: Vec::new(),
-            observer: None,
+            observers: Vec::new(),
             privacy,
             canaries: None,
             _lock: lock,

@@ -178,13 +178,20 @@ fn run_folders(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 fn gradient_error(args: GradientErrorArgs) -> Result<()> {
     use dpcomp::analysis::gradient_error;
+    use dpcomp::analysis::probe::GradientErrorProbe;
     for run in run_folders(&args.runs)? {
-        let mut trainer =
+        let trainer =
             Trainer::resume(&run, None).with_context(|| format!("loading {}", run.display()))?;
-        trainer.analysis_settings_mut().grad_error_batches = args.batches;
-        trainer.analysis_settings_mut().grad_error_draws = args.draws;
-        trainer.config().validate()?;
+        let mut settings = trainer.config().analysis.clone();
+        settings.grad_error_batches = args.batches;
+        settings.grad_error_draws = args.draws;
+        let mut checked = trainer.config().clone();
+        checked.analysis = settings.clone();
+        checked.validate()?;
+        let probe = GradientErrorProbe::new(settings);
         let epoch = trainer.state().epochs_done;
+        // Records of epochs after the checkpoint belong to a lost continuation.
+        gradient_error::truncate(&run, epoch)?;
         let mut records = gradient_error::read(&run)?;
         if records.iter().any(|r| r.epoch == epoch) {
             if !args.force {
@@ -196,7 +203,7 @@ fn gradient_error(args: GradientErrorArgs) -> Result<()> {
             }
             records.retain(|r| r.epoch != epoch);
         }
-        let record = trainer.measure_gradient_error()?;
+        let record = probe.measure(&trainer)?;
         records.push(record.clone());
         records.sort_by_key(|r| r.epoch);
         gradient_error::write(&run, &records)?;

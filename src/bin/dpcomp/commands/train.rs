@@ -140,6 +140,7 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
     if !quiet {
         trainer.observe(Box::new(dpcomp::train::observer::ProgressBars::default()));
     }
+    dpcomp::analysis::probe::GradientErrorProbe::install(&mut trainer);
     let c = &trainer.config();
     if !quiet {
         if trainer.workers() > 1 {
