@@ -380,6 +380,13 @@ settings_section! {
         /// decay, scope (layer|model), value_bits, index_bits, topk, sample_ratio, clip.
         options / compressor_options: Vec<String> = Vec::new(),
             arg(long = "compressor-option", value_name = "KEY=VALUE");
+        /// With one worker, send every step's message through its bytes as a remote worker's
+        /// would go (a copy to the host and back), to check the wire format in a real run.
+        /// Off, the receiver decodes the message itself and the bits are the bytes' exact
+        /// length computed from the payloads' sizes (`compress::wire::encoded_len`): the same
+        /// update bit for bit and the same count, without the copies. [default: false]
+        verify_wire / verify_wire: bool = false,
+            arg(long, num_args = 0..=1, default_missing_value = "true");
     }
     optional {
         /// Clip the (under DP: privatised) update's global L2 norm to this before the

@@ -224,3 +224,72 @@ fn compressed_surnames_runs_still_learn() {
         assert!(s.final_accuracy > floor, "{kind}: {}", s.final_accuracy);
     }
 }
+
+/// In one process the receiver decodes the message itself and the bits are the bytes' computed
+/// length (issue 37): for every compressor, with low-order bit removal, minimal index widths,
+/// Denoise's flags, the sketches' dense payloads (FL-RND's worker residual, FL-CS's receiver error) and the
+/// second clipping, a private run gives
+/// the very same weights and the very same upstream bits, step by step, as the run whose every
+/// message goes through its bytes (`compression.verify_wire`).
+#[test]
+fn decoding_the_message_in_memory_equals_decoding_its_bytes_in_training() {
+    let _serial = common::serial();
+    let Some(root) = require_shared_data() else {
+        return;
+    };
+    let arms: [(&str, CompressorKind, f64, i64, &[&str]); 8] = [
+        ("identity", CompressorKind::Identity, 1.0, 1, &[]),
+        ("dgc", CompressorKind::Dgc, 16.0, 1, &["momentum=0"]),
+        (
+            "dgc-narrow",
+            CompressorKind::Dgc,
+            64.0,
+            1,
+            &["momentum=0", "value_bits=12", "index_bits=min"],
+        ),
+        ("powersgd", CompressorKind::Powersgd, 1.0, 2, &[]),
+        ("denoise", CompressorKind::Denoise, 16.0, 1, &[]),
+        (
+            "fl-rnd",
+            CompressorKind::FlRnd,
+            8.0,
+            1,
+            &["error_feedback=true"],
+        ),
+        ("fl-cs", CompressorKind::FlCs, 8.0, 1, &["iterations=5"]),
+        (
+            "identity-clip-noised",
+            CompressorKind::Identity,
+            1.0,
+            1,
+            &[],
+        ),
+    ];
+    let work = tempfile::tempdir().unwrap();
+    for (name, kind, rate, rank, options) in arms {
+        let mut base = with(config(&root, 1, 256, Some(1.0)), kind, rate, rank, options);
+        base.data.limit_test = Some(64);
+        if name == "identity-clip-noised" {
+            base.compression.clip_noised = Some(0.5);
+        }
+        if kind == CompressorKind::Dgc {
+            base.optimizer.momentum = 0.0;
+        }
+        let mut through_bytes = base.clone();
+        through_bytes.compression.verify_wire = true;
+        let (a, b) = (
+            work.path().join(format!("{name}-memory")),
+            work.path().join(format!("{name}-bytes")),
+        );
+        let (sa, sb) = (train(base, &a), train(through_bytes, &b));
+        assert_eq!(
+            upstream_rows(&a),
+            upstream_rows(&b),
+            "{name}: bits per step"
+        );
+        assert_eq!(sa.epsilon, sb.epsilon, "{name}");
+        for ((n, x), (_, y)) in weights(&a).iter().zip(&weights(&b)) {
+            assert!(x.equal(y), "{name}: {n} differs");
+        }
+    }
+}

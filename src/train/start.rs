@@ -507,6 +507,7 @@ impl Trainer {
         };
         let mut updater = Updater::new(optimizer, compressor);
         updater.clip_noised = config.compression.clip_noised;
+        updater.verify_wire = config.compression.verify_wire;
         let mut privacy = privacy;
         if let Some(comm) = comm.filter(|c| c.size() > 1) {
             let workers = comm.size();
