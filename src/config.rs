@@ -416,14 +416,37 @@ settings_section! {
 /// The keys at the top of `config.toml`, outside every section.
 pub const TOP_LEVEL_KEYS: [&str; 4] = ["task", "seed", "epochs", "device"];
 
+settings_section! {
+    /// CUDA's math settings, as PyTorch names and defaults them (`[cuda]`; issue 37). They
+    /// take effect on a CUDA device only and are recorded in `config.toml` like every setting.
+    CudaSettings, overrides CudaOverrides, section "cuda", heading "CUDA" {
+        /// TF32 tensor cores for float32 matrix products (PyTorch's
+        /// `torch.backends.cuda.matmul.fp32_precision = "tf32"`, formerly `allow_tf32`): about
+        /// 10 mantissa bits instead of 23 [default: false, as PyTorch's].
+        tf32_matmul / tf32_matmul: bool = false,
+            arg(long, num_args = 0..=1, default_missing_value = "true");
+        /// TF32 for cuDNN's float32 convolutions and RNNs (`torch.backends.cudnn.allow_tf32`)
+        /// [default: true, as PyTorch's].
+        tf32_cudnn / tf32_cudnn: bool = true,
+            arg(long, num_args = 0..=1, default_missing_value = "true");
+        /// cuDNN's benchmark mode (`torch.backends.cudnn.benchmark`): time the convolution
+        /// algorithms for each new input shape and keep the fastest; not bit-reproducible
+        /// across runs [default: false, as PyTorch's].
+        cudnn_benchmark / cudnn_benchmark: bool = false,
+            arg(long, num_args = 0..=1, default_missing_value = "true");
+    }
+    optional {}
+}
+
 /// Every section: (its name, its (field, flat key) table).
-const SECTIONS: [(&str, &[(&str, &str)]); 6] = [
+const SECTIONS: [(&str, &[(&str, &str)]); 7] = [
     (DataSettings::SECTION, DataSettings::KEYS),
     (ModelSettings::SECTION, ModelSettings::KEYS),
     (OptimizerSettings::SECTION, OptimizerSettings::KEYS),
     (PrivacySettings::SECTION, PrivacySettings::KEYS),
     (CompressionSettings::SECTION, CompressionSettings::KEYS),
     (AnalysisSettings::SECTION, AnalysisSettings::KEYS),
+    (CudaSettings::SECTION, CudaSettings::KEYS),
 ];
 
 /// Flat keys written before they were renamed: (old key, flat key).
@@ -563,6 +586,9 @@ pub struct TrainConfig {
     pub privacy: PrivacySettings,
     pub compression: CompressionSettings,
     pub analysis: AnalysisSettings,
+    /// Written by every run since issue 37; older `config.toml` files read PyTorch's defaults.
+    #[serde(default)]
+    pub cuda: CudaSettings,
 }
 
 impl TrainConfig {
@@ -582,6 +608,7 @@ impl TrainConfig {
             privacy: PrivacySettings::default(),
             compression: CompressionSettings::default(),
             analysis: AnalysisSettings::default(),
+            cuda: CudaSettings::default(),
         }
     }
 
@@ -1047,6 +1074,8 @@ pub struct TrainOverrides {
     pub compression: CompressionOverrides,
     #[cfg_attr(feature = "cli", command(flatten))]
     pub analysis: AnalysisOverrides,
+    #[cfg_attr(feature = "cli", command(flatten))]
+    pub cuda: CudaOverrides,
 }
 
 /// The top-level part of `TrainOverrides`, as serde reads it.
@@ -1093,6 +1122,7 @@ impl TrainOverrides {
         let privacy = section(&mut nested, PrivacySettings::SECTION, origin)?;
         let compression = section(&mut nested, CompressionSettings::SECTION, origin)?;
         let analysis = section(&mut nested, AnalysisSettings::SECTION, origin)?;
+        let cuda = section(&mut nested, CudaSettings::SECTION, origin)?;
         let top: TopLevelOverrides = toml::Value::Table(nested)
             .try_into()
             .map_err(|e: toml::de::Error| Error::bad_file(origin, e.to_string()))?;
@@ -1107,6 +1137,7 @@ impl TrainOverrides {
             privacy,
             compression,
             analysis,
+            cuda,
         })
     }
 
@@ -1123,6 +1154,7 @@ impl TrainOverrides {
             privacy: self.privacy.or(base.privacy),
             compression: self.compression.or(base.compression),
             analysis: self.analysis.or(base.analysis),
+            cuda: self.cuda.or(base.cuda),
         }
     }
 
@@ -1146,6 +1178,7 @@ impl TrainOverrides {
         self.privacy.apply(&mut config.privacy);
         self.compression.apply(&mut config.compression);
         self.analysis.apply(&mut config.analysis);
+        self.cuda.apply(&mut config.cuda);
     }
 
     /// Paper defaults for the task, then these settings. Errors when no task is given.

@@ -39,6 +39,7 @@ pub mod convex;
 pub mod csv_table;
 #[doc(hidden)]
 pub mod cuda_memory;
+pub mod cuda_settings;
 pub mod data;
 pub mod error;
 pub mod experiment;

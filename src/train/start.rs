@@ -422,6 +422,9 @@ impl Trainer {
                 ))
             }
         };
+        if device.is_cuda() {
+            crate::cuda_settings::apply(&config.cuda)?;
+        }
         let params = model.trainable_variables();
         if params.is_empty() {
             return Err(Error::bad_value(
