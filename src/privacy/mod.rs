@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// Checks the arguments every accountant takes, with errors that name the argument.
-pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<()> {
+pub(crate) fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<()> {
     if !(sample_rate > 0.0 && sample_rate <= 1.0) {
         return Err(Error::bad_value(
             "sample_rate",
@@ -36,7 +36,8 @@ pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<(
     Ok(())
 }
 
-pub fn validate_delta(delta: f64) -> Result<()> {
+/// Checks 0 < δ < 1, with an error that names `delta`.
+pub(crate) fn validate_delta(delta: f64) -> Result<()> {
     if delta > 0.0 && delta < 1.0 {
         Ok(())
     } else {
