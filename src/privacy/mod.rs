@@ -16,8 +16,9 @@ pub mod rdp;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-/// Checks the arguments every accountant takes, with errors that name the argument.
-pub(crate) fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<()> {
+/// Checks the arguments every accountant takes (0 < q ≤ 1, finite σ ≥ 0, at least one step),
+/// with an [`Error::BadValue`] that names the argument.
+pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<()> {
     if !(sample_rate > 0.0 && sample_rate <= 1.0) {
         return Err(Error::bad_value(
             "sample_rate",
