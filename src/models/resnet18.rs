@@ -92,7 +92,8 @@ pub struct ResNet18 {
     stem: Conv2d,
     stem_norm: GroupNorm,
     blocks: Vec<BasicBlock>,
-    classifier: Linear,
+    /// The final layer on the pooled features, [classes, 2048].
+    pub classifier: Linear,
 }
 
 impl ResNet18 {
