@@ -159,7 +159,11 @@ impl Gru {
 /// pre-activation per unit dh): d gi_n = dh a, d gh_n = dh a r, d gi_r = d gh_r =
 /// dh a gh_n r(1 - r), d gi_z = d gh_z = dh (h_{t-1} - n) z(1 - z). So each is dh times a factor
 /// computed for all steps at once; the loop carries dh_{t-1} += dh z + d gh W_hh.
-pub(crate) fn gate_gradients(cache: &GruCache, w_hh: &Tensor, grad_hs: &Tensor) -> (Tensor, Tensor) {
+pub(crate) fn gate_gradients(
+    cache: &GruCache,
+    w_hh: &Tensor,
+    grad_hs: &Tensor,
+) -> (Tensor, Tensor) {
     let steps = cache.hs.size()[0];
     let hidden = cache.hs.size()[2];
     let r = cache.rz.narrow(2, 0, hidden);
