@@ -102,7 +102,7 @@ pub(crate) fn read(path: &Path) -> Result<IdxArray> {
 pub struct ImageSplit {
     /// The images, [N, 1, 28, 28] uint8.
     pub images: Tensor,
-    /// Their labels in 0..10, [N] int64.
+    /// Their labels in 0..10, `[N]` int64.
     pub labels: Tensor,
 }
 

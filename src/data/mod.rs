@@ -29,7 +29,7 @@ pub enum Features {
     Tokens {
         /// Byte ids, [N, T] int64, 0 past each example's length.
         ids: Tensor,
-        /// Each example's true length (1..=T), [N] int64.
+        /// Each example's true length (1..=T), `[N]` int64.
         lengths: Tensor,
     },
     /// Images [N, 3, 32, 32]: uint8 in a dataset, normalised float32 in a batch.
@@ -191,7 +191,7 @@ fn random_flip(xs: &Tensor) -> Tensor {
 pub struct Dataset {
     /// Every example's inputs, N along the first dimension (images stay uint8 here).
     pub features: Features,
-    /// Class indices in 0..classes, [N] int64.
+    /// Class indices in 0..classes, `[N]` int64.
     pub labels: Tensor,
     /// How `batch` turns stored images into model input (`None`: features as stored).
     pub image_transform: Option<ImageTransform>,
@@ -205,7 +205,7 @@ pub struct Dataset {
 pub struct Batch {
     /// The examples' inputs, padding trimmed and images transformed.
     pub features: Features,
-    /// Their class indices, [B] int64.
+    /// Their class indices, `[B]` int64.
     pub labels: Tensor,
 }
 

@@ -14,7 +14,7 @@ const EMBEDDING: i64 = 64;
 const HIDDEN: i64 = 128;
 
 /// The paper's Surnames classifier (see the module docs): padded byte sequences
-/// (`Features::Tokens`, ids [B, T] below 256 and lengths [B]) -> logits [B, classes].
+/// (`Features::Tokens`, ids [B, T] below 256 and lengths `[B]`) -> logits [B, classes].
 pub struct SurnamesLstm {
     vs: nn::VarStore,
     embedding: Embedding,

@@ -35,7 +35,7 @@ impl Default for Conv2dConfig {
 pub struct Conv2d {
     /// The kernels, [out_channels, in_channels, kernel, kernel].
     pub weight: Tensor,
-    /// One bias per output channel, [out_channels]; `None` without a bias.
+    /// One bias per output channel, `[out_channels]`; `None` without a bias.
     pub bias: Option<Tensor>,
     /// Step between kernel positions, in both directions.
     pub stride: i64,

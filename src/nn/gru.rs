@@ -28,9 +28,9 @@ pub struct Gru {
     pub w_ih: Tensor,
     /// Recurrent weights of the 3 gates stacked, [3H, H].
     pub w_hh: Tensor,
-    /// Input bias, [3H].
+    /// Input bias, `[3H]`.
     pub b_ih: Tensor,
-    /// Recurrent bias, [3H].
+    /// Recurrent bias, `[3H]`.
     pub b_hh: Tensor,
     /// H, the width of the hidden state.
     pub hidden: i64,

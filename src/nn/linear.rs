@@ -26,7 +26,7 @@ impl Default for LinearConfig {
 pub struct Linear {
     /// W, [out_dim, in_dim].
     pub weight: Tensor,
-    /// b, [out_dim]; `None` without a bias.
+    /// b, `[out_dim]`; `None` without a bias.
     pub bias: Option<Tensor>,
 }
 

@@ -28,9 +28,9 @@ pub struct Lstm {
     pub w_ih: Tensor,
     /// Recurrent weights of the 4 gates stacked, [4H, H].
     pub w_hh: Tensor,
-    /// Input bias, [4H].
+    /// Input bias, `[4H]`.
     pub b_ih: Tensor,
-    /// Recurrent bias, [4H].
+    /// Recurrent bias, `[4H]`.
     pub b_hh: Tensor,
     /// H, the width of the hidden state.
     pub hidden: i64,

@@ -120,7 +120,8 @@ pub struct InstanceNorm2d {
 }
 
 impl InstanceNorm2d {
-    /// With a per-channel affine map: weight [channels] at 1 and bias [channels] at 0 under `p`.
+    /// With a per-channel affine map: weight `[channels]` at 1 and bias `[channels]` at 0,
+    /// under `p`.
     pub fn new(p: &nn::Path, channels: i64) -> Self {
         InstanceNorm2d {
             affine: Some(affine(p, channels)),
@@ -162,9 +163,9 @@ impl InstanceNorm2d {
 /// Group normalisation over (channels of a group, H, W), then a per-channel affine map.
 #[derive(Debug)]
 pub struct GroupNorm {
-    /// The per-channel scale, [channels] (initially 1).
+    /// The per-channel scale, `[channels]` (initially 1).
     pub weight: Tensor,
-    /// The per-channel shift, [channels] (initially 0).
+    /// The per-channel shift, `[channels]` (initially 0).
     pub bias: Tensor,
     /// Number of groups, a divisor of the channels.
     pub groups: i64,
@@ -211,9 +212,9 @@ impl GroupNorm {
 /// Layer normalisation over the last dimension, then an elementwise affine map.
 #[derive(Debug)]
 pub struct LayerNorm {
-    /// The elementwise scale, [dim] (initially 1).
+    /// The elementwise scale, `[dim]` (initially 1).
     pub weight: Tensor,
-    /// The elementwise shift, [dim] (initially 0).
+    /// The elementwise shift, `[dim]` (initially 0).
     pub bias: Tensor,
     /// The width of the last dimension, which is normalised.
     pub dim: i64,

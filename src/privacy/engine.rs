@@ -476,7 +476,7 @@ impl PrivacyEngine {
         self.noise_multiplier
     }
 
-    /// q, the probability that an example is in a step's batch (E[B] / N under Poisson
+    /// q, the probability that an example is in a step's batch (`E[B]` / N under Poisson
     /// sampling).
     pub fn sample_rate(&self) -> f64 {
         self.sample_rate

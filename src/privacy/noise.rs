@@ -70,8 +70,8 @@ pub(crate) fn os_seed() -> i64 {
         >> 1) as i64
 }
 
-/// The Gaussian mechanism on one clipped sum: (sum + N(0, σ² C² I)) / E[B], where σ is
-/// `noise_multiplier`, C `max_norm` (the sensitivity) and E[B] `expected_batch`; shaped like
+/// The Gaussian mechanism on one clipped sum: (sum + N(0, σ² C² I)) / `E[B]`, where σ is
+/// `noise_multiplier`, C `max_norm` (the sensitivity) and `E[B]` is `expected_batch`; shaped like
 /// `clipped_sum`. σ = 0 adds no noise. This draws noise without counting a step: a training
 /// step goes through [`PrivacyEngine::privatize`](super::engine::PrivacyEngine::privatize),
 /// which calls this and records the step in its accountant.
