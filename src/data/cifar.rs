@@ -12,15 +12,19 @@ use tch::{Kind, Tensor};
 
 const PIXELS: usize = 3 * 32 * 32;
 
-pub const CIFAR10_MEAN: [f64; 3] = [0.4914, 0.4822, 0.4465];
-pub const CIFAR10_STD: [f64; 3] = [0.2470, 0.2435, 0.2616];
-pub const CIFAR100_MEAN: [f64; 3] = [0.5071, 0.4865, 0.4409];
-pub const CIFAR100_STD: [f64; 3] = [0.2673, 0.2564, 0.2762];
+/// Per-channel mean and standard deviation of each training set's pixels in [0, 1], which the
+/// loaders' `ImageTransform` normalises with.
+const CIFAR10_MEAN: [f64; 3] = [0.4914, 0.4822, 0.4465];
+const CIFAR10_STD: [f64; 3] = [0.2470, 0.2435, 0.2616];
+const CIFAR100_MEAN: [f64; 3] = [0.5071, 0.4865, 0.4409];
+const CIFAR100_STD: [f64; 3] = [0.2673, 0.2564, 0.2762];
 
 /// Which label of a CIFAR-100 record to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cifar100Labels {
+    /// The 20 superclasses.
     Coarse,
+    /// The 100 classes (the paper's task).
     Fine,
 }
 

@@ -9,20 +9,26 @@ use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Component, Path, PathBuf};
 
+/// The archive format of a download.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArchiveKind {
+    /// A gzipped tar file (`.tar.gz`).
     TarGz,
+    /// A zip file.
     Zip,
 }
 
 /// Where a dataset comes from and which part of the archive is the dataset.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
+    /// The name `dpcomp data fetch` takes (`names`, `cifar10`, `cifar100`, `snli`).
     pub dataset: String,
+    /// Where the archive is downloaded from.
     pub url: String,
     /// Expected SHA-256 (lower-case hex). `None` only where no checksum is published for the
     /// archive; the computed one is then printed so that it can be pinned.
     pub sha256: Option<String>,
+    /// How the archive is unpacked.
     pub kind: ArchiveKind,
     /// Entries under this path inside the archive are the dataset...
     pub prefix: String,
@@ -79,6 +85,8 @@ pub fn official_sources() -> Vec<Source> {
     ]
 }
 
+/// The official source of `dataset` (one of `official_sources`' names); another name is an
+/// [`Error::BadValue`] listing them.
 pub fn official_source(dataset: &str) -> Result<Source> {
     let sources = official_sources();
     let names: Vec<&str> = sources.iter().map(|s| s.dataset.as_str()).collect();
@@ -94,8 +102,11 @@ pub fn official_source(dataset: &str) -> Result<Source> {
 /// What a finished fetch did.
 #[derive(Debug, Clone)]
 pub struct Fetched {
+    /// The dataset's folder, `data_dir/<Source::folder>`.
     pub folder: PathBuf,
+    /// The archive's SHA-256 as computed (lower-case hex).
     pub sha256: String,
+    /// How many files were unpacked into `folder`.
     pub files: usize,
 }
 

@@ -15,13 +15,13 @@ pub const FASHION_MNIST_SYSTEM_DIR: &str = "/usr/share/datasets/fashion-mnist";
 
 /// An IDX array of unsigned bytes: its shape and values in row-major order.
 #[derive(Debug, Clone, PartialEq)]
-pub struct IdxArray {
+pub(crate) struct IdxArray {
     pub shape: Vec<usize>,
     pub values: Vec<u8>,
 }
 
 /// Parses IDX bytes (already decompressed). `path` only names the file in errors.
-pub fn parse(bytes: &[u8], path: &Path) -> Result<IdxArray> {
+pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<IdxArray> {
     if bytes.len() < 4 {
         return Err(Error::bad_file(
             path,
@@ -83,7 +83,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<IdxArray> {
 }
 
 /// Reads an IDX file, decompressing it when its name ends in `.gz`.
-pub fn read(path: &Path) -> Result<IdxArray> {
+pub(crate) fn read(path: &Path) -> Result<IdxArray> {
     let raw = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let bytes = if path.extension().is_some_and(|e| e == "gz") {
         let mut out = Vec::new();
@@ -100,7 +100,9 @@ pub fn read(path: &Path) -> Result<IdxArray> {
 /// Images uint8 [N, 1, 28, 28] and labels int64 [N] of one split.
 #[derive(Debug)]
 pub struct ImageSplit {
+    /// The images, [N, 1, 28, 28] uint8.
     pub images: Tensor,
+    /// Their labels in 0..10, `[N]` int64.
     pub labels: Tensor,
 }
 

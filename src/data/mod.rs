@@ -26,14 +26,22 @@ pub type DataEdit = Box<dyn FnOnce(TaskData) -> Result<TaskData>>;
 #[derive(Debug)]
 pub enum Features {
     /// Byte sequences padded with 0: `ids` [N, T] int64 and true `lengths` [N] int64.
-    Tokens { ids: Tensor, lengths: Tensor },
+    Tokens {
+        /// Byte ids, [N, T] int64, 0 past each example's length.
+        ids: Tensor,
+        /// Each example's true length (1..=T), `[N]` int64.
+        lengths: Tensor,
+    },
     /// Images [N, 3, 32, 32]: uint8 in a dataset, normalised float32 in a batch.
     Images(Tensor),
     /// BERT sentence pairs `[CLS] a [SEP] b [SEP]`: `ids`, `token_types` and `attention_mask`,
     /// each [N, T] int64, padded with 0 to the longest pair.
     TextPair {
+        /// WordPiece ids, [N, T].
         ids: Tensor,
+        /// Segment ids: 0 for `[CLS] a [SEP]`, 1 for `b [SEP]`, [N, T].
         token_types: Tensor,
+        /// 1 on real tokens, 0 on padding, [N, T].
         attention_mask: Tensor,
     },
     /// A model of one's own: any tensor with one example per index of its first dimension
@@ -125,8 +133,11 @@ fn max_or_zero(values: &Tensor) -> i64 {
 /// (random crop with 4-pixel zero padding and horizontal flip, training batches only).
 #[derive(Debug, Clone)]
 pub struct ImageTransform {
+    /// Per-channel (R, G, B) mean subtracted from pixels scaled to [0, 1].
     pub mean: [f64; 3],
+    /// Per-channel standard deviation the centred pixels are divided by.
     pub std: [f64; 3],
+    /// Random crop and flip on training batches.
     pub augment: bool,
 }
 
@@ -178,8 +189,11 @@ fn random_flip(xs: &Tensor) -> Tensor {
 /// One split of a task's data: features in stored form, labels int64 [N].
 #[derive(Debug)]
 pub struct Dataset {
+    /// Every example's inputs, N along the first dimension (images stay uint8 here).
     pub features: Features,
+    /// Class indices in 0..classes, `[N]` int64.
     pub labels: Tensor,
+    /// How `batch` turns stored images into model input (`None`: features as stored).
     pub image_transform: Option<ImageTransform>,
     /// Each example's true sequence width kept on the CPU once the features live on an
     /// accelerator (`to_device`), so that trimming a batch's padding reads no device value.
@@ -189,23 +203,29 @@ pub struct Dataset {
 /// A batch on the model's device, ready for `Model::forward`.
 #[derive(Debug)]
 pub struct Batch {
+    /// The examples' inputs, padding trimmed and images transformed.
     pub features: Features,
+    /// Their class indices, `[B]` int64.
     pub labels: Tensor,
 }
 
 impl Batch {
+    /// B, the number of examples (0 happens under Poisson sampling).
     pub fn len(&self) -> i64 {
         self.labels.size()[0]
     }
+    /// Whether the batch has no example.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
 impl Dataset {
+    /// N, the number of examples.
     pub fn len(&self) -> i64 {
         self.labels.size()[0]
     }
+    /// Whether the split has no example.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -328,8 +348,11 @@ impl Dataset {
 /// A task's train and test splits plus the names of its classes.
 #[derive(Debug)]
 pub struct TaskData {
+    /// The split training samples batches from.
     pub train: Dataset,
+    /// The split evaluation reports accuracy on.
     pub test: Dataset,
+    /// Class names, indexed by label.
     pub classes: Vec<String>,
 }
 

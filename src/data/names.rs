@@ -13,6 +13,7 @@ use unicode_normalization::UnicodeNormalization;
 
 /// Id 0 pads; it never occurs in a folded name.
 pub const PAD: u8 = 0;
+/// The number of symbols: byte values 0..256 (the Surnames model's embedding rows).
 pub const VOCAB: i64 = 256;
 
 /// NFD, then drop combining marks and anything still outside ASCII: "Ślusarski" -> "Slusarski".
@@ -96,8 +97,8 @@ pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
 /// The PyTorch tutorial's `data/names` as `dpcomp data fetch` and ../shared/data hold it: 18
 /// languages, 20,050 names (the tutorial's zip has 20,074 lines; 24 junk lines in Russian.txt were
 /// removed upstream, ../shared/data/README.md).
-pub const OFFICIAL_CLASSES: usize = 18;
-pub const OFFICIAL_NAMES: usize = 20_050;
+pub(crate) const OFFICIAL_CLASSES: usize = 18;
+pub(crate) const OFFICIAL_NAMES: usize = 20_050;
 
 /// Padded byte ids [N, T] with T the longest name, and lengths [N].
 pub fn encode(names: &[&str]) -> Features {
@@ -121,11 +122,13 @@ fn dataset(examples: &[(String, i64)]) -> Dataset {
     Dataset::new(encode(&names), Tensor::from_slice(&labels), None)
 }
 
-/// Deterministic 80/20 train/test split of the shuffled names, from `seed`.
 /// The longest name kept, in ASCII characters (the official data's longest has 20); longer
 /// lines are cut to it with a warning naming the file and line.
 pub const MAX_NAME_LEN: usize = 64;
 
+/// Reads the `names` folder `dir` (one `<Language>.txt` per class) into Surnames' task data:
+/// the names shuffled by `seed` and split 80/20 into train and test (deterministic per seed),
+/// classes in file-name order. A missing folder or an unreadable file is an error naming it.
 pub fn load(dir: &Path, seed: u64) -> Result<TaskData> {
     let (mut examples, classes) = read_names(dir)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

@@ -9,16 +9,20 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, Gamma};
 use serde::{Deserialize, Serialize};
 
+/// How a training set is split among federated clients (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Partition {
+    /// A shuffled, even split: every client's data follows the whole set's distribution.
     Iid,
     /// Each client's class proportions ~ Dirichlet(alpha); small alpha, few classes per client.
     Dirichlet {
+        /// The concentration α > 0.
         alpha: f64,
     },
     /// Sort by label, cut into clients × k shards, deal k shards to each client.
     Shards {
+        /// k ≥ 1, the shards each client gets.
         per_client: usize,
     },
 }
@@ -54,6 +58,7 @@ impl Partition {
         Err(bad())
     }
 
+    /// The form `parse` reads back: `iid`, `dirichlet:ALPHA` or `shards:K`.
     pub fn name(&self) -> String {
         match self {
             Partition::Iid => "iid".into(),

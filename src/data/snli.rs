@@ -17,14 +17,17 @@ use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::processors::bert::BertProcessing;
 use tokenizers::{Tokenizer, TruncationParams, TruncationStrategy};
 
+/// The three labels in label order: `TaskData::classes` and the model's logits follow it.
 pub const CLASSES: [&str; 3] = ["entailment", "neutral", "contradiction"];
-pub const DEFAULT_MAX_LEN: usize = super::SNLI_DEFAULT_MAX_LEN;
 
 /// One labelled sentence pair.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pair {
+    /// `sentence1`, the premise.
     pub premise: String,
+    /// `sentence2`, the hypothesis.
     pub hypothesis: String,
+    /// The gold label's index in [`CLASSES`].
     pub label: i64,
 }
 
@@ -183,7 +186,9 @@ pub fn train_file(dir: &Path) -> PathBuf {
 /// panic), so `load` checks them before any tensor.
 #[derive(Debug, Clone)]
 pub struct EncoderLimits {
+    /// Rows of the position table: no encoded pair may be longer.
     pub max_positions: i64,
+    /// Rows of the word-piece table: every token id must be below it.
     pub vocab_size: i64,
     /// The file the limits were read from, named in the errors.
     pub source: PathBuf,

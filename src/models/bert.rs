@@ -22,22 +22,34 @@ use tch::{nn, Device, Kind, Tensor};
 /// The fields of Hugging Face's `config.json` that the architecture needs.
 #[derive(Debug, Clone, Deserialize)]
 pub struct BertConfig {
+    /// Rows of the word-piece embedding table.
     pub vocab_size: i64,
+    /// Width of every hidden state (bert-base: 768, MiniLM-L6: 384).
     pub hidden_size: i64,
+    /// Number of encoder layers.
     pub num_hidden_layers: i64,
+    /// Attention heads per layer; must divide `hidden_size`.
     pub num_attention_heads: i64,
+    /// Width of each layer's feed-forward inner layer.
     pub intermediate_size: i64,
+    /// The feed-forward activation; only `"gelu"` (the default) is supported.
     #[serde(default = "default_act")]
     pub hidden_act: String,
+    /// Rows of the position table: the longest sequence the encoder reads.
     pub max_position_embeddings: i64,
+    /// Rows of the token-type (segment) table (default 2).
     #[serde(default = "default_type_vocab")]
     pub type_vocab_size: i64,
+    /// The LayerNorms' variance offset (default 1e-12).
     #[serde(default = "default_eps")]
     pub layer_norm_eps: f64,
+    /// Dropout on embeddings and sublayer outputs in training, in [0, 1) (default 0.1).
     #[serde(default = "default_dropout")]
     pub hidden_dropout_prob: f64,
+    /// Dropout on the attention probabilities in training, in [0, 1) (default 0.1).
     #[serde(default = "default_dropout")]
     pub attention_probs_dropout_prob: f64,
+    /// Standard deviation of the classifier head's N(0, σ²) initialisation (default 0.02).
     #[serde(default = "default_init_range")]
     pub initializer_range: f64,
 }
@@ -69,6 +81,9 @@ impl BertConfig {
         }
     }
 
+    /// Reads a Hugging Face `config.json`. A value out of range (a size below 1, a dropout
+    /// outside [0, 1), heads that do not divide the width, another activation than gelu) is an
+    /// [`Error::BadFile`] naming the field.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let config: BertConfig = serde_json::from_str(&text)
@@ -131,14 +146,17 @@ impl BertConfig {
     }
 }
 
-pub struct Embeddings {
+/// Word, position and token-type embeddings, summed and layer-normalised.
+pub(crate) struct Embeddings {
     pub word: Embedding,
     pub position: Embedding,
     pub token_type: Embedding,
     pub norm: LayerNorm,
 }
 
-pub struct EncoderLayer {
+/// One transformer encoder layer: self-attention and a feed-forward block, each followed by a
+/// residual connection and a LayerNorm.
+pub(crate) struct EncoderLayer {
     pub attention: MultiheadAttention,
     pub attention_norm: LayerNorm,
     pub intermediate: Linear,
@@ -146,12 +164,19 @@ pub struct EncoderLayer {
     pub output_norm: LayerNorm,
 }
 
+/// The paper's SNLI model (see the module docs): sentence pairs (`Features::TextPair`, each
+/// [B, T]) -> logits [B, classes], only the last encoder layer, the pooler and the classifier
+/// trainable.
 pub struct BertClassifier {
     vs: nn::VarStore,
+    /// The architecture, as read from `config.json`.
     pub config: BertConfig,
-    pub embeddings: Embeddings,
-    pub layers: Vec<EncoderLayer>,
+    pub(crate) embeddings: Embeddings,
+    pub(crate) layers: Vec<EncoderLayer>,
+    /// The pooler's dense layer on the first token's hidden state, [hidden, hidden] (followed
+    /// by tanh).
     pub pooler: Linear,
+    /// The classification head, [classes, hidden] (freshly initialised).
     pub classifier: Linear,
 }
 

@@ -24,15 +24,31 @@ pub const FEATURES: i64 = 128 * 2 * 2;
 /// Trainable parameters for 10 classes (tested; the paper's bandwidths imply it).
 pub const PARAMETERS: i64 = 361_290;
 
+/// The paper's CIFAR-10 CNN (see the module docs): images [B, 3, 32, 32] -> logits
+/// [B, classes], every parameter trainable.
 pub struct CifarCnn {
     vs: nn::VarStore,
-    pub blocks: Vec<(Conv2d, InstanceNorm2d)>,
-    pub fc1: Linear,
-    pub fc2: Linear,
-    pub fc3: Linear,
+    blocks: Vec<(Conv2d, InstanceNorm2d)>,
+    fc1: Linear,
+    fc2: Linear,
+    fc3: Linear,
 }
 
 impl CifarCnn {
+    /// A freshly initialised CNN (PyTorch's default initialisations) on `device` for `classes`
+    /// classes ([`PARAMETERS`] for 10).
+    ///
+    /// ```
+    /// use dpcomp::data::Features;
+    /// use dpcomp::models::{cifar_cnn, CifarCnn, Model};
+    /// use dpcomp::nn::Ctx;
+    /// use tch::{Device, Kind, Tensor};
+    /// let model = CifarCnn::new(Device::Cpu, 10);
+    /// assert_eq!(model.trainable_parameter_count(), cifar_cnn::PARAMETERS);
+    /// let images = Features::Images(Tensor::zeros([2, 3, 32, 32], (Kind::Float, Device::Cpu)));
+    /// assert_eq!(model.forward(&images, &mut Ctx::eval())?.size(), [2, 10]);
+    /// # Ok::<(), dpcomp::Error>(())
+    /// ```
     pub fn new(device: Device, classes: i64) -> Self {
         let vs = nn::VarStore::new(device);
         let root = vs.root();

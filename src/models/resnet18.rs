@@ -11,13 +11,14 @@ use tch::{nn, Device, Tensor};
 /// Groups of every GroupNorm (Opacus's recommendation for ResNets: min(32, channels)).
 pub const GROUPS: i64 = 32;
 
-pub struct BasicBlock {
-    pub conv1: Conv2d,
-    pub norm1: GroupNorm,
-    pub conv2: Conv2d,
-    pub norm2: GroupNorm,
+/// Two 3x3 convolutions with GroupNorm and a residual connection (He et al. 2016, Figure 2).
+struct BasicBlock {
+    conv1: Conv2d,
+    norm1: GroupNorm,
+    conv2: Conv2d,
+    norm2: GroupNorm,
     /// 1x1 strided convolution + norm when the shape changes.
-    pub shortcut: Option<(Conv2d, GroupNorm)>,
+    shortcut: Option<(Conv2d, GroupNorm)>,
 }
 
 impl BasicBlock {
@@ -84,15 +85,20 @@ impl BasicBlock {
     }
 }
 
+/// The paper's CIFAR-100 ResNet-18 with GroupNorm (see the module docs): images
+/// [B, 3, 32, 32] -> logits [B, classes], every parameter trainable.
 pub struct ResNet18 {
     vs: nn::VarStore,
-    pub stem: Conv2d,
-    pub stem_norm: GroupNorm,
-    pub blocks: Vec<BasicBlock>,
+    stem: Conv2d,
+    stem_norm: GroupNorm,
+    blocks: Vec<BasicBlock>,
+    /// The final layer on the pooled features, [classes, 2048].
     pub classifier: Linear,
 }
 
 impl ResNet18 {
+    /// A freshly initialised ResNet-18 (PyTorch's default initialisations, GroupNorm weights 1
+    /// and biases 0) on `device` for `classes` classes (11,373,732 parameters for 100).
     pub fn new(device: Device, classes: i64) -> Self {
         let vs = nn::VarStore::new(device);
         let root = vs.root();

@@ -8,17 +8,23 @@ use crate::error::Result;
 use crate::nn::{Ctx, Embedding, Linear, LinearConfig, Lstm};
 use tch::{nn, Device, Kind, Tensor};
 
-pub const EMBEDDING: i64 = 64;
-pub const HIDDEN: i64 = 128;
+/// Width of the byte embeddings.
+const EMBEDDING: i64 = 64;
+/// Width of the LSTM's hidden state.
+const HIDDEN: i64 = 128;
 
+/// The paper's Surnames classifier (see the module docs): padded byte sequences
+/// (`Features::Tokens`, ids [B, T] below 256 and lengths `[B]`) -> logits [B, classes].
 pub struct SurnamesLstm {
     vs: nn::VarStore,
-    pub embedding: Embedding,
-    pub lstm: Lstm,
-    pub classifier: Linear,
+    embedding: Embedding,
+    lstm: Lstm,
+    classifier: Linear,
 }
 
 impl SurnamesLstm {
+    /// A freshly initialised model (PyTorch's default initialisations) on `device` for
+    /// `classes` classes (118,034 parameters for the 18 nationalities).
     pub fn new(device: Device, classes: i64) -> Self {
         let vs = nn::VarStore::new(device);
         let root = vs.root();

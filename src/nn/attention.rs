@@ -28,12 +28,19 @@ impl Default for AttentionConfig {
     }
 }
 
+/// Multi-head scaled dot-product attention over [B, T, dim] with four `dim x dim` projections
+/// (PyTorch's `nn.MultiheadAttention` with `batch_first`, BERT's self-attention).
 #[derive(Debug)]
 pub struct MultiheadAttention {
+    /// Q = x W_qᵀ + b_q.
     pub query: Linear,
+    /// K = m W_kᵀ + b_k, m the memory attended to.
     pub key: Linear,
+    /// V = m W_vᵀ + b_v.
     pub value: Linear,
+    /// The projection of the heads' concatenation back to `dim`.
     pub output: Linear,
+    /// Number of heads; each attends with width dim / heads.
     pub heads: i64,
     /// Dropout on the attention probabilities in training.
     pub dropout: f64,

@@ -28,11 +28,18 @@ impl Default for Conv2dConfig {
     }
 }
 
+/// A 2-D convolution over [B, C_in, H, W] with a square kernel, recording itself for
+/// per-sample gradients in a private forward pass (PyTorch's `nn.Conv2d` without dilation or
+/// groups).
 #[derive(Debug)]
 pub struct Conv2d {
+    /// The kernels, [out_channels, in_channels, kernel, kernel].
     pub weight: Tensor,
+    /// One bias per output channel, `[out_channels]`; `None` without a bias.
     pub bias: Option<Tensor>,
+    /// Step between kernel positions, in both directions.
     pub stride: i64,
+    /// Zeros added on every side of the input.
     pub padding: i64,
 }
 
@@ -128,7 +135,7 @@ impl Conv2d {
 }
 
 /// A convolution on the tape: its parameters, input x [B, C, H, W] (values only) and geometry.
-pub struct Conv2dRecord {
+pub(crate) struct Conv2dRecord {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
     pub input: Tensor,

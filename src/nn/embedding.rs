@@ -7,8 +7,11 @@ use super::Ctx;
 use crate::error::Result;
 use tch::{nn, Kind, Tensor};
 
+/// A lookup table of `num` vectors of width `dim` (PyTorch's `nn.Embedding`). Its per-sample
+/// gradients touch only the rows an example looked up.
 #[derive(Debug)]
 pub struct Embedding {
+    /// The table, [num, dim].
     pub weight: Tensor,
 }
 
@@ -53,7 +56,7 @@ impl Embedding {
 }
 
 /// An embedding on the tape: the table and the looked-up ids [B, *].
-pub struct EmbeddingRecord {
+pub(crate) struct EmbeddingRecord {
     pub weight: Tensor,
     pub ids: Tensor,
 }

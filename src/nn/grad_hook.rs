@@ -32,6 +32,7 @@ extern "C" {
 pub struct HookStatus(Arc<Mutex<Option<String>>>);
 
 impl HookStatus {
+    /// The panic message of the callback, if it panicked (later calls were then skipped).
     pub fn panicked(&self) -> Option<String> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

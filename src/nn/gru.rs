@@ -20,12 +20,19 @@ use super::{uniform_init, Ctx, ManualBackward};
 use crate::error::Result;
 use tch::{nn, Tensor};
 
+/// A one-layer, batch-first GRU with PyTorch's `nn.GRU` parameters and gate order
+/// (r, z, n), whose per-sample gradients come from its hand-written backward pass.
 #[derive(Debug)]
 pub struct Gru {
+    /// Input weights of the 3 gates stacked (r, z, n), [3H, input].
     pub w_ih: Tensor,
+    /// Recurrent weights of the 3 gates stacked, [3H, H].
     pub w_hh: Tensor,
+    /// Input bias, `[3H]`.
     pub b_ih: Tensor,
+    /// Recurrent bias, `[3H]`.
     pub b_hh: Tensor,
+    /// H, the width of the hidden state.
     pub hidden: i64,
 }
 
@@ -152,7 +159,11 @@ impl Gru {
 /// pre-activation per unit dh): d gi_n = dh a, d gh_n = dh a r, d gi_r = d gh_r =
 /// dh a gh_n r(1 - r), d gi_z = d gh_z = dh (h_{t-1} - n) z(1 - z). So each is dh times a factor
 /// computed for all steps at once; the loop carries dh_{t-1} += dh z + d gh W_hh.
-pub fn gate_gradients(cache: &GruCache, w_hh: &Tensor, grad_hs: &Tensor) -> (Tensor, Tensor) {
+pub(crate) fn gate_gradients(
+    cache: &GruCache,
+    w_hh: &Tensor,
+    grad_hs: &Tensor,
+) -> (Tensor, Tensor) {
     let steps = cache.hs.size()[0];
     let hidden = cache.hs.size()[2];
     let r = cache.rz.narrow(2, 0, hidden);
@@ -184,7 +195,7 @@ pub fn gate_gradients(cache: &GruCache, w_hh: &Tensor, grad_hs: &Tensor) -> (Ten
 /// The GRU on the tape: its output is an autograd leaf (the recurrence ran without autograd),
 /// so its per-sample gradients come from `gate_gradients`, and the gradient of its input goes
 /// back to the engine as `LayerGradients::upstream`.
-pub struct GruRecord {
+pub(crate) struct GruRecord {
     pub w_ih: Tensor,
     pub w_hh: Tensor,
     pub b_ih: Tensor,

@@ -20,9 +20,13 @@ impl Default for LinearConfig {
     }
 }
 
+/// A fully connected layer y = x Wᵀ + b that records itself for per-sample gradients in a
+/// private forward pass (PyTorch's `nn.Linear`).
 #[derive(Debug)]
 pub struct Linear {
+    /// W, [out_dim, in_dim].
     pub weight: Tensor,
+    /// b, `[out_dim]`; `None` without a bias.
     pub bias: Option<Tensor>,
 }
 
@@ -70,7 +74,7 @@ impl Linear {
 }
 
 /// A linear layer on the tape: its parameters and its input x [B, *, in] (values only).
-pub struct LinearRecord {
+pub(crate) struct LinearRecord {
     pub weight: Tensor,
     pub bias: Option<Tensor>,
     pub input: Tensor,

@@ -20,12 +20,19 @@ use super::{uniform_init, Ctx, ManualBackward};
 use crate::error::Result;
 use tch::{nn, Tensor};
 
+/// A one-layer, batch-first LSTM with PyTorch's `nn.LSTM` parameters and gate order
+/// (i, f, g, o), whose per-sample gradients come from its hand-written backward pass.
 #[derive(Debug)]
 pub struct Lstm {
+    /// Input weights of the 4 gates stacked (i, f, g, o), [4H, input].
     pub w_ih: Tensor,
+    /// Recurrent weights of the 4 gates stacked, [4H, H].
     pub w_hh: Tensor,
+    /// Input bias, `[4H]`.
     pub b_ih: Tensor,
+    /// Recurrent bias, `[4H]`.
     pub b_hh: Tensor,
+    /// H, the width of the hidden state.
     pub hidden: i64,
 }
 
@@ -178,7 +185,7 @@ impl Lstm {
 /// da = [dc, dc, dc, dh] * [i'(a) g, f'(a) c_{t-1}, g'(a) i, o'(a) tc] with s'(a) = s(1 - s),
 /// tanh'(a) = 1 - g^2; then dh_{t -> t-1} = da W_hh and dc_{t -> t-1} = dc f. Everything that
 /// does not depend on the incoming gradient is computed for all steps at once first.
-pub fn gate_gradients(cache: &LstmCache, w_hh: &Tensor, grad_hs: &Tensor) -> Tensor {
+pub(crate) fn gate_gradients(cache: &LstmCache, w_hh: &Tensor, grad_hs: &Tensor) -> Tensor {
     let steps = cache.hs.size()[0];
     let hidden = cache.hs.size()[2];
     let gate = |k: i64| cache.sig.narrow(2, k * hidden, hidden);
@@ -264,7 +271,7 @@ impl ManualBackward for LstmBackward {
 /// The LSTM on the tape. Its output is an autograd leaf (the recurrence ran without autograd),
 /// so its per-sample gradients come from the hand-written gate gradients, and the gradient of
 /// its input is handed back to the engine as `LayerGradients::upstream`.
-pub struct LstmRecord {
+pub(crate) struct LstmRecord {
     pub w_ih: Tensor,
     pub w_hh: Tensor,
     pub b_ih: Tensor,

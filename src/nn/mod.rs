@@ -8,7 +8,7 @@
 pub mod attention;
 pub mod conv2d;
 pub mod embedding;
-pub mod grad_hook;
+pub(crate) mod grad_hook;
 pub mod gru;
 mod input;
 pub mod linear;
@@ -19,21 +19,23 @@ mod recurrent;
 pub mod tape;
 
 pub use attention::{AttentionConfig, MultiheadAttention};
-pub use conv2d::{Conv2d, Conv2dConfig, Conv2dRecord};
-pub use embedding::{Embedding, EmbeddingRecord};
-pub use gru::{Gru, GruRecord};
-pub use linear::{Linear, LinearConfig, LinearRecord};
-pub use lstm::{Lstm, LstmRecord};
-pub use norm::{AffineRecord, GroupNorm, InstanceNorm2d, LayerNorm, Normalization};
+pub use conv2d::{Conv2d, Conv2dConfig};
+pub use embedding::Embedding;
+pub use gru::Gru;
+pub use linear::{Linear, LinearConfig};
+pub use lstm::Lstm;
+pub use norm::{GroupNorm, InstanceNorm2d, LayerNorm};
 pub use per_sample::{PerSample, PerSampleGradient};
-pub use tape::{LayerGradients, Record, Recorded, Tape};
+pub(crate) use tape::Record;
+pub use tape::{LayerGradients, Recorded, Tape};
 
 /// A piece of the forward pass whose backward is computed by hand rather than by autograd
 /// (the LSTM's backpropagation through time: one autograd node per cell operation and time step
 /// costs more than the arithmetic). It was run without autograd; its output is a leaf that
 /// receives dL/d(output) from the autograd pass, and `backward` turns that into parameter
 /// gradients and, through autograd again, into gradients of everything before it.
-pub trait ManualBackward {
+pub(crate) trait ManualBackward {
+    /// Reads the output's gradient and accumulates the parameters' and the input's.
     fn backward(&self);
 }
 
@@ -48,12 +50,14 @@ pub trait ManualBackward {
 ///   `Ctx::private().without_dropout()` turns it off (the oracle tests compare against
 ///   per-example autograd, which has no dropout).
 pub struct Ctx {
+    /// Whether dropout is on: a model of one's own passes it to `Tensor::dropout(p, ctx.train)`.
     pub train: bool,
     segments: Vec<Box<dyn ManualBackward>>,
     tape: Option<Tape>,
 }
 
 impl Ctx {
+    /// Non-private training: dropout on, no tape (gradients by `Ctx::backward`).
     pub fn train() -> Self {
         Ctx {
             train: true,
@@ -62,6 +66,7 @@ impl Ctx {
         }
     }
 
+    /// Evaluation: dropout off, nothing recorded.
     pub fn eval() -> Self {
         Ctx {
             train: false,
@@ -87,7 +92,7 @@ impl Ctx {
     }
 
     /// Whether layers should record a hand-differentiated segment (non-private training).
-    pub fn records(&self) -> bool {
+    pub(crate) fn records(&self) -> bool {
         self.train && self.tape.is_none()
     }
 
@@ -96,11 +101,14 @@ impl Ctx {
         self.tape.as_mut()
     }
 
+    /// Takes the tape a private forward pass wrote (`None` outside private mode, or once
+    /// taken), for `privacy::grad_sample::per_sample_gradients`.
     pub fn take_tape(&mut self) -> Option<Tape> {
         self.tape.take()
     }
 
-    pub fn push(&mut self, segment: Box<dyn ManualBackward>) {
+    /// Records a hand-differentiated segment for `Ctx::backward` to complete.
+    pub(crate) fn push(&mut self, segment: Box<dyn ManualBackward>) {
         self.segments.push(segment);
     }
 
@@ -127,14 +135,14 @@ pub(crate) fn uniform_init(fan_in: i64) -> tch::nn::Init {
 
 /// Whether every value of `t` is finite (true for integer and empty tensors): the check every
 /// tensor read from disk passes before it is copied into a model, optimiser or compressor.
-pub fn all_finite(t: &tch::Tensor) -> bool {
+pub(crate) fn all_finite(t: &tch::Tensor) -> bool {
     !t.is_floating_point() || t.numel() == 0 || bool::try_from(t.isfinite().all()).unwrap_or(false)
 }
 
 /// Checks a tensor read from `path` before it is copied into a model, optimiser or compressor:
 /// the expected shape, a floating-point kind, and finite values (the manifest catches damaged
 /// bytes; this catches a file that was written with NaNs or by another tool).
-pub fn check_loaded(
+pub(crate) fn check_loaded(
     path: &std::path::Path,
     name: &str,
     tensor: &tch::Tensor,

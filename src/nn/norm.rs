@@ -25,7 +25,7 @@ fn affine(p: &nn::Path, channels: i64) -> (Tensor, Tensor) {
 /// gradient of the affine weight needs it (Σ over positions of x̂ · dL/dy), and
 /// `privacy::grad_sample` recomputes it from the recorded input rather than keeping x̂ alive.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Normalization {
+pub(crate) enum Normalization {
     /// Per example and channel over the spatial positions of [B, C, H, W].
     Instance,
     /// Per example over groups of channels of [B, C, ...].
@@ -110,6 +110,9 @@ fn normalise(
     Ok(ys)
 }
 
+/// Instance normalisation of [B, C, H, W]: each example's channel normalised over its H x W
+/// positions (ε 1e-5), then an optional per-channel affine map (PyTorch's `nn.InstanceNorm2d`
+/// without running statistics).
 #[derive(Debug)]
 pub struct InstanceNorm2d {
     /// (weight, bias), or `None` without an affine map.
@@ -117,6 +120,8 @@ pub struct InstanceNorm2d {
 }
 
 impl InstanceNorm2d {
+    /// With a per-channel affine map: weight `[channels]` at 1 and bias `[channels]` at 0,
+    /// under `p`.
     pub fn new(p: &nn::Path, channels: i64) -> Self {
         InstanceNorm2d {
             affine: Some(affine(p, channels)),
@@ -158,12 +163,29 @@ impl InstanceNorm2d {
 /// Group normalisation over (channels of a group, H, W), then a per-channel affine map.
 #[derive(Debug)]
 pub struct GroupNorm {
+    /// The per-channel scale, `[channels]` (initially 1).
     pub weight: Tensor,
+    /// The per-channel shift, `[channels]` (initially 0).
     pub bias: Tensor,
+    /// Number of groups, a divisor of the channels.
     pub groups: i64,
 }
 
 impl GroupNorm {
+    /// `groups` groups over `channels` channels (ε 1e-5), weight at 1 and bias at 0 under `p`
+    /// (PyTorch's `nn.GroupNorm`).
+    ///
+    /// ```
+    /// use dpcomp::nn::{Ctx, GroupNorm};
+    /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    /// let norm = GroupNorm::new(&vs.root(), 2, 8);
+    /// let xs = tch::Tensor::randn([4, 8, 5, 5], (tch::Kind::Float, tch::Device::Cpu));
+    /// let ys = norm.forward(&xs, &mut Ctx::eval())?;
+    /// // Each example's group of 4 channels has mean 0 after the (identity) affine map.
+    /// let group_mean = ys.narrow(1, 0, 4).mean_dim([1i64, 2, 3].as_slice(), false, tch::Kind::Float);
+    /// assert!(group_mean.abs().max().double_value(&[]) < 1e-5);
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
     pub fn new(p: &nn::Path, groups: i64, channels: i64) -> Self {
         let (weight, bias) = affine(p, channels);
         GroupNorm {
@@ -190,13 +212,19 @@ impl GroupNorm {
 /// Layer normalisation over the last dimension, then an elementwise affine map.
 #[derive(Debug)]
 pub struct LayerNorm {
+    /// The elementwise scale, `[dim]` (initially 1).
     pub weight: Tensor,
+    /// The elementwise shift, `[dim]` (initially 0).
     pub bias: Tensor,
+    /// The width of the last dimension, which is normalised.
     pub dim: i64,
+    /// Added to the variance before its square root (BERT: 1e-12).
     pub eps: f64,
 }
 
 impl LayerNorm {
+    /// Over a last dimension of width `dim` with variance offset `eps`, weight at 1 and bias at
+    /// 0 under `p` (PyTorch's `nn.LayerNorm(dim, eps)`).
     pub fn new(p: &nn::Path, dim: i64, eps: f64) -> Self {
         let (weight, bias) = affine(p, dim);
         LayerNorm {
@@ -222,7 +250,7 @@ impl LayerNorm {
 /// A norm layer's affine map on the tape: y = x̂ w + b with w, b indexed along `channel_dim` of
 /// x̂ = `normalization`(input) (instance, group and layer norms). x̂ is recomputed from the input
 /// when the per-sample gradients are formed, not kept from the forward pass.
-pub struct AffineRecord {
+pub(crate) struct AffineRecord {
     pub weight: Tensor,
     pub bias: Tensor,
     pub input: Tensor,

@@ -29,9 +29,13 @@ pub enum Activations {
     /// A convolution's input: its patches [B, L, C k k] are cut when a norm or a sum needs them
     /// and dropped right after, so that at most one layer's patches exist at a time.
     Patches {
+        /// The convolution's input, [B, C, H, W].
         input: Tensor,
+        /// The square kernel's side.
         kernel: i64,
+        /// The convolution's stride.
         stride: i64,
+        /// The convolution's zero padding on every side.
         padding: i64,
     },
 }
@@ -126,9 +130,13 @@ pub enum PerSample {
     /// ||g_i||² by the ghost identity (`ghost`) or from g_i instantiated for this layer alone and
     /// dropped, Σ_i c_i g_i as one contraction (c b)ᵀ a.
     Outer {
+        /// The layer's input activations a, [B, T, in].
         a: Activations,
+        /// The gradients b of the layer's output, [B, T, out].
         b: Tensor,
+        /// The parameter's shape, which each g_i [out, in] is viewed as.
         shape: Vec<i64>,
+        /// Norms by the ghost identity rather than from instantiated g_i (`ghost_is_cheaper`).
         ghost: bool,
     },
     /// g_i given directly, [B, ...parameter shape].
@@ -137,7 +145,14 @@ pub enum PerSample {
     /// single allocation larger than a chunk (`CHUNK_ELEMENTS`).
     Parts(Vec<Tensor>),
     /// Embedding rows: g_i = Σ_t e_{ids_it} b_itᵀ with ids [B, T], b [B, T, d], `rows` rows.
-    Rows { ids: Tensor, b: Tensor, rows: i64 },
+    Rows {
+        /// The looked-up row indices, [B, T].
+        ids: Tensor,
+        /// The output gradients, [B, T, d].
+        b: Tensor,
+        /// The table's number of rows.
+        rows: i64,
+    },
     /// A user layer's own form.
     Custom(Box<dyn PerSampleGradient>),
 }

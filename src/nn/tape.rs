@@ -40,18 +40,27 @@ impl LayerGradients {
     }
 }
 
-pub struct Record {
+/// One entry of the tape: a layer's record and the output it is the record of.
+pub(crate) struct Record {
+    /// What forms the layer's per-sample gradients from the output's gradient.
     pub layer: Box<dyn Recorded>,
     /// The layer's output as used downstream.
     pub output: Tensor,
 }
 
+/// What a private forward pass (`Ctx::private()`) writes: one record per trainable layer call,
+/// in the order of the forward pass. A layer of one's own pushes its record here
+/// (`if let Some(tape) = ctx.tape() { tape.push(record, &ys) }`);
+/// `privacy::grad_sample::per_sample_gradients` consumes it.
 #[derive(Default)]
 pub struct Tape {
-    pub records: Vec<Record>,
+    pub(crate) records: Vec<Record>,
 }
 
 impl Tape {
+    /// Records `layer` as the maker of `output` (the tensor the layer returns, [B, ...]): after
+    /// the forward pass, the gradient of Σ_i loss_i with respect to `output` is handed to
+    /// `layer.per_sample`.
     pub fn push(&mut self, layer: impl Recorded + 'static, output: &Tensor) {
         self.records.push(Record {
             layer: Box::new(layer),

@@ -8,10 +8,24 @@ use super::{pld, rdp, validate, validate_delta};
 use crate::error::Result;
 use serde::{Deserialize, Serialize};
 
+/// The steps a run has taken, as blocks of equal (σ, q), and ε from them by either accountant.
+/// A [`PrivacyEngine`](super::engine::PrivacyEngine) owns one and records every step it
+/// noises; on its own it answers "what ε do these steps cost" (`dpcomp epsilon`).
+///
+/// ```
+/// use dpcomp::privacy::{accountant::Accountant, AccountantKind};
+/// let mut a = Accountant::default();
+/// a.step(1.1, 256.0 / 60_000.0, 2_344)?; // 10 epochs of MNIST at batch 256
+/// let (epsilon, order) = a.epsilon(AccountantKind::Rdp, 1e-5)?;
+/// assert!(epsilon > 0.5 && epsilon < 2.0 && order.is_some());
+/// assert_eq!(a.steps(), 2_344);
+/// # Ok::<(), dpcomp::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Accountant {
     /// RDP orders (Opacus's defaults).
     pub orders: Vec<f64>,
+    /// The steps taken, in order; consecutive steps with the same (σ, q) share one block.
     pub history: Vec<StepBlock>,
 }
 
@@ -41,6 +55,7 @@ impl Accountant {
         Ok(())
     }
 
+    /// The number of steps recorded, over all blocks.
     pub fn steps(&self) -> u64 {
         self.history.iter().map(|b| b.steps).sum()
     }

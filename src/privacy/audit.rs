@@ -129,10 +129,13 @@ mod tests {
 /// raise the bound, so the bound of a compressed run's decoded update is at most this).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WhiteBoxSettings {
+    /// m, the number of canaries (each included with probability ½).
     pub canaries: usize,
     /// Coordinates of the audited gradient (at least `canaries` for Dirac canaries).
     pub dimension: i64,
+    /// The number of privatised steps the auditor observes.
     pub steps: usize,
+    /// q, the probability that an included canary is in a step's batch.
     pub sample_rate: f64,
     /// C: every canary gradient has exactly this norm (the clip radius, the worst case).
     pub clip: f64,
@@ -140,24 +143,36 @@ pub struct WhiteBoxSettings {
     pub dense: bool,
     /// Guesses made (half "included", half "excluded"); at most `canaries`.
     pub guesses: usize,
+    /// The δ the lower bound on ε is stated at.
     pub delta: f64,
     /// 1 − confidence.
     pub beta: f64,
+    /// Seeds the canaries' inclusion, sampling and dense directions (never LibTorch's generator).
     pub seed: u64,
 }
 
+/// One auditor's result: how its guesses about the canaries went, and the lower bound on ε
+/// they prove (Steinke, Nasr and Jagielski 2023).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AuditOutcome {
+    /// m, the number of canaries.
     pub canaries: usize,
+    /// How many canaries were included in training (about m / 2).
     pub included: usize,
+    /// r, the guesses made (the auditor abstained on the other m − r canaries).
     pub guesses: usize,
     /// Of `guesses`, how many were "included" (the rest "excluded").
     pub guessed_included: usize,
+    /// v, the right guesses.
     pub correct: usize,
+    /// 1 − β: the probability with which the bound holds.
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub confidence: f64,
+    /// The δ the bound is stated at.
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub delta: f64,
+    /// With probability `confidence`, the run is not (ε', δ)-DP for any ε' below this (0 when
+    /// the guesses show nothing).
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub epsilon_lower_bound: f64,
 }
@@ -263,10 +278,13 @@ pub struct CanaryAudit {
     /// ε by the run's accountant at `every_step.delta` (∞ at σ 0, written "inf").
     #[serde(serialize_with = "crate::json_floats::epsilon_f64::serialize")]
     pub accounted_epsilon: f64,
+    /// The auditor that sees the weights after every step (`Observe::EveryStep`).
     pub every_step: AuditOutcome,
+    /// The auditor that sees the final weights only (`Observe::Final`).
     pub final_weights: AuditOutcome,
     /// The bound had every guess been right: the audit's power.
     pub max_bound: f64,
+    /// Canary gradients that joined a step, summed over the run's steps.
     pub canary_samples: u64,
     /// Either auditor's bound exceeds the accounted ε: the privacy claim is refuted.
     pub flagged: bool,
@@ -291,6 +309,10 @@ pub fn refutes<'a>(
 }
 
 impl CanaryAudit {
+    /// Audits `scores` (from [`GradientCanaries::finish`](super::canary::GradientCanaries::finish))
+    /// with both auditors making `guesses` at δ `delta` and confidence 1 − `beta`, and flags
+    /// the run if either bound exceeds `accounted_epsilon`. Errors if `guesses` is 0 or more
+    /// than the canaries.
     pub fn of(
         scores: &super::canary::CanaryScores,
         guesses: Guesses,
@@ -316,7 +338,9 @@ impl CanaryAudit {
 /// alone is the stronger audit of a training run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Guesses {
+    /// Guesses "included", for the highest scores.
     pub included: usize,
+    /// Guesses "excluded", for the lowest scores.
     pub excluded: usize,
 }
 
@@ -329,6 +353,7 @@ impl Guesses {
         }
     }
 
+    /// r, the guesses made either way.
     pub fn total(&self) -> usize {
         self.included + self.excluded
     }

@@ -40,10 +40,14 @@ pub enum Observe {
 /// Settings of the canaries, fixed before the run (so the guesses they lead to are valid).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CanarySettings {
+    /// m, the number of canaries (each included with probability ½).
     pub canaries: usize,
     /// Dense random directions instead of Dirac ones (white box).
     pub dense: bool,
+    /// Which auditor's outcome an audit run reports (`dpcomp audit --observe`); the scores of
+    /// both are kept.
     pub observe: Observe,
+    /// Seeds the canaries' inclusion, directions and sampling (a generator of the audit's own).
     pub seed: u64,
 }
 
@@ -63,6 +67,7 @@ enum Directions {
 /// White-box gradient canaries in a model's training (see the module docs).
 pub struct GradientCanaries {
     settings: CanarySettings,
+    /// Whether canary i was drawn into the run, fixed at construction.
     pub included: Vec<bool>,
     directions: Directions,
     /// Numels of the parameters, in order (the flat layout).
@@ -333,6 +338,7 @@ impl GradientCanaries {
             .expect("canary scores are a 1-d f64 tensor")
     }
 
+    /// The settings the canaries were drawn with.
     pub fn settings(&self) -> &CanarySettings {
         &self.settings
     }
@@ -353,9 +359,14 @@ impl GradientCanaries {
 /// how many times a canary was sampled.
 #[derive(Debug, Clone)]
 pub struct CanaryScores {
+    /// Whether canary i was included (what the guesses are judged against).
     pub included: Vec<bool>,
+    /// Canary i's score by the every-step auditor (higher: more likely included).
     pub every_step: Vec<f64>,
+    /// Canary i's score by the final-weights auditor, ⟨w_0 − w_T, u_i⟩.
     pub final_weights: Vec<f64>,
+    /// Canary gradients that joined a step, summed over the steps (one canary sampled in three
+    /// steps counts three).
     pub samples: u64,
 }
 

@@ -37,9 +37,15 @@ use tch::{Kind, Tensor};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Clipping {
     /// One radius over all parameters (`f64::INFINITY`: no clipping, norms only).
-    Flat { max_norm: f64 },
+    Flat {
+        /// C: the largest L2 norm an example's gradient keeps, over all parameters.
+        max_norm: f64,
+    },
     /// One radius per parameter tensor, in the order of the parameters.
-    PerLayer { max_norms: Vec<f64> },
+    PerLayer {
+        /// C_l for parameter tensor l; the sensitivity is sqrt(Σ_l C_l²).
+        max_norms: Vec<f64>,
+    },
     /// One radius over all parameters that follows a quantile of the norms (see the module docs).
     Adaptive(AdaptiveClipping),
 }
@@ -464,10 +470,14 @@ impl PrivacyEngine {
         Ok(())
     }
 
+    /// σ, the noise multiplier the accountant records each step at (given, or calibrated from
+    /// a target ε by the builder).
     pub fn noise_multiplier(&self) -> f64 {
         self.noise_multiplier
     }
 
+    /// q, the probability that an example is in a step's batch (`E[B]` / N under Poisson
+    /// sampling).
     pub fn sample_rate(&self) -> f64 {
         self.sample_rate
     }
@@ -479,6 +489,7 @@ impl PrivacyEngine {
         super::builder::steps_per_epoch(self.sample_rate)
     }
 
+    /// The clipping rule, with the adaptive radius as it stands now.
     pub fn clipping(&self) -> &Clipping {
         &self.clipping
     }
@@ -516,6 +527,8 @@ impl PrivacyEngine {
         self.noise.label()
     }
 
+    /// The steps recorded so far: what a checkpoint saves and [`resume`](Self::resume) takes
+    /// back.
     pub fn accountant(&self) -> &Accountant {
         &self.accountant
     }

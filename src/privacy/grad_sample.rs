@@ -450,6 +450,10 @@ pub struct ClippedSum {
     pub grads: Vec<(Tensor, Tensor)>,
 }
 
+/// Flat clipping at radius C = `max_norm` of `(parameter, per-sample gradient)` pairs:
+/// each example's norm over all the parameters, its factor c_i, and each parameter's clipped
+/// sum Σ_i c_i g_i (`f64::INFINITY`: norms and plain sums). For checking layers' per-sample
+/// gradients; training clips through [`PrivacyEngine::clip`](super::engine::PrivacyEngine::clip).
 pub fn clip_and_sum(per_sample: &[(Tensor, PerSample)], max_norm: f64) -> ClippedSum {
     let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
     let (mut factors, norms) = Clipping::Flat { max_norm }.factors(&squared);

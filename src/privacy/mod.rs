@@ -16,7 +16,8 @@ pub mod rdp;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 
-/// Checks the arguments every accountant takes, with errors that name the argument.
+/// Checks the arguments every accountant takes (0 < q ≤ 1, finite σ ≥ 0, at least one step),
+/// with an [`Error::BadValue`] that names the argument.
 pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<()> {
     if !(sample_rate > 0.0 && sample_rate <= 1.0) {
         return Err(Error::bad_value(
@@ -36,7 +37,8 @@ pub fn validate(sample_rate: f64, noise_multiplier: f64, steps: u64) -> Result<(
     Ok(())
 }
 
-pub fn validate_delta(delta: f64) -> Result<()> {
+/// Checks 0 < δ < 1, with an error that names `delta`.
+pub(crate) fn validate_delta(delta: f64) -> Result<()> {
     if delta > 0.0 && delta < 1.0 {
         Ok(())
     } else {

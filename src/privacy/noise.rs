@@ -24,7 +24,9 @@ use tch::Tensor;
 
 /// Which generator draws the noise (see the module docs).
 pub enum NoiseSource {
+    /// LibTorch's global generator: reproducible from the run's seed, not for releasing a model.
     Seeded,
+    /// A ChaCha12 CSPRNG seeded from the operating system (build it with [`NoiseSource::secure`]).
     Secure(Box<rand::rngs::StdRng>),
 }
 
@@ -60,7 +62,7 @@ impl NoiseSource {
 }
 
 /// An operating-system random seed for LibTorch's generator (secure runs' epochs).
-pub fn os_seed() -> i64 {
+pub(crate) fn os_seed() -> i64 {
     use rand::TryRngCore;
     (rand::rngs::OsRng
         .try_next_u64()
@@ -68,6 +70,11 @@ pub fn os_seed() -> i64 {
         >> 1) as i64
 }
 
+/// The Gaussian mechanism on one clipped sum: (sum + N(0, σ² C² I)) / `E[B]`, where σ is
+/// `noise_multiplier`, C `max_norm` (the sensitivity) and `E[B]` is `expected_batch`; shaped like
+/// `clipped_sum`. σ = 0 adds no noise. This draws noise without counting a step: a training
+/// step goes through [`PrivacyEngine::privatize`](super::engine::PrivacyEngine::privatize),
+/// which calls this and records the step in its accountant.
 pub fn noisy_mean(
     clipped_sum: &Tensor,
     noise_multiplier: f64,

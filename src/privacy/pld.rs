@@ -77,18 +77,27 @@ fn normal_cdf(z: f64) -> f64 {
 /// `log_scale` 0. `infinity` is always the untilted mass at +∞.
 #[derive(Debug, Clone)]
 pub struct DiscretePld {
+    /// h, the spacing of the loss grid (nats).
     pub interval: f64,
+    /// The grid index of `pmf[0]`: its loss value is `k_lo · h`.
     pub k_lo: i64,
+    /// The (possibly tilted) mass at each grid point, from `k_lo` up.
     pub pmf: Vec<f64>,
+    /// The mass at infinite loss, untilted; it adds to δ at every ε.
     pub infinity: f64,
+    /// λ of the exponential tilt (0: untilted).
     pub tilt: f64,
+    /// The log of the factor that undoes the tilt's normalisation (0: untilted).
     pub log_scale: f64,
 }
 
 /// Which of the two pairs of distributions (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Adjacency {
+    /// The neighbour lacks the example: P the mixture (1−q) N(0, σ²) + q N(1, σ²) against
+    /// Q = N(0, σ²).
     Remove,
+    /// The neighbour has one more example: P = N(0, σ²) against Q the mixture.
     Add,
 }
 
@@ -477,11 +486,15 @@ pub fn epsilon_for_blocks(blocks: &[StepBlock], delta: f64) -> Result<f64> {
 /// a coarser grid to fit `MAX_FFT_LEN`; a coarser grid gives a looser, still valid, bound).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PldEpsilon {
+    /// ε at the δ asked for, an upper bound.
     pub epsilon: f64,
+    /// h, the loss grid spacing ε was computed at.
     pub interval: f64,
 }
 
 impl PldEpsilon {
+    /// Whether the grid was coarser than `DEFAULT_INTERVAL` to fit `MAX_FFT_LEN` (ε is then
+    /// looser than dp_accounting's by about the spacing, still an upper bound).
     pub fn coarsened(&self) -> bool {
         self.interval > DEFAULT_INTERVAL
     }
