@@ -12,6 +12,7 @@ pub enum IndexBits {
 }
 
 impl IndexBits {
+    /// Bits per index for a tensor of `numel` elements: 32, or ceil(log2(numel)) (at least 1).
     pub fn width(self, numel: i64) -> u32 {
         match self {
             IndexBits::Fixed32 => 32,

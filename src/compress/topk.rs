@@ -13,11 +13,16 @@ use tch::{Kind, Tensor};
 /// Halvings of the sampled threshold before falling back to the exact top-k.
 pub const RETRIES: usize = 3;
 
+/// How `largest` finds the k largest magnitudes; both give the exact top-k (`topk=` option).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum TopK {
+    /// LibTorch's `topk` over every element (`topk=exact`).
     Exact,
-    /// Threshold from a uniform sample of `ratio` of the elements (at least `MIN_SAMPLE`).
+    /// Threshold from a uniform sample of `ratio` of the elements (at least `MIN_SAMPLE`),
+    /// then a selection among the elements above it (`topk=sampled`, the default). Tensors
+    /// under `SAMPLING_FROM` elements use the exact selection.
     Sampled {
+        /// Share of the elements sampled, in (0, 1] (`sample_ratio`, default 0.01).
         ratio: f64,
     },
 }
