@@ -33,8 +33,11 @@ const SIZE: (u32, u32) = (900, 540);
 /// One finished cell as the figures need it.
 #[derive(Debug, Clone)]
 pub struct CellLog {
+    /// The cell's folder name (axis-value pairs, `grid::Cell::name`).
     pub name: String,
+    /// Its `config.toml`.
     pub config: TrainConfig,
+    /// Its `summary.json`.
     pub summary: Summary,
     /// Test accuracy after every epoch.
     pub accuracies: Vec<f64>,
