@@ -75,7 +75,7 @@ pub fn sparse_budget(
 }
 
 /// Whether k kept elements in COO cost fewer bits than all `numel` values dense at `value_bits`.
-pub fn sparse_is_cheaper(k: i64, numel: i64, value_bits: u32, index_bits: u32) -> bool {
+pub(crate) fn sparse_is_cheaper(k: i64, numel: i64, value_bits: u32, index_bits: u32) -> bool {
     (k as u64) * ((value_bits + index_bits) as u64) < (numel as u64) * (value_bits as u64)
 }
 

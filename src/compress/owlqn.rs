@@ -262,7 +262,7 @@ pub fn owlqn(
 }
 
 /// Soft thresholding: sign(v) max(|v| − τ, 0).
-pub fn soft_threshold(v: &Tensor, tau: &Tensor) -> Tensor {
+pub(crate) fn soft_threshold(v: &Tensor, tau: &Tensor) -> Tensor {
     v.sign() * (v.abs() - tau).clamp_min(0.0)
 }
 

@@ -79,7 +79,7 @@ impl Default for PowerSgd {
 }
 
 /// The matrix a parameter of `shape` is viewed as, or `None` for a vector.
-pub fn matrix_dims(shape: &[i64], how: MatrixShape) -> Option<(i64, i64)> {
+pub(crate) fn matrix_dims(shape: &[i64], how: MatrixShape) -> Option<(i64, i64)> {
     let numel: i64 = shape.iter().product();
     if shape.len() < 2 {
         return None;
