@@ -28,6 +28,7 @@ pub enum ExperimentFile {
 
 /// One cell as `dpcomp grid --list` shows it.
 pub struct CellListing {
+    /// The cell's name (its folder under the profile's).
     pub name: String,
     /// "finished", "resumes after epoch 4", "new", "running: pid ...", or the cell's settings.
     pub state: String,
@@ -60,6 +61,7 @@ impl ExperimentFile {
         }
     }
 
+    /// The file's `name`: its folder under the runs root.
     pub fn name(&self) -> &str {
         match self {
             ExperimentFile::Training(e) => &e.name,

@@ -38,17 +38,23 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
+/// A training grid file (`experiments/<name>.toml` without a `kind`), as in the example above.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Experiment {
+    /// The experiment's name: its folder under the runs root (one plain path component).
     pub name: String,
+    /// One line under the results table's title (optional).
     #[serde(default)]
     pub description: String,
+    /// `[base]`: `dpcomp train` settings every cell shares.
     #[serde(default)]
     pub base: toml::Table,
     /// Axis name -> values; cells are the cartesian product, in file order of axes.
     #[serde(default)]
     pub grid: toml::Table,
+    /// `[profiles.NAME]`: settings each profile adds over `base` (its own `grid` table adds or
+    /// replaces axes).
     #[serde(default)]
     pub profiles: BTreeMap<String, toml::Table>,
 }
@@ -56,36 +62,53 @@ pub struct Experiment {
 /// One run of a grid: its name (axis=value pairs), its values and its resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Cell {
+    /// `axis-value` pairs joined by `_` ("noise_multiplier-0.8_rate-16"): its folder name.
     pub name: String,
+    /// The cell's value of every axis, in the grid's axis order.
     pub values: Vec<(String, toml::Value)>,
+    /// The cell's full training configuration (base, then profile, then its values).
     pub config: TrainConfig,
 }
 
 /// What a finished cell reports (one row of the results table).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Row {
+    /// The cell's name.
     pub cell: String,
+    /// The task trained (`surnames`, `cifar10`, ...).
     pub task: String,
+    /// σ (0 without noise).
     pub noise_multiplier: f64,
     /// ε at the configuration's δ; `None` = ∞ (σ = 0).
     pub epsilon: Option<f64>,
+    /// δ of the configuration.
     pub delta: f64,
+    /// The compression label (`TrainConfig::compression_label`: "dgc x256", "powersgd r1", ...).
     pub compressor: String,
+    /// The compression rate setting (1 for compressors that take none).
     pub rate: f64,
+    /// PowerSGD's rank setting (1 for the other compressors).
     pub rank: i64,
+    /// The cell's training seed.
     pub seed: u64,
     /// Exact wire bits / 10^9.
     pub upstream_gigabits: f64,
     /// The paper's unit: 64 bits per transmitted element / 8 / 2^30 (its "Gb").
     pub upstream_paper_gib: f64,
+    /// Mean test accuracy in [0, 1] of the last min(10, epochs) epochs (`Summary::final_accuracy`).
     pub final_accuracy: f64,
+    /// Epochs trained.
     pub epochs: usize,
+    /// Wall-clock seconds of the training.
     pub wall_seconds: f64,
     /// The first epoch whose training loss was not finite (the run diverged), if any.
     pub diverged_at: Option<usize>,
 }
 
 impl Experiment {
+    /// Reads a training grid file; an error names the file and what is wrong (unknown keys, a
+    /// name or profile that is not one folder name, an empty axis, an axis table without
+    /// `label`).
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let table: toml::Table =
@@ -95,7 +118,7 @@ impl Experiment {
 
     /// The grid of an experiment file already parsed (`path` names it in errors): what kinds
     /// built on training cells (`audit_experiment`) call with their own keys taken out.
-    pub fn from_table(table: toml::Table, path: &Path) -> Result<Self> {
+    pub(crate) fn from_table(table: toml::Table, path: &Path) -> Result<Self> {
         let experiment: Experiment = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| Error::bad_file(path, e.to_string()))?;
@@ -263,7 +286,7 @@ impl Experiment {
 
 /// Checks that `name` can be a folder name on its own: not empty, not `.` or `..`, without path
 /// separators or control characters (so `name = "../../x"` cannot write outside `--runs`).
-pub fn path_component(name: &str) -> std::result::Result<(), String> {
+pub(crate) fn path_component(name: &str) -> std::result::Result<(), String> {
     if name.is_empty() || name == "." || name == ".." {
         return Err("expected a non-empty folder name other than . and ..".into());
     }
@@ -288,7 +311,7 @@ fn same_value(value: &toml::Value, text: &str) -> bool {
 }
 
 /// "noise_multiplier-0.8_rate-16": axis-value pairs, safe as a folder name.
-pub fn cell_name(values: &[(String, toml::Value)]) -> String {
+pub(crate) fn cell_name(values: &[(String, toml::Value)]) -> String {
     if values.is_empty() {
         return "single".to_string();
     }
@@ -324,8 +347,14 @@ pub fn cell_name(values: &[(String, toml::Value)]) -> String {
 /// Where a finished, interrupted or new cell stands.
 #[derive(Debug, PartialEq)]
 pub enum CellState {
+    /// Trained to its epochs, or stopped early by the run (`Summary::stopped`): skipped.
     Finished,
-    Interrupted { epochs_done: usize },
+    /// A checkpoint short of its epochs: resumed.
+    Interrupted {
+        /// Epochs the checkpoint holds.
+        epochs_done: usize,
+    },
+    /// No run in its folder yet: started.
     New,
 }
 
@@ -450,7 +479,7 @@ pub fn write_results(experiment: &Experiment, profile: &str, runs_root: &Path) -
 }
 
 /// The rows of the cells that have finished.
-pub fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
+pub(crate) fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for cell in cells {
         let path = root.join(&cell.name).join("summary.json");
@@ -577,7 +606,7 @@ pub fn without_seed(cell: &str) -> String {
 }
 
 /// Rows grouped by `without_seed` of their cell, groups in the order of their first row.
-pub fn seed_groups(rows: &[Row]) -> Vec<Vec<&Row>> {
+pub(crate) fn seed_groups(rows: &[Row]) -> Vec<Vec<&Row>> {
     let mut groups: Vec<(String, Vec<&Row>)> = Vec::new();
     for r in rows {
         let key = without_seed(&r.cell);
@@ -642,7 +671,7 @@ pub fn parse_only(items: &[String]) -> Result<Vec<(String, String)>> {
 }
 
 /// The error for a profile that experiment `name` does not have, listing the ones it has.
-pub fn unknown_profile<'a>(
+pub(crate) fn unknown_profile<'a>(
     name: &str,
     profile: &str,
     known: impl Iterator<Item = &'a String>,
@@ -658,7 +687,7 @@ pub fn unknown_profile<'a>(
 }
 
 /// The `kind` of an experiment file (`"convex"`, `"fl"`), `None` for the deep-learning grids.
-pub fn experiment_kind(path: &Path) -> Result<Option<String>> {
+pub(crate) fn experiment_kind(path: &Path) -> Result<Option<String>> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let table: toml::Table =
         toml::from_str(&text).map_err(|e| Error::bad_file(path, e.to_string()))?;

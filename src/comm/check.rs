@@ -9,9 +9,13 @@ use std::time::Instant;
 /// One collective's check on this rank.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CheckRow {
+    /// `all_reduce_sum`, `all_gather`, `broadcast` or `barrier`.
     pub collective: &'static str,
+    /// Wall-clock time of the collective on this rank.
     pub seconds: f64,
+    /// Bytes this rank handed to the transport (checked against the expected count).
     pub sent_bytes: u64,
+    /// Bytes this rank received from the transport (checked against the expected count).
     pub received_bytes: u64,
 }
 

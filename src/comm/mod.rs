@@ -27,7 +27,9 @@ pub use threads::ThreadGroup;
 /// Bytes a rank handed to its transport and got back from it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
+    /// Bytes this rank handed to its transport.
     pub sent: u64,
+    /// Bytes this rank received from its transport.
     pub received: u64,
 }
 
@@ -216,6 +218,7 @@ impl Communicator for SingleProcess {
 pub struct Shared(std::sync::Arc<std::sync::Mutex<Box<dyn Communicator>>>);
 
 impl Shared {
+    /// Shares `comm`: clones of the result are handles to the same communicator.
     pub fn new(comm: Box<dyn Communicator>) -> Self {
         Shared(std::sync::Arc::new(std::sync::Mutex::new(comm)))
     }

@@ -20,18 +20,38 @@ use tch::{Device, Tensor};
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum DctRows {
+    /// The first m/P coefficients of each chunk, its lowest frequencies (`rows=first`).
     First,
+    /// A random subset of m/P coefficients drawn from the shared seed (`rows=random`).
     Random,
 }
 
+/// The linear map of FL-FREQ and FL-CS for updates of one length n: optional shared shuffle, P
+/// chunks, the kept DCT-II coefficients of each (`compress`), and its adjoint (`zero_fill`). As
+/// a `Measurement` it is the sensing matrix A of FL-CS's reconstruction (`owlqn`).
+///
+/// ```
+/// use dpcomp::compress::chunked_dct::{ChunkedDct, DctRows};
+/// use tch::{Device, Kind, Tensor};
+/// let sketch = ChunkedDct::new(1000, 0.1, 4, Some(7), DctRows::First, Device::Cpu)?;
+/// assert_eq!((sketch.chunk_length, sketch.kept, sketch.message_length()), (250, 25, 100));
+/// // A constant update (shuffled, still constant) lives in each chunk's first coefficient:
+/// // zero filling the 100 kept coefficients gives it back.
+/// let update = Tensor::ones([1000], (Kind::Double, Device::Cpu));
+/// let back = sketch.zero_fill(&sketch.compress(&update));
+/// assert!((back - &update).abs().max().double_value(&[]) < 1e-9);
+/// # Ok::<(), dpcomp::error::Error>(())
+/// ```
 pub struct ChunkedDct {
     /// n, the update's length.
     pub length: i64,
+    /// P, the number of chunks (at most n).
     pub chunks: i64,
     /// Length of one chunk (n / P rounded up; the last chunk is zero-padded).
     pub chunk_length: i64,
     /// Coefficients kept per chunk (m / P).
     pub kept: i64,
+    /// Which coefficients of each chunk are kept.
     pub rows: DctRows,
     /// The kept coefficients' indices when they are not the first ones.
     row_index: Option<Tensor>,

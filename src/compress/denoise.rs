@@ -33,15 +33,27 @@ use super::topk::{largest, TopK};
 use super::{Decoder, Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
+/// Denoise's settings (`Compressor::Denoise`; on the command line `--compressor denoise --rate R`
+/// and the `--compressor-option` keys named after the fields). `Default` is the command line's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Denoise {
+    /// Compression rate R >= 1 of each top-k, as DGC's (what `budget` divides).
     pub rate: f64,
+    /// β in [0, 1) of the velocity, v_t = β v_{t-1} + (1 - β) g_t (0: no averaging).
     pub beta: f64,
+    /// Residual decay in [0, 1]: r <- decay (v_t - v̂_t), the receiver's remaining gap fed into
+    /// the next acceleration (1: the whole gap).
     pub decay: f64,
+    /// Choose and sparsify per parameter tensor (one flag each) or over the whole model (one flag).
     pub scope: Scope,
+    /// Bits kept of each sent fp32 value, 9..=32 (as DGC's `value_bits`).
     pub value_bits: u32,
+    /// Width of each sent index: 32 bits or the minimal ceil(log2 numel).
     pub index_bits: IndexBits,
+    /// How the k largest magnitudes are found (sampled threshold or exact).
     pub topk: TopK,
+    /// The second clipping: the incoming (already noised) update is scaled to global L2 norm at
+    /// most `clip` before it is compressed; `f64::INFINITY` (the default) turns it off.
     pub clip: f64,
     /// What the rate divides (`encoding::Budget`).
     pub budget: Budget,
@@ -99,6 +111,8 @@ fn segment_sizes(shapes: &[Vec<i64>], scope: Scope) -> Vec<i64> {
 }
 
 impl DenoiseDecoder {
+    /// The receiver for parameters of `shapes`, its velocities zero on `device`; `scope` must be
+    /// the encoder's (`Denoise::scope`).
     pub fn new(shapes: &[Vec<i64>], device: Device, scope: Scope) -> Self {
         DenoiseDecoder {
             received: segment_sizes(shapes, scope)
@@ -117,6 +131,8 @@ impl DenoiseDecoder {
 }
 
 impl DenoiseEncoder {
+    /// The sender for parameters of `shapes`, its velocity, residual and mirror zero on
+    /// `device`. The settings are taken as given: `Compressor::Denoise(..).encoder` checks them.
     pub fn new(shapes: &[Vec<i64>], device: Device, options: Denoise) -> Self {
         let zeros = |n: i64| Tensor::zeros([n], (Kind::Float, device));
         DenoiseEncoder {

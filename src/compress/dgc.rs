@@ -36,18 +36,50 @@ use super::topk::{largest, TopK};
 use super::{Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
+/// DGC's settings (`Compressor::Dgc`; on the command line `--compressor dgc --rate R` and the
+/// `--compressor-option` keys named after the fields). `Default` is the command line's.
+///
+/// ```
+/// use dpcomp::compress::{Dgc, DgcEncoder, Encoder};
+/// use tch::{Device, Kind, Tensor};
+/// let mut encoder = DgcEncoder::new(&[vec![100, 10]], Device::Cpu, Dgc { rate: 16.0, ..Default::default() });
+/// let update = [Tensor::randn([100, 10], (Kind::Float, Device::Cpu))];
+/// let message = encoder.encode(&update);
+/// // 32-bit values and indices: k = floor(32 * 1000 / (16 * 64)) = 31 elements sent, 16x fewer bits.
+/// assert_eq!(message.elements(), 31);
+/// assert!(16 * message.wire_bits() <= 32 * 1000);
+/// // Error feedback: what was not sent waits in the residual for the next step.
+/// let sent = message.payloads[0].to_dense();
+/// let gap = (sent + &encoder.residuals()[0] - &update[0]).abs().max().double_value(&[]);
+/// assert!(gap < 1e-6);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Dgc {
+    /// Compression rate R >= 1: what `budget` divides (dense fp32 bits over message bits, or
+    /// elements over kept elements); 1 sends every tensor dense.
     pub rate: f64,
+    /// Bits kept of each sent fp32 value, 9..=32 (sign, 8 exponent bits, `value_bits - 9`
+    /// mantissa bits; the removed low-order bits stay in the residual). 32: values unchanged.
     pub value_bits: u32,
+    /// Width of each sent index: 32 bits (the paper's COO) or the minimal ceil(log2 numel).
     pub index_bits: IndexBits,
+    /// Momentum-correction factor m in [0, 1) (u <- m u + g, v <- v + u, then v is sparsified);
+    /// 0 turns it off. Use it with the optimiser's momentum at 0.
     pub momentum: f64,
+    /// Momentum-factor masking: zero u where v was sent (only acts with `momentum > 0`).
     pub masking: bool,
+    /// Epochs W of DGC's exponential sparsity warm-up (0: the full `rate` from the start).
     pub warmup_epochs: usize,
+    /// The warm-up schedule over `warmup_epochs`: the DGC paper's or its reference code's.
     pub warmup: Warmup,
+    /// How the k largest magnitudes are found (sampled threshold or exact; both exact results).
     pub topk: TopK,
+    /// Top-k per parameter tensor or over the whole model.
     pub scope: Scope,
+    /// What `rate` divides: the wire bits (default) or the element count (DGC's own meaning).
     pub budget: Budget,
+    /// Send every 1-D parameter (biases, norm scales) dense, as implementations that compress
+    /// only weight matrices and kernels do (layer-wise scope only).
     pub dense_vectors: bool,
     /// γ in [0, 1]: the share of the unsent update kept for the next step (1: error feedback).
     pub residual_decay: f64,
@@ -99,6 +131,9 @@ pub struct DgcEncoder {
 }
 
 impl DgcEncoder {
+    /// An encoder for parameters of `shapes` (in the order the updates will come), its residual
+    /// (and momentum, with `momentum > 0`) allocated as zeros on `device`. The settings are
+    /// taken as given: `Compressor::Dgc(..).encoder` checks them first.
     pub fn new(shapes: &[Vec<i64>], device: Device, options: Dgc) -> Self {
         let segments: Vec<Vec<i64>> = match options.scope {
             Scope::Layer => shapes.to_vec(),
@@ -138,6 +173,8 @@ impl DgcEncoder {
         }
     }
 
+    /// The accumulated unsent update v (the error feedback), one tensor per parameter in its
+    /// shape, or one flat tensor with `scope = Scope::Model`.
     pub fn residuals(&self) -> &[Tensor] {
         &self.residuals
     }

@@ -12,6 +12,7 @@ pub enum IndexBits {
 }
 
 impl IndexBits {
+    /// Bits per index for a tensor of `numel` elements: 32, or ceil(log2(numel)) (at least 1).
     pub fn width(self, numel: i64) -> u32 {
         match self {
             IndexBits::Fixed32 => 32,
@@ -74,7 +75,7 @@ pub fn sparse_budget(
 }
 
 /// Whether k kept elements in COO cost fewer bits than all `numel` values dense at `value_bits`.
-pub fn sparse_is_cheaper(k: i64, numel: i64, value_bits: u32, index_bits: u32) -> bool {
+pub(crate) fn sparse_is_cheaper(k: i64, numel: i64, value_bits: u32, index_bits: u32) -> bool {
     (k as u64) * ((value_bits + index_bits) as u64) < (numel as u64) * (value_bits as u64)
 }
 

@@ -5,6 +5,8 @@ use super::{all_reduce_sum, AllReduce, Encoder, Message, Payload};
 use crate::error::Result;
 use tch::Tensor;
 
+/// The identity compressor's worker side (`Compressor::Identity`): every update tensor sent as
+/// dense fp32 values, stateless; `Unpack` receives it.
 pub struct DenseEncoder;
 
 impl Encoder for DenseEncoder {

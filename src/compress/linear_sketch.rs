@@ -11,17 +11,23 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use tch::{Device, Tensor};
 
+/// What a client sends in the federated paper (`--scheme std|rnd|freq|cs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Scheme {
+    /// FL-STD: the whole update, uncompressed.
     Std,
+    /// FL-RND: m = r n coordinates from the shared seed, drawn anew each round.
     Rnd,
+    /// FL-FREQ: the first m/P DCT coefficients of P contiguous chunks, inverted by zero filling.
     Freq,
+    /// FL-CS: the same coefficients of the shuffled update, reconstructed by BPDN (`owlqn`).
     Cs,
 }
 
 impl Scheme {
+    /// The federated paper's name of the scheme: "FL-STD", "FL-RND", "FL-FREQ" or "FL-CS".
     pub fn name(&self) -> &'static str {
         match self {
             Scheme::Std => "FL-STD",
@@ -35,7 +41,26 @@ impl Scheme {
 /// The default chunk length of FL-FREQ and FL-CS: P = ⌈n / 1024⌉.
 pub const DEFAULT_CHUNK_LENGTH: i64 = 1024;
 
+/// A scheme's encoding of updates of one length n: its message length m and, per round, the
+/// linear map C (`for_round`). Every participant builds the same `Codec` from the shared seed.
+///
+/// ```
+/// use dpcomp::compress::chunked_dct::DctRows;
+/// use dpcomp::compress::linear_sketch::{Codec, Scheme};
+/// use tch::{Device, Kind, Tensor};
+/// let codec = Codec::new(Scheme::Rnd, 1000, 0.1, None, DctRows::First, 5, Device::Cpu)?;
+/// assert_eq!(codec.message_length(), 100);
+/// let round = codec.for_round(3, Device::Cpu);
+/// let update = Tensor::randn([1000], (Kind::Float, Device::Cpu));
+/// let message = round.encode(&update);
+/// assert_eq!(message.size(), [100]);
+/// // FL-RND's decoding puts the 100 sent coordinates back and zeros the rest.
+/// let back = round.zero_fill(&message);
+/// assert_eq!(back.ne(0.0).sum(Kind::Int64).int64_value(&[]), 100);
+/// # Ok::<(), dpcomp::error::Error>(())
+/// ```
 pub struct Codec {
+    /// Which of the federated paper's schemes.
     pub scheme: Scheme,
     /// n.
     pub length: i64,
@@ -120,6 +145,8 @@ impl Codec {
     }
 }
 
+/// One round's encoding of a `Codec` (FL-RND's coordinates of that round): `encode` C(Δw) and
+/// its linear decoding `zero_fill` Cᵀ y.
 pub struct RoundCodec<'a> {
     codec: &'a Codec,
     index: Option<Tensor>,

@@ -27,20 +27,27 @@ pub fn paper_gib(bits: u64) -> f64 {
 
 /// One tensor's encoding. Values are stored as the receiver will read them (already truncated).
 pub enum Payload {
+    /// Every value of the tensor.
     Dense {
         /// The values, in the parameter's shape.
         values: Tensor,
+        /// Bits sent per value (32: fp32; fewer after low-order-bit removal).
         value_bits: u32,
     },
+    /// Kept elements in COO: positions and values.
     Sparse {
         /// Flat positions (int64 on the device) of the kept elements.
         indices: Tensor,
+        /// The kept values [k], in the order of `indices`.
         values: Tensor,
         /// The parameter's shape (the receiver scatters into a zero tensor of this shape).
         shape: Vec<i64>,
+        /// Bits sent per value.
         value_bits: u32,
+        /// Bits sent per index (32, or the minimal width for the tensor).
         index_bits: u32,
     },
+    /// PowerSGD's factors: the receiver forms P Qᵀ.
     LowRank {
         /// [rows, r], orthonormal columns.
         p: Tensor,
@@ -107,11 +114,14 @@ impl Payload {
 /// carries a velocity, false for an acceleration). Flags stay 0-d bool tensors on the device, so
 /// choosing them needs no host synchronisation; each costs one bit.
 pub struct Message {
+    /// The encoded tensors, in the parameters' order (one flat payload when model-wise).
     pub payloads: Vec<Payload>,
+    /// Denoise's velocity (true) / acceleration (false) bits, 0-d bool tensors; empty otherwise.
     pub flags: Vec<Tensor>,
 }
 
 impl Message {
+    /// A message of `payloads` without flags.
     pub fn new(payloads: Vec<Payload>) -> Self {
         Message {
             payloads,

@@ -47,7 +47,9 @@ use tch::Tensor;
 /// layer may send nothing in a step).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
+    /// One top-k per parameter tensor, each at the rate's budget (`scope=layer`, the default).
     Layer,
+    /// One top-k over all parameters concatenated into one flat vector (`scope=model`).
     Model,
 }
 
@@ -125,12 +127,17 @@ fn copy_state(live: Vec<(String, Tensor)>, mut saved: HashMap<String, Tensor>) -
 /// run, a benchmark or a test uses. (With several workers each holds its own encoder and the
 /// receiver one decoder.)
 pub struct Link {
+    /// The worker's side, with its state (residuals, momentum, warm-start factors).
     pub encoder: Box<dyn Encoder>,
+    /// The receiver's side (stateless `Unpack`, or Denoise's and the sketches' decoders).
     pub decoder: Box<dyn Decoder>,
 }
 
-/// Name prefixes of the two sides' tensors in a checkpoint's `compressor.safetensors`.
+/// Name prefix of the encoder's tensors in a checkpoint's `compressor.safetensors`
+/// (`Link::state`).
 pub const ENCODER_PREFIX: &str = "encoder.";
+/// Name prefix of the decoder's tensors in a checkpoint's `compressor.safetensors`
+/// (`Link::state`).
 pub const DECODER_PREFIX: &str = "decoder.";
 
 impl Link {
@@ -142,6 +149,8 @@ impl Link {
         (message, received)
     }
 
+    /// Tells the encoder that epoch `epoch` (0-based) starts (`Encoder::start_epoch`: DGC's
+    /// sparsity warm-up reads it).
     pub fn start_epoch(&mut self, epoch: usize) {
         self.encoder.start_epoch(epoch);
     }

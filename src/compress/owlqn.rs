@@ -19,14 +19,18 @@ use tch::{Kind, Tensor};
 /// The same A for every row, so it applies to any subset of the rows (`owlqn`'s line search
 /// measures only the rows still searching).
 pub trait Measurement {
+    /// A s: signals [P, L] to their measurements [P, M], row by row.
     fn apply(&self, s: &Tensor) -> Tensor;
+    /// Aᵀ r: measurement-space vectors [P, M] back to signal space [P, L], row by row.
     fn adjoint(&self, r: &Tensor) -> Tensor;
 }
 
+/// Stopping rule and memory of `owlqn`. `Default`: memory 10, 100 iterations, tolerance 1e-6.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OwlqnSettings {
     /// Curvature pairs kept (L-BFGS memory).
     pub memory: usize,
+    /// Most iterations run (each one quasi-Newton direction and its line search).
     pub max_iterations: usize,
     /// Stop when every row's objective decreased by less than this fraction in one iteration.
     pub tolerance: f64,
@@ -42,12 +46,14 @@ impl Default for OwlqnSettings {
     }
 }
 
+/// What `owlqn` and `fista` return: the minimiser of every row and what it cost.
 #[derive(Debug)]
 pub struct Solution {
     /// s [P, L].
     pub s: Tensor,
     /// Objective of each row [P].
     pub objective: Tensor,
+    /// Iterations run (at most `OwlqnSettings::max_iterations`; FISTA's, as asked).
     pub iterations: usize,
     /// Objective evaluations (each one application of A, to every row at the start and to the
     /// rows still searching in a line-search trial).
@@ -256,7 +262,7 @@ pub fn owlqn(
 }
 
 /// Soft thresholding: sign(v) max(|v| − τ, 0).
-pub fn soft_threshold(v: &Tensor, tau: &Tensor) -> Tensor {
+pub(crate) fn soft_threshold(v: &Tensor, tau: &Tensor) -> Tensor {
     v.sign() * (v.abs() - tau).clamp_min(0.0)
 }
 

@@ -13,19 +13,47 @@ use super::{all_reduce_sum, AllReduce, Encoder, Message, Payload};
 use crate::error::Result;
 use tch::{Device, Kind, Tensor};
 
+/// How a parameter's update is viewed as the matrix M [n, m] that PowerSGD approximates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MatrixShape {
+    /// The paper's: the flat update zero-padded to ceil(sqrt(numel)) rows of ceil(numel / rows)
+    /// columns (`shape=square`, the default).
     NearSquare,
+    /// PyTorch's `[shape[0], -1]`: the first dimension as rows (`shape=rows`).
     Rows,
 }
 
+/// PowerSGD's settings (`Compressor::PowerSgd`; on the command line `--compressor powersgd
+/// --rank r` and the `--compressor-option` keys named after the fields). `Default` is the
+/// command line's.
+///
+/// ```
+/// use dpcomp::compress::{Encoder, PowerSgd, PowerSgdEncoder};
+/// use tch::{Device, Kind, Tensor};
+/// let settings = PowerSgd { rank: 2, ..Default::default() };
+/// let mut encoder = PowerSgdEncoder::new(&[vec![64, 64], vec![64]], Device::Cpu, settings);
+/// let update = [Tensor::randn([64, 64], (Kind::Float, Device::Cpu)), Tensor::randn([64], (Kind::Float, Device::Cpu))];
+/// let message = encoder.encode(&update);
+/// // The matrix as P [64, 2] and Q [64, 2] in fp32, the bias dense: 32 (2 * 64 * 2 + 64) bits.
+/// assert_eq!(message.wire_bits(), 32 * (2 * 64 * 2 + 64));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct PowerSgd {
+    /// Rank r >= 1 of the approximation P Qᵀ (at most min(n, m) per parameter).
     pub rank: i64,
+    /// How each parameter is viewed as a matrix.
     pub shape: MatrixShape,
+    /// A parameter is compressed only when (n + m) r `min_rate` < n m (PyTorch's
+    /// `_should_compress`; default 2); the others are sent dense. 0 compresses every matrix.
     pub min_rate: f64,
+    /// Added to each column's norm in the Gram-Schmidt orthonormalisation of P (default 1e-8;
+    /// 0 divides by the norm alone).
     pub epsilon: f64,
+    /// Start each step's power iteration from the previous step's Q (PowerSGD's warm start);
+    /// off, Q is drawn afresh from `seed` every step.
     pub warm_start: bool,
+    /// Seed of the N(0, 1) draws of Q, from a generator of its own (the training's random
+    /// stream is untouched); the same on every worker.
     pub seed: i64,
     /// γ in [0, 1] of the error feedback e <- γ (M - P Qᵀ) (1: PowerSGD's; 0,
     /// `error_feedback=false`: the rank-r approximation of the current update alone, warm start
@@ -51,7 +79,7 @@ impl Default for PowerSgd {
 }
 
 /// The matrix a parameter of `shape` is viewed as, or `None` for a vector.
-pub fn matrix_dims(shape: &[i64], how: MatrixShape) -> Option<(i64, i64)> {
+pub(crate) fn matrix_dims(shape: &[i64], how: MatrixShape) -> Option<(i64, i64)> {
     let numel: i64 = shape.iter().product();
     if shape.len() < 2 {
         return None;
@@ -105,6 +133,9 @@ pub struct PowerSgdEncoder {
 }
 
 impl PowerSgdEncoder {
+    /// An encoder for parameters of `shapes`: residuals zero and the initial Q drawn from
+    /// `options.seed`, on `device`. The settings are taken as given:
+    /// `Compressor::PowerSgd(..).encoder` checks them first.
     pub fn new(shapes: &[Vec<i64>], device: Device, options: PowerSgd) -> Self {
         // Q starts from N(0, 1) draws of a generator of its own (PyTorch forks the RNG with a
         // seeded state for the same reason): the training's random stream is untouched.

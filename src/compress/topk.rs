@@ -11,25 +11,30 @@
 use tch::{Kind, Tensor};
 
 /// Halvings of the sampled threshold before falling back to the exact top-k.
-pub const RETRIES: usize = 3;
+pub(crate) const RETRIES: usize = 3;
 
+/// How `largest` finds the k largest magnitudes; both give the exact top-k (`topk=` option).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum TopK {
+    /// LibTorch's `topk` over every element (`topk=exact`).
     Exact,
-    /// Threshold from a uniform sample of `ratio` of the elements (at least `MIN_SAMPLE`).
+    /// Threshold from a uniform sample of `ratio` of the elements (at least 1024), then a
+    /// selection among the elements above it (`topk=sampled`, the default). Tensors under 2^15
+    /// elements, or where k is a quarter of the elements or more, use the exact selection.
     Sampled {
+        /// Share of the elements sampled, in (0, 1] (`sample_ratio`, default 0.01).
         ratio: f64,
     },
 }
 
 /// How many more sample elements than expected the threshold is set to let through.
-pub const MARGIN: f64 = 1.2;
+pub(crate) const MARGIN: f64 = 1.2;
 
 /// Smallest sample the sampled threshold uses.
-pub const MIN_SAMPLE: i64 = 1024;
+pub(crate) const MIN_SAMPLE: i64 = 1024;
 
 /// Below this size the exact selection is used regardless (sampling would not save work).
-pub const SAMPLING_FROM: i64 = 1 << 15;
+pub(crate) const SAMPLING_FROM: i64 = 1 << 15;
 
 /// Positions (int64) and values of the k largest |x| of the flat tensor `x`, positions ascending.
 pub fn largest(x: &Tensor, k: i64, mode: TopK) -> (Tensor, Tensor) {

@@ -6,6 +6,8 @@
 use super::{Decoder, Message, Payload, Scope};
 use tch::Tensor;
 
+/// The receiver (`Decoder`) of dense, DGC and PowerSGD messages: stateless, it turns every
+/// payload back into a dense tensor of its parameter's shape.
 pub struct Unpack {
     /// `Some(shapes)`: the message is one flat payload for parameters of these shapes (in the
     /// encoder's order); `None`: one payload per parameter, already in its shape.

@@ -24,8 +24,10 @@ use super::message::{Message, Payload};
 use crate::error::{Error, Result};
 use tch::{Device, Kind, Tensor};
 
-pub const MAGIC: &[u8; 4] = b"DPCM";
-pub const VERSION: u8 = 1;
+/// The four bytes every message starts with.
+pub(crate) const MAGIC: &[u8; 4] = b"DPCM";
+/// The layout's version, after the magic; a reader refuses any other.
+pub(crate) const VERSION: u8 = 1;
 /// Magic, version, flag count, payload count.
 pub const HEADER_BYTES: usize = 4 + 1 + 4 + 4;
 /// Kind, dtype, number of dimensions (the dimensions and the body's own fields come after).

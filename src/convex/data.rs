@@ -19,11 +19,17 @@ pub const FEATURE_NORM_BOUND: f64 = 1.0;
 /// The split seed: the same 80/20 split on every run.
 pub const SPLIT_SEED: u64 = 20_261_130;
 
+/// A binary-classification table split 80/20, features scaled and every row in the unit ball.
 pub struct Tabular {
+    /// Where it came from: `breast_cancer`, the CSV's path, or the synthetic set's name.
     pub name: String,
+    /// Training features [n, d], f64, rows of norm at most `FEATURE_NORM_BOUND`.
     pub x_train: Tensor,
+    /// Training labels [n], f64, each -1 or +1.
     pub y_train: Tensor,
+    /// Test features [n_test, d], scaled as the training rows.
     pub x_test: Tensor,
+    /// Test labels [n_test], -1 or +1.
     pub y_test: Tensor,
     /// How the features were scaled and the privacy that spent on the training rows; `None` for
     /// generated data (already in the unit ball, no statistics taken).
@@ -31,10 +37,12 @@ pub struct Tabular {
 }
 
 impl Tabular {
+    /// n, the training rows.
     pub fn train_len(&self) -> usize {
         self.y_train.size()[0] as usize
     }
 
+    /// d, the features per row.
     pub fn dim(&self) -> i64 {
         self.x_train.size()[1]
     }

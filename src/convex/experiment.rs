@@ -14,35 +14,49 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// A convex experiment file (`experiments/convex.toml`): settings every cell shares, the axes
+/// of the grid, and the profiles (seed counts) it can run at.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConvexExperiment {
+    /// The experiment's name: its results folder (`runs/<name>/<profile>`) and table title.
     pub name: String,
     /// Always "convex" (what routes the file here).
     pub kind: String,
+    /// One line under the results table's title (optional).
     #[serde(default)]
     pub description: String,
+    /// `[base]`: the settings every cell shares.
     pub base: Base,
+    /// `[grid]`: the axes, every combination a cell.
     pub grid: Grid,
+    /// `[profiles.NAME]`: how many seeds each profile runs.
     pub profiles: BTreeMap<String, Profile>,
 }
 
+/// A convex experiment's `[base]` settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Base {
+    /// R of the domain B(0, R) (`ConvexSettings::radius`).
     pub radius: f64,
+    /// δ of every private cell; absent: 1/n².
     #[serde(default)]
     pub delta: Option<f64>,
+    /// T of every cell; absent: the paper's schedule.
     #[serde(default)]
     pub steps: Option<u64>,
+    /// η of every cell; absent: the paper's schedule.
     #[serde(default)]
     pub step_size: Option<f64>,
     /// How tabular features are scaled (`convex::preprocess`): `private` (default; its share of
     /// ε and δ charged to each cell), `public` or `train-statistics` (not private).
     #[serde(default = "default_preprocess")]
     pub preprocess: Preprocess,
+    /// The share of each cell's ε and δ a `private` scaling spends (default `DEFAULT_SHARE`).
     #[serde(default = "default_share")]
     pub preprocess_share: f64,
+    /// B, the row clip of a `private` scaling's mean (default `DEFAULT_CLIP`).
     #[serde(default = "default_clip")]
     pub preprocess_clip: f64,
 }
@@ -93,40 +107,58 @@ pub fn scaling(
     }
 }
 
+/// A convex experiment's `[grid]`: every data x loss x algorithm x ε is a cell (non-private
+/// SGD once per data and loss).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Grid {
     /// `breast_cancer`, `csv:PATH`, `synthetic:N:D`.
     pub data: Vec<String>,
+    /// Losses as `Loss::parse` reads them (`hinge`, `qhinge:1.5`, `logistic`, `least_squares`).
     pub loss: Vec<String>,
+    /// `output`, `gradient`, `nonprivate`.
     pub algorithm: Vec<Algorithm>,
+    /// The target ε of the private cells.
     pub epsilon: Vec<f64>,
 }
 
+/// A convex experiment's `[profiles.NAME]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
+    /// Seeds 0..seeds run per cell (mean and standard deviation over them).
     pub seeds: u64,
 }
 
 /// One row: a setting's mean and spread over the seeds.
 #[derive(Debug, Clone)]
 pub struct Row {
+    /// The grid's data entry.
     pub data: String,
+    /// The grid's loss entry.
     pub loss: String,
+    /// The cell's algorithm.
     pub algorithm: Algorithm,
     /// `None` for non-private SGD.
     pub epsilon: Option<f64>,
+    /// Seeds averaged (0 when infeasible).
     pub seeds: usize,
     /// Why there is no result (an infeasible calibration).
     pub infeasible: Option<String>,
+    /// Excess empirical risk, (mean, sample standard deviation) over the seeds (NaN when
+    /// infeasible).
     pub excess_risk: (f64, f64),
+    /// Test accuracy in [0, 1], (mean, sample standard deviation) over the seeds.
     pub test_accuracy: (f64, f64),
+    /// σ of the cell's noise (`ConvexReport::sigma`).
     pub sigma: Option<f64>,
+    /// T, the SGD steps of each seed's run.
     pub steps: u64,
 }
 
 impl ConvexExperiment {
+    /// Reads a `kind = "convex"` file; an error names the file and what is wrong (unknown keys,
+    /// another kind).
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let e: ConvexExperiment =

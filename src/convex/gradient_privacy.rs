@@ -36,7 +36,9 @@ pub struct GradientPrivacyProblem {
     pub examples: usize,
     /// T, SGD steps.
     pub steps: u64,
+    /// Target ε of the training, > 0.
     pub epsilon: f64,
+    /// Target δ of the training, in (0, 1).
     pub delta: f64,
     /// G = M + L R^α, the bound of every gradient on B(0, R).
     pub gradient_bound: f64,
@@ -45,6 +47,7 @@ pub struct GradientPrivacyProblem {
 /// A feasible calibration.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct GradientCalibration {
+    /// β in (0, 1): the share of ε spent by the T RDP steps (the rest converts RDP to (ε, δ)).
     pub beta: f64,
     /// λ, the Rényi order.
     pub lambda: f64,

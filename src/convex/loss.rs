@@ -26,12 +26,27 @@
 use crate::error::{Error, Result};
 use tch::Tensor;
 
+/// A convex loss of the margin y wᵀx (or of the residual wᵀx - y), with the constants of the
+/// table above.
+///
+/// ```
+/// use dpcomp::convex::loss::Loss;
+/// let loss = Loss::parse("qhinge:1.5")?;
+/// assert_eq!(loss.name(), "qhinge:1.5");
+/// // α = q - 1 and L = q X^q: for features in the unit ball, L = 1.5.
+/// assert_eq!((loss.alpha(), loss.holder_constant(1.0)), (0.5, 1.5));
+/// assert!(Loss::parse("qhinge:3").is_err());
+/// # Ok::<(), dpcomp::error::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Loss {
+    /// (1 - y wᵀx)₊: α = 0 (subgradients only).
     Hinge,
     /// (1 - y wᵀx)₊^q, q in (1, 2].
     QHinge(f64),
+    /// log(1 + e^(-y wᵀx)): α = 1.
     Logistic,
+    /// ½ (wᵀx - y)²: α = 1.
     LeastSquares,
 }
 
@@ -57,6 +72,7 @@ impl Loss {
         }
     }
 
+    /// The name `parse` reads back: `hinge`, `qhinge:Q`, `logistic` or `least_squares`.
     pub fn name(&self) -> String {
         match self {
             Loss::Hinge => "hinge".into(),

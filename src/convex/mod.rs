@@ -31,6 +31,8 @@ use tch::{Kind, Tensor};
 /// Confidence level γ in the step-size rule.
 pub const GAMMA: f64 = 0.1;
 
+/// Which of the convex paper's algorithms `run` trains with (`--algorithm
+/// output|gradient|nonprivate`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
@@ -55,30 +57,75 @@ pub enum Calibration {
     Accountant,
 }
 
+/// What `run` trains: the loss, the algorithm and its (ε, δ), the domain B(0, R) and SGD's
+/// schedule (the paper's unless given).
+///
+/// ```
+/// use dpcomp::convex::{self, data, loss::Loss, Algorithm, Calibration, ConvexSettings};
+/// let data = data::synthetic(200, 5, 4.0, 0)?;
+/// let settings = ConvexSettings {
+///     loss: Loss::Logistic,
+///     algorithm: Algorithm::Gradient,
+///     calibration: Calibration::Accountant,
+///     epsilon: 2.0,
+///     delta: None,
+///     radius: 4.0,
+///     unbounded: false,
+///     steps: Some(400),
+///     step_size: Some(0.1),
+///     seed: 0,
+/// };
+/// let report = convex::run(&data, &settings)?;
+/// // δ defaults to 1/n², and the accountant confirms the calibrated σ stays within ε.
+/// let n = report.examples as f64;
+/// assert_eq!(report.delta, Some(1.0 / (n * n)));
+/// assert!(report.sigma.unwrap() > 0.0);
+/// assert!(report.accountant_epsilon.unwrap() <= 2.0 * (1.0 + 1e-9));
+/// assert!((0.0..=1.0).contains(&report.test_accuracy));
+/// # Ok::<(), dpcomp::error::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct ConvexSettings {
+    /// The convex loss of the linear model.
     pub loss: Loss,
+    /// Output perturbation, gradient perturbation or non-private SGD.
     pub algorithm: Algorithm,
+    /// How gradient perturbation's σ is chosen (the other algorithms ignore it).
     pub calibration: Calibration,
+    /// Target ε of the whole run, > 0 and finite, a private preprocessing's share included
+    /// (ignored by non-private SGD).
     pub epsilon: f64,
     /// δ; `None`: 1/n² (the paper's choice).
     pub delta: Option<f64>,
+    /// R > 0 of the domain B(0, R) SGD projects onto (and the reference solve's domain).
     pub radius: f64,
     /// Output perturbation on R^d (Theorem 7(a)) instead of B(0, R) (Theorem 7(b)).
     pub unbounded: bool,
+    /// T, SGD steps (one example each); `None`: the paper's (`paper_schedule`).
     pub steps: Option<u64>,
+    /// η > 0, SGD's constant step size; `None`: the paper's (`paper_schedule`).
     pub step_size: Option<f64>,
+    /// Seed of SGD's index and noise draws (output perturbation's noise uses `seed + 1`).
     pub seed: u64,
 }
 
+/// One trained model's results and the privacy parameters it used (`dpcomp convex --json`
+/// prints it).
 #[derive(Debug, Clone, Serialize)]
 pub struct ConvexReport {
+    /// The data set's name (`Tabular::name`).
     pub data: String,
+    /// The loss as `Loss::name` writes it (`hinge`, `qhinge:1.5`, ...).
     pub loss: String,
+    /// The algorithm that trained the model.
     pub algorithm: Algorithm,
+    /// This model's seed.
     pub seed: u64,
+    /// n, the training rows.
     pub examples: usize,
+    /// d, the features.
     pub dim: i64,
+    /// α of the loss's Hölder-continuous gradient.
     pub alpha: f64,
     /// L, for features of norm <= 1 (the bound the data loaders enforce).
     pub holder_constant: f64,
@@ -88,13 +135,23 @@ pub struct ConvexReport {
     pub max_feature_norm: f64,
     /// `None`: unconstrained SGD (output perturbation, Theorem 7(a)).
     pub radius: Option<f64>,
+    /// T, the SGD steps run.
     pub steps: u64,
+    /// η, the step size used.
     pub step_size: f64,
+    /// The run's target ε (`ConvexSettings::epsilon`); `None` for non-private SGD.
     pub epsilon: Option<f64>,
+    /// The run's δ (given, or 1/n²); `None` for non-private SGD.
     pub delta: Option<f64>,
+    /// The calibration asked for (it decides σ under gradient perturbation); `None` for
+    /// non-private SGD.
     pub calibration: Option<Calibration>,
+    /// σ of the Gaussian noise: per gradient coordinate and step (gradient perturbation) or per
+    /// coordinate of the averaged model (output perturbation); `None` for non-private SGD.
     pub sigma: Option<f64>,
+    /// Theorem 11's β, the share of ε the RDP steps spend (Theorem 11 calibration only).
     pub beta: Option<f64>,
+    /// Theorem 11's Rényi order λ (Theorem 11 calibration only).
     pub lambda: Option<f64>,
     /// Output perturbation: Δ_SGD(δ/2) of Theorem 7.
     pub sensitivity: Option<f64>,
@@ -106,16 +163,22 @@ pub struct ConvexReport {
     /// The (ε, δ) the scaling spent, charged to `epsilon` and `delta` (basic composition): the
     /// training mechanism was calibrated to ε − this and δ − `preprocess_delta`.
     pub preprocess_epsilon: f64,
+    /// The δ the scaling spent (0 unless `private`).
     pub preprocess_delta: f64,
     /// False when the scaling used the training rows' own statistics outside the mechanism
     /// (`train-statistics`): `epsilon` then does not cover the whole pipeline.
     pub preprocess_private: bool,
+    /// Mean loss of the released model on the training rows.
     pub train_risk: f64,
+    /// Mean loss of the released model on the test rows.
     pub test_risk: f64,
+    /// Share of training rows with sign(wᵀx) = y, in [0, 1].
     pub train_accuracy: f64,
+    /// Share of test rows with sign(wᵀx) = y, in [0, 1].
     pub test_accuracy: f64,
     /// min over B(0, R) of the training risk (long full-batch solve).
     pub reference_risk: f64,
+    /// `train_risk - reference_risk`, the paper's excess empirical risk.
     pub excess_empirical_risk: f64,
 }
 

@@ -48,13 +48,17 @@ use crate::privacy::rdp::log_erfc;
 /// What Theorem 7 needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct OutputPrivacyProblem {
+    /// The loss SGD minimises (its α enters the constants).
     pub loss: Loss,
     /// n, training examples.
     pub examples: usize,
+    /// T, SGD steps.
     pub steps: u64,
+    /// η, SGD's step size; `sensitivity` refuses η > 1, or η > min(1, 1/L) when α = 1.
     pub step_size: f64,
-    /// L and M for the data's feature bound.
+    /// L, the Hölder constant for the data's feature bound.
     pub holder_constant: f64,
+    /// M = sup_z ||∇f(0; z)|| for the data's feature bound.
     pub gradient_bound_at_zero: f64,
     /// F_0 = sup_z f(0; z).
     pub loss_at_zero: f64,

@@ -33,16 +33,22 @@ use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
+/// The scaling a run asks for (`--preprocess`, a convex grid's `preprocess`); see the module
+/// documentation for each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum Preprocess {
+    /// The fixed log map and the unit-ball projection: no statistics, no privacy cost.
     Public,
+    /// The log map, then centring by a Gaussian-mechanism mean charged to the run's ε and δ.
     Private,
+    /// Standardisation by the training rows' own mean and deviation: outside ε, not private.
     TrainStatistics,
 }
 
 impl Preprocess {
+    /// The name on the command line and in reports: `public`, `private` or `train-statistics`.
     pub fn name(self) -> &'static str {
         match self {
             Preprocess::Public => "public",
@@ -67,24 +73,34 @@ pub const LOG_FLOOR: f64 = 1e-3;
 /// What the scaling is told at load time.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Scaling {
+    /// `Preprocess::Public`: free.
     Public,
     /// `epsilon` and `delta` are the run's whole budget; `share` of each goes to the statistics.
     /// `delta` `None`: 1 / n² with n the training rows (the convex runs' default).
     Private {
+        /// The share of ε and δ spent on the mean, in (0, 1) (`DEFAULT_SHARE`).
         share: f64,
+        /// B, the norm the log-mapped rows are clipped to before the mean (`DEFAULT_CLIP`).
         clip: f64,
+        /// The run's whole ε.
         epsilon: f64,
+        /// The run's whole δ; `None`: 1 / n².
         delta: Option<f64>,
+        /// Seed of the mean's noise (a generator of its own).
         seed: u64,
     },
+    /// `Preprocess::TrainStatistics`: free in the accounting, but not private.
     TrainStatistics,
 }
 
 /// The scaling applied and the (ε, δ) it spent on the training rows (0 unless `private`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PreprocessCost {
+    /// Which scaling was applied.
     pub preprocess: Preprocess,
+    /// The ε it spent (`share` x the run's ε for `private`, else 0).
     pub epsilon: f64,
+    /// The δ it spent (`share` x the run's δ for `private`, else 0).
     pub delta: f64,
     /// σ of the statistics' Gaussian mechanism (on the B-scaled sums), `private` only.
     pub sigma: Option<f64>,

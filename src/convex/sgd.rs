@@ -16,12 +16,15 @@ use tch::{Kind, Tensor};
 /// What SGD runs with.
 #[derive(Debug, Clone, Copy)]
 pub struct SgdSettings {
+    /// T, the steps (one example drawn uniformly with replacement each).
     pub steps: u64,
+    /// η, the constant step size.
     pub step_size: f64,
     /// R of the projection onto B(0, R); `None`: unconstrained.
     pub radius: Option<f64>,
     /// σ of the noise added to every step's gradient (0: none).
     pub gradient_noise: f64,
+    /// Seed of the generator of the index and noise draws.
     pub seed: u64,
 }
 

@@ -33,8 +33,11 @@ const SIZE: (u32, u32) = (900, 540);
 /// One finished cell as the figures need it.
 #[derive(Debug, Clone)]
 pub struct CellLog {
+    /// The cell's folder name (axis-value pairs, `grid::Cell::name`).
     pub name: String,
+    /// Its `config.toml`.
     pub config: TrainConfig,
+    /// Its `summary.json`.
     pub summary: Summary,
     /// Test accuracy after every epoch.
     pub accuracies: Vec<f64>,
@@ -134,7 +137,7 @@ pub(crate) fn setting_label(c: &CellLog) -> String {
 
 /// Width of the mean filter for `epochs` epochs: the paper's 20, or a quarter of the epochs when
 /// there are fewer than 80 (so that short CPU runs still show a curve), at least 1.
-pub fn smoothing_width(epochs: usize) -> usize {
+pub(crate) fn smoothing_width(epochs: usize) -> usize {
     if epochs >= 80 {
         20
     } else {
@@ -143,7 +146,7 @@ pub fn smoothing_width(epochs: usize) -> usize {
 }
 
 /// Mean filter of `width` without padding: element i is the mean of values[i .. i + width].
-pub fn mean_filter(values: &[f64], width: usize) -> Vec<f64> {
+pub(crate) fn mean_filter(values: &[f64], width: usize) -> Vec<f64> {
     if width == 0 || values.len() < width {
         return Vec::new();
     }
