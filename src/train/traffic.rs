@@ -56,7 +56,10 @@ impl TrafficRow {
 
 /// Every rank's rows of an epoch, on every rank, in rank order (byte counts are exact in f64
 /// below 2^53).
-pub(crate) fn gather_traffic(comm: &mut dyn Communicator, mine: &[TrafficRow]) -> Result<Vec<TrafficRow>> {
+pub(crate) fn gather_traffic(
+    comm: &mut dyn Communicator,
+    mine: &[TrafficRow],
+) -> Result<Vec<TrafficRow>> {
     let bytes: Vec<u8> = mine
         .iter()
         .flat_map(|r| r.to_values())
