@@ -99,7 +99,8 @@ pub fn read(dir: &Path) -> Result<Vec<ClippingSweep>> {
     serde_json::from_str(&text).map_err(|e| Error::bad_file(&path, e.to_string()))
 }
 
-/// The model's inputs.
+/// The model's inputs (module docs: E_median, E_mean and their minimisers), measured on fixed
+/// batches by `sweep`, or written down to evaluate the model alone.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
 pub struct ClippingModel {
     /// G: median per-sample gradient norm.
@@ -108,7 +109,9 @@ pub struct ClippingModel {
     pub mean_gradient_norm: f64,
     /// m: trainable scalars.
     pub parameters: i64,
+    /// σ: the noise's standard deviation per unit C.
     pub noise_multiplier: f64,
+    /// B: examples per batch (the noise's divisor).
     pub batch_size: i64,
 }
 
@@ -144,34 +147,48 @@ impl ClippingModel {
 /// The error at one radius: measured (clipping part exact, noise drawn) and modelled.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClippingPoint {
+    /// The clipping radius C.
     pub max_norm: f64,
     /// Mean over batches and draws of ||ĝ(C) - ḡ||².
     pub measured: f64,
     /// ||(1/B) Σ c_i g_i - ḡ||² (mean over batches).
     pub clip_bias2: f64,
+    /// The median-only model's error E_median(C).
     pub model_median: f64,
+    /// The mean-informed model's error E_mean(C).
     pub model_mean: f64,
 }
 
 /// One sweep over C at one noise multiplier.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClippingSweep {
+    /// The task whose model and data were measured.
     pub task: String,
     /// Epochs the model had trained (0: initial weights).
     pub epoch: usize,
+    /// Fixed batches the errors are averaged over.
     pub batches: usize,
+    /// Noise draws per batch and radius.
     pub draws: usize,
+    /// The model's inputs, measured on the batches (G and ||ḡ|| averaged over them).
     pub model: ClippingModel,
+    /// The error at every radius swept, in increasing C (the log grid, G and both model
+    /// minimisers).
     pub points: Vec<ClippingPoint>,
     /// The grid point of least measured error.
     pub measured_minimiser: f64,
+    /// C*_median, the median-only model's minimiser.
     pub model_median_minimiser: f64,
+    /// C*_mean, the mean-informed model's minimiser.
     pub model_mean_minimiser: f64,
     /// Measured error at C = G (the adaptive-clipping rule), at both model minimisers, and at
     /// the measured minimiser.
     pub measured_at_median_norm: f64,
+    /// Measured error at C*_median.
     pub measured_at_model_median: f64,
+    /// Measured error at C*_mean.
     pub measured_at_model_mean: f64,
+    /// Measured error at `measured_minimiser`, the least of the sweep.
     pub measured_minimum: f64,
 }
 

@@ -37,11 +37,16 @@ pub const FILE: &str = "grad_error.jsonl";
 pub enum Mechanism {
     /// DP-SGD: per-sample clipping to C and N(0, σ²C²) on the sum (σ = 0: clipping only).
     PerSample {
+        /// σ: the noise's standard deviation per unit C (0: clipping only).
         noise_multiplier: f64,
+        /// C, the per-sample clipping radius (L2).
         max_norm: f64,
     },
     /// Non-private training: the mean gradient clipped to global norm C.
-    GlobalClip { max_norm: f64 },
+    GlobalClip {
+        /// C, the radius the mean gradient's global L2 norm is clipped to.
+        max_norm: f64,
+    },
 }
 
 /// Mean squared error of one stage against the true mean gradient, and its split.
@@ -49,10 +54,14 @@ pub enum Mechanism {
 pub struct StageError {
     /// "clip", "noise" or "compress".
     pub stage: String,
+    /// E||ĝ - ḡ||², the mean squared distance from the true mean gradient (averaged over the
+    /// batches).
     #[serde(deserialize_with = "nan_if_null")]
     pub error: f64,
+    /// ||E ĝ - ḡ||², the squared bias (unbiased estimate; may come out slightly negative).
     #[serde(deserialize_with = "nan_if_null")]
     pub bias2: f64,
+    /// E||ĝ - E ĝ||², the variance over the draws (0 for the deterministic `clip` stage).
     #[serde(deserialize_with = "nan_if_null")]
     pub variance: f64,
 }
@@ -62,12 +71,17 @@ pub struct StageError {
 pub struct GradientErrorRecord {
     /// Epochs trained before the measurement (0: the initial weights).
     pub epoch: usize,
+    /// Optimiser steps the run had taken before the measurement.
     pub steps: u64,
     /// σ (0 without DP).
     pub noise_multiplier: f64,
+    /// C, the run's clipping radius.
     pub max_norm: f64,
+    /// B, examples per fixed batch: the run's expected batch size.
     pub batch_size: i64,
+    /// Fixed batches measured (`analysis::fixed_batches`).
     pub batches: usize,
+    /// Noise draws per batch.
     pub draws: usize,
     /// m, trainable scalars.
     pub parameters: i64,
@@ -77,11 +91,15 @@ pub struct GradientErrorRecord {
     /// ||ḡ|| (mean over the batches).
     #[serde(deserialize_with = "nan_if_null")]
     pub mean_gradient_norm: f64,
+    /// The run's compressor label ("identity", "dgc x256", "powersgd r1", ...).
     pub compressor: String,
+    /// The stages' errors, in pipeline order: "clip", "noise", "compress".
     pub stages: Vec<StageError>,
 }
 
 impl GradientErrorRecord {
+    /// The error of the stage named `name` ("clip", "noise" or "compress"); `None` for another
+    /// name.
     pub fn stage(&self, name: &str) -> Option<&StageError> {
         self.stages.iter().find(|s| s.stage == name)
     }
@@ -135,10 +153,16 @@ impl Moments {
 /// Where the compress stage's fresh compressors come from: the run's spec and shapes, the
 /// state to start from, and the epoch (for schedules such as DGC's warm-up).
 pub struct CompressorSource<'a> {
+    /// The run's compressor setting.
     pub spec: &'a CompressorSpec,
+    /// The trainable parameters' shapes, in order.
     pub shapes: &'a [Vec<i64>],
+    /// The compressor's state as the run holds it (as in `compressor.safetensors`; empty for a
+    /// stateless compressor or at the start); copied, never written.
     pub state: Vec<(String, Tensor)>,
+    /// The epoch (0-based) the compressor is told of (DGC's warm-up rate).
     pub epoch: usize,
+    /// Where the compressors run: the gradients' device.
     pub device: Device,
 }
 
@@ -162,10 +186,15 @@ impl CompressorSource<'_> {
 
 /// Stage errors and norms averaged over the fixed batches.
 pub struct Measured {
+    /// The errors of "clip", "noise" and "compress", in that order.
     pub stages: Vec<StageError>,
+    /// Median per-sample gradient norm (mean over the batches).
     pub median_norm: f64,
+    /// ||ḡ||, the norm of the true mean gradient (mean over the batches).
     pub mean_gradient_norm: f64,
+    /// m, the trainable scalars.
     pub parameters: i64,
+    /// B, examples per batch.
     pub batch_size: i64,
 }
 

@@ -56,6 +56,7 @@ pub struct BatchGradients {
     /// The true mean gradient ḡ = (1/B) Σ_i g_i (unclipped, noiseless), flattened over all
     /// trainable parameters in order.
     pub mean: Tensor,
+    /// B, the batch's examples.
     pub batch_size: i64,
 }
 

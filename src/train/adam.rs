@@ -13,10 +13,17 @@ use std::collections::HashMap;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
+/// Adam's settings and its state: the moments m and v of every parameter and the step count t
+/// (module docs for the update). Made by `Adam::new`; hand it to an `Updater` or call
+/// `Optimizer::step` in a loop of one's own.
 pub struct Adam {
+    /// Learning rate (the step size before bias correction), > 0.
     pub lr: f64,
+    /// β1, the decay of the first moment m, in [0, 1); torch's default 0.9.
     pub beta1: f64,
+    /// β2, the decay of the second moment v, in [0, 1); torch's default 0.999.
     pub beta2: f64,
+    /// ε added to sqrt(v̂) in the denominator, for numerical stability; torch's default 1e-8.
     pub eps: f64,
     /// First and second moments per parameter, created on the first step.
     m: Vec<Tensor>,
@@ -26,6 +33,20 @@ pub struct Adam {
 }
 
 impl Adam {
+    /// Adam with learning rate `lr`, moment decays `beta1` and `beta2`, and `eps`, before its
+    /// first step (moments are made on the first step, shaped as its gradients).
+    ///
+    /// ```
+    /// use dpcomp::prelude::*;
+    /// use tch::{Device, Kind, Tensor};
+    /// let w = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+    /// let mut adam = Adam::new(0.01, 0.9, 0.999, 1e-8);
+    /// adam.step(&[w.shallow_clone()], &[Tensor::from_slice(&[3.0f32, -0.5])]);
+    /// // The first bias-corrected step moves each weight by about lr against its gradient's sign.
+    /// let moved = Vec::<f32>::try_from(&w).unwrap();
+    /// assert!((moved[0] + 0.01).abs() < 1e-6 && (moved[1] - 0.01).abs() < 1e-6);
+    /// assert_eq!(adam.steps(), 1);
+    /// ```
     pub fn new(lr: f64, beta1: f64, beta2: f64, eps: f64) -> Self {
         Adam {
             lr,
@@ -38,6 +59,7 @@ impl Adam {
         }
     }
 
+    /// t, the steps taken so far (restored from a checkpoint's `step` on resume).
     pub fn steps(&self) -> i64 {
         self.steps
     }

@@ -30,10 +30,15 @@ pub enum CanaryKind {
     BlackBox,
 }
 
+/// How `audit_training` audits a run, fixed before it starts (so the bound stays valid).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AuditSettings {
+    /// White-box gradient canaries or black-box mislabelled examples.
     pub kind: CanaryKind,
+    /// How many canaries, their seed and (white box) their directions and what the auditor sees.
     pub canaries: CanarySettings,
+    /// How many "included" and "excluded" guesses the auditor makes; in total at least 1 and at
+    /// most `canaries.canaries`, or `audit_training` refuses.
     pub guesses: Guesses,
     /// 1 − confidence of the lower bound.
     pub beta: f64,
@@ -42,16 +47,23 @@ pub struct AuditSettings {
 /// What `dpcomp audit` prints and writes to `audit.json` in the run folder.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct AuditReport {
+    /// The audited run's task name.
     pub task: String,
+    /// The run's compressor label ("identity", "dgc x256", ...), as in `summary.json`.
     pub compressor: String,
+    /// Which canaries the run carried.
     pub kind: CanaryKind,
     /// White box: what the auditor saw (black box: the final model only).
     pub observe: Option<Observe>,
+    /// White box with dense random directions instead of Dirac ones (false for black box).
     pub dense: bool,
+    /// σ of the run (0 audits the clipping alone).
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub noise_multiplier: f64,
+    /// q, the probability that a step samples a given example.
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub sample_rate: f64,
+    /// DP steps the run took.
     pub steps: u64,
     /// ε of the run by its accountant at `outcome.delta` (∞ at σ 0, written "inf").
     #[serde(with = "crate::json_floats::epsilon_f64")]
@@ -60,12 +72,14 @@ pub struct AuditReport {
     pub outcome: AuditOutcome,
     /// White box: both observations of the same run (`outcome` is one of them).
     pub every_step: Option<AuditOutcome>,
+    /// White box: the audit from the final weights alone (`Observe::Final`).
     pub final_weights: Option<AuditOutcome>,
     /// The bound had every guess been right: the most this audit could show.
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub max_bound: f64,
     /// White box: how many times a canary was sampled into a step.
     pub canary_samples: Option<u64>,
+    /// The trained model's test accuracy after its last epoch, in [0, 1].
     #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
     pub test_accuracy: f64,
     /// The audited bound exceeds the accounted ε: the run's privacy claim is refuted (with the

@@ -17,10 +17,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tch::{nn, Tensor};
 
+/// A run's progress, saved as the checkpoint's `state.json` after every epoch and read back on
+/// resume (`Trainer::state` shows the live one).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct TrainState {
+    /// Epochs finished (and checkpointed); a resume starts the next one.
     pub epochs_done: usize,
+    /// Optimiser steps taken since the run started.
     pub steps_done: u64,
+    /// Seconds of training so far, summed over epochs (the time between sessions not counted).
     pub wall_seconds: f64,
     /// Every DP step taken so far: a resumed run continues its ε, never restarts it.
     #[serde(default)]
@@ -48,6 +53,8 @@ pub struct TrainState {
     pub data: Option<String>,
 }
 
+/// `run_dir/checkpoint`, where a run's last complete checkpoint lives (`find` also accepts the
+/// `checkpoint.old` a save cut short leaves).
 pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoint")
 }
@@ -98,7 +105,9 @@ pub fn load_weights(vs: &nn::VarStore, path: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn save(
+/// Saves a training run's checkpoint into `run_dir` (`save_folder`): the weights of `vs`, the
+/// optimiser's and the compressor's named state (files only when non-empty) and `state`.
+pub(crate) fn save(
     run_dir: &Path,
     vs: &nn::VarStore,
     momentum: &[(String, Tensor)],
@@ -163,9 +172,9 @@ pub const MANIFEST: &str = "manifest.json";
 
 /// One file's entry in the manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileDigest {
-    pub bytes: u64,
-    pub sha256: String,
+struct FileDigest {
+    bytes: u64,
+    sha256: String,
 }
 
 fn digest(path: &Path) -> Result<FileDigest> {
@@ -258,6 +267,8 @@ pub fn open(run_dir: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The `state.json` of the checkpoint folder `dir` (`find` or `open` gives it); an error when it
+/// cannot be read or parsed.
 pub fn read_state(dir: &Path) -> Result<TrainState> {
     let path = dir.join("state.json");
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;

@@ -232,7 +232,10 @@ pub fn load_compressor_checkpoint(
 /// How `train_in_threads` starts: a fresh run, or the resumption of one (`TrainerBuilder::resume`).
 #[derive(Debug, Clone)]
 pub enum Start {
+    /// A new run of this configuration (`run_dir` must not hold another).
     Fresh(TrainConfig),
+    /// The run already in `run_dir`, from its last checkpoint, with these changed settings
+    /// (only those of `RESUME_MAY_CHANGE`).
     Resume(crate::config::TrainOverrides),
 }
 

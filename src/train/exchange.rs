@@ -42,11 +42,15 @@ pub struct Exchanged {
     pub bits: u64,
     /// This worker's message in the paper's unit (`Message::paper_bits`).
     pub paper_bits: u64,
+    /// What the exchange cost this worker: bytes through the transport and the seconds of each
+    /// phase.
     pub cost: StepTraffic,
 }
 
 /// A worker's end of the exchange: the transport and one decoder per sender.
 pub struct Exchange {
+    /// The transport to the other workers (threads or MPI ranks); its rank and size are this
+    /// worker's and W.
     pub comm: Box<dyn Communicator>,
     /// Decoders of the gathered messages, one per sender in rank order.
     pub decoders: Vec<Box<dyn Decoder>>,
@@ -70,6 +74,7 @@ impl Exchange {
         }
     }
 
+    /// W, the number of workers taking part (the transport's size).
     pub fn workers(&self) -> usize {
         self.comm.size()
     }

@@ -15,6 +15,8 @@ use tch::{Device, Kind, Tensor};
 
 /// Black-box canaries: training examples given a wrong label (module docs).
 pub struct InputCanaries {
+    /// Whether canary i was put in the training split (each with probability ½, drawn from the
+    /// audit's seed), in canary order: what the auditor guesses.
     pub included: Vec<bool>,
     /// The canaries as examples (features, wrong labels), in canary order.
     pub examples: Dataset,

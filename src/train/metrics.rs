@@ -6,22 +6,36 @@ use crate::json_floats::{epsilon_json, nan_if_null};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// One epoch's row of `metrics.jsonl`, as `Trainer::history` and `Observer::epoch_finished`
+/// see it. Non-finite losses (a diverged epoch) are written as `null` and read back as NaN.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct EpochMetrics {
+    /// The epoch this row is for, counted from 1.
     pub epoch: usize,
+    /// Optimiser steps taken since the run started, this epoch's included.
     pub steps: u64,
+    /// Mean cross-entropy (nats) of the epoch's training examples, as the steps saw them
+    /// (training mode, before each step's update); with W workers, over all workers' examples.
     #[serde(deserialize_with = "nan_if_null")]
     pub train_loss: f64,
+    /// Share of the epoch's training examples predicted correctly during the steps, in [0, 1].
     #[serde(deserialize_with = "nan_if_null")]
     pub train_accuracy: f64,
+    /// Mean cross-entropy (nats) on the test split after the epoch, in evaluation mode; NaN
+    /// when the test split is empty.
     #[serde(deserialize_with = "nan_if_null")]
     pub test_loss: f64,
+    /// Accuracy on the test split after the epoch, in [0, 1]; NaN when the test split is empty.
     #[serde(deserialize_with = "nan_if_null")]
     pub test_accuracy: f64,
+    /// Training examples per second of the epoch's steps (the test evaluation not counted).
     #[serde(deserialize_with = "nan_if_null")]
     pub examples_per_second: f64,
+    /// Seconds the epoch took, its test evaluation included.
     #[serde(deserialize_with = "nan_if_null")]
     pub epoch_seconds: f64,
+    /// Seconds of training since the run started, summed over its epochs (the time between a
+    /// stop and a resume not counted).
     #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,
     /// ε spent after this epoch (DP runs; "inf" at σ = 0).
@@ -52,33 +66,49 @@ pub struct EpochMetrics {
     pub workers: Option<super::traffic::EpochTraffic>,
 }
 
+/// What a finished run reports (`Trainer::run`'s result, written to `summary.json`): its
+/// accuracy, privacy spent and upload.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Summary {
+    /// The task's name (`Task`'s, e.g. "surnames"), or the name given to a model of one's own.
     pub task: String,
+    /// Epochs trained, fewer than configured when the run stopped early (`stopped`).
     pub epochs: usize,
     /// Mean test accuracy of the last min(10, epochs) epochs (the paper's figure); NaN (written
     /// as null) when the test split was empty.
     #[serde(deserialize_with = "nan_if_null")]
     pub final_accuracy: f64,
+    /// Test accuracy after the last epoch, in [0, 1]; NaN before any epoch or without a test
+    /// split.
     #[serde(deserialize_with = "nan_if_null")]
     pub last_test_accuracy: f64,
+    /// Seconds of training over the whole run, its earlier sessions included.
     #[serde(deserialize_with = "nan_if_null")]
     pub wall_seconds: f64,
     /// DP runs: (ε, δ) spent, σ, q, how batches were sampled, and why training stopped early.
     /// ε is "inf" when σ = 0 (clipping without noise), null only without privacy.
     #[serde(default, with = "epsilon_json")]
     pub epsilon: Option<f64>,
+    /// δ of the (ε, δ) guarantee; `None` without privacy.
     pub delta: Option<f64>,
+    /// σ, the noise's standard deviation in units of the clipping radius C (the configured or
+    /// calibrated one); `None` when the configuration has none.
     pub noise_multiplier: Option<f64>,
+    /// q, the probability that a step samples a given example (1 / steps per epoch); `None`
+    /// without privacy.
     pub sample_rate: Option<f64>,
+    /// "poisson", or the shuffle approximation with its caveat; `None` without privacy.
     pub sampling: Option<String>,
     /// "seeded" (reproducible; regenerable from config.toml's seed) or "secure" (`--secure-noise`).
     #[serde(default)]
     pub noise: Option<String>,
+    /// Why the run stopped before its last epoch (the privacy budget, or `DIVERGED` and where);
+    /// `None` when it trained every epoch.
     pub stopped: Option<String>,
     /// The compressor ("identity", "dgc x256", "powersgd r1", ...) and the upstream gigabits
     /// (10^9 exact wire bits) one worker sent over the whole run.
     pub compressor: String,
+    /// Upstream gigabits (10^9 exact wire bits) one worker sent over the whole run.
     #[serde(deserialize_with = "nan_if_null")]
     pub upstream_gigabits: f64,
     /// The same upload in the paper's unit (64 bits per element / 8 / 2^30, its "Gb").

@@ -128,6 +128,8 @@ impl Trainer {
         1.0 / self.steps_per_epoch() as f64
     }
 
+    /// Steps in an epoch: ceil(n / B) for the n examples of the whole training split (with W
+    /// workers too) and the batch size B; 1 / q under DP.
     pub fn steps_per_epoch(&self) -> i64 {
         steps_per_epoch_of(self.data.train.len(), self.config.optimizer.batch_size)
     }

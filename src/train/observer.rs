@@ -29,16 +29,20 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub struct LiveProgress {
     /// 0-based epoch and step within it.
     pub epoch: usize,
+    /// The step just finished, 0-based within the epoch.
     pub step: usize,
-    /// Mean training loss and accuracy of the epoch's examples so far.
+    /// Mean training cross-entropy (nats) of this worker's examples of the epoch so far.
     pub loss: f64,
+    /// Share of those examples predicted correctly, in [0, 1].
     pub accuracy: f64,
     /// ε so far: live with the RDP accountant, as of the epoch's start with the PLD (whose
     /// FFTs run once per epoch); `None` without privacy.
     pub epsilon: Option<f64>,
+    /// True when `epsilon` is up to this step (RDP), false when it is the epoch start's (PLD).
     pub epsilon_is_live: bool,
     /// Upstream traffic of the whole run so far, in 10^9 bits.
     pub upstream_gigabits: f64,
+    /// This worker's training examples per second since the epoch started.
     pub examples_per_second: f64,
 }
 

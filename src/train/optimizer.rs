@@ -11,6 +11,37 @@ use std::collections::HashMap;
 use std::path::Path;
 use tch::Tensor;
 
+/// What moves the weights given a step's final gradient: `Sgd`, `Adam`, or one of one's own,
+/// which an `Updater` (and so the `Trainer`) drives the same way. The state it returns is
+/// written to the checkpoint's `optimizer.safetensors` and handed back on resume.
+///
+/// ```
+/// use dpcomp::prelude::*;
+/// use std::{collections::HashMap, path::Path};
+/// use tch::{Device, Kind, Tensor};
+///
+/// /// signSGD: each weight moves by `lr` against its gradient's sign; nothing carried.
+/// struct SignSgd { lr: f64 }
+///
+/// impl Optimizer for SignSgd {
+///     fn step(&mut self, params: &[Tensor], grads: &[Tensor]) {
+///         tch::no_grad(|| {
+///             for (p, g) in params.iter().zip(grads) {
+///                 let _ = p.shallow_clone().g_add_(&(g.sign() * -self.lr));
+///             }
+///         });
+///     }
+///     fn state(&self, _names: &[String]) -> Vec<(String, Tensor)> { Vec::new() }
+///     fn load_state(&mut self, _: &[(String, Tensor)], _: &HashMap<String, Tensor>, _: &Path)
+///         -> dpcomp::Result<()> { Ok(()) }
+/// }
+///
+/// let w = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+/// let mut updater = Updater::plain(SignSgd { lr: 0.5 });
+/// updater.apply(0, &[w.shallow_clone()], &[Tensor::from_slice(&[2.0f32, -3.0])])?;
+/// assert_eq!(Vec::<f32>::try_from(&w).unwrap(), [-0.5, 0.5]);
+/// # Ok::<(), dpcomp::Error>(())
+/// ```
 pub trait Optimizer {
     /// Moves each parameter by its gradient (same order and shapes).
     fn step(&mut self, params: &[Tensor], grads: &[Tensor]);

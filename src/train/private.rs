@@ -20,13 +20,19 @@ use tch::{Device, Kind, Reduction, Tensor};
 pub struct DpSettings {
     /// E[B]: qN under Poisson sampling, the batch size under shuffling.
     pub expected_batch: f64,
+    /// At most this many examples per forward and backward pass (their clipped sums add up
+    /// before the one noise draw); `None`: the whole logical batch at once. Memory, not ε.
     pub physical_batch: Option<i64>,
+    /// How the per-sample gradients are clipped: recorded tape (one or two backward passes)
+    /// or per-example autograd (the slow reference).
     pub mode: GradSampleMode,
 }
 
 /// Sums a step reports, as device tensors (no host sync).
 pub struct StepTotals {
+    /// Σ_i of the examples' cross-entropy, a 0-d float tensor.
     pub loss_sum: Tensor,
+    /// How many examples the logits classified right, a 0-d int64 tensor.
     pub correct: Tensor,
     /// Examples whose gradient norm exceeded C.
     pub clipped: Tensor,
@@ -177,6 +183,7 @@ pub fn dp_step(
 pub struct PerSampleBatch {
     /// (parameter, its per-sample gradient recipe), in the order of the trainable parameters.
     pub per_sample: Vec<(Tensor, PerSample)>,
+    /// The model's output, [B, classes].
     pub logits: Tensor,
     /// Σ_i loss_i.
     pub loss_sum: Tensor,

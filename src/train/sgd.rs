@@ -7,14 +7,31 @@ use std::collections::HashMap;
 use std::path::Path;
 use tch::Tensor;
 
+/// SGD's settings and its momentum buffers: w <- w - lr v, v <- momentum v + g (v = g without
+/// momentum), as `torch.optim.SGD` without dampening or weight decay. Hand it to an `Updater` or
+/// call `Optimizer::step` in a loop of one's own.
 pub struct Sgd {
+    /// Learning rate, > 0.
     pub lr: f64,
+    /// Heavy-ball momentum in [0, 1); 0 is plain SGD and keeps no buffers.
     pub momentum: f64,
     /// One buffer per trainable variable, created on the first step when momentum > 0.
     pub buffers: Vec<Tensor>,
 }
 
 impl Sgd {
+    /// SGD with learning rate `lr` and heavy-ball `momentum` (0 for none), before its first step.
+    ///
+    /// ```
+    /// use dpcomp::prelude::*;
+    /// use tch::{Device, Kind, Tensor};
+    /// let w = Tensor::ones([1], (Kind::Float, Device::Cpu));
+    /// let mut sgd = Sgd::new(0.1, 0.9);
+    /// let g = Tensor::ones([1], (Kind::Float, Device::Cpu));
+    /// sgd.step(&[w.shallow_clone()], &[g.shallow_clone()]); // v = 1, w = 1 - 0.1
+    /// sgd.step(&[w.shallow_clone()], &[g]); // v = 0.9 + 1, w = 0.9 - 0.19
+    /// assert!((w.double_value(&[0]) - 0.71).abs() < 1e-6);
+    /// ```
     pub fn new(lr: f64, momentum: f64) -> Self {
         Sgd {
             lr,

@@ -9,11 +9,14 @@ use std::path::Path;
 
 /// One worker's cost of one step, a row of `traffic.csv`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TrafficRow {
+pub(crate) struct TrafficRow {
+    /// The run's step count after this step (1-based, since the run started).
     pub step: u64,
+    /// The worker's rank.
     pub rank: usize,
     /// Seconds of the step outside the exchange (forward, backward, clipping, noise, optimiser).
     pub compute_seconds: f64,
+    /// Bytes through the transport and the seconds of the exchange's phases.
     pub cost: StepTraffic,
 }
 
@@ -53,7 +56,10 @@ impl TrafficRow {
 
 /// Every rank's rows of an epoch, on every rank, in rank order (byte counts are exact in f64
 /// below 2^53).
-pub fn gather_traffic(comm: &mut dyn Communicator, mine: &[TrafficRow]) -> Result<Vec<TrafficRow>> {
+pub(crate) fn gather_traffic(
+    comm: &mut dyn Communicator,
+    mine: &[TrafficRow],
+) -> Result<Vec<TrafficRow>> {
     let bytes: Vec<u8> = mine
         .iter()
         .flat_map(|r| r.to_values())
@@ -77,7 +83,7 @@ pub fn gather_traffic(comm: &mut dyn Communicator, mine: &[TrafficRow]) -> Resul
 
 /// Appends rows to `traffic.csv` (a header first when the file is new); `metrics::truncate_upstream`
 /// cuts it back to a checkpoint's steps, its first column being the step too.
-pub fn append_traffic(path: &Path, rows: &[TrafficRow]) -> Result<()> {
+pub(crate) fn append_traffic(path: &Path, rows: &[TrafficRow]) -> Result<()> {
     let lines: Vec<String> = rows
         .iter()
         .map(|r| {
@@ -104,6 +110,7 @@ pub fn append_traffic(path: &Path, rows: &[TrafficRow]) -> Result<()> {
 /// An epoch's exchange over all workers, in `metrics.jsonl` (`traffic.csv` has every step).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct EpochTraffic {
+    /// W, the number of workers (the length of every vector below).
     pub workers: usize,
     /// Bytes each rank handed to the transport in the epoch's exchanges, in rank order.
     pub sent_bytes: Vec<u64>,
@@ -120,7 +127,7 @@ pub struct EpochTraffic {
 
 impl EpochTraffic {
     /// Totals per rank of an epoch's rows.
-    pub fn of(workers: usize, rows: &[TrafficRow], control_bytes: u64) -> EpochTraffic {
+    pub(crate) fn of(workers: usize, rows: &[TrafficRow], control_bytes: u64) -> EpochTraffic {
         let mut t = EpochTraffic {
             workers,
             sent_bytes: vec![0; workers],

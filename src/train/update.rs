@@ -23,6 +23,7 @@ use tch::Tensor;
 /// # Ok::<(), dpcomp::error::Error>(())
 /// ```
 pub struct Updater {
+    /// What moves the weights once the message is decoded (`Sgd`, `Adam` or one's own).
     pub optimizer: Box<dyn Optimizer>,
     /// The worker's encoder and the receiver's decoder (one worker in this process).
     pub compressor: Link,
@@ -52,6 +53,9 @@ pub struct Updater {
 }
 
 impl Updater {
+    /// `optimizer` after the encoder and decoder of `compressor`, built already: for an
+    /// `Encoder`/`Decoder` pair of one's own (`with_compressor` builds the `Link` of a
+    /// `Compressor` setting, `plain` an uncompressed one). One worker, no second clipping.
     pub fn new(optimizer: Box<dyn Optimizer>, compressor: Link) -> Self {
         Updater {
             optimizer,

@@ -13,6 +13,7 @@ use tch::{Device, Kind, Tensor};
 /// A run's whole upload in both units.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Upload {
+    /// Steps of the whole run: epochs x ceil(n / B).
     pub steps: u64,
     /// Exact wire bits.
     pub wire_bits: u64,
@@ -21,6 +22,7 @@ pub struct Upload {
 }
 
 impl Upload {
+    /// The exact wire bits in 10^9 bits: what `summary.json`'s `upstream_gigabits` reports.
     pub fn gigabits(&self) -> f64 {
         self.wire_bits as f64 / 1e9
     }
