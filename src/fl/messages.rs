@@ -62,7 +62,7 @@ impl RoundMessages {
             None => {
                 let options = Sketch {
                     scheme: settings.scheme,
-                    ratio: settings.ratio,
+                    rate: 1.0 / settings.ratio,
                     chunks: settings.chunks,
                     rows: settings.rows,
                     seed: settings.seed ^ 0x5eed,
