@@ -15,9 +15,9 @@ use std::path::{Path, PathBuf};
 /// The file a fresh start writes into its folder to mark it as a dpcomp run folder.
 pub const MARKER: &str = ".dpcomp-run";
 
-/// Every name a dpcomp run writes into its folder: the configuration (`config.toml` for
-/// training, `config.json` for federated runs), the logs, the checkpoint's three folders, the
-/// lock and the marker.
+/// Every name a dpcomp run writes into its folder: the configuration (`config.toml`; federated
+/// runs before issue 36 wrote `config.json`, still read and replaced), the logs, the
+/// checkpoint's three folders, the lock and the marker.
 pub const RUN_FILES: [&str; 13] = [
     MARKER,
     crate::run_lock::LOCK_FILE,

@@ -269,15 +269,15 @@ fn private_fl_cs_on_breast_cancer_learns_and_reports_the_accountants_epsilon() {
     };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
-    // FL-CS at r = 0.1 with client-level DP calibrated to ε = 1 after 30 rounds.
+    // FL-CS at rate 10 (r = 0.1) with client-level DP calibrated to ε = 1 after 30 rounds.
     let summary = dpcomp(&[
         "fl",
         "--dataset",
         "breast_cancer",
-        "--scheme",
-        "cs",
-        "--ratio",
-        "0.1",
+        "--compressor",
+        "fl-cs",
+        "--rate",
+        "10",
         "--dp",
         "--target-epsilon",
         "1",
@@ -347,13 +347,13 @@ fn fl_std_and_fl_cs_learn_fashion_mnist() {
         );
         return;
     }
-    for (scheme, floor) in [("std", 0.72), ("cs", 0.40)] {
+    for (compressor, floor) in [("identity", 0.72), ("fl-cs", 0.40)] {
         let summary = dpcomp(&[
             "fl",
-            "--scheme",
-            scheme,
-            "--ratio",
-            "0.1",
+            "--compressor",
+            compressor,
+            "--rate",
+            if compressor == "identity" { "1" } else { "10" },
             "--rounds",
             "10",
             "--eval-examples",
@@ -361,7 +361,10 @@ fn fl_std_and_fl_cs_learn_fashion_mnist() {
             "--json",
         ]);
         let best = summary["best"].as_f64().unwrap();
-        assert!(best > floor, "{scheme}: accuracy {best} after 10 rounds");
+        assert!(
+            best > floor,
+            "{compressor}: accuracy {best} after 10 rounds"
+        );
         assert_eq!(summary["parameters"].as_i64(), Some(5994));
     }
 }
@@ -432,7 +435,7 @@ full_clip = 0.5
 
 [grid]
 schemes = ["std", "cs"]
-ratios = [0.1]
+rates = [10.0]
 dp = [false, true]
 target_epsilon = 2.0
 delta = 1e-5
@@ -550,8 +553,6 @@ fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
             "fl",
             "--dataset",
             dataset,
-            "--scheme",
-            "std",
             "--rounds",
             "30",
             "--data-dir",
@@ -572,13 +573,13 @@ fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
         );
         (summary, per_client, best)
     };
-    let (_, dense_bits, dense) = run("dense", "breast_cancer", &[]);
+    let (_, dense_bits, dense) = run("dense", "breast_cancer", &["--compressor", "identity"]);
     let (dgc, dgc_bits, dgc_best) = run(
         "dgc",
         "breast_cancer",
         &["--compressor", "dgc", "--rate", "16"],
     );
-    let (_, flchain_bits, flchain_dense) = run("flchain", "flchain", &[]);
+    let (_, flchain_bits, flchain_dense) = run("flchain", "flchain", &["--compressor", "identity"]);
     let (powersgd, powersgd_bits, powersgd_best) = run(
         "powersgd",
         "flchain",
@@ -666,8 +667,8 @@ fn the_federated_network_is_chosen_by_model() {
     // 5 FedAvg rounds of the 1.66M-parameter CNN (about 10 s here): 69.8% measured.
     let summary = dpcomp(&[
         "fl",
-        "--scheme",
-        "std",
+        "--compressor",
+        "identity",
         "--model",
         "fedavg-cnn",
         "--rounds",
@@ -694,8 +695,8 @@ fn a_validation_split_chooses_the_round_reported_beside_the_best() {
         "fl",
         "--dataset",
         "breast_cancer",
-        "--scheme",
-        "std",
+        "--compressor",
+        "identity",
         "--dp",
         "--noise-multiplier",
         "1",
@@ -760,8 +761,8 @@ fn flchain_is_the_larger_medical_table() {
         "fl",
         "--dataset",
         "flchain",
-        "--scheme",
-        "std",
+        "--compressor",
+        "identity",
         "--rounds",
         "30",
         "--json",
@@ -792,7 +793,6 @@ fn a_round_with_an_overflowed_client_reads_back() {
 /// as "not private"), and which reads back as ∞. FL-STD on breast cancer, 3 rounds.
 #[test]
 fn a_noiseless_private_federated_run_writes_its_infinite_epsilon_as_inf() {
-    use dpcomp::compress::linear_sketch::Scheme;
     use dpcomp::fl::data::{FlData, FlDataset};
     use dpcomp::fl::{default_full_clip, read_rows, run_with_canaries, FlPrivacy, FlSettings};
     use dpcomp::privacy::audit::{CanaryAudit, Guesses};
@@ -803,8 +803,7 @@ fn a_noiseless_private_federated_run_writes_its_infinite_epsilon_as_inf() {
     // An in-process run seeds LibTorch's global generator: never beside another one.
     let _serial = common::serial();
     let mut settings = FlSettings::defaults(FlDataset::BreastCancer);
-    settings.scheme = Scheme::Std;
-    settings.ratio = 1.0;
+    settings.compression = Default::default();
     settings.rounds = 3;
     settings.privacy = Some(FlPrivacy {
         clip: default_full_clip(FlDataset::BreastCancer),
@@ -888,10 +887,10 @@ fn canary_clients_audit_client_level_dp() {
             "fl",
             "--dataset",
             "breast_cancer",
-            "--scheme",
-            scheme,
-            "--ratio",
-            "0.5",
+            "--compressor",
+            if scheme == "std" { "identity" } else { "fl-cs" },
+            "--rate",
+            if scheme == "std" { "1" } else { "2" },
             "--dp",
             "--rounds",
             "40",
@@ -982,7 +981,6 @@ full_clip = 0.5
 
 [grid]
 schemes = ["std"]
-ratios = [0.1]
 dp = [false, true]
 noise_scales = [1.0, 0.5]
 seeds = [0, 1, 2]
@@ -1057,10 +1055,10 @@ fn a_stopped_federated_run_continues_exactly_where_it_stopped() {
         "fl",
         "--dataset",
         "breast_cancer",
-        "--scheme",
-        "cs",
-        "--ratio",
-        "0.2",
+        "--compressor",
+        "fl-cs",
+        "--rate",
+        "5",
         "--dp",
         "--noise-multiplier",
         "0.5",
@@ -1075,7 +1073,8 @@ fn a_stopped_federated_run_continues_exactly_where_it_stopped() {
         "--json",
     ]);
     let settings: FlSettings =
-        serde_json::from_str(&std::fs::read_to_string(cli.join("config.json")).unwrap()).unwrap();
+        toml::from_str(&std::fs::read_to_string(cli.join("config.toml")).unwrap()).unwrap();
+    assert!(!cli.join("config.json").exists());
     let data = dpcomp::fl::data::FlData::load(settings.dataset, &data_dir).unwrap();
     let (whole, stopped) = (dir.path().join("whole"), dir.path().join("stopped"));
     for d in [&whole, &stopped] {
@@ -1228,5 +1227,385 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
         } else {
             std::fs::copy(&path, &target).unwrap();
         }
+    }
+}
+
+/// Issue 36, one vocabulary: a federated cell committed with the `config.json` of before
+/// (`scheme`, `ratio`, `lambda`, `owlqn_iterations`) reads as today's settings, `compression`
+/// in `dpcomp train`'s form: FL-CS at r 0.05 is `fl-cs` at rate 20 with the federated
+/// defaults (no options: λ 0.01, FL-CS's 50 OWL-QN iterations), FL-STD is `identity`.
+#[test]
+fn a_committed_json_era_config_migrates_to_the_compression_settings() {
+    use dpcomp::compress::linear_sketch::Scheme;
+    use dpcomp::compress::{Compressor, CompressorKind};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("experiments/runs/fl_scale/cpu/fashion-mnist");
+    let cs = root.join("cs-r0.05-dp-m0-s0");
+    assert!(cs.join("config.json").is_file() && !cs.join("config.toml").exists());
+    let text = std::fs::read_to_string(cs.join("config.json")).unwrap();
+    let old: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        (old["scheme"].as_str(), old["ratio"].as_f64()),
+        (Some("cs"), Some(0.05))
+    );
+    let settings = dpcomp::fl::config_file::read(&cs).unwrap().unwrap();
+    let c = &settings.compression;
+    assert_eq!(c.kind, CompressorKind::FlCs);
+    assert_eq!(c.rate, 20.0);
+    assert_eq!(c.rank, 1);
+    assert!(c.options.is_empty(), "{:?}", c.options);
+    assert_eq!(c.clip_noised, None);
+    assert_eq!(settings.scheme(), Scheme::Cs);
+    assert_eq!(settings.paper_ratio(), 0.05);
+    let Compressor::Sketch(sketch) = settings.compressor().unwrap() else {
+        panic!("FL-CS is a sketch")
+    };
+    assert_eq!((sketch.rate, sketch.lambda), (20.0, 0.01));
+    assert_eq!(sketch.iterations, dpcomp::fl::FL_CS_ITERATIONS);
+    // The rest of the settings as they were.
+    let privacy = settings.privacy.unwrap();
+    assert_eq!(Some(privacy.clip), old["privacy"]["clip"].as_f64());
+    assert_eq!(settings.rounds as u64, old["rounds"].as_u64().unwrap());
+    assert_eq!(settings.seed, 0);
+    settings.validate().unwrap();
+    let std = dpcomp::fl::config_file::read(&root.join("std-r1-m0-s0"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        std.compression,
+        dpcomp::config::CompressionSettings::default()
+    );
+    assert_eq!(std.scheme(), Scheme::Std);
+}
+
+/// The committed federated grids (all run folders with `config.json`) under today's experiment
+/// files, which give `rates` where they gave `ratios`: every committed cell is the finished cell
+/// of the same name, so `dpcomp grid` runs none again, and their tables come out as committed.
+#[test]
+fn committed_federated_cells_are_finished_and_tabulate_as_committed() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");
+    let runs = root.join("runs");
+    let mut finished = 0;
+    for (file, profile) in [
+        ("fl_scale", "cpu"),
+        ("fl_scale", "full"),
+        ("fl_dp_population", "cpu"),
+        ("fl_std_dp_noise", "cpu"),
+        ("fl_std_dp_noise", "clients-600"),
+    ] {
+        let experiment =
+            dpcomp::experiment::ExperimentFile::open(&root.join(format!("{file}.toml"))).unwrap();
+        let folder = experiment.folder(&runs, profile);
+        for cell in experiment.list(profile, &[], &runs).unwrap() {
+            if folder.join(&cell.name).join("summary.json").is_file() {
+                assert_eq!(cell.state, "finished", "{file} {profile}: {}", cell.name);
+                finished += 1;
+            }
+        }
+        let committed = folder.join("results.csv");
+        if profile == "full" || !committed.is_file() {
+            continue;
+        }
+        let cells = dpcomp::fl::experiment::read_cells(&folder).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        dpcomp::fl::experiment::write_results(&cells, out.path()).unwrap();
+        for table in ["results.csv", "results.md"] {
+            assert_eq!(
+                std::fs::read_to_string(out.path().join(table)).unwrap(),
+                std::fs::read_to_string(folder.join(table)).unwrap(),
+                "{file} {profile}: {table}"
+            );
+        }
+    }
+    assert!(finished >= 287, "{finished} committed cells finished");
+}
+
+/// A run folder of before `config.toml`, interrupted: its `config.json` (the older names) is
+/// read, the run continues after its last round as an uninterrupted run does, and the folder
+/// then holds `config.toml` in its place.
+#[test]
+fn an_interrupted_run_with_a_json_era_config_resumes() {
+    use dpcomp::compress::chunked_dct::DctRows;
+    use dpcomp::compress::linear_sketch::Scheme;
+    use dpcomp::fl::{read_rows, run, run_until, scheme_compression, FlSettings};
+    let Some(data_dir) = common::require_shared_data() else {
+        return;
+    };
+    let _serial = common::serial();
+    let data = dpcomp::fl::data::FlData::load(dpcomp::fl::data::FlDataset::BreastCancer, &data_dir)
+        .unwrap();
+    let mut settings = FlSettings::defaults(dpcomp::fl::data::FlDataset::BreastCancer);
+    settings.rounds = 5;
+    settings.compression =
+        scheme_compression(Scheme::Cs, 4.0, Some(4), DctRows::First, 0.02, 30).unwrap();
+    assert_eq!(
+        settings.compression.options,
+        ["chunks=4", "lambda=0.02", "iterations=30"]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (whole, stopped) = (dir.path().join("whole"), dir.path().join("stopped"));
+    let uninterrupted = run(&settings, &data, Some(&whole), false).unwrap();
+    assert!(whole.join("config.toml").is_file() && !whole.join("config.json").exists());
+    run_until(&settings, &data, &stopped, 2, false).unwrap();
+    // The folder as the version before wrote it: the settings in config.json, older names.
+    let mut old = serde_json::to_value(&settings).unwrap();
+    let map = old.as_object_mut().unwrap();
+    map.remove("compression");
+    for (key, value) in [
+        ("scheme", serde_json::json!("cs")),
+        ("ratio", serde_json::json!(0.25)),
+        ("chunks", serde_json::json!(4)),
+        ("rows", serde_json::json!("first")),
+        ("lambda", serde_json::json!(0.02)),
+        ("owlqn_iterations", serde_json::json!(30)),
+    ] {
+        map.insert(key.to_string(), value);
+    }
+    std::fs::remove_file(stopped.join("config.toml")).unwrap();
+    std::fs::write(
+        stopped.join("config.json"),
+        serde_json::to_string_pretty(&old).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        dpcomp::fl::checkpoint::saved_round(&stopped, &settings),
+        Some(2)
+    );
+    let resumed = run(&settings, &data, Some(&stopped), false).unwrap();
+    assert_eq!(resumed.rounds_run, 5);
+    assert!(stopped.join("config.toml").is_file());
+    assert!(!stopped.join("config.json").exists());
+    assert_eq!(
+        dpcomp::fl::config_file::read(&stopped).unwrap().unwrap(),
+        settings
+    );
+    let strip = |rows: Vec<dpcomp::fl::RoundMetrics>| -> Vec<String> {
+        rows.iter()
+            .map(|r| {
+                format!(
+                    "{} {} {} {}",
+                    r.round,
+                    r.test_loss,
+                    r.auroc.unwrap_or(0.0),
+                    r.upstream_bits_total
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        strip(read_rows(&stopped.join("metrics.jsonl")).unwrap()),
+        strip(read_rows(&whole.join("metrics.jsonl")).unwrap())
+    );
+    assert_eq!(uninterrupted.best, resumed.best);
+}
+
+/// `dpcomp fl` before and after issue 36's vocabulary give bit-identical runs. The golden values
+/// are FL-CS with client-level DP (random rows, 4 chunks, λ 0.02, 30 OWL-QN iterations, r 0.05)
+/// and DGC x16 with client-level DP on breast cancer, recorded with the binary of commit e4b5437
+/// (before the change) as `dpcomp fl --dataset breast_cancer --rounds 6 --dp --noise-multiplier
+/// 0.5 --scheme cs --ratio 0.05 --rows random --chunks 4 --lambda 0.02 --owlqn-iterations 30`
+/// and `... --rounds 5 --dp --noise-multiplier 0.3 --scheme std --compressor dgc --rate 16`, on
+/// the project's CPU machine (LibTorch's CPU kernels may round otherwise elsewhere: there,
+/// record them again from that commit). The older flags still give the same run, with a
+/// deprecation warning; mixed with their replacements they are refused.
+#[test]
+fn federated_runs_are_bit_identical_to_the_older_vocabulary() {
+    let Some(data) = common::require_shared_data() else {
+        return;
+    };
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, args: &[&str]| -> (Vec<serde_json::Value>, String) {
+        let out = dir.path().join(name);
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+            .args(["fl", "--dataset", "breast_cancer", "--data-dir"])
+            .arg(&data)
+            .args(args)
+            .arg("--out")
+            .arg(&out)
+            .arg("--json")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{args:?}: {stderr}");
+        let rows = std::fs::read_to_string(out.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        (rows, stderr)
+    };
+    let column = |rows: &[serde_json::Value], key: &str| -> Vec<serde_json::Value> {
+        rows.iter().map(|r| r[key].clone()).collect()
+    };
+    let private = ["--dp", "--noise-multiplier", "0.5", "--rounds", "6"];
+    let (cs, quiet) = run(
+        "cs",
+        &[
+            &private[..],
+            &[
+                "--compressor",
+                "fl-cs",
+                "--rate",
+                "20",
+                "--compressor-option",
+                "chunks=4",
+                "--compressor-option",
+                "rows=random",
+                "--compressor-option",
+                "lambda=0.02",
+                "--compressor-option",
+                "iterations=30",
+            ],
+        ]
+        .concat(),
+    );
+    assert!(!quiet.contains("deprecated"), "{quiet}");
+    assert_eq!(
+        column(&cs, "test_loss"),
+        serde_json::json!([
+            0.6887651681900024,
+            0.6799911856651306,
+            0.6777889132499695,
+            0.6762287020683289,
+            0.6749732494354248,
+            0.6716373562812805
+        ])
+        .as_array()
+        .unwrap()
+        .clone()
+    );
+    assert_eq!(
+        column(&cs, "message_norm"),
+        serde_json::json!([
+            0.0950592360817469,
+            0.10816941224038601,
+            0.07416748516261577,
+            0.09839982120320201,
+            0.051551970549755625,
+            0.07134792984773715
+        ])
+        .as_array()
+        .unwrap()
+        .clone()
+    );
+    assert_eq!(
+        column(&cs, "upstream_bits"),
+        serde_json::json!([23816, 25648, 18320, 14656, 16488, 21984])
+            .as_array()
+            .unwrap()
+            .clone()
+    );
+    assert_eq!(cs[5]["epsilon"].as_f64(), Some(16.999465130746227));
+    // The older flags: the same run, and a warning naming the replacement.
+    let (older, warning) = run(
+        "older",
+        &[
+            &private[..],
+            &[
+                "--scheme",
+                "cs",
+                "--ratio",
+                "0.05",
+                "--rows",
+                "random",
+                "--chunks",
+                "4",
+                "--lambda",
+                "0.02",
+                "--owlqn-iterations",
+                "30",
+            ],
+        ]
+        .concat(),
+    );
+    let timeless = |rows: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        rows.iter()
+            .map(|r| {
+                let mut r = r.clone();
+                for key in ["client_seconds", "server_seconds", "wall_seconds"] {
+                    r.as_object_mut().unwrap().remove(key);
+                }
+                r
+            })
+            .collect()
+    };
+    assert_eq!(timeless(&older), timeless(&cs));
+    assert!(
+        warning.contains("warning: --scheme, --ratio, --chunks, --rows, --lambda, --owlqn-iterations are deprecated")
+            && warning.contains("--compressor fl-cs --rate 20 --compressor-option chunks=4 --compressor-option rows=random --compressor-option lambda=0.02 --compressor-option iterations=30"),
+        "{warning}"
+    );
+    let config = std::fs::read_to_string(dir.path().join("older/config.toml")).unwrap();
+    assert!(
+        config.contains("[compression]\nkind = \"fl-cs\"\nrate = 20.0\n"),
+        "{config}"
+    );
+    // DGC on whole updates: the older `--scheme std --compressor dgc` and today's form.
+    let dgc_private = ["--dp", "--noise-multiplier", "0.3", "--rounds", "5"];
+    let (dgc, _) = run(
+        "dgc",
+        &[&dgc_private[..], &["--compressor", "dgc", "--rate", "16"]].concat(),
+    );
+    assert_eq!(
+        column(&dgc, "test_loss"),
+        serde_json::json!([
+            0.6706181764602661,
+            0.6637349724769592,
+            0.6642248034477234,
+            0.659134566783905,
+            0.6588043570518494
+        ])
+        .as_array()
+        .unwrap()
+        .clone()
+    );
+    assert_eq!(
+        column(&dgc, "upstream_bits"),
+        serde_json::json!([35360, 38080, 27200, 21760, 24480])
+            .as_array()
+            .unwrap()
+            .clone()
+    );
+    assert_eq!(dgc[4]["epsilon"].as_f64(), Some(39.89555619970027));
+    let (older_dgc, warning) = run(
+        "older-dgc",
+        &[
+            &dgc_private[..],
+            &["--scheme", "std", "--compressor", "dgc", "--rate", "16"],
+        ]
+        .concat(),
+    );
+    assert_eq!(timeless(&older_dgc), timeless(&dgc));
+    assert!(warning.contains("--scheme is deprecated"), "{warning}");
+    // Older and newer spellings of one setting together are refused, naming the replacement.
+    for (args, expected) in [
+        (
+            &["--ratio", "0.1", "--rate", "10"][..],
+            "--ratio: the deprecated form of --rate",
+        ),
+        (
+            &["--scheme", "rnd", "--compressor", "fl-cs"][..],
+            "--scheme: rnd: the deprecated spelling of --compressor",
+        ),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+            .args([
+                "fl",
+                "--dataset",
+                "breast_cancer",
+                "--rounds",
+                "1",
+                "--data-dir",
+            ])
+            .arg(&data)
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(expected),
+            "{args:?}: {stderr}"
+        );
     }
 }

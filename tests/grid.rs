@@ -333,8 +333,16 @@ fn experiment_files_are_routed_by_kind_and_only_convex_sweeps_refuse_only() {
         2 * 2 * 2 * 3,
         "datasets x dp x momenta x seeds"
     );
+    // The same cells by the compressor's rate n / m: r 0.05 is rate 20.
+    let rate_20 = fl
+        .list("cpu", &pairs(&[("rate", "20"), ("scheme", "cs")]), &runs)
+        .unwrap();
+    let names = |cells: &[dpcomp::experiment::CellListing]| -> Vec<String> {
+        cells.iter().map(|c| c.name.clone()).collect()
+    };
+    assert_eq!(names(&rate_20), names(&five_percent));
     let err = fl
-        .run("cpu", &pairs(&[("rate", "16")]), &runs, None, false)
+        .run("cpu", &pairs(&[("rank", "16")]), &runs, None, false)
         .err()
         .unwrap()
         .to_string();

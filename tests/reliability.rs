@@ -515,7 +515,7 @@ fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
         ["--local-lr=-1", "--seed=0"],
         ["--server-lr", "nan"],
         ["--server-momentum", "1.5"],
-        ["--owlqn-iterations", "0"],
+        ["--rate", "0.5"],
     ] {
         let out = dpcomp(
             &[
@@ -540,6 +540,24 @@ fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
             stderr(&out)
         );
     }
+    // FL-CS's OWL-QN iterations, a compressor option as in training.
+    let out = dpcomp(&[
+        "fl",
+        "--dataset",
+        "breast_cancer",
+        "--rounds",
+        "1",
+        "--compressor-option",
+        "iterations=0",
+        "--data-dir",
+        &data,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("compressor option iterations: 0"),
+        "{}",
+        stderr(&out)
+    );
     // fl and train runs whose loss overflows stop with an error naming the round / epoch.
     let out = dpcomp(&[
         "fl",
@@ -547,8 +565,8 @@ fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
         "breast_cancer",
         "--rounds",
         "3",
-        "--scheme",
-        "std",
+        "--compressor",
+        "identity",
         "--local-lr",
         "1e38",
         "--data-dir",

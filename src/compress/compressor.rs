@@ -103,9 +103,7 @@ impl Compressor {
                         "rnd, freq or cs (std is the uncompressed scheme: Compressor::Identity)",
                     ));
                 }
-                if !(s.ratio > 0.0 && s.ratio <= 1.0) {
-                    return Err(field("ratio", s.ratio, "m / n in (0, 1]"));
-                }
+                rate(s.rate)?;
                 if s.chunks.is_some_and(|p| p < 1) {
                     return Err(field("chunks", s.chunks.unwrap_or(0), "at least 1"));
                 }

@@ -456,7 +456,7 @@ impl CompressorSpec {
         })
     }
 
-    /// The sketch of `fl-rnd`, `fl-freq` and `fl-cs`: r = 1 / rate; `chunks` P (default
+    /// The sketch of `fl-rnd`, `fl-freq` and `fl-cs` at `rate` n / m (the paper's r = 1 / rate); `chunks` P (default
     /// ⌈n / 1024⌉); `rows=first|random` (FL-CS); `seed` (default 0); `lambda` (FL-CS, default
     /// 0.01, the federated runs' default); `iterations` (FL-CS OWL-QN, default 100);
     /// `error_feedback` (FL-RND: off by default; FL-CS: on, Algorithm 3's error).
@@ -508,7 +508,7 @@ impl CompressorSpec {
         }
         Ok(Sketch {
             scheme,
-            ratio: 1.0 / self.rate,
+            rate: self.rate,
             chunks,
             rows,
             seed: self.get("seed", 0, "an integer")?,
@@ -603,8 +603,8 @@ impl Compressor {
                 }
             }
             Compressor::Sketch(s) => {
-                let default = Sketch::new(s.scheme, 1.0 / s.ratio);
-                rate = 1.0 / s.ratio;
+                let default = Sketch::new(s.scheme, s.rate);
+                rate = s.rate;
                 if let Some(chunks) = s.chunks {
                     set("chunks", chunks.to_string());
                 }

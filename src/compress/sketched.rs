@@ -33,11 +33,15 @@ use tch::{Device, Kind, Tensor};
 /// The sketch and its settings (`CompressorSpec::sketch_options`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sketch {
+    /// Which of the paper's sketches (FL-RND, FL-FREQ, FL-CS; FL-STD only inside a federated
+    /// round, where it sends the whole update).
     pub scheme: Scheme,
-    /// r = m / n = 1 / rate.
-    pub ratio: f64,
+    /// The compression rate n / m >= 1, as every compressor's `rate` (the federated paper
+    /// reports r = m / n = 1 / rate; the codec is built from that r).
+    pub rate: f64,
     /// P, the DCT chunks (default ⌈n / 1024⌉).
     pub chunks: Option<i64>,
+    /// FL-CS's DCT rows per chunk: the first ones (the paper's) or a seeded random subset.
     pub rows: DctRows,
     /// The seed every participant shares (coordinates, permutation, random rows).
     pub seed: u64,
@@ -56,7 +60,7 @@ impl Sketch {
     pub fn new(scheme: Scheme, rate: f64) -> Self {
         Sketch {
             scheme,
-            ratio: 1.0 / rate,
+            rate,
             chunks: None,
             rows: DctRows::First,
             seed: 0,
@@ -69,10 +73,11 @@ impl Sketch {
 
 fn codec(options: &Sketch, shapes: &[Vec<i64>], device: Device) -> Result<Codec> {
     let length: i64 = shapes.iter().map(|s| s.iter().product::<i64>()).sum();
+    // The codec keeps m / n of the values: the paper's r = 1 / rate.
     Codec::new(
         options.scheme,
         length,
-        options.ratio,
+        1.0 / options.rate,
         options.chunks,
         options.rows,
         options.seed,

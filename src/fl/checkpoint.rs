@@ -10,12 +10,13 @@
 //! - `checkpoint/state.json`: rounds done, the last message length, the accountant.
 //!
 //! Folder, manifest and swap are `train::checkpoint`'s: a half-written or edited checkpoint is
-//! refused, never trained on. A run restarted with the settings in its folder's `config.json`
-//! continues after its last saved round and keeps the metrics of the rounds before it (it may
-//! have more rounds, or another device); one with other settings is refused naming each that
-//! differs, and only `dpcomp fl --restart` (`fl::clear_run`) discards it. A finished run removes its
-//! checkpoint (its summary is what stays). Runs with canary clients (audits) are not
-//! checkpointed: their scores are kept in memory.
+//! refused, never trained on. A run restarted with the settings in its folder's `config.toml`
+//! (or an older run's `config.json`, `config_file`) continues after its last saved round and
+//! keeps the metrics of the rounds before it (it may have more rounds, or another device); one
+//! with other settings is refused naming each that differs, and only `dpcomp fl --restart`
+//! (`fl::clear_run`) discards it. A finished run removes its checkpoint (its summary is what
+//! stays). Runs with canary clients (audits) are not checkpointed: their scores are kept in
+//! memory.
 //!
 //! Randomness. The clients' batches, the sampled clients and the sketches' rows are seeded by
 //! (seed, round, client) and need nothing saved. The Gaussian noise comes from LibTorch's
@@ -87,14 +88,20 @@ pub fn load(run_dir: &Path, settings: &FlSettings) -> Result<Option<Saved>> {
     if crate::train::checkpoint::find(run_dir).is_none() {
         return Ok(None);
     }
-    let config_path = run_dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| Error::io(&config_path, e))?;
-    let saved: FlSettings = serde_json::from_str(&text).map_err(|e| {
-        Error::bad_file(
-            &config_path,
-            format!("{e}: the interrupted run's settings cannot be read, so its checkpoint cannot be continued (start it afresh with `--restart`)"),
-        )
-    })?;
+    let unreadable = "the interrupted run's settings cannot be read, so its checkpoint cannot be continued (start it afresh with `--restart`)";
+    let saved: FlSettings = match super::config_file::read(run_dir) {
+        Ok(Some(saved)) => saved,
+        Ok(None) => {
+            return Err(Error::bad_file(
+                run_dir.join(super::config_file::CONFIG_FILE),
+                format!("missing: {unreadable}"),
+            ))
+        }
+        Err(Error::BadFile { path, what }) => {
+            return Err(Error::bad_file(path, format!("{what}: {unreadable}")))
+        }
+        Err(e) => return Err(e),
+    };
     let conflicts: Vec<crate::error::SettingConflict> = differences(&saved, settings)
         .into_iter()
         .filter(|c| !RESUME_MAY_CHANGE.contains(&c.field.as_str()))
@@ -190,8 +197,7 @@ pub fn differences(saved: &FlSettings, given: &FlSettings) -> Vec<crate::error::
 /// for them (for `dpcomp grid --list`; `load` verifies the files before anything is used).
 pub fn saved_round(run_dir: &Path, settings: &FlSettings) -> Option<usize> {
     let dir = crate::train::checkpoint::find(run_dir)?;
-    let config: FlSettings =
-        serde_json::from_str(&std::fs::read_to_string(run_dir.join("config.json")).ok()?).ok()?;
+    let config = super::config_file::read(run_dir).ok()??;
     if &config != settings {
         return None;
     }

@@ -1,20 +1,24 @@
 //! The FL-CS experiment (`experiments/fl_cs.toml`, `kind = "fl"`, run by `dpcomp grid`): every
-//! dataset × scheme × ratio, without and with client-level DP, as the paper's Tables III-VI: the
+//! dataset × scheme × rate, without and with client-level DP, as the paper's Tables III-VI: the
 //! best accuracy (balanced accuracy and AUROC for the two-class table) over the rounds, the round
 //! it was reached, the cost r n 32 Round C, and S and σ of the private runs. Figures: the metric
 //! per round for every scheme (one panel a ratio) and the metric against the upstream bits.
 //!
-//! Runs go to `<out>/<dataset>/<scheme>-r<ratio>[-dp]/` (`config.json`, `metrics.jsonl`,
-//! `summary.json`); a cell whose summary exists with the same settings is not run again.
+//! The grid gives the sketches' `rates` n / m, as `[compression]` does (older files give the
+//! paper's `ratios` r = m / n instead, still read). Cells, tables and figures keep the paper's
+//! label r = 1 / rate: runs go to `<out>/<dataset>/<scheme>-r<r>[-dp]/` (`cs-r0.05` is FL-CS at
+//! rate 20), holding `config.toml` (or, from before it, `config.json`), `metrics.jsonl` and
+//! `summary.json`; a cell whose summary exists with the same settings is not run again.
 
 use super::data::{FlData, FlDataset};
 use super::{
-    default_clip, read_rows, FlCompressor, FlPrivacy, FlSettings, FlSummary, RoundMetrics,
+    default_clip, read_rows, scheme_compression, FlPrivacy, FlSettings, FlSummary, RoundMetrics,
+    FL_CS_ITERATIONS,
 };
 use crate::compress::chunked_dct::DctRows;
 use crate::compress::linear_sketch::Scheme;
 use crate::compress::CompressorKind;
-use crate::config::AccountantKind;
+use crate::config::{AccountantKind, CompressionSettings};
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};
 use serde::Deserialize;
@@ -73,26 +77,44 @@ fn one() -> f64 {
     1.0
 }
 
+/// The cells' axes and the settings they share.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Grid {
+    /// The paper's schemes: std (`identity`), rnd, freq and cs (`fl-rnd`, `fl-freq`, `fl-cs`).
     pub schemes: Vec<Scheme>,
-    /// Ratios of the compressed schemes (FL-STD runs once, at r = 1).
+    /// Rates n / m of the compressed schemes, as `[compression]`'s `rate` (FL-STD runs once,
+    /// uncompressed). Cells are named by the paper's r = 1 / rate: rate 20 is `-r0.05`.
+    #[serde(default)]
+    pub rates: Vec<f64>,
+    /// Files written before `rates`: the paper's r = m / n of the compressed schemes, read as
+    /// rates 1 / r (give `rates` or `ratios`, not both).
+    #[serde(default)]
     pub ratios: Vec<f64>,
+    /// Whether the cells run without (false) and with (true) client-level DP.
     pub dp: Vec<bool>,
+    /// ε after the rounds at noise scale 1: σ is calibrated for it.
     pub target_epsilon: f64,
+    /// δ of the private cells.
     pub delta: f64,
+    /// The accountant of the private cells.
     #[serde(default)]
     pub accountant: AccountantKind,
+    /// FL-CS's `lambda` option (default 0.01).
+    #[serde(default = "default_lambda")]
     pub lambda: f64,
+    /// FL-CS's `iterations` option (default `FL_CS_ITERATIONS`).
+    #[serde(default = "default_iterations")]
     pub owlqn_iterations: usize,
     /// DCT rows of FL-CS: the paper's first ones, random ones, or both (FL-CS runs once each).
     #[serde(default = "first_rows")]
     pub rows: Vec<DctRows>,
-    /// DGC / PowerSGD cells beside the schemes: FL-STD whose whole updates are compressed,
-    /// e.g. `compressors = [{ kind = "dgc", rate = 16.0 }, { kind = "powersgd", rank = 1 }]`.
-    #[serde(default)]
-    pub compressors: Vec<FlCompressor>,
+    /// Cells beside the schemes with a compressor of whole updates, in `[compression]`'s form
+    /// (unset fields its defaults), e.g. `compressors = [{ kind = "dgc", rate = 16.0 }, { kind
+    /// = "powersgd", rank = 1 }]`: named `dgc-x16`, `powersgd-r1`.
+    #[serde(default, deserialize_with = "compressions")]
+    pub compressors: Vec<CompressionSettings>,
+    /// The seed of every cell when `seeds` is empty.
     #[serde(default)]
     pub seed: u64,
     /// Seeds of every cell (cells named `-s{seed}`); empty: `seed` alone, names unchanged.
@@ -113,6 +135,84 @@ pub struct Grid {
 
 fn first_rows() -> Vec<DctRows> {
     vec![DctRows::First]
+}
+
+fn default_lambda() -> f64 {
+    0.01
+}
+
+fn default_iterations() -> usize {
+    FL_CS_ITERATIONS
+}
+
+/// `compressors`: each table over `CompressionSettings::default()`, its unknown keys refused.
+fn compressions<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Vec<CompressionSettings>, D::Error> {
+    use serde::de::Error as _;
+    let tables = Vec::<toml::Table>::deserialize(deserializer)?;
+    tables
+        .into_iter()
+        .map(|table| {
+            let Ok(toml::Value::Table(mut full)) =
+                toml::Value::try_from(CompressionSettings::default())
+            else {
+                unreachable!("CompressionSettings serialises to a table")
+            };
+            full.extend(table);
+            toml::Value::Table(full)
+                .try_into()
+                .map_err(|e| D::Error::custom(format!("compressors: {e}")))
+        })
+        .collect()
+}
+
+impl Grid {
+    /// The compressed schemes' (paper's r naming the cells, rate n / m): `rates` as
+    /// (1 / rate, rate), or an older file's `ratios` as (r, 1 / r).
+    pub fn sketch_rates(&self) -> Result<Vec<(f64, f64)>> {
+        match (self.rates.is_empty(), self.ratios.is_empty()) {
+            (false, false) => Err(Error::bad_value(
+                "grid.ratios",
+                "the older form of `grid.rates` (r = 1 / rate): give one of the two",
+            )),
+            (false, true) => self
+                .rates
+                .iter()
+                .map(|&rate| {
+                    if rate.is_finite() && rate >= 1.0 {
+                        Ok((1.0 / rate, rate))
+                    } else {
+                        Err(Error::bad_value(
+                            "grid.rates",
+                            format!("{rate}: expected a compression rate n / m >= 1"),
+                        ))
+                    }
+                })
+                .collect(),
+            (true, false) => self
+                .ratios
+                .iter()
+                .map(|&r| {
+                    if r > 0.0 && r <= 1.0 {
+                        Ok((r, 1.0 / r))
+                    } else {
+                        Err(Error::bad_value(
+                            "grid.ratios",
+                            format!("{r}: expected 0 < r <= 1 (or give `grid.rates`)"),
+                        ))
+                    }
+                })
+                .collect(),
+            (true, true) if self.schemes.iter().any(|s| *s != Scheme::Std) => {
+                Err(Error::bad_value(
+                    "grid.rates",
+                    "missing: the compressed schemes need their rates n / m",
+                ))
+            }
+            (true, true) => Ok(Vec::new()),
+        }
+    }
 }
 
 /// Per-dataset overrides of a profile (a shorter CPU run).
@@ -181,9 +281,8 @@ impl FlExperiment {
             base.server_momentum = d.server_momentum;
             base.model = o.model.or(d.model);
             base.validation = d.validation;
-            base.lambda = self.grid.lambda;
-            base.owlqn_iterations = self.grid.owlqn_iterations;
             base.seed = self.grid.seed;
+            let sketch_rates = self.grid.sketch_rates()?;
             let sigma = if self.grid.dp.contains(&true) {
                 crate::privacy::calibrate::noise_multiplier_for(
                     self.grid.accountant,
@@ -236,10 +335,11 @@ impl FlExperiment {
             let start = cells.len();
             for &dp in &self.grid.dp {
                 for &scheme in &self.grid.schemes {
-                    let ratios = if scheme == Scheme::Std {
-                        vec![1.0]
+                    // (the paper's r naming the cell, the rate n / m).
+                    let rates = if scheme == Scheme::Std {
+                        vec![(1.0, 1.0)]
                     } else {
-                        self.grid.ratios.clone()
+                        sketch_rates.clone()
                     };
                     let rows = if scheme == Scheme::Cs {
                         self.grid.rows.clone()
@@ -247,14 +347,19 @@ impl FlExperiment {
                         vec![DctRows::First]
                     };
                     for &row_choice in &rows {
-                        for &ratio in &ratios {
+                        for &(ratio, rate) in &rates {
                             for scale in scales_of(dp) {
                                 let mut s = base.clone();
-                                s.scheme = scheme;
-                                s.ratio = ratio;
-                                s.rows = row_choice;
+                                s.compression = scheme_compression(
+                                    scheme,
+                                    rate,
+                                    None,
+                                    row_choice,
+                                    self.grid.lambda,
+                                    self.grid.owlqn_iterations,
+                                )?;
                                 s.privacy =
-                                    privacy(dp, default_clip(d.full_clip, scheme, ratio), scale);
+                                    privacy(dp, default_clip(d.full_clip, scheme, rate), scale);
                                 let name = format!(
                                     "{}{}-r{ratio}{}{}",
                                     format!("{scheme:?}").to_lowercase(),
@@ -274,10 +379,12 @@ impl FlExperiment {
                 for compressor in &self.grid.compressors {
                     for scale in scales_of(dp) {
                         let mut s = base.clone();
-                        s.scheme = Scheme::Std;
-                        s.ratio = 1.0;
-                        s.compressor = Some(compressor.clone());
-                        s.privacy = privacy(dp, default_clip(d.full_clip, Scheme::Std, 1.0), scale);
+                        s.compression = compressor.clone();
+                        s.privacy = privacy(
+                            dp,
+                            default_clip(d.full_clip, s.scheme(), compressor.rate),
+                            scale,
+                        );
                         let setting = match compressor.kind {
                             CompressorKind::Powersgd => format!("r{}", compressor.rank),
                             _ => format!("x{}", compressor.rate),
@@ -316,11 +423,13 @@ impl FlExperiment {
     }
 }
 
-/// The axes `dpcomp grid --only AXIS=VALUE` selects federated cells by.
-pub const ONLY_AXES: [&str; 7] = [
+/// The axes `dpcomp grid --only AXIS=VALUE` selects federated cells by (`ratio` the paper's
+/// r = 1 / rate, as cells are named; `rate` the compressor's).
+pub const ONLY_AXES: [&str; 8] = [
     "dataset",
     "scheme",
     "ratio",
+    "rate",
     "dp",
     "server_momentum",
     "seed",
@@ -332,8 +441,9 @@ pub const ONLY_AXES: [&str; 7] = [
 fn axis_value(dataset: &str, name: &str, settings: &FlSettings, axis: &str) -> String {
     match axis {
         "dataset" => dataset.to_string(),
-        "scheme" => format!("{:?}", settings.scheme).to_lowercase(),
-        "ratio" => settings.ratio.to_string(),
+        "scheme" => format!("{:?}", settings.scheme()).to_lowercase(),
+        "ratio" => settings.paper_ratio().to_string(),
+        "rate" => settings.compression.rate.to_string(),
         "dp" => settings.privacy.is_some().to_string(),
         "server_momentum" => settings.server_momentum.to_string(),
         "seed" => settings.seed.to_string(),
@@ -450,11 +560,12 @@ pub fn run(
     Ok(finished)
 }
 
-/// A cell is finished when its summary exists and its config equals `settings`.
+/// A cell is finished when its summary exists and its settings (`config.toml`, or an older
+/// cell's `config.json` migrated, `config_file::read`) equal `settings`.
 pub fn finished(dir: &Path, settings: &FlSettings) -> bool {
-    let same_config = std::fs::read_to_string(dir.join("config.json"))
+    let same_config = super::config_file::read(dir)
         .ok()
-        .and_then(|t| serde_json::from_str::<FlSettings>(&t).ok())
+        .flatten()
         .is_some_and(|c| &c == settings);
     same_config && dir.join("summary.json").is_file()
 }
@@ -479,8 +590,12 @@ pub fn read_cells(out: &Path) -> Result<Vec<Cell>> {
             let read = |name: &str| -> Result<String> {
                 std::fs::read_to_string(dir.join(name)).map_err(|e| Error::io(dir.join(name), e))
             };
-            let settings: FlSettings = serde_json::from_str(&read("config.json")?)
-                .map_err(|e| Error::bad_file(dir.join("config.json"), e.to_string()))?;
+            let settings = super::config_file::read(&dir)?.ok_or_else(|| {
+                Error::bad_file(
+                    dir.join(super::config_file::CONFIG_FILE),
+                    "missing beside summary.json: the cell's settings",
+                )
+            })?;
             let summary: FlSummary = serde_json::from_str(&read("summary.json")?)
                 .map_err(|e| Error::bad_file(dir.join("summary.json"), e.to_string()))?;
             cells.push(Cell {
@@ -505,18 +620,24 @@ pub fn read_cells(out: &Path) -> Result<Vec<Cell>> {
 }
 
 /// Table order: dataset, no DP before DP, scheme as in the paper (FL-CS with random rows last),
-/// ratio.
+/// the paper's r.
 fn order_key(c: &Cell) -> (String, bool, usize, u64, u64, u64) {
+    let random_rows = matches!(
+        c.settings.compressor(),
+        Ok(crate::compress::Compressor::Sketch(s)) if s.rows == DctRows::Random
+    );
     let scheme = [Scheme::Std, Scheme::Rnd, Scheme::Freq, Scheme::Cs]
         .iter()
-        .position(|s| *s == c.settings.scheme)
+        .position(|s| *s == c.settings.scheme())
         .unwrap_or(9)
-        + usize::from(c.settings.rows == DctRows::Random && c.settings.scheme == Scheme::Cs);
+        + usize::from(random_rows && c.settings.scheme() == Scheme::Cs);
     // Compressor cells after the sketches, DGC by rate, PowerSGD by rank.
-    let (scheme, size) = match &c.settings.compressor {
-        Some(k) if k.kind == CompressorKind::Powersgd => (11, k.rank as u64),
-        Some(k) => (10, (k.rate * 1e6) as u64),
-        None => (scheme, (c.settings.ratio * 1e6) as u64),
+    let k = &c.settings.compression;
+    let (scheme, size) = match k.kind {
+        CompressorKind::Powersgd => (11, k.rank as u64),
+        CompressorKind::Identity => (scheme, 1_000_000),
+        kind if kind.is_sketch() => (scheme, (c.settings.paper_ratio() * 1e6) as u64),
+        _ => (10, (k.rate * 1e6) as u64),
     };
     (
         c.dataset.clone(),
@@ -781,5 +902,90 @@ server_momentum = [0.0, 0.9]
             == Some(super::super::model::FlNet::FedavgCnn)
             && s.validation == 0.1
             && s.rounds == 50));
+    }
+
+    /// `rates` (n / m, as `[compression]`) and an older file's `ratios` (the paper's r) give the
+    /// same cells, named by r; `compressors` take `[compression]`'s form with its defaults.
+    #[test]
+    fn rates_and_the_older_ratios_give_the_same_cells() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |axis: &str| {
+            let path = dir.path().join("grid.toml");
+            std::fs::write(
+                &path,
+                format!(
+                    r#"
+name = "rates"
+kind = "fl"
+[[datasets]]
+dataset = "breast_cancer"
+clients = 10
+fraction = 0.5
+local_steps = 1
+local_batch = 0
+local_lr = 0.5
+rounds = 3
+full_clip = 0.5
+[grid]
+schemes = ["std", "rnd", "cs"]
+{axis}
+dp = [false, true]
+target_epsilon = 1.0
+delta = 1e-5
+rows = ["first", "random"]
+compressors = [{{ kind = "dgc", rate = 16.0 }}, {{ kind = "powersgd", rank = 2 }}]
+[profiles.cpu]
+"#
+                ),
+            )
+            .unwrap();
+            FlExperiment::from_file(&path)
+        };
+        let by_rate = file("rates = [20.0, 10.0]").unwrap().cells("cpu").unwrap();
+        let by_ratio = file("ratios = [0.05, 0.1]").unwrap().cells("cpu").unwrap();
+        assert_eq!(by_rate, by_ratio);
+        let names: Vec<&str> = by_rate.iter().map(|(_, n, _)| n.as_str()).collect();
+        assert_eq!(
+            &names[..9],
+            [
+                "std-r1",
+                "rnd-r0.05",
+                "rnd-r0.1",
+                "cs-r0.05",
+                "cs-r0.1",
+                "cs-random-r0.05",
+                "cs-random-r0.1",
+                "dgc-x16",
+                "powersgd-r2"
+            ]
+        );
+        let (_, _, cs) = &by_rate[3];
+        assert_eq!(cs.compression.kind, CompressorKind::FlCs);
+        assert_eq!(cs.compression.rate, 20.0);
+        assert!(cs.compression.options.is_empty());
+        assert_eq!(by_rate[5].2.compression.options, ["rows=random"]);
+        // S = S₁ √r of the private sketches.
+        let (_, name, private) = &by_rate[12];
+        assert_eq!(name, "cs-r0.05-dp");
+        assert_eq!(private.privacy.unwrap().clip, 0.5 * 0.05f64.sqrt());
+        let powersgd = &by_rate[8].2.compression;
+        assert_eq!(
+            (powersgd.kind, powersgd.rank, powersgd.rate),
+            (CompressorKind::Powersgd, 2, 1.0)
+        );
+        let err = file("rates = [20.0]\nratios = [0.05]")
+            .unwrap()
+            .cells("cpu")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("grid.ratios:"), "{err}");
+        let err = file("rates = [0.5]")
+            .unwrap()
+            .cells("cpu")
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("grid.rates: 0.5"), "{err}");
+        let err = file("").unwrap().cells("cpu").unwrap_err().to_string();
+        assert!(err.starts_with("grid.rates: missing"), "{err}");
     }
 }

@@ -8,7 +8,7 @@
 //!   aggregation would, so clipping, the sum and the noise happen in the compressed domain of
 //!   m values, and the server decodes the aggregate once. FL-CS's decoder keeps Algorithm 3's
 //!   error in the compressed domain.
-//! - DGC and PowerSGD (`FlSettings::compressor`) are not linear: the server decodes each
+//! - DGC and PowerSGD (`compression.kind` dgc, powersgd) are not linear: the server decodes each
 //!   client's message (statelessly), and clipping, the sum and the noise happen on the n
 //!   model coordinates. A client takes part in few rounds, so it keeps no error feedback: each
 //!   round's encoder starts afresh.
@@ -17,8 +17,8 @@ use super::FlSettings;
 use crate::compress::linear_sketch::Scheme;
 use crate::compress::message::{Message, Payload};
 use crate::compress::sketched::{Sketch, SketchEncoder};
-use crate::compress::{flatten, split, CompressorSpec, Decoder, Encoder, SketchDecoder};
-use crate::error::Result;
+use crate::compress::{flatten, split, Compressor, Decoder, Encoder, SketchDecoder};
+use crate::error::{Error, Result};
 use std::collections::HashMap;
 use tch::{Device, Tensor};
 
@@ -26,9 +26,10 @@ enum Sender {
     /// One encoder for every client: a linear sketch without worker state, told each round.
     Sketch(SketchEncoder),
     /// A fresh encoder per client and round, for parameters of these shapes.
-    Compressor(CompressorSpec, Vec<Vec<i64>>),
+    Compressor(Compressor, Vec<Vec<i64>>),
 }
 
+/// A round's senders and the server's decoder (`FlSettings::compressor`).
 pub struct RoundMessages {
     sender: Sender,
     decoder: Box<dyn Decoder>,
@@ -49,35 +50,37 @@ impl RoundMessages {
     /// `shapes` are the model's parameters in the order of its flat vector.
     pub fn new(settings: &FlSettings, shapes: &[Vec<i64>], device: Device) -> Result<Self> {
         let n: i64 = shapes.iter().map(|s| s.iter().product::<i64>()).sum();
-        Ok(match &settings.compressor {
-            Some(compressor) => {
-                let spec = compressor.spec()?;
-                let decoder = spec.decoder(shapes, device)?;
-                RoundMessages {
-                    sender: Sender::Compressor(spec, shapes.to_vec()),
+        let sketch = match settings.compressor()? {
+            Compressor::Sketch(sketch) => sketch,
+            // FL-STD: the whole update, as the sketch that keeps everything (linear, so the
+            // server sums before decoding like the other schemes).
+            Compressor::Identity => Sketch {
+                seed: settings.seed ^ super::SKETCH_SEED,
+                iterations: super::FL_CS_ITERATIONS,
+                ..Sketch::new(Scheme::Std, 1.0)
+            },
+            Compressor::Denoise(_) => {
+                return Err(Error::bad_value(
+                    "compression.kind",
+                    "denoise: not a federated compressor (`FlSettings::validate`)",
+                ))
+            }
+            compressor => {
+                let decoder = compressor.decoder(shapes, device)?;
+                return Ok(RoundMessages {
+                    sender: Sender::Compressor(compressor, shapes.to_vec()),
                     decoder,
                     device,
-                }
+                });
             }
-            None => {
-                let options = Sketch {
-                    scheme: settings.scheme,
-                    ratio: settings.ratio,
-                    chunks: settings.chunks,
-                    rows: settings.rows,
-                    seed: settings.seed ^ 0x5eed,
-                    lambda: settings.lambda,
-                    iterations: settings.owlqn_iterations,
-                    // FL-CS's server error (Algorithm 3); no client keeps a residual.
-                    error_feedback: settings.scheme == Scheme::Cs,
-                };
-                let flat = [vec![n]];
-                RoundMessages {
-                    sender: Sender::Sketch(SketchEncoder::new(&flat, device, options)?),
-                    decoder: Box::new(SketchDecoder::new(&flat, device, options)?),
-                    device,
-                }
-            }
+        };
+        // FL-CS's server error (Algorithm 3, `sketch.error_feedback`); no client keeps a
+        // residual (`FlSettings::validate` refuses one).
+        let flat = [vec![n]];
+        Ok(RoundMessages {
+            sender: Sender::Sketch(SketchEncoder::new(&flat, device, sketch)?),
+            decoder: Box::new(SketchDecoder::new(&flat, device, sketch)?),
+            device,
         })
     }
 
@@ -105,8 +108,8 @@ impl RoundMessages {
                 encoder.set_step(round);
                 encoder.encode(std::slice::from_ref(update))
             }
-            Sender::Compressor(spec, shapes) => {
-                let mut encoder = spec.encoder(shapes, self.device)?;
+            Sender::Compressor(compressor, shapes) => {
+                let mut encoder = compressor.encoder(shapes, self.device)?;
                 encoder.set_step(round);
                 encoder.encode(&split(update, shapes))
             }

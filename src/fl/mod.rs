@@ -20,12 +20,17 @@
 //! server's `SketchDecoder`, which holds FL-CS's error e). For FL-RND and FL-FREQ, C Cᵀ = I, so
 //! error feedback in the compressed domain is identically zero and is not kept; FL-RND's
 //! coordinates change every round, so its momentum lives in the model's domain (for FL-STD and
-//! FL-FREQ both domains give the same result by linearity). With `compressor` (DGC, PowerSGD)
-//! the server decodes each message and C is the identity above: clipping, sum and noise on the
-//! n model coordinates.
+//! FL-FREQ both domains give the same result by linearity). With `dgc` or `powersgd` as
+//! `compression.kind` the server decodes each message and C is the identity above: clipping,
+//! sum and noise on the n model coordinates.
+//!
+//! The settings speak `dpcomp train`'s vocabulary (`FlSettings::compression`, the
+//! `[compression]` section: kind, rate n / m, rank, options); the paper's r = m / n is
+//! 1 / rate, and cells and tables keep the paper's r as their label.
 
 pub mod checkpoint;
 pub mod client;
+pub mod config_file;
 pub mod data;
 pub mod experiment;
 pub mod messages;
@@ -35,8 +40,8 @@ pub mod sparsity;
 
 use crate::compress::chunked_dct::DctRows;
 use crate::compress::linear_sketch::Scheme;
-use crate::compress::{CompressorKind, CompressorSpec};
-use crate::config::{AccountantKind, DeviceChoice};
+use crate::compress::{Compressor, CompressorKind, CompressorSpec};
+use crate::config::{AccountantKind, CompressionSettings, DeviceChoice};
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};
 use crate::privacy::engine::{Clipped, Clipping, PrivacyEngine};
@@ -55,29 +60,39 @@ use tch::{Kind, Tensor};
 /// the sum of the sampled clients' messages.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct FlPrivacy {
-    /// S, in the domain messages are sent in (so it shrinks with the ratio; see `default_clip`).
+    /// S, in the domain messages are sent in (so it shrinks with a sketch's rate; see
+    /// `default_clip`).
     pub clip: f64,
     /// σ.
     pub noise_multiplier: f64,
+    /// δ of the reported (ε, δ).
     pub delta: f64,
+    /// The accountant that turns (C, σ, rounds) into ε.
     #[serde(default)]
     pub accountant: AccountantKind,
 }
 
+/// A federated run's settings, saved as its folder's `config.toml` (`config_file`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FlSettings {
+    /// The data the clients hold.
     pub dataset: FlDataset,
-    pub scheme: Scheme,
-    /// r = m / n (1 for FL-STD).
-    pub ratio: f64,
-    /// P (default ⌈n / 1024⌉).
-    pub chunks: Option<i64>,
-    pub rows: DctRows,
+    /// How the clients' messages are compressed, in `dpcomp train`'s `[compression]` form
+    /// (`kind`, `rate` n / m, `rank`, `options`): `identity` is FL-STD (the whole update);
+    /// `fl-rnd`, `fl-freq` and `fl-cs` are the paper's linear sketches, summed in the compressed
+    /// domain (the paper's r = m / n is 1 / `rate`; options `chunks`, and for FL-CS `rows`,
+    /// `lambda`, `iterations`); `dgc` and `powersgd` compress the whole update and the server
+    /// decodes each message. Federated defaults: FL-CS at rate 10 (r 0.1), and FL-CS's
+    /// `iterations` is `FL_CS_ITERATIONS` when not given; the sketch's seed comes from `seed`.
+    /// `clip_noised` does not apply (refused). Read through `compressor`.
+    pub compression: CompressionSettings,
     /// N.
     pub clients: usize,
     /// C, each client's probability of taking part in a round.
     pub fraction: f64,
+    /// How the training examples are split among the clients.
     pub partition: Partition,
+    /// Each client's local training in a round.
     pub local: LocalTraining,
     /// T_cl.
     pub rounds: usize,
@@ -87,20 +102,15 @@ pub struct FlSettings {
     pub server_learning_rate: f64,
     /// β, the server's momentum (0: none).
     pub server_momentum: f64,
+    /// Client-level DP (none: not private).
     pub privacy: Option<FlPrivacy>,
-    /// FL-CS: λ of each chunk's BPDN as a fraction of ‖Aᵀy‖∞ (above 1 the solution is 0).
-    pub lambda: f64,
-    /// FL-CS: OWL-QN iterations per round.
-    pub owlqn_iterations: usize,
     /// Test examples, and validation examples, evaluated after each round (0: all).
     pub eval_examples: usize,
+    /// Seed of the initial weights, the sampled clients, their batches, the sketch and the noise.
     pub seed: u64,
+    /// Where the run computes.
     #[serde(default)]
     pub device: DeviceChoice,
-    /// DGC or PowerSGD for the clients' messages (with `scheme` std), decoded per client
-    /// (`messages`); none: the scheme's linear sketch.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compressor: Option<FlCompressor>,
     /// The network (`None`: the dataset's default, `FlData::default_net`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<model::FlNet>,
@@ -116,31 +126,64 @@ fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }
 
-/// A deep-learning compressor in a federated run: its kind and settings as `dpcomp train`
-/// takes them (`--compressor`, `--rate`, `--rank`, `--compressor-option`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FlCompressor {
-    pub kind: CompressorKind,
-    #[serde(default = "one")]
-    pub rate: f64,
-    #[serde(default = "one_rank")]
-    pub rank: i64,
-    #[serde(default)]
-    pub options: Vec<String>,
-}
+/// FL-CS's OWL-QN iterations per round in a federated run when `compression.options` does not
+/// give `iterations` (a training run's sketch defaults to 100, `Sketch::new`).
+pub const FL_CS_ITERATIONS: usize = 50;
 
-fn one() -> f64 {
-    1.0
-}
+/// The federated default rate of the sketches: n / m = 10, the paper's r = 0.1.
+pub const DEFAULT_SKETCH_RATE: f64 = 10.0;
 
-fn one_rank() -> i64 {
-    1
-}
+/// What the run's seed is XORed with to seed the sketch (coordinates, shuffle, random rows).
+const SKETCH_SEED: u64 = 0x5eed;
 
-impl FlCompressor {
-    pub fn spec(&self) -> Result<CompressorSpec> {
-        CompressorSpec::new(self.kind, self.rate, self.rank, &self.options)
+/// The `compression` of one of the paper's schemes at `rate` (n / m; ignored by FL-STD, which
+/// is `identity`), with FL-FREQ's and FL-CS's settings as options in a fixed order, each only
+/// where it differs from the federated default: `chunks` P (FL-FREQ, FL-CS), `rows=random`,
+/// `lambda` and `iterations` (FL-CS). Settings a scheme does not read are dropped, as the
+/// federated round always ignored them; FL-FREQ with random rows has no compressor form and is
+/// refused. The form experiment cells and older run folders' `config.json` take.
+pub fn scheme_compression(
+    scheme: Scheme,
+    rate: f64,
+    chunks: Option<i64>,
+    rows: DctRows,
+    lambda: f64,
+    iterations: usize,
+) -> Result<CompressionSettings> {
+    let (kind, rate) = match scheme {
+        Scheme::Std => (CompressorKind::Identity, 1.0),
+        Scheme::Rnd => (CompressorKind::FlRnd, rate),
+        Scheme::Freq => (CompressorKind::FlFreq, rate),
+        Scheme::Cs => (CompressorKind::FlCs, rate),
+    };
+    let mut options = Vec::new();
+    if let (Some(p), Scheme::Freq | Scheme::Cs) = (chunks, scheme) {
+        options.push(format!("chunks={p}"));
     }
+    match (rows, scheme) {
+        (DctRows::Random, Scheme::Cs) => options.push("rows=random".to_string()),
+        (DctRows::Random, Scheme::Freq) => {
+            return Err(Error::bad_value(
+                "rows",
+                "random: FL-FREQ keeps the first DCT rows (fl-freq has no `rows` option); random rows are FL-CS's",
+            ))
+        }
+        _ => {}
+    }
+    if scheme == Scheme::Cs {
+        if lambda != 0.01 {
+            options.push(format!("lambda={lambda}"));
+        }
+        if iterations != FL_CS_ITERATIONS {
+            options.push(format!("iterations={iterations}"));
+        }
+    }
+    Ok(CompressionSettings {
+        kind,
+        rate,
+        options,
+        ..CompressionSettings::default()
+    })
 }
 
 impl FlSettings {
@@ -181,10 +224,11 @@ impl FlSettings {
         };
         FlSettings {
             dataset,
-            scheme: Scheme::Cs,
-            ratio: 0.1,
-            chunks: None,
-            rows: DctRows::First,
+            compression: CompressionSettings {
+                kind: CompressorKind::FlCs,
+                rate: DEFAULT_SKETCH_RATE,
+                ..CompressionSettings::default()
+            },
             clients,
             fraction,
             partition: Partition::Iid,
@@ -194,17 +238,15 @@ impl FlSettings {
             server_learning_rate: 1.0,
             server_momentum: 0.0,
             privacy: None,
-            lambda: 0.01,
-            owlqn_iterations: 50,
             eval_examples: 0,
             seed: 0,
             device: DeviceChoice::Cpu,
-            compressor: None,
             model: None,
             validation: 0.0,
         }
     }
 
+    /// Checks every setting; each error names the field and what it takes.
     pub fn validate(&self) -> Result<()> {
         let positive = |field: &str, v: f64| {
             if v.is_finite() && v > 0.0 {
@@ -224,22 +266,10 @@ impl FlSettings {
                 format!("{}: expected 0 <= beta < 1", self.server_momentum),
             ));
         }
-        if !(self.ratio > 0.0 && self.ratio <= 1.0) {
-            return Err(Error::bad_value(
-                "ratio",
-                format!("{}: expected 0 < r <= 1", self.ratio),
-            ));
-        }
         if self.clients == 0 {
             return Err(Error::bad_value(
                 "clients",
                 "0: expected at least one client",
-            ));
-        }
-        if self.scheme == Scheme::Cs && self.owlqn_iterations == 0 {
-            return Err(Error::bad_value(
-                "owlqn_iterations",
-                "0: FL-CS reconstructs each round's update with at least one OWL-QN iteration",
             ));
         }
         if !(0.0..0.5).contains(&self.validation) {
@@ -263,31 +293,17 @@ impl FlSettings {
                 "expected at least one round and one local step",
             ));
         }
-        if !(self.lambda.is_finite() && self.lambda >= 0.0) {
+        if self.seed > i64::MAX as u64 {
             return Err(Error::bad_value(
-                "lambda",
-                format!("{}: expected a finite lambda >= 0", self.lambda),
+                "seed",
+                format!(
+                    "{}: expected at most {} (config.toml holds signed 64-bit integers)",
+                    self.seed,
+                    i64::MAX
+                ),
             ));
         }
-        if let Some(c) = &self.compressor {
-            if !matches!(c.kind, CompressorKind::Dgc | CompressorKind::Powersgd) {
-                return Err(Error::bad_value(
-                    "compressor",
-                    format!("{}: federated runs take dgc or powersgd here (the federated sketches are `scheme`s; denoise's receiver follows a single sender's velocity)", c.kind),
-                ));
-            }
-            if self.scheme != Scheme::Std {
-                return Err(Error::bad_value(
-                    "compressor",
-                    format!(
-                        "{} compresses the whole update: use it with `scheme` std, not {}",
-                        c.kind,
-                        self.scheme.name()
-                    ),
-                ));
-            }
-            c.spec()?;
-        }
+        self.validate_compression()?;
         if let Some(p) = &self.privacy {
             if !(p.clip > 0.0 && p.clip.is_finite()) {
                 return Err(Error::bad_value(
@@ -312,6 +328,102 @@ impl FlSettings {
         }
         Ok(())
     }
+
+    /// `compression` as federated runs take it: a kind the round can aggregate, no
+    /// `clip_noised`, and none of the sketch options the round sets itself.
+    fn validate_compression(&self) -> Result<()> {
+        let c = &self.compression;
+        if c.kind == CompressorKind::Denoise {
+            return Err(Error::bad_value(
+                "compression.kind",
+                "denoise: federated runs take identity (FL-STD), fl-rnd, fl-freq, fl-cs, dgc or powersgd (denoise's receiver follows a single sender's velocity)",
+            ));
+        }
+        if let Some(c2) = c.clip_noised {
+            return Err(Error::bad_value(
+                "compression.clip_noised",
+                format!("{c2}: the second clipping of a training run's privatised update does not apply to federated runs, whose clients' messages are clipped to `privacy.clip`; leave it out"),
+            ));
+        }
+        let spec = self.compressor_spec()?;
+        if spec.kind.is_sketch() {
+            let reason = [
+                ("seed", "the sketch's seed is derived from the run's `seed`"),
+                (
+                    "error_feedback",
+                    "FL-CS keeps Algorithm 3's error on the server, and a client, sampled in few rounds, keeps no residual",
+                ),
+            ];
+            for (key, why) in reason {
+                if spec.options.contains_key(key) {
+                    return Err(Error::bad_value(
+                        "compression.options",
+                        format!("{key}: not an option of a federated {}: {why}", spec.kind),
+                    ));
+                }
+            }
+        }
+        self.compressor().map(|_| ())
+    }
+
+    /// The round's scheme, from `compression.kind`: the sketches' own (FL-RND, FL-FREQ,
+    /// FL-CS), and FL-STD for `identity` and for the compressors of whole updates (`dgc`,
+    /// `powersgd`), whose messages the server decodes before the sum.
+    pub fn scheme(&self) -> Scheme {
+        match self.compression.kind {
+            CompressorKind::FlRnd => Scheme::Rnd,
+            CompressorKind::FlFreq => Scheme::Freq,
+            CompressorKind::FlCs => Scheme::Cs,
+            _ => Scheme::Std,
+        }
+    }
+
+    /// The paper's r = m / n of a sketch, 1 / `compression.rate` (what cells are named and
+    /// figures are labelled by); 1 for FL-STD and for `dgc` and `powersgd`.
+    pub fn paper_ratio(&self) -> f64 {
+        if self.compression.kind.is_sketch() {
+            1.0 / self.compression.rate
+        } else {
+            1.0
+        }
+    }
+
+    /// `compression` as the command line's `--compressor`, `--rate`, `--rank` and
+    /// `--compressor-option` give it, checked.
+    pub fn compressor_spec(&self) -> Result<CompressorSpec> {
+        let c = &self.compression;
+        CompressorSpec::new(c.kind, c.rate, c.rank, &c.options)
+    }
+
+    /// The typed compressor the round runs (`CompressorSpec::compressor`), with the federated
+    /// defaults: FL-CS's `FL_CS_ITERATIONS` unless `iterations` is given, and the sketch's
+    /// seed derived from `seed`.
+    pub fn compressor(&self) -> Result<Compressor> {
+        let spec = self.compressor_spec()?;
+        Ok(match spec.compressor()? {
+            Compressor::Sketch(mut sketch) => {
+                if !spec.options.contains_key("iterations") {
+                    sketch.iterations = FL_CS_ITERATIONS;
+                }
+                sketch.seed = self.seed ^ SKETCH_SEED;
+                Compressor::Sketch(sketch)
+            }
+            other => other,
+        })
+    }
+
+    /// The label of the run's scheme in summaries and tables: "FL-STD", "FL-CS", "FL-CS (random
+    /// rows)", "FL-STD dgc x16".
+    pub fn scheme_label(&self) -> Result<String> {
+        Ok(match self.compressor()? {
+            Compressor::Identity => Scheme::Std.name().to_string(),
+            Compressor::Sketch(s) if s.scheme == Scheme::Cs && s.rows == DctRows::Random => {
+                "FL-CS (random rows)".to_string()
+            }
+            Compressor::Sketch(s) => s.scheme.name().to_string(),
+            _ => format!("{} {}", Scheme::Std.name(), self.compressor_spec()?.label()),
+        })
+    }
 }
 
 /// Round `round`'s clients, each included independently with probability `fraction` (Poisson
@@ -326,21 +438,23 @@ pub fn sample_clients(seed: u64, round: usize, clients: usize, fraction: f64) ->
         .collect()
 }
 
-/// The clip radius S in the sent domain from S₁, the radius for the whole update: S₁ √r. After
-/// the shared shuffle (FL-CS) or a random subset (FL-RND) the update's energy spreads evenly over
-/// what is kept, so the message's norm is about √r times the update's, and the same share of
-/// clients is clipped at every ratio. (FL-FREQ keeps low frequencies of unshuffled chunks, which
-/// may hold more than r of the energy; it gets the same S, as the paper gives one S per ratio.)
-pub fn default_clip(full_clip: f64, scheme: Scheme, ratio: f64) -> f64 {
+/// The clip radius S in the sent domain from S₁, the radius for the whole update: S₁ √r, with
+/// the paper's r = m / n = 1 / `rate` of a sketch. After the shared shuffle (FL-CS) or a random
+/// subset (FL-RND) the update's energy spreads evenly over what is kept, so the message's norm
+/// is about √r times the update's, and the same share of clients is clipped at every rate.
+/// (FL-FREQ keeps low frequencies of unshuffled chunks, which may hold more than r of the
+/// energy; it gets the same S, as the paper gives one S per ratio.) FL-STD, and the compressors
+/// of whole updates (`scheme` std), keep S₁.
+pub fn default_clip(full_clip: f64, scheme: Scheme, rate: f64) -> f64 {
     match scheme {
         Scheme::Std => full_clip,
-        _ => full_clip * ratio.sqrt(),
+        _ => full_clip * (1.0 / rate).sqrt(),
     }
 }
 
 /// S₁, the default clip radius of a whole update: about the median norm of a client's update in
 /// the first rounds of a non-private FL-STD run with the dataset's defaults (`message_norm` in
-/// metrics.jsonl of `dpcomp fl --scheme std`: 1.1 falling to 0.45 over 10 rounds on Fashion-MNIST,
+/// metrics.jsonl of `dpcomp fl --compressor identity`: 1.1 falling to 0.45 over 10 rounds on Fashion-MNIST,
 /// 0.99 falling to 0.28 on breast cancer), so that most clients are clipped early in training and
 /// about half later.
 pub fn default_full_clip(dataset: FlDataset) -> f64 {
@@ -447,7 +561,7 @@ pub struct FlSummary {
     pub wall_seconds: f64,
 }
 
-/// Runs federated training; writes `config.json`, `metrics.jsonl` and `summary.json` into `out`
+/// Runs federated training; writes `config.toml`, `metrics.jsonl` and `summary.json` into `out`
 /// when given.
 pub fn run(
     settings: &FlSettings,
@@ -598,10 +712,14 @@ fn run_rounds(
     if let Some(dir) = out {
         let metrics = dir.join("metrics.jsonl");
         if rounds_done == 0 {
-            crate::run_folder::FreshStart::claim(dir, created, &["metrics.jsonl"])?;
+            // An earlier start's logs, and the settings file of the version before config.toml.
+            crate::run_folder::FreshStart::claim(
+                dir,
+                created,
+                &["metrics.jsonl", config_file::LEGACY_CONFIG_FILE],
+            )?;
         }
-        let config = serde_json::to_string_pretty(settings).expect("settings serialise");
-        crate::run_folder::replace(&dir.join("config.json"), config.as_bytes())?;
+        config_file::write(dir, settings)?;
         if rounds_done > 0 {
             // Rows after the checkpoint (a run killed between its metrics and its save, or a
             // row half-written when the disk filled up) are dropped: those rounds run again.
@@ -792,7 +910,7 @@ fn run_rounds(
             *momentum = Some(u.shallow_clone());
             u
         };
-        let step = if settings.scheme == Scheme::Cs && settings.compressor.is_none() {
+        let step = if settings.scheme() == Scheme::Cs {
             // Algorithm 3: momentum and the error in the compressed domain; the decoder adds
             // η u to its error, reconstructs s by BPDN and keeps e − A s.
             let u = with_momentum(&mut momentum, aggregate);
@@ -908,11 +1026,7 @@ fn run_rounds(
         |f: &dyn Fn(&RoundMetrics) -> f64| rows.iter().map(f).sum::<f64>() / rounds_run as f64;
     let summary = FlSummary {
         dataset: settings.dataset.name().to_string(),
-        scheme: match (settings.scheme, settings.rows, &settings.compressor) {
-            (_, _, Some(c)) => format!("{} {}", settings.scheme.name(), c.spec()?.label()),
-            (Scheme::Cs, DctRows::Random, None) => "FL-CS (random rows)".to_string(),
-            (scheme, _, None) => scheme.name().to_string(),
-        },
+        scheme: settings.scheme_label()?,
         ratio: m as f64 / n as f64,
         parameters: n,
         message_length: m,
@@ -1043,5 +1157,54 @@ mod validation_tests {
         assert_ne!(validation_split(1000, 0.1, 4).1, held);
         // None held out: every example to the clients, in order (runs without a split unchanged).
         assert_eq!(validation_split(5, 0.0, 3), ((0..5).collect(), vec![]));
+    }
+}
+
+#[cfg(test)]
+mod compression_tests {
+    use super::*;
+
+    /// Federated runs take `[compression]` as training does, except what does not apply to
+    /// them: each refused by its name.
+    #[test]
+    fn what_does_not_apply_to_federated_runs_is_refused_by_name() {
+        let mut settings = FlSettings::defaults(data::FlDataset::BreastCancer);
+        settings.validate().unwrap();
+        assert_eq!(settings.scheme(), Scheme::Cs);
+        assert_eq!(settings.paper_ratio(), 0.1);
+        let refused = |change: &dyn Fn(&mut FlSettings)| {
+            let mut s = FlSettings::defaults(data::FlDataset::BreastCancer);
+            change(&mut s);
+            s.validate().unwrap_err().to_string()
+        };
+        let err = refused(&|s| s.compression.clip_noised = Some(5.0));
+        assert!(err.starts_with("compression.clip_noised: 5:"), "{err}");
+        let err = refused(&|s| s.compression.kind = CompressorKind::Denoise);
+        assert!(err.starts_with("compression.kind: denoise"), "{err}");
+        let err = refused(&|s| s.compression.options = vec!["seed=3".into()]);
+        assert!(err.starts_with("compression.options: seed"), "{err}");
+        let err = refused(&|s| s.compression.rate = 0.5);
+        assert!(err.starts_with("rate: 0.5"), "{err}");
+        let err = refused(&|s| s.seed = u64::MAX);
+        assert!(err.starts_with("seed:"), "{err}");
+        // FL-CS's federated default of 50 OWL-QN iterations, unless given.
+        let Compressor::Sketch(sketch) = settings.compressor().unwrap() else {
+            panic!("fl-cs is a sketch")
+        };
+        assert_eq!((sketch.iterations, sketch.seed), (FL_CS_ITERATIONS, 0x5eed));
+        settings.compression.options = vec!["iterations=100".into(), "rows=random".into()];
+        let Compressor::Sketch(sketch) = settings.compressor().unwrap() else {
+            panic!("fl-cs is a sketch")
+        };
+        assert_eq!(sketch.iterations, 100);
+        assert_eq!(settings.scheme_label().unwrap(), "FL-CS (random rows)");
+        settings.compression = CompressionSettings {
+            kind: CompressorKind::Dgc,
+            rate: 16.0,
+            ..Default::default()
+        };
+        assert_eq!(settings.scheme(), Scheme::Std);
+        assert_eq!(settings.paper_ratio(), 1.0);
+        assert_eq!(settings.scheme_label().unwrap(), "FL-STD dgc x16");
     }
 }

@@ -1,10 +1,12 @@
 //! The federated figures (`kind = "fl"` experiment files, `dpcomp plot` on their runs): the
 //! metric per round, one panel a ratio, every scheme (FL-STD in each as the reference), and
-//! the metric against the cumulative upstream megabytes, without and with DP.
+//! the metric against the cumulative upstream megabytes, without and with DP. Panels and
+//! legends give the paper's r = m / n = 1 / rate (`FlSettings::paper_ratio`).
 
 use super::{colour, drawing_error as err, render_with, Drawing, FONT};
 use crate::compress::chunked_dct::DctRows;
 use crate::compress::linear_sketch::Scheme;
+use crate::compress::Compressor;
 use crate::error::{Error, Result};
 use crate::fl::experiment::Cell;
 use crate::fl::{FlSettings, RoundMetrics};
@@ -69,15 +71,16 @@ fn metric_of(cell: &Cell, row: &RoundMetrics) -> f64 {
 }
 
 fn scheme_colour(settings: &FlSettings) -> RGBColor {
-    if settings.compressor.is_some() {
-        return colour(5);
-    }
-    match settings.scheme {
-        Scheme::Std => colour(7),
-        Scheme::Rnd => colour(0),
-        Scheme::Freq => colour(1),
-        Scheme::Cs if settings.rows == DctRows::Random => colour(4),
-        Scheme::Cs => colour(3),
+    match settings.compressor() {
+        Ok(Compressor::Identity) => colour(7),
+        Ok(Compressor::Sketch(s)) => match s.scheme {
+            Scheme::Std => colour(7),
+            Scheme::Rnd => colour(0),
+            Scheme::Freq => colour(1),
+            Scheme::Cs if s.rows == DctRows::Random => colour(4),
+            Scheme::Cs => colour(3),
+        },
+        _ => colour(5),
     }
 }
 
@@ -108,8 +111,8 @@ impl Drawing for RoundsFigure<'_> {
         let mut ratios: Vec<f64> = self
             .cells
             .iter()
-            .filter(|c| c.settings.scheme != Scheme::Std)
-            .map(|c| c.settings.ratio)
+            .filter(|c| c.settings.scheme() != Scheme::Std)
+            .map(|c| c.settings.paper_ratio())
             .collect();
         ratios.sort_by(f64::total_cmp);
         ratios.dedup();
@@ -136,7 +139,8 @@ impl Drawing for RoundsFigure<'_> {
                 .draw()
                 .map_err(err)?;
             for cell in self.cells.iter().filter(|c| {
-                c.settings.scheme == Scheme::Std || (c.settings.ratio - ratio).abs() < 1e-12
+                c.settings.scheme() == Scheme::Std
+                    || (c.settings.paper_ratio() - ratio).abs() < 1e-12
             }) {
                 let c = scheme_colour(&cell.settings);
                 let points: Vec<(f64, f64)> = cell
@@ -213,7 +217,7 @@ impl Drawing for CostFigure<'_> {
             for cell in mine {
                 let c = scheme_colour(&cell.settings);
                 // Thinner lines for larger ratios within a scheme.
-                let width = match cell.settings.ratio {
+                let width = match cell.settings.paper_ratio() {
                     r if r <= 0.05 => 3,
                     r if r <= 0.1 => 2,
                     _ => 1,
@@ -226,7 +230,11 @@ impl Drawing for CostFigure<'_> {
                 chart
                     .draw_series(LineSeries::new(points, c.stroke_width(width)))
                     .map_err(err)?
-                    .label(format!("{} r {}", cell.summary.scheme, cell.settings.ratio))
+                    .label(format!(
+                        "{} r {}",
+                        cell.summary.scheme,
+                        cell.settings.paper_ratio()
+                    ))
                     .legend(move |(x, y)| {
                         PathElement::new(vec![(x, y), (x + 14, y)], c.stroke_width(width))
                     });

@@ -46,7 +46,7 @@ pub enum Command {
     /// non-private SGD.
     Convex(convex::ConvexArgs),
     /// Federated learning (FL-STD, FL-RND, FL-FREQ, FL-CS), with or without client-level DP;
-    /// writes config.json, metrics.jsonl (one row a round) and summary.json.
+    /// writes config.toml, metrics.jsonl (one row a round) and summary.json.
     Fl(Box<fl::FlArgs>),
     /// The paper's analyses: gradient error of finished runs, clipping-radius sweeps.
     Analyze {

@@ -1,4 +1,7 @@
-//! `dpcomp fl`: one federated run (FL-STD, FL-RND, FL-FREQ, FL-CS), with or without client-level DP.
+//! `dpcomp fl`: one federated run (FL-STD, FL-RND, FL-FREQ, FL-CS; DGC, PowerSGD), with or
+//! without client-level DP. The compressor is chosen as for `dpcomp train` (`--compressor`,
+//! `--rate`, `--rank`, `--compressor-option`); the older `--scheme`/`--ratio` flags still work
+//! for one release, with a deprecation warning.
 
 use anyhow::{Context, Result};
 use dpcomp::config::{AccountantKind, DeviceChoice};
@@ -11,30 +14,41 @@ use std::path::PathBuf;
 pub struct FlArgs {
     #[arg(long, value_enum, default_value = "fashion-mnist")]
     pub dataset: dpcomp::fl::data::FlDataset,
-    #[arg(long, value_enum, default_value = "cs")]
-    pub scheme: dpcomp::compress::linear_sketch::Scheme,
-    /// r = m / n (FL-STD sends everything and ignores it).
-    #[arg(long, default_value_t = 0.1)]
-    pub ratio: f64,
-    /// P, chunks of FL-FREQ and FL-CS (default ⌈n / 1024⌉).
-    #[arg(long)]
-    pub chunks: Option<i64>,
-    /// Compress the clients' whole updates with DGC or PowerSGD instead of a sketch (with
-    /// --scheme std); the server decodes each message before the sum.
+    /// How the clients compress their updates, as `dpcomp train --compressor`: identity
+    /// (FL-STD), fl-rnd, fl-freq, fl-cs (the paper's sketches, summed compressed), dgc or
+    /// powersgd (whole updates, each decoded by the server) [default: fl-cs].
     #[arg(long, value_enum)]
     pub compressor: Option<dpcomp::compress::CompressorKind>,
-    /// --compressor dgc: dense fp32 bits / message bits.
-    #[arg(long, default_value_t = 1.0)]
-    pub rate: f64,
+    /// Dense bits / message bits: n / m of the sketches, the paper's r = 1 / rate [default: 10
+    /// for the sketches (r 0.1), 1 otherwise].
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// --compressor powersgd: the rank.
     #[arg(long, default_value_t = 1)]
     pub rank: i64,
-    /// --compressor's options, KEY=VALUE (repeatable), as `dpcomp train --compressor-option`.
+    /// Compressor setting KEY=VALUE (repeatable), as `dpcomp train --compressor-option`:
+    /// fl-freq and fl-cs chunks (default n / 1024); fl-cs rows (first|random), lambda (0.01),
+    /// iterations (OWL-QN per round, 50 in federated runs); dgc and powersgd theirs.
     #[arg(long = "compressor-option", value_name = "KEY=VALUE")]
     pub compressor_options: Vec<String>,
-    /// DCT rows kept per chunk: the first ones (the paper's) or a shared-seed random subset.
-    #[arg(long, value_enum, default_value = "first")]
-    pub rows: dpcomp::compress::chunked_dct::DctRows,
+    /// Deprecated (one more release): --compressor identity|fl-rnd|fl-freq|fl-cs.
+    #[arg(long, value_enum, hide = true)]
+    pub scheme: Option<dpcomp::compress::linear_sketch::Scheme>,
+    /// Deprecated (one more release): --rate 1/R.
+    #[arg(long, hide = true)]
+    pub ratio: Option<f64>,
+    /// Deprecated (one more release): --compressor-option chunks=P.
+    #[arg(long, hide = true)]
+    pub chunks: Option<i64>,
+    /// Deprecated (one more release): --compressor-option rows=random.
+    #[arg(long, value_enum, hide = true)]
+    pub rows: Option<dpcomp::compress::chunked_dct::DctRows>,
+    /// Deprecated (one more release): --compressor-option lambda=L.
+    #[arg(long, hide = true)]
+    pub lambda: Option<f64>,
+    /// Deprecated (one more release): --compressor-option iterations=I.
+    #[arg(long, hide = true)]
+    pub owlqn_iterations: Option<usize>,
     /// Client-level DP (needs --target-epsilon or --noise-multiplier).
     #[arg(long)]
     pub dp: bool,
@@ -46,7 +60,8 @@ pub struct FlArgs {
     pub noise_multiplier: Option<f64>,
     #[arg(long, default_value_t = 1e-5)]
     pub delta: f64,
-    /// S, the clip radius of a message in the domain it is sent in (default: --full-clip × √r).
+    /// S, the clip radius of a message in the domain it is sent in (default: --full-clip × √r,
+    /// r = 1 / rate for the sketches).
     #[arg(long)]
     pub clip: Option<f64>,
     /// S₁, the clip radius for a whole update (default: the dataset's, see `dpcomp fl --help`).
@@ -89,18 +104,12 @@ pub struct FlArgs {
     pub server_lr: f64,
     #[arg(long, default_value_t = 0.0)]
     pub server_momentum: f64,
-    /// FL-CS: BPDN's λ as a fraction of ‖Aᵀy‖∞ per chunk.
-    #[arg(long)]
-    pub lambda: Option<f64>,
-    /// FL-CS: OWL-QN iterations per round.
-    #[arg(long)]
-    pub owlqn_iterations: Option<usize>,
     /// Test examples evaluated after each round (0: all).
     #[arg(long, default_value_t = 0)]
     pub eval_examples: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Run folder for config.json, metrics.jsonl, summary.json, and a checkpoint after every
+    /// Run folder for config.toml, metrics.jsonl, summary.json, and a checkpoint after every
     /// round: a run stopped before its end continues after its last round when started again
     /// with the same settings and folder (--rounds may grow, --device change); other settings
     /// are refused, naming each that differs. Only a new, empty or dpcomp run folder is used.
@@ -133,34 +142,152 @@ pub struct FlArgs {
     pub audit_seed: u64,
 }
 
+/// The compression `dpcomp fl` runs with, and the deprecation warning of the older flags
+/// (`--scheme`, `--ratio`, `--chunks`, `--rows`, `--lambda`, `--owlqn-iterations`) when given:
+/// they still work for one release, each mapped to the `--compressor`, `--rate` and
+/// `--compressor-option` it meant, and are ignored where the scheme ignored them before.
+pub fn fl_compression(
+    args: &FlArgs,
+) -> Result<(dpcomp::config::CompressionSettings, Option<String>)> {
+    use dpcomp::compress::chunked_dct::DctRows;
+    use dpcomp::compress::linear_sketch::Scheme;
+    use dpcomp::compress::CompressorKind;
+    let kind = match (args.compressor, args.scheme) {
+        (Some(kind), None) => kind,
+        (None, None) => CompressorKind::FlCs,
+        (None, Some(scheme)) => match scheme {
+            Scheme::Std => CompressorKind::Identity,
+            Scheme::Rnd => CompressorKind::FlRnd,
+            Scheme::Freq => CompressorKind::FlFreq,
+            Scheme::Cs => CompressorKind::FlCs,
+        },
+        // The older form of DGC and PowerSGD: `--scheme std --compressor dgc`.
+        (Some(kind), Some(Scheme::Std)) if !kind.is_sketch() => kind,
+        (Some(kind), Some(scheme)) => {
+            return Err(Error::bad_value(
+                "--scheme",
+                format!(
+                    "{}: the deprecated spelling of --compressor, given with --compressor {kind}: give --compressor alone",
+                    format!("{scheme:?}").to_lowercase()
+                ),
+            )
+            .into())
+        }
+    };
+    let mut ignored: Vec<&str> = Vec::new();
+    let rate = match (args.rate, args.ratio) {
+        (Some(_), Some(_)) => {
+            return Err(Error::bad_value(
+                "--ratio",
+                "the deprecated form of --rate (rate = 1 / ratio): give --rate alone",
+            )
+            .into())
+        }
+        (Some(rate), None) => rate,
+        (None, Some(r)) if kind.is_sketch() => {
+            if !(r > 0.0 && r <= 1.0) {
+                return Err(
+                    Error::bad_value("--ratio", format!("{r}: expected 0 < r <= 1")).into(),
+                );
+            }
+            1.0 / r
+        }
+        (None, Some(_)) => {
+            ignored.push("--ratio");
+            1.0
+        }
+        (None, None) if kind.is_sketch() => dpcomp::fl::DEFAULT_SKETCH_RATE,
+        (None, None) => 1.0,
+    };
+    let mut options = args.compressor_options.clone();
+    let mut legacy_option =
+        |flag: &'static str, applies: bool, option: Option<String>| match (option, applies) {
+            (Some(option), true) => options.push(option),
+            (Some(_), false) => ignored.push(flag),
+            (None, _) => {}
+        };
+    let freq_or_cs = matches!(kind, CompressorKind::FlFreq | CompressorKind::FlCs);
+    let cs = kind == CompressorKind::FlCs;
+    legacy_option(
+        "--chunks",
+        freq_or_cs,
+        args.chunks.map(|p| format!("chunks={p}")),
+    );
+    match args.rows {
+        Some(DctRows::Random) if kind == CompressorKind::FlFreq => {
+            return Err(Error::bad_value(
+                "--rows",
+                "random: FL-FREQ keeps the first DCT rows; random rows are FL-CS's",
+            )
+            .into())
+        }
+        Some(DctRows::Random) => legacy_option("--rows", cs, Some("rows=random".into())),
+        Some(DctRows::First) | None => {}
+    }
+    legacy_option("--lambda", cs, args.lambda.map(|l| format!("lambda={l}")));
+    legacy_option(
+        "--owlqn-iterations",
+        cs,
+        args.owlqn_iterations.map(|i| format!("iterations={i}")),
+    );
+    let compression = dpcomp::config::CompressionSettings {
+        kind,
+        rate,
+        rank: args.rank,
+        options: options.clone(),
+        clip_noised: None,
+    };
+    let deprecated: Vec<&str> = [
+        ("--scheme", args.scheme.is_some()),
+        ("--ratio", args.ratio.is_some()),
+        ("--chunks", args.chunks.is_some()),
+        ("--rows", args.rows.is_some()),
+        ("--lambda", args.lambda.is_some()),
+        ("--owlqn-iterations", args.owlqn_iterations.is_some()),
+    ]
+    .into_iter()
+    .filter(|(_, given)| *given)
+    .map(|(flag, _)| flag)
+    .collect();
+    let warning = (!deprecated.is_empty()).then(|| {
+        let mut new_form = format!("--compressor {kind}");
+        if rate != 1.0 {
+            new_form.push_str(&format!(" --rate {rate}"));
+        }
+        for option in &options {
+            new_form.push_str(&format!(" --compressor-option {option}"));
+        }
+        let ignored = if ignored.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({} ignored by {kind}, as before)",
+                ignored.join(", ")
+            )
+        };
+        format!(
+            "{} deprecated and will be removed in the next release; `dpcomp fl` takes the compressor as `dpcomp train` does: {new_form}{ignored}",
+            if deprecated.len() == 1 {
+                format!("{} is", deprecated[0])
+            } else {
+                format!("{} are", deprecated.join(", "))
+            }
+        )
+    });
+    Ok((compression, warning))
+}
+
 /// The settings `dpcomp fl` runs with: the dataset's defaults, overridden by the flags, and σ
-/// calibrated when --target-epsilon is given.
+/// calibrated when --target-epsilon is given. The older compressor flags' deprecation warning
+/// is printed here (`fl_compression`).
 pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
     use dpcomp::fl::{default_clip, default_full_clip, FlPrivacy, FlSettings};
     let mut s = FlSettings::defaults(args.dataset);
-    s.scheme = args.scheme;
-    s.ratio = if args.scheme == dpcomp::compress::linear_sketch::Scheme::Std {
-        1.0
-    } else {
-        args.ratio
-    };
-    s.compressor = args.compressor.map(|kind| dpcomp::fl::FlCompressor {
-        kind,
-        rate: args.rate,
-        rank: args.rank,
-        options: args.compressor_options.clone(),
-    });
-    if s.compressor.is_none()
-        && (args.rate != 1.0 || args.rank != 1 || !args.compressor_options.is_empty())
-    {
-        return Err(Error::bad_value(
-            "--rate/--rank/--compressor-option",
-            "only with --compressor",
-        )
-        .into());
+    let (compression, warning) = fl_compression(args)?;
+    if let Some(warning) = warning {
+        log::warn!("{warning}");
     }
-    s.chunks = args.chunks;
-    s.rows = args.rows;
+    s.compression = compression;
     s.model = args.model;
     s.validation = args.validation;
     s.clients = args.clients.unwrap_or(s.clients);
@@ -173,8 +300,6 @@ pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
     s.partition = dpcomp::data::partition::Partition::parse(&args.non_iid)?;
     s.server_learning_rate = args.server_lr;
     s.server_momentum = args.server_momentum;
-    s.lambda = args.lambda.unwrap_or(s.lambda);
-    s.owlqn_iterations = args.owlqn_iterations.unwrap_or(s.owlqn_iterations);
     s.eval_examples = args.eval_examples;
     s.seed = args.seed;
     s.device = args.device;
@@ -205,7 +330,9 @@ pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
         }
         let full = args.full_clip.unwrap_or(default_full_clip(args.dataset));
         s.privacy = Some(FlPrivacy {
-            clip: args.clip.unwrap_or(default_clip(full, s.scheme, s.ratio)),
+            clip: args
+                .clip
+                .unwrap_or(default_clip(full, s.scheme(), s.compression.rate)),
             noise_multiplier,
             delta: args.delta,
             accountant: args.accountant,
