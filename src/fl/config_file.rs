@@ -145,6 +145,7 @@ pub fn migrate_json(value: serde_json::Value) -> std::result::Result<serde_json:
             rank: c.rank,
             options: c.options,
             clip_noised: None,
+            verify_wire: false,
         },
         (scheme, Some(c)) => {
             return Err(format!(

@@ -345,6 +345,12 @@ impl FlSettings {
                 format!("{c2}: the second clipping of a training run's privatised update does not apply to federated runs, whose clients' messages are clipped to `privacy.clip`; leave it out"),
             ));
         }
+        if c.verify_wire {
+            return Err(Error::bad_value(
+                "compression.verify_wire",
+                "true: every federated message already goes through its bytes (`fl::messages`); leave it out",
+            ));
+        }
         let spec = self.compressor_spec()?;
         if spec.kind.is_sketch() {
             let reason = [
@@ -1179,6 +1185,8 @@ mod compression_tests {
         };
         let err = refused(&|s| s.compression.clip_noised = Some(5.0));
         assert!(err.starts_with("compression.clip_noised: 5:"), "{err}");
+        let err = refused(&|s| s.compression.verify_wire = true);
+        assert!(err.starts_with("compression.verify_wire: true:"), "{err}");
         let err = refused(&|s| s.compression.kind = CompressorKind::Denoise);
         assert!(err.starts_with("compression.kind: denoise"), "{err}");
         let err = refused(&|s| s.compression.options = vec!["seed=3".into()]);

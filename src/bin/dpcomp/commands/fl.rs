@@ -235,7 +235,7 @@ pub fn fl_compression(
         rate,
         rank: args.rank,
         options: options.clone(),
-        clip_noised: None,
+        ..Default::default()
     };
     let deprecated: Vec<&str> = [
         ("--scheme", args.scheme.is_some()),
