@@ -87,13 +87,6 @@ pub struct Settings {
 const BATCH: usize = 128;
 const TEST_IMAGES: i64 = 2000;
 
-fn dgc() -> Compressor {
-    Compressor::Dgc(Dgc {
-        rate: 16.0,
-        ..Default::default()
-    })
-}
-
 fn cifar10() -> Result<TaskData> {
     let root = dpcomp::data::data_dir(None);
     dpcomp::data::cifar::load_cifar10(&root.join("cifar-10-batches-bin"), false)
@@ -111,7 +104,7 @@ pub fn with_trainer(run_dir: &Path, s: &Settings) -> Result<Outcome> {
     config.optimizer.momentum = 0.9;
     config.privacy.target_epsilon = Some(s.target_epsilon);
     config.privacy.max_grad_norm = 1.0;
-    config.set_compressor(&dgc())?;
+    config.set_compressor(&Compressor::dgc(16.0))?;
     let model = Box::new(SmallCnn::new(s.seed)?);
     let mut trainer = Trainer::builder(run_dir)
         .config(config)
@@ -146,7 +139,8 @@ pub fn with_own_loop(s: &Settings) -> Result<Outcome> {
         .expected_batch_size(BATCH as f64)
         .max_grad_norm(1.0)
         .build(&params)?;
-    let mut updater = Updater::with_compressor(Sgd::new(0.5, 0.9), &dgc(), &tensors)?;
+    let mut updater =
+        Updater::with_compressor(Sgd::new(0.5, 0.9), &Compressor::dgc(16.0), &tensors)?;
     let mut upstream_bits = 0;
     for epoch in 0..s.epochs {
         let steps = engine.steps_per_epoch() as usize;

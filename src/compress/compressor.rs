@@ -45,6 +45,45 @@ pub enum Compressor {
 }
 
 impl Compressor {
+    /// DGC at `rate` (dense fp32 bits / message bits), every other setting its default:
+    /// `Compressor::dgc(16.0)` is `Compressor::Dgc(Dgc { rate: 16.0, ..Default::default() })`.
+    ///
+    /// ```
+    /// use dpcomp::compress::{Compressor, Dgc};
+    /// let dgc = Compressor::dgc(16.0);
+    /// assert_eq!(dgc, Compressor::Dgc(Dgc { rate: 16.0, ..Default::default() }));
+    /// assert_eq!(dgc.to_spec()?.label(), "dgc x16");
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn dgc(rate: f64) -> Self {
+        Compressor::Dgc(Dgc {
+            rate,
+            ..Default::default()
+        })
+    }
+
+    /// PowerSGD at rank `rank`, every other setting its default.
+    pub fn powersgd(rank: i64) -> Self {
+        Compressor::PowerSgd(PowerSgd {
+            rank,
+            ..Default::default()
+        })
+    }
+
+    /// Denoise at `rate`, every other setting its default.
+    pub fn denoise(rate: f64) -> Self {
+        Compressor::Denoise(Denoise {
+            rate,
+            ..Default::default()
+        })
+    }
+
+    /// The federated paper's sketch `scheme` (FL-RND, FL-FREQ, FL-CS) at `rate` = n / m, with
+    /// `Sketch::new`'s defaults.
+    pub fn sketch(scheme: super::linear_sketch::Scheme, rate: f64) -> Self {
+        Compressor::Sketch(Sketch::new(scheme, rate))
+    }
+
     /// Its kind, as the command line names it.
     pub fn kind(&self) -> CompressorKind {
         match self {
