@@ -11,15 +11,21 @@ use std::path::{Path, PathBuf};
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Task {
+    /// Surnames: an LSTM classifying names by origin (18 classes).
     Surnames,
+    /// CIFAR-10: the paper's CNN on 32x32 images (10 classes).
     Cifar10,
+    /// CIFAR-100: ResNet-18 (100 classes).
     Cifar100,
+    /// SNLI: a BERT encoder on sentence pairs (3 classes; needs the `text` feature).
     Snli,
 }
 
 impl Task {
+    /// Every built-in task.
     pub const ALL: [Task; 4] = [Task::Surnames, Task::Cifar10, Task::Cifar100, Task::Snli];
 
+    /// The name `--task` and `config.toml` use ("surnames", "cifar10", ...).
     pub fn name(self) -> &'static str {
         match self {
             Task::Surnames => "surnames",
@@ -42,7 +48,9 @@ impl std::fmt::Display for Task {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum TaskName {
+    /// One of the papers' tasks, whose model and data dpcomp builds.
     Builtin(Task),
+    /// A model and data of one's own, under this name.
     Own(String),
 }
 
@@ -90,13 +98,18 @@ impl From<Task> for TaskName {
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum DeviceChoice {
+    /// CUDA when LibTorch sees a GPU, else the CPU.
     #[default]
     Auto,
+    /// The CPU.
     Cpu,
+    /// The first CUDA device; an error when there is none.
     Cuda,
 }
 
 impl DeviceChoice {
+    /// The device this choice resolves to on this machine; `Cuda` without a GPU is an error
+    /// naming `device`.
     pub fn device(self) -> Result<tch::Device> {
         match self {
             DeviceChoice::Auto => Ok(tch::Device::cuda_if_available()),
@@ -117,8 +130,11 @@ impl DeviceChoice {
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Sampling {
+    /// Each example independently with probability q: what the accountants assume.
     #[default]
     Poisson,
+    /// A shuffled partition into fixed-size batches each epoch: the common approximation, not
+    /// what ε is computed for (the run's metadata says so).
     Shuffle,
 }
 
@@ -575,18 +591,27 @@ fn nest(table: toml::Table, naming: Naming, origin: &str) -> Result<toml::Table>
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
+    /// A built-in task or a name of one's own.
     pub task: TaskName,
     /// Seed of the initial weights, the batches and (unless `privacy.secure_noise`) the DP noise.
     pub seed: u64,
+    /// Passes over the training set.
     pub epochs: usize,
+    /// Where the model and the steps run.
     pub device: DeviceChoice,
+    /// `[data]`: where the data is read from, limits, augmentation.
     pub data: DataSettings,
+    /// `[model]`: the task model's options.
     pub model: ModelSettings,
+    /// `[optimizer]`: the optimiser, learning rate, batch size.
     pub optimizer: OptimizerSettings,
+    /// `[privacy]`: σ or a target ε, δ, C, clipping, sampling, the accountant.
     pub privacy: PrivacySettings,
+    /// `[compression]`: the compressor and its settings.
     pub compression: CompressionSettings,
+    /// `[analysis]`: measurements taken during training.
     pub analysis: AnalysisSettings,
-    /// Written by every run since issue 37; older `config.toml` files read PyTorch's defaults.
+    /// `[cuda]`: TF32 and cuDNN's benchmark mode. Written by every run since issue 37; older `config.toml` files read PyTorch's defaults.
     #[serde(default)]
     pub cuda: CudaSettings,
 }
@@ -690,6 +715,8 @@ impl TrainConfig {
         self.privacy.noise_multiplier.is_some() || self.privacy.target_epsilon.is_some()
     }
 
+    /// Checks every setting and their combinations before anything is written or trained;
+    /// each error names the dotted field (`privacy.delta`) and what it takes.
     pub fn validate(&self) -> Result<()> {
         // Every integer setting must fit the signed 64 bits TOML holds (`config.toml` is written
         // before the first step), and the tensors' i64 sizes.
@@ -995,6 +1022,7 @@ impl TrainConfig {
         out
     }
 
+    /// The settings as a run's `config.toml` writes them: every section, every setting.
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("TrainConfig always serialises")
     }
@@ -1062,18 +1090,25 @@ pub struct TrainOverrides {
     /// auto picks CUDA when LibTorch sees a GPU [default: auto].
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub device: Option<DeviceChoice>,
+    /// The `[data]` settings given.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub data: DataOverrides,
+    /// The `[model]` settings given.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub model: ModelOverrides,
+    /// The `[optimizer]` settings given.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub optimizer: OptimizerOverrides,
+    /// The `[privacy]` settings given.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub privacy: PrivacyOverrides,
+    /// The `[compression]` settings given.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub compression: CompressionOverrides,
+    /// The `[analysis]` settings given.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub analysis: AnalysisOverrides,
+    /// The `[cuda]` settings given.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub cuda: CudaOverrides,
 }
@@ -1089,6 +1124,7 @@ struct TopLevelOverrides {
 }
 
 impl TrainOverrides {
+    /// The settings a TOML file gives (flat keys, sections, or both); errors name the file.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         Self::from_toml_str(&text, &path.display().to_string())

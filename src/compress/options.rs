@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tch::Device;
 
+/// Which compressor a run uses, as `--compressor` and `[compression] kind` name it; its typed
+/// settings are `Compressor`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
@@ -42,6 +44,7 @@ pub enum CompressorKind {
 }
 
 impl CompressorKind {
+    /// The name the command line and `config.toml` use ("dgc", "fl-cs", ...).
     pub fn name(self) -> &'static str {
         match self {
             CompressorKind::Identity => "identity",
@@ -135,12 +138,14 @@ impl std::fmt::Display for CompressorKind {
 /// A compressor and its settings, as a run's configuration holds them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompressorSpec {
+    /// Which compressor.
     pub kind: CompressorKind,
     /// Target ratio dense fp32 bits / message bits for the sparsifiers (DGC, Denoise) and the
     /// sketches (n / m); 1 = dense.
     pub rate: f64,
     /// PowerSGD's rank.
     pub rank: i64,
+    /// The `key=value` options, checked against the kind's keys (`CompressorKind::keys`).
     pub options: BTreeMap<String, String>,
 }
 
@@ -337,6 +342,7 @@ impl CompressorSpec {
         Ok(v)
     }
 
+    /// DGC's typed settings from the rate and options; errors name the option.
     pub fn dgc_options(&self) -> Result<Dgc> {
         Ok(Dgc {
             rate: self.rate,
@@ -403,6 +409,7 @@ impl CompressorSpec {
         }
     }
 
+    /// PowerSGD's typed settings from the rank and options; errors name the option.
     pub fn powersgd_options(&self) -> Result<PowerSgd> {
         let shape = match self.options.get("shape").map(String::as_str) {
             None | Some("square") => MatrixShape::NearSquare,
@@ -433,6 +440,7 @@ impl CompressorSpec {
         })
     }
 
+    /// Denoise's typed settings from the rate and options; errors name the option.
     pub fn denoise_options(&self) -> Result<Denoise> {
         let scope = self.scope()?;
         let clip: f64 = self.get("clip", f64::INFINITY, "a positive number (inf: off)")?;
