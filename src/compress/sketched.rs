@@ -120,6 +120,10 @@ pub struct SketchEncoder {
 }
 
 impl SketchEncoder {
+    /// An encoder for parameters of `shapes` (in the order the updates will come, sent as one
+    /// flattened vector of n values), its sketch drawn from `options.seed` on `device`; FL-RND
+    /// with `error_feedback` starts its residual at zero. An error when the sketch cannot be
+    /// built (a rate below 1, or chunks P that do not fit n).
     pub fn new(shapes: &[Vec<i64>], device: Device, options: Sketch) -> Result<Self> {
         let codec = codec(&options, shapes, device)?;
         let residual = (options.error_feedback && options.scheme == Scheme::Rnd)
@@ -219,6 +223,9 @@ pub struct SketchDecoder {
 }
 
 impl SketchDecoder {
+    /// A decoder for updates of parameters of `shapes`, with the same sketch as the encoders
+    /// (the same `options`, so the same seed); FL-CS with `error_feedback` starts its error e
+    /// [m] at zero. An error when the sketch cannot be built.
     pub fn new(shapes: &[Vec<i64>], device: Device, options: Sketch) -> Result<Self> {
         let codec = codec(&options, shapes, device)?;
         let error = (options.error_feedback && options.scheme == Scheme::Cs)

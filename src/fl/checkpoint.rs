@@ -39,7 +39,8 @@ use super::FlSettings;
 
 /// What `state.json` records.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct FlState {
+pub(crate) struct FlState {
+    /// The rounds finished when the checkpoint was saved; the run continues with the next.
     pub rounds_done: usize,
     /// m: the sketch's length, or the elements of the last compressor message.
     pub message_length: i64,
@@ -48,15 +49,19 @@ pub struct FlState {
 }
 
 /// A checkpoint as read back.
-pub struct Saved {
+pub(crate) struct Saved {
+    /// `state.json`.
     pub state: FlState,
+    /// The global weights w [n].
     pub weights: Tensor,
+    /// The server's momentum u ([m] for FL-CS, in the compressed domain; else [n]), when saved.
     pub momentum: Option<Tensor>,
+    /// `RoundMessages::state` by name (FL-CS's error e).
     pub messages: HashMap<String, Tensor>,
 }
 
 /// Saves the server's state after round `state.rounds_done`.
-pub fn save(
+pub(crate) fn save(
     run_dir: &Path,
     state: &FlState,
     weights: &Tensor,
@@ -84,7 +89,7 @@ pub const RESUME_MAY_CHANGE: [&str; 2] = ["rounds", "device"];
 /// other settings than `settings` (beyond `RESUME_MAY_CHANGE`) is refused naming each differing
 /// setting, never thrown away (`dpcomp fl --restart` discards it explicitly); so is one already
 /// past `settings.rounds`. A checkpoint that fails its manifest is an error, not a fresh start.
-pub fn load(run_dir: &Path, settings: &FlSettings) -> Result<Option<Saved>> {
+pub(crate) fn load(run_dir: &Path, settings: &FlSettings) -> Result<Option<Saved>> {
     if crate::train::checkpoint::find(run_dir).is_none() {
         return Ok(None);
     }
@@ -146,8 +151,11 @@ pub fn load(run_dir: &Path, settings: &FlSettings) -> Result<Option<Saved>> {
 }
 
 /// The settings that differ between `saved` and `given`, under their dotted JSON names
-/// (`local.lr`, `privacy.noise_multiplier`), with both values as JSON writes them.
-pub fn differences(saved: &FlSettings, given: &FlSettings) -> Vec<crate::error::SettingConflict> {
+/// (`local.learning_rate`, `privacy.noise_multiplier`), with both values as JSON writes them.
+pub(crate) fn differences(
+    saved: &FlSettings,
+    given: &FlSettings,
+) -> Vec<crate::error::SettingConflict> {
     fn flatten(
         prefix: &str,
         value: &serde_json::Value,

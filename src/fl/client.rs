@@ -13,18 +13,21 @@ use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
+/// Each client's local training in a round (`FlSettings::local`): T_gd steps of plain SGD on its
+/// own examples, from the global weights.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LocalTraining {
     /// T_gd, local steps per round.
     pub steps: usize,
     /// Examples per local step; 0 (or at least the client's size) is full-batch GD.
     pub batch: usize,
+    /// The local SGD step size (no momentum).
     pub learning_rate: f64,
 }
 
 /// The update of one client whose examples are `examples` (row indices into `x`, `y`). `seed`
 /// orders its mini-batches (reshuffled every local epoch).
-pub fn client_update(
+pub(crate) fn client_update(
     model: &mut FlModel,
     global: &Tensor,
     x: &Tensor,

@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
+/// The data a federated run's clients hold (`--dataset`, `FlSettings::dataset`), spelled in
+/// settings files as `name` gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
@@ -28,6 +30,8 @@ pub enum FlDataset {
 }
 
 impl FlDataset {
+    /// The dataset as `config.toml`, `summary.json`, experiment files and cell folders name it:
+    /// `fashion-mnist`, `breast_cancer` or `flchain`.
     pub fn name(&self) -> &'static str {
         match self {
             FlDataset::FashionMnist => "fashion-mnist",
@@ -37,12 +41,21 @@ impl FlDataset {
     }
 }
 
+/// A federated dataset in memory (`FlData::load`): the training examples the clients split
+/// among themselves and the server's test set.
 pub struct FlData {
+    /// Which dataset this is.
     pub dataset: FlDataset,
+    /// Training features, float: [N, 1, 28, 28] images standardised (Fashion-MNIST) or [N, d]
+    /// rows (the tables).
     pub train_x: Tensor,
+    /// Training labels [N], int64 in 0..`classes`.
     pub train_y: Tensor,
+    /// Test features, as `train_x`.
     pub test_x: Tensor,
+    /// Test labels, as `train_y`.
     pub test_y: Tensor,
+    /// Number of classes: 10 (Fashion-MNIST) or 2 (breast cancer: 1 benign; flchain: 1 death).
     pub classes: i64,
 }
 
@@ -148,11 +161,13 @@ impl FlData {
         }
     }
 
+    /// The number of training examples (before any validation split).
     pub fn train_len(&self) -> usize {
         self.train_y.size()[0] as usize
     }
 
-    pub fn to_device(&self, device: Device) -> FlData {
+    /// A copy with every tensor on `device`.
+    pub(crate) fn to_device(&self, device: Device) -> FlData {
         FlData {
             dataset: self.dataset,
             train_x: self.train_x.to_device(device),

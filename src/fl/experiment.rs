@@ -25,16 +25,23 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// A federated experiment file (`kind = "fl"`, e.g. `experiments/fl_cs.toml`): its datasets, the
+/// grid of cells run on each, and the profiles that shorten them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FlExperiment {
+    /// The experiment's name: its folder under the runs root (`<runs>/<name>/<profile>/`).
     pub name: String,
     /// Always "fl" (what routes the file here).
     pub kind: String,
+    /// Free text on what the experiment is for (optional; not written to its tables).
     #[serde(default)]
     pub description: String,
+    /// `[[datasets]]`: each dataset's federated settings; every cell of the grid runs on each.
     pub datasets: Vec<DatasetSettings>,
+    /// `[grid]`: the cells' axes and the settings they share.
     pub grid: Grid,
+    /// `[profiles.NAME]`: per-dataset overrides of each profile (`--profile`).
     pub profiles: BTreeMap<String, Profile>,
 }
 
@@ -42,23 +49,36 @@ pub struct FlExperiment {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatasetSettings {
+    /// The data the clients hold.
     pub dataset: FlDataset,
+    /// N, the number of clients.
     pub clients: usize,
+    /// C, each client's probability of taking part in a round.
     pub fraction: f64,
+    /// T_gd, local SGD steps per round.
     pub local_steps: usize,
+    /// Examples per local step (0: full-batch gradient descent).
     pub local_batch: usize,
+    /// The clients' local SGD step size.
     pub local_lr: f64,
+    /// T_cl, the rounds of every cell.
     pub rounds: usize,
+    /// Stop after this many rounds without a better held-out metric (0, the default: never).
     #[serde(default)]
     pub patience: usize,
+    /// How the training examples are split among the clients: `iid` (the default),
+    /// `dirichlet:ALPHA` or `shards:K`.
     #[serde(default = "iid")]
     pub partition: String,
     /// S₁: the clip radius of a whole update; messages are clipped to `default_clip(S₁, r)`.
     pub full_clip: f64,
+    /// Test (and validation) examples evaluated after each round (0, the default: all).
     #[serde(default)]
     pub eval_examples: usize,
+    /// η, the server's step on the aggregated update (default 1: FedAvg).
     #[serde(default = "one")]
     pub server_lr: f64,
+    /// β, the server's momentum (default 0: none); `grid.server_momentum` replaces it.
     #[serde(default)]
     pub server_momentum: f64,
     /// The network (default: the dataset's, `FlData::default_net`).
@@ -219,16 +239,23 @@ impl Grid {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Override {
+    /// Replaces the dataset's `model`.
     pub model: Option<super::model::FlNet>,
+    /// Replaces the dataset's `rounds` (T_cl).
     pub rounds: Option<usize>,
+    /// Replaces the dataset's `eval_examples`.
     pub eval_examples: Option<usize>,
+    /// Replaces the dataset's `clients` (N).
     pub clients: Option<usize>,
+    /// Replaces the dataset's `fraction` (C).
     pub fraction: Option<f64>,
     /// Replaces the grid's `noise_scales` for this dataset in this profile (for example one
     /// real run with more clients beside the scaled-noise cells of the cheap profile).
     pub noise_scales: Option<Vec<f64>>,
 }
 
+/// One `[profiles.NAME]` table: the overrides it applies to each dataset (none: the dataset's
+/// settings as given).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Profile {
     /// Keyed by dataset name (`fashion-mnist`, `breast_cancer`).
@@ -237,6 +264,8 @@ pub struct Profile {
 }
 
 impl FlExperiment {
+    /// Reads a `kind = "fl"` file; an error names the file and what is wrong (unknown keys,
+    /// another kind, a profile overriding a dataset that is not in `[[datasets]]`).
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let e: FlExperiment =
@@ -514,10 +543,15 @@ impl FlExperiment {
 /// A finished cell: its settings, summary and per-round metrics.
 #[derive(Debug, Clone)]
 pub struct Cell {
+    /// The dataset's folder name (`FlDataset::name`).
     pub dataset: String,
+    /// The cell's folder name, e.g. `cs-r0.05-dp` (scheme, the paper's r, and its other axes).
     pub name: String,
+    /// Its `config.toml`.
     pub settings: FlSettings,
+    /// Its `summary.json`.
     pub summary: FlSummary,
+    /// Its `metrics.jsonl`, one row per round run.
     pub rounds: Vec<RoundMetrics>,
 }
 
@@ -649,6 +683,9 @@ fn order_key(c: &Cell) -> (String, bool, usize, u64, u64, u64) {
     )
 }
 
+/// Writes the table of `cells` into `out`: `results.csv` (one row per cell, every summary
+/// column) and `results.md` (the paper's tables, one per dataset and privacy, after the mean
+/// ± standard deviation over seeds when cells differ only by seed).
 pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
     let header = [
         "dataset",

@@ -5,10 +5,14 @@
 
 use tch::{Kind, Tensor};
 
+/// A model's metrics on one set of examples.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Evaluation {
+    /// Mean cross-entropy (nats).
     pub loss: f64,
+    /// Share of examples classified correctly, in [0, 1].
     pub accuracy: f64,
+    /// Mean of the per-class recalls, in [0, 1].
     pub balanced_accuracy: f64,
     /// Two-class problems only.
     pub auroc: Option<f64>,

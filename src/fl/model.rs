@@ -50,6 +50,8 @@ enum Net {
     },
 }
 
+/// A federated network (module docs) and its parameters, handled as the one flat vector [n]
+/// that clients train from and send updates of (`flat`, `set_flat`).
 pub struct FlModel {
     vs: nn::VarStore,
     net: Net,
@@ -69,6 +71,7 @@ pub enum FlNet {
 }
 
 impl FlNet {
+    /// The network as `--model` and settings files name it: `lenet`, `fedavg-cnn` or `mlp`.
     pub fn name(self) -> &'static str {
         match self {
             FlNet::Lenet => "lenet",
@@ -214,10 +217,12 @@ impl FlModel {
         assert_eq!(offset, flat.size()[0], "flat vector of the wrong length");
     }
 
+    /// The store that holds the parameters (to save or load them by name, as safetensors).
     pub fn var_store(&self) -> &nn::VarStore {
         &self.vs
     }
 
+    /// The parameters' element type (float32 as built).
     pub fn kind(&self) -> Kind {
         self.variables()[0].kind()
     }

@@ -31,10 +31,17 @@ use tch::{Device, Kind, Tensor};
 /// The shares measured for one update.
 #[derive(Debug, Clone, Serialize)]
 pub struct EnergyShares {
+    /// r = m / n, the share of the n values kept.
     pub ratio: f64,
+    /// Energy share of the r n largest coordinates (what BPDN can recover).
     pub top_coordinates: f64,
+    /// Energy share of the r n largest DCT coefficients of the shuffled chunks.
     pub top_shuffled_dct: f64,
+    /// Energy share of the first r L DCT coefficients of every shuffled chunk (FL-CS's
+    /// measurements).
     pub first_shuffled_dct_rows: f64,
+    /// Energy share of the first r L DCT coefficients of every unshuffled chunk (what FL-FREQ
+    /// keeps).
     pub first_dct_rows_unshuffled: f64,
 }
 
@@ -86,9 +93,13 @@ pub fn energy_shares(update: &Tensor, ratio: f64, seed: u64) -> Result<EnergySha
 /// `rounds` FedAvg rounds (no privacy, no compression: the updates as clients compute them).
 #[derive(Debug, Clone, Serialize)]
 pub struct SparsityReport {
+    /// The network's name (`FlNet::name`).
     pub model: String,
+    /// n, the network's parameter count.
     pub parameters: i64,
+    /// Client updates measured (`clients` × `rounds`).
     pub updates: usize,
+    /// The mean shares, one entry per ratio r asked for.
     pub shares: Vec<EnergyShares>,
 }
 
