@@ -23,7 +23,7 @@
 //! assert_eq!(engine.sample_rate(), 256.0 / 60_000.0);
 //! # Ok::<(), dpcomp::error::Error>(())
 //! ```
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 #[doc(hidden)]
 pub mod allocator;
