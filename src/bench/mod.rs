@@ -299,7 +299,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             &plain_batch,
             defaults.privacy.max_grad_norm,
         )?;
-        let _ = loss.double_value(&[]);
+        let _ = crate::host::f64_scalar(&loss);
         Ok(())
     };
     let noise = if args.secure_noise {
@@ -329,7 +329,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             &mut engine.borrow_mut(),
             None,
         )?;
-        let _ = totals.loss_sum.double_value(&[]);
+        let _ = crate::host::f64_scalar(&totals.loss_sum);
         Ok(())
     };
     // Peak memory of each kind of step, measured separately from a reset high-water mark: the
@@ -451,7 +451,7 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             &batch,
             defaults.privacy.max_grad_norm,
         )?;
-        let _ = loss.double_value(&[]);
+        let _ = crate::host::f64_scalar(&loss);
         synchronize(device);
         times.push(start.elapsed().as_secs_f64());
     }

@@ -12,6 +12,7 @@
 //! smooth gradients only. `fista` (Beck and Teboulle 2009) is the simple reference it is tested
 //! against.
 
+use crate::host;
 use std::collections::VecDeque;
 use tch::{Kind, Tensor};
 
@@ -182,7 +183,7 @@ pub fn owlqn(
         let mut residual_next = residual.copy();
         let mut f_next = f.copy();
         for backtrack in 0..BACKTRACKS {
-            let rows_searching = searching.nonzero().squeeze_dim(1);
+            let rows_searching = host::nonzero(&searching).squeeze_dim(1);
             if rows_searching.numel() == 0 {
                 break;
             }
@@ -207,7 +208,7 @@ pub fn owlqn(
             let ok = f_trial
                 .le_tensor(&(&f_rows + row_dot(&pg_rows, &(&trial - &s_rows)) * ARMIJO))
                 .squeeze_dim(1);
-            let ok_rows = ok.nonzero().squeeze_dim(1);
+            let ok_rows = host::nonzero(&ok).squeeze_dim(1);
             if ok_rows.numel() > 0 {
                 let index = rows_searching.index_select(0, &ok_rows);
                 let pick = |t: &Tensor| t.index_select(0, &ok_rows);
@@ -240,7 +241,7 @@ pub fn owlqn(
         // every pair), so its next direction is the steepest-descent one. When every row made
         // no progress two iterations running, the second without memory, the rows have converged.
         let stalled = decrease.lt(settings.tolerance);
-        if stalled.all().int64_value(&[]) == 1 {
+        if host::i64_scalar(&stalled.all()) == 1 {
             if stalled_before {
                 break;
             }

@@ -208,7 +208,7 @@ impl PowerSgdEncoder {
         mut reduce: Option<(usize, &mut AllReduce)>,
     ) -> Result<Message> {
         let o = self.options.clone();
-        let step = self.step.int64_value(&[]) + 1;
+        let step = crate::host::i64_scalar(&self.step) + 1;
         let payloads = tch::no_grad(|| -> Result<Vec<Payload>> {
             // First pass: each layer's dense values, or its matrix M and P = M Q.
             let mut dense: Vec<Option<Tensor>> = Vec::with_capacity(update.len());

@@ -96,7 +96,7 @@ fn load_counted_state(
     name: &str,
     feedback: Option<&mut Tensor>,
 ) -> Result<usize> {
-    let step = take_state(&mut state, "step", &[])?.int64_value(&[]);
+    let step = crate::host::i64_scalar(&take_state(&mut state, "step", &[])?);
     if let Some(live) = feedback {
         let saved = take_state(&mut state, name, &live.size())?;
         tch::no_grad(|| live.copy_(&saved));

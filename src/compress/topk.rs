@@ -71,7 +71,7 @@ fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
     let sample_k = ((expected * MARGIN + 3.0 * expected.sqrt()).ceil() as i64).clamp(1, samples);
     let mut threshold = sample.topk(sample_k, 0, true, false).0.min();
     for _ in 0..=RETRIES {
-        let candidates = magnitude.ge_tensor(&threshold).nonzero().view([-1]);
+        let candidates = crate::host::nonzero(&magnitude.ge_tensor(&threshold)).view([-1]);
         let found = candidates.size()[0];
         if found >= k {
             let best = magnitude

@@ -334,7 +334,7 @@ impl GradientCanaries {
             Observe::EveryStep => self.scores.copy(),
             Observe::Final => (&self.start - self.project(params)) * self.lr.signum(),
         };
-        Vec::<f64>::try_from(&scores.to_device(Device::Cpu))
+        crate::host::to_vec_f64(&scores.to_device(Device::Cpu))
             .expect("canary scores are a 1-d f64 tensor")
     }
 

@@ -662,12 +662,12 @@ impl PrivacyEngine {
         });
         if let Clipping::Adaptive(a) = &mut self.clipping {
             let examples = batch.examples() as f64;
-            let unclipped = examples - batch.clipped.int64_value(&[]) as f64;
+            let unclipped = examples - crate::host::i64_scalar(&batch.clipped) as f64;
             let noise = if a.count_noise > 0.0 {
                 let z = self
                     .noise
                     .standard_normal_like(&Tensor::zeros([1], (Kind::Double, tch::Device::Cpu)));
-                a.count_noise * z.double_value(&[0])
+                a.count_noise * crate::host::f64_at(&z, &[0])
             } else {
                 0.0
             };
