@@ -89,3 +89,21 @@ pub fn noisy_mean(
     };
     noisy / expected_batch
 }
+
+/// `noisy_mean` with the sensitivity C a 0-d f64 tensor (adaptive clipping's radius, kept on the
+/// device): the noise scale σ C is formed where C lives, so nothing is read to the host. The
+/// same arithmetic as `noisy_mean`, value for value.
+pub(crate) fn noisy_mean_at(
+    clipped_sum: &Tensor,
+    noise_multiplier: f64,
+    max_norm: &Tensor,
+    expected_batch: f64,
+    source: &mut NoiseSource,
+) -> Tensor {
+    let noisy = if noise_multiplier > 0.0 {
+        clipped_sum + source.standard_normal_like(clipped_sum) * (max_norm * noise_multiplier)
+    } else {
+        clipped_sum.shallow_clone()
+    };
+    noisy / expected_batch
+}
