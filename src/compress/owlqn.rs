@@ -11,6 +11,15 @@
 //! points are projected onto the orthant of the current point, and curvature pairs from the
 //! smooth gradients only. `fista` (Beck and Teboulle 2009) is the simple reference it is tested
 //! against.
+//!
+//! Host reads (issue 37): `owlqn` is the one part of a training step that reads from the device,
+//! by design. Each iteration's line search gathers the rows still searching and the rows that
+//! accepted a point (`host::nonzero`, twice per backtrack), and the iteration loop stops when
+//! every row has stalled twice (`host::i64_scalar`): about 2 + 2 x backtracks reads per
+//! iteration, a few hundred per FL-CS decode. Running it sync-free would mean a fixed number of
+//! iterations and backtracks with masked updates, which changes the solver's results; FL-CS
+//! (`--compressor fl-cs`) is therefore the exception to a step without host reads. FISTA reads
+//! nothing.
 
 use crate::host;
 use std::collections::VecDeque;
@@ -137,7 +146,8 @@ fn two_loop(g: &Tensor, pairs: &VecDeque<(Tensor, Tensor, Tensor)>) -> Tensor {
     -q
 }
 
-/// OWL-QN from s = 0 on every row (Andrew and Gao 2007, Algorithm 1).
+/// OWL-QN from s = 0 on every row (Andrew and Gao 2007, Algorithm 1). Reads from the device
+/// in every iteration (module docs: FL-CS is the exception to a step without host reads).
 pub fn owlqn(
     op: &dyn Measurement,
     y: &Tensor,

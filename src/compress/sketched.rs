@@ -20,6 +20,11 @@
 //! sends the same rows every step, so its residual would grow without ever being sent; FL-CS's
 //! feedback is the receiver's error above (`error_feedback=false` turns it off: each message
 //! is then reconstructed on its own).
+//!
+//! FL-RND and FL-FREQ encode and decode without a host read. FL-RND draws each step's
+//! coordinates on the host and copies them to the device (a copy there, not a read back).
+//! FL-CS's OWL-QN reads from the device in every iteration (`owlqn`, the known exception to a
+//! step without host reads).
 
 use super::chunked_dct::DctRows;
 use super::linear_sketch::{Codec, Scheme};
