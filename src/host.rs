@@ -26,6 +26,10 @@
 //! on every device (the Poisson batches' indices and the sequences' widths, which stay on the
 //! CPU when the examples are held on an accelerator). Reading them neither copies from the
 //! device nor waits for it; the function panics if handed a tensor that is not on the CPU.
+//!
+//! The other direction is no read either, but a plain copy from host memory to CUDA waits for
+//! the device's queue to drain: what a step makes on the host and sends to the device (the batch
+//! index, FL-RND's coordinates, PowerSGD's fresh Q, secure noise) goes through [`upload`].
 
 use std::cell::Cell;
 use tch::{Device, TchError, Tensor};
@@ -133,6 +137,21 @@ pub fn nonzero(t: &Tensor) -> Tensor {
 pub fn masked_select(t: &Tensor, mask: &Tensor) -> Tensor {
     count();
     t.masked_select(mask)
+}
+
+/// `t`, made on the host, on `device` without waiting for the device: on an accelerator through
+/// pinned memory and an asynchronous copy (a copy from pageable memory synchronises the
+/// stream first; the pinned block is not reused before the copy is done), on the CPU `t`
+/// itself. Not counted: it reads nothing back.
+pub fn upload(t: &Tensor, device: Device) -> Tensor {
+    match device {
+        Device::Cpu => t.to_device(device),
+        there => {
+            t.to_device(Device::Cpu)
+                .pin_memory(there)
+                .to_device_(there, t.kind(), true, false)
+        }
+    }
 }
 
 /// The value of a one-element tensor that lives in host memory on every device, as i64: not

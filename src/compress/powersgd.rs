@@ -194,7 +194,8 @@ fn seeded_normal(seed: i64, layer: i64, draw: i64, shape: [i64; 2], device: Devi
     let values: Vec<f32> = (0..shape[0] * shape[1])
         .map(|_| StandardNormal.sample(&mut rng))
         .collect();
-    Tensor::from_slice(&values).view(shape).to_device(device)
+    // Every step without warm start: sent without waiting for the device.
+    crate::host::upload(&Tensor::from_slice(&values).view(shape), device)
 }
 
 impl PowerSgdEncoder {

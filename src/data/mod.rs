@@ -308,12 +308,7 @@ impl Dataset {
             let index = match self.device() {
                 Device::Cpu => index.shallow_clone(),
                 // Copied from pinned memory without waiting: the host does not stall on the queue.
-                there => index.to_device(Device::Cpu).pin_memory(there).to_device_(
-                    there,
-                    Kind::Int64,
-                    true,
-                    false,
-                ),
+                there => crate::host::upload(index, there),
             };
             (
                 self.features.select_trimmed(&index, width),

@@ -52,10 +52,12 @@ impl NoiseSource {
                 let values: Vec<f32> = (0..like.numel())
                     .map(|_| StandardNormal.sample(rng.as_mut()))
                     .collect();
-                Tensor::from_slice(&values)
-                    .view(like.size().as_slice())
-                    .to_device(like.device())
-                    .to_kind(like.kind())
+                // Sent without waiting for the device (`host::upload`).
+                crate::host::upload(
+                    &Tensor::from_slice(&values).view(like.size().as_slice()),
+                    like.device(),
+                )
+                .to_kind(like.kind())
             }
         }
     }
