@@ -276,6 +276,7 @@ for task in ["surnames", "cifar10", "cifar100", "snli"]:
         "nonprivate_step_ms": dp.get("nonprivate_mean_step_seconds", 0) * 1e3 or None,
         "dp_step_ms": dp.get("dp_mean_step_seconds", 0) * 1e3 or None,
         "ratio_dp_over_nonprivate": dp.get("ratio_dp_over_nonprivate"),
+        "dp_host_reads_per_step": dp.get("dp_host_reads_per_step"),
         "nonprivate_peak_device_bytes": dp.get("nonprivate_peak_device_bytes"),
         "dp_peak_device_bytes": dp.get("dp_peak_device_bytes"),
         "ratio_dp_over_nonprivate_peak_device": dp.get("ratio_dp_over_nonprivate_peak_device"),

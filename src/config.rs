@@ -390,7 +390,7 @@ settings_section! {
         /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
         rank / rank: i64 = 1, arg(long);
         /// Compressor setting key=value, repeatable. dgc: value_bits (9-32), index_bits
-        /// (32|min), momentum, masking, warmup_epochs, topk (sampled|exact), sample_ratio,
+        /// (32|min), momentum, masking, warmup_epochs, topk (auto|sampled|exact), sample_ratio,
         /// error_feedback (true|false), residual_decay (0-1). powersgd: shape (square|rows),
         /// min_rate, epsilon, warm_start, seed, error_feedback, residual_decay. denoise: beta,
         /// decay, scope (layer|model), value_bits, index_bits, topk, sample_ratio, clip.

@@ -1,8 +1,9 @@
 //! dpcomp: differentially private deep learning with gradient compression, on LibTorch.
 //!
 //! The framework's surface: `nn` (layers that record per-sample gradients) and `models`,
-//! `data` (datasets and Poisson sampling), `privacy` (the `PrivacyEngine` and its builder,
-//! accountants, calibration, audits), `compress` (typed compressor settings and their byte
+//! `data` (datasets and Poisson sampling), `host` (every read of a tensor's value to the host,
+//! counted; issue 37: a training step makes none), `privacy` (the `PrivacyEngine` and its
+//! builder, accountants, calibration, audits), `compress` (typed compressor settings and their byte
 //! messages), `train` (the `Trainer` and its builder, optimisers, the `Updater`, observers),
 //! `comm` (W workers over threads or MPI), `fl` (federated learning), `convex` (DP-SGD for
 //! convex losses), `analysis`, and the reproduction's runners (`experiment`, `grid`, `plot`).
@@ -45,6 +46,7 @@ pub mod error;
 pub mod experiment;
 pub mod fl;
 pub mod grid;
+pub mod host;
 #[doc(hidden)]
 pub mod json_floats;
 pub mod models;

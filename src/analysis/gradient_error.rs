@@ -129,7 +129,7 @@ impl Moments {
         let before = x - &self.mean;
         self.mean += &before / self.count as f64;
         let after = x - &self.mean;
-        self.m2 += (before * after).sum(Kind::Double).double_value(&[]);
+        self.m2 += crate::host::f64_scalar(&(before * after).sum(Kind::Double));
         self.squared_error += squared_norm(&(x - reference));
     }
 

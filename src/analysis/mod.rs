@@ -110,7 +110,7 @@ impl BatchGradients {
 
     /// The median of the per-sample norms (the lower middle value for an even B).
     pub fn median_norm(&self) -> f64 {
-        self.norms.median().double_value(&[])
+        crate::host::f64_scalar(&self.norms.median())
     }
 
     /// m, the number of trainable scalars.
@@ -121,7 +121,7 @@ impl BatchGradients {
 
 /// ||x||² in f64.
 pub(crate) fn squared_norm(x: &Tensor) -> f64 {
-    x.square().sum(Kind::Double).double_value(&[])
+    crate::host::f64_scalar(&x.square().sum(Kind::Double))
 }
 
 /// Tensors (one per parameter) flattened into one vector.

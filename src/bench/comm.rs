@@ -157,7 +157,7 @@ pub fn worker(args: &CommBenchArgs, comm: Shared) -> Result<Vec<CommRow>> {
                 &batch,
                 defaults.privacy.max_grad_norm,
             )?;
-            let _ = loss.double_value(&[]);
+            let _ = crate::host::f64_scalar(&loss);
             synchronize(device);
             let seconds = started.elapsed().as_secs_f64();
             if step >= setup.warmup {

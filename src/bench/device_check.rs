@@ -99,7 +99,7 @@ fn max_abs(t: &Tensor) -> f64 {
     if t.numel() == 0 {
         0.0
     } else {
-        t.abs().max().to_kind(Kind::Double).double_value(&[])
+        crate::host::f64_scalar(&t.abs().max().to_kind(Kind::Double))
     }
 }
 
@@ -329,10 +329,7 @@ fn compressor_specs() -> Result<Vec<(&'static str, CompressorSpec)>> {
 fn compare(a: &Tensor, b: &Tensor) -> (i64, f64) {
     let scale = max_abs(b).max(1e-30);
     let diff = (a.to_device(Device::Cpu) - b).abs().to_kind(Kind::Double);
-    let moved = diff
-        .gt(COMPRESSOR_TOLERANCE * scale)
-        .sum(Kind::Int64)
-        .int64_value(&[]);
+    let moved = crate::host::i64_scalar(&diff.gt(COMPRESSOR_TOLERANCE * scale).sum(Kind::Int64));
     (moved, max_abs(&diff) / scale)
 }
 
@@ -362,7 +359,7 @@ fn compressor_checks(device: Device) -> Result<Vec<Check>> {
             for (a, b) in r_dev.iter().zip(&r_cpu) {
                 let (m, gap) = compare(a, b);
                 moved += m;
-                total += b.ne(0.0).sum(Kind::Int64).int64_value(&[]).max(1);
+                total += crate::host::i64_scalar(&b.ne(0.0).sum(Kind::Int64)).max(1);
                 if m == 0 {
                     worst_kept = worst_kept.max(gap);
                 }

@@ -80,7 +80,7 @@ pub struct RecoveryRow {
 }
 
 fn relative(a: &Tensor, b: &Tensor) -> f64 {
-    (a - b).norm().double_value(&[]) / b.norm().double_value(&[]).max(1e-30)
+    crate::host::f64_scalar(&(a - b).norm()) / crate::host::f64_scalar(&b.norm()).max(1e-30)
 }
 
 pub fn fl_bench(args: FlBenchArgs) -> Result<()> {
@@ -259,7 +259,7 @@ fn recovery_table(device: Device) -> Vec<RecoveryRow> {
                 let s = fista(&sketch, &y, &lambda, length, 1.0, 3_000).s;
                 let per_chunk = (&s - &truth).norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
                     / truth.norm_scalaropt_dim(2.0, [1i64].as_slice(), false);
-                per_chunk.mean(Kind::Double).double_value(&[])
+                crate::host::f64_scalar(&per_chunk.mean(Kind::Double))
             };
             rows.push(RecoveryRow {
                 ratio,

@@ -1,10 +1,12 @@
 //! Benchmarks on one fixed, seeded batch with the task's shapes.
 //!
 //! - `dpcomp bench train`: mean time of one non-private training step (forward, loss, backward,
-//!   global-norm clip, SGD). `--batch-out FILE` writes that batch (safetensors) so that
+//!   global-norm clip, SGD) and the host reads it made (`host_reads_per_step`, `dpcomp::host`'s
+//!   count: 0 is a step that never waits for the device). `--batch-out FILE` writes that batch (safetensors) so that
 //!   `benches/train_vs_pytorch.py` times eager PyTorch on the very same tensors in the same run.
 //! - `dpcomp bench dp`: the non-private step and the DP-SGD step (per-sample clipping and noise)
-//!   in alternating rounds of the same run, their ratio, and each one's peak memory.
+//!   in alternating rounds of the same run, their ratio, each one's peak memory and host reads
+//!   a step (`nonprivate_host_reads_per_step`, `dp_host_reads_per_step`).
 //! - `dpcomp bench compress` (`compress.rs`): a compressor's overhead against the backward pass.
 //! - `dpcomp bench comm` (`comm.rs`): a data-parallel step with each compressor on W MPI ranks,
 //!   split into compute, encode, communication and decode, and modelled over 1-100 Gb/s links.
@@ -291,7 +293,11 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         physical_batch: None,
         mode: args.grad_sample,
     };
+    // Each step adds the host reads it made itself (none on the trainer's path, issue 37) to
+    // its count, then the benchmark reads its loss, so that steps do not queue up unboundedly.
+    let (plain_reads, dp_reads) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
     let plain_step = |sgd: &mut Updater| -> Result<()> {
+        let reads = crate::host::HostReads::start();
         let (loss, _) = train_step(
             model.as_ref(),
             &params,
@@ -299,7 +305,8 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             &plain_batch,
             defaults.privacy.max_grad_norm,
         )?;
-        let _ = loss.double_value(&[]);
+        plain_reads.set(plain_reads.get() + reads.since());
+        let _ = crate::host::f64_scalar(&loss);
         Ok(())
     };
     let noise = if args.secure_noise {
@@ -318,6 +325,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         .build(&params)?;
     let engine = std::cell::RefCell::new(engine);
     let dp_step = |sgd: &mut Updater| -> Result<()> {
+        let reads = crate::host::HostReads::start();
         let totals = crate::train::private::dp_step(
             model.as_ref(),
             &params,
@@ -329,7 +337,8 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             &mut engine.borrow_mut(),
             None,
         )?;
-        let _ = totals.loss_sum.double_value(&[]);
+        dp_reads.set(dp_reads.get() + reads.since());
+        let _ = crate::host::f64_scalar(&totals.loss_sum);
         Ok(())
     };
     // Peak memory of each kind of step, measured separately from a reset high-water mark: the
@@ -342,6 +351,8 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         dp_step(&mut sgd)?;
     }
     synchronize(device);
+    plain_reads.set(0);
+    dp_reads.set(0);
     let rounds = args.rounds.max(1);
     let per_round = (setup.steps / rounds).max(1);
     let (mut plain_total, mut dp_total) = (0.0, 0.0);
@@ -361,6 +372,10 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     }
     let steps = (rounds * per_round) as f64;
     let (plain, dp) = (plain_total / steps, dp_total / steps);
+    let (plain_reads, dp_reads) = (
+        plain_reads.get() as f64 / steps,
+        dp_reads.get() as f64 / steps,
+    );
     if setup.json {
         println!(
             "{}",
@@ -370,6 +385,8 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
                 "max_grad_norm": defaults.privacy.max_grad_norm, "grad_sample": args.grad_sample,
                 "nonprivate_mean_step_seconds": plain, "dp_mean_step_seconds": dp,
                 "ratio_dp_over_nonprivate": dp / plain,
+                "nonprivate_host_reads_per_step": plain_reads, "dp_host_reads_per_step": dp_reads,
+                "host_reads_note": "tensor values a step read to the host or data-dependent ops it ran (dpcomp::host's count), over the timed steps; the benchmark's own read of each step's loss is not included",
                 "nonprivate_peak_rss_bytes": plain_peak, "dp_peak_rss_bytes": dp_peak,
                 "ratio_dp_over_nonprivate_peak_rss": match (plain_peak, dp_peak) {
                     (Some(a), Some(b)) if a > 0 => Some(b as f64 / a as f64),
@@ -390,12 +407,14 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             })
         };
         println!(
-            "{} batch {}: non-private {:.2} ms, DP {:.2} ms, ratio {:.3}; peak RSS {} / {}; peak device {} / {}",
+            "{} batch {}: non-private {:.2} ms, DP {:.2} ms, ratio {:.3}; host reads a step {} / {}; peak RSS {} / {}; peak device {} / {}",
             setup.task,
             batch_size,
             plain * 1e3,
             dp * 1e3,
             dp / plain,
+            plain_reads,
+            dp_reads,
             mib(plain_peak),
             mib(dp_peak),
             mib(plain_device_peak),
@@ -442,8 +461,11 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
     }
     synchronize(device);
     let mut times = Vec::with_capacity(setup.steps);
+    // The host reads the steps made themselves; the benchmark's read of each loss is its own.
+    let mut reads = 0;
     for _ in 0..setup.steps {
         let start = Instant::now();
+        let counted = crate::host::HostReads::start();
         let (loss, _) = train_step(
             model.as_ref(),
             &params,
@@ -451,12 +473,14 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
             &batch,
             defaults.privacy.max_grad_norm,
         )?;
-        let _ = loss.double_value(&[]);
+        reads += counted.since();
+        let _ = crate::host::f64_scalar(&loss);
         synchronize(device);
         times.push(start.elapsed().as_secs_f64());
     }
     let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
     let median = median(times.clone());
+    let reads_per_step = reads as f64 / setup.steps.max(1) as f64;
     if setup.json {
         println!(
             "{}",
@@ -464,18 +488,19 @@ pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
                 "task": setup.task, "batch_size": batch_size, "seq_len": seq_len, "steps": setup.steps,
                 "device": format!("{device:?}"), "trainable_parameters": model.trainable_parameter_count(),
                 "mean_step_seconds": mean, "median_step_seconds": median, "threads": tch::get_num_threads(),
-                "peak_device_bytes": device_peak,
+                "peak_device_bytes": device_peak, "host_reads_per_step": reads_per_step,
             })
         );
     } else {
         println!(
-            "{} batch {}: mean step {:.2} ms, median {:.2} ms over {} steps on {:?}",
+            "{} batch {}: mean step {:.2} ms, median {:.2} ms over {} steps on {:?}, {} host reads a step",
             setup.task,
             batch_size,
             mean * 1e3,
             median * 1e3,
             setup.steps,
-            device
+            device,
+            reads_per_step
         );
     }
     Ok(())

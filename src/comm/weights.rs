@@ -12,10 +12,7 @@ pub(crate) fn parameter_bytes(params: &[(String, Tensor)]) -> Vec<u8> {
     let mut bytes = Vec::new();
     for (_, p) in params {
         let p = p.detach().to_device(Device::Cpu).contiguous();
-        let length = p.numel() * p.kind().elt_size_in_bytes();
-        let start = bytes.len();
-        bytes.resize(start + length, 0);
-        p.copy_data_u8(&mut bytes[start..], p.numel());
+        bytes.extend(crate::host::to_bytes(&p));
     }
     bytes
 }

@@ -185,7 +185,7 @@ mod tests {
     use tch::Kind;
 
     fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
-        (a - b).abs().max().double_value(&[])
+        crate::host::f64_scalar(&(a - b).abs().max())
     }
 
     #[test]
@@ -201,7 +201,7 @@ mod tests {
         assert_eq!(max_abs(&sketch.unshuffle(&sketch.shuffle(&a)), &a), 0.0);
         // The same seed gives every participant the same permutation.
         let again = ChunkedDct::new(n, 0.1, 4, Some(42), DctRows::First, Device::Cpu).unwrap();
-        assert!(again.shuffle(&a).equal(&sketch.shuffle(&a)));
+        assert!(crate::host::equal(&again.shuffle(&a), &sketch.shuffle(&a)));
         // Aggregating messages equals compressing the aggregate (weights as |D_k| / Σ|D|).
         let (wa, wb) = (0.3, 0.7);
         let aggregate = sketch.compress(&(&a * wa + &b * wb));
@@ -224,10 +224,8 @@ mod tests {
             let s = Tensor::randn([3, 200], (Kind::Double, Device::Cpu));
             let r = Tensor::randn([3, 40], (Kind::Double, Device::Cpu));
             // <A s, r> = <s, Aᵀ r> and A Aᵀ = I.
-            let left = (sketch.apply(&s) * &r).sum(Kind::Double).double_value(&[]);
-            let right = (&s * sketch.adjoint(&r))
-                .sum(Kind::Double)
-                .double_value(&[]);
+            let left = crate::host::f64_scalar(&(sketch.apply(&s) * &r).sum(Kind::Double));
+            let right = crate::host::f64_scalar(&(&s * sketch.adjoint(&r)).sum(Kind::Double));
             assert!((left - right).abs() < 1e-9, "{rows:?}: {left} vs {right}");
             assert!(max_abs(&sketch.apply(&sketch.adjoint(&r)), &r) < 1e-10);
             let a = Tensor::randn([n], (Kind::Double, Device::Cpu));
@@ -236,6 +234,9 @@ mod tests {
         // Without a seed nothing is shuffled: chunk 0 is the update's first 200 entries.
         let plain = ChunkedDct::new(n, 0.2, 3, None, DctRows::First, Device::Cpu).unwrap();
         let a = Tensor::randn([n], (Kind::Double, Device::Cpu));
-        assert!(plain.shuffle(&a).get(0).equal(&a.narrow(0, 0, 200)));
+        assert!(crate::host::equal(
+            &plain.shuffle(&a).get(0),
+            &a.narrow(0, 0, 200)
+        ));
     }
 }

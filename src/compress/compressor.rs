@@ -229,7 +229,7 @@ fn unit(name: &str, v: f64, closed: bool) -> Result<()> {
 
 fn topk(topk: TopK) -> Result<()> {
     match topk {
-        TopK::Sampled { ratio } if !(ratio > 0.0 && ratio <= 1.0) => {
+        TopK::Sampled { ratio } | TopK::Auto { ratio } if !(ratio > 0.0 && ratio <= 1.0) => {
             Err(field("sample_ratio", ratio, "a number in (0, 1]"))
         }
         _ => Ok(()),

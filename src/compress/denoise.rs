@@ -50,7 +50,8 @@ pub struct Denoise {
     pub value_bits: u32,
     /// Width of each sent index: 32 bits or the minimal ceil(log2 numel).
     pub index_bits: IndexBits,
-    /// How the k largest magnitudes are found (sampled threshold or exact).
+    /// How the k largest magnitudes are found (sampled threshold or exact; by default sampled
+    /// on the CPU and exact on CUDA, `topk.rs`).
     pub topk: TopK,
     /// The second clipping: the incoming (already noised) update is scaled to global L2 norm at
     /// most `clip` before it is compressed; `f64::INFINITY` (the default) turns it off.
@@ -71,7 +72,7 @@ impl Default for Denoise {
             scope: Scope::Layer,
             value_bits: 32,
             index_bits: IndexBits::Fixed32,
-            topk: TopK::Sampled { ratio: 0.01 },
+            topk: TopK::DEFAULT,
             clip: f64::INFINITY,
             budget: Budget::Bits,
         }

@@ -8,8 +8,10 @@
 //! with the optimiser's momentum at 0), momentum-factor masking (`masking`: zero u where v was
 //! sent), and the exponential sparsity warm-up (`warmup_epochs` W: rate min(R, 4^(e+1)) in epoch
 //! e < W, i.e. density 25%, 6.25%, 1.56%, ... as in DGC's 75%, 93.75%, 98.4%, ... schedule).
-//! Top-k by a sampled threshold (`topk = sampled`, the default; exact by construction, see
-//! `topk.rs`) or LibTorch's exact selection (`topk = exact`).
+//! Top-k by a sampled threshold (`topk = sampled`; exact by construction) or LibTorch's exact
+//! selection (`topk = exact`); the default (`topk = auto`) samples on the CPU, where it is
+//! faster, and selects exactly on CUDA, where the sampled threshold would make every step wait
+//! for the device (`topk.rs`).
 //!
 //! `scope = model` ranks the whole update as one vector (the paper's "model-wise sparsification",
 //! the plain baseline of its Denoise comparison): residual and momentum are then one flat tensor.
@@ -72,7 +74,8 @@ pub struct Dgc {
     pub warmup_epochs: usize,
     /// The warm-up schedule over `warmup_epochs`: the DGC paper's or its reference code's.
     pub warmup: Warmup,
-    /// How the k largest magnitudes are found (sampled threshold or exact; both exact results).
+    /// How the k largest magnitudes are found (sampled threshold or exact; both exact results;
+    /// by default sampled on the CPU and exact on CUDA).
     pub topk: TopK,
     /// Top-k per parameter tensor or over the whole model.
     pub scope: Scope,
@@ -98,7 +101,7 @@ impl Default for Dgc {
             masking: true,
             warmup_epochs: 0,
             warmup: Warmup::Paper,
-            topk: TopK::Sampled { ratio: 0.01 },
+            topk: TopK::DEFAULT,
             scope: Scope::Layer,
             budget: Budget::Bits,
             dense_vectors: false,

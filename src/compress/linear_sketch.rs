@@ -139,7 +139,8 @@ impl Codec {
                     .map(|i| i as i64)
                     .collect();
             chosen.sort();
-            Tensor::from_slice(&chosen).to_device(device)
+            // Drawn on the host each round; sent without waiting for the device.
+            crate::host::upload(&Tensor::from_slice(&chosen), device)
         });
         RoundCodec { codec: self, index }
     }

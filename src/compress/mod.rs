@@ -213,7 +213,7 @@ pub fn all_reduce_sum(tensors: &[Tensor], reduce: &mut AllReduce) -> Result<Vec<
             .collect::<Vec<_>>(),
     )
     .to_device(tch::Device::Cpu);
-    let mut values = Vec::<f32>::try_from(&flat).map_err(|e| {
+    let mut values = crate::host::to_vec_f32(&flat).map_err(|e| {
         crate::error::Error::bad_value("all-reduce", format!("tensors to f32 values: {e}"))
     })?;
     reduce(&mut values)?;

@@ -318,11 +318,12 @@ impl CompressorSpec {
             ));
         }
         match self.options.get("topk").map(String::as_str) {
-            None | Some("sampled") => Ok(TopK::Sampled { ratio }),
+            None | Some("auto") => Ok(TopK::Auto { ratio }),
+            Some("sampled") => Ok(TopK::Sampled { ratio }),
             Some("exact") => Ok(TopK::Exact),
             Some(v) => Err(Error::bad_value(
                 "compressor option topk",
-                format!("{v:?}: expected sampled or exact"),
+                format!("{v:?}: expected auto, sampled or exact"),
             )),
         }
     }
@@ -648,10 +649,19 @@ fn sparsifier_options(
     if index_bits == IndexBits::Minimal {
         set("index_bits", "min".into());
     }
-    match topk {
-        TopK::Exact => set("topk", "exact".into()),
-        TopK::Sampled { ratio } if ratio != 0.01 => set("sample_ratio", ratio.to_string()),
-        TopK::Sampled { .. } => {}
+    let ratio = match topk {
+        TopK::Exact => {
+            set("topk", "exact".into());
+            None
+        }
+        TopK::Sampled { ratio } => {
+            set("topk", "sampled".into());
+            Some(ratio)
+        }
+        TopK::Auto { ratio } => Some(ratio),
+    };
+    if let Some(ratio) = ratio.filter(|&r| r != 0.01) {
+        set("sample_ratio", ratio.to_string());
     }
     if scope == Scope::Model {
         set("scope", "model".into());
@@ -727,6 +737,14 @@ mod to_spec_tests {
             Compressor::Dgc(changed_dgc),
             Compressor::Dgc(Dgc {
                 residual_decay: 0.0,
+                ..Dgc::default()
+            }),
+            Compressor::Dgc(Dgc {
+                topk: TopK::Sampled { ratio: 0.01 },
+                ..Dgc::default()
+            }),
+            Compressor::Dgc(Dgc {
+                topk: TopK::Auto { ratio: 0.05 },
                 ..Dgc::default()
             }),
             Compressor::PowerSgd(PowerSgd::default()),

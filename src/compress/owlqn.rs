@@ -11,7 +11,17 @@
 //! points are projected onto the orthant of the current point, and curvature pairs from the
 //! smooth gradients only. `fista` (Beck and Teboulle 2009) is the simple reference it is tested
 //! against.
+//!
+//! Host reads (issue 37): `owlqn` is the one part of a training step that reads from the device,
+//! by design. Each iteration's line search gathers the rows still searching and the rows that
+//! accepted a point (`host::nonzero`, twice per backtrack), and the iteration loop stops when
+//! every row has stalled twice (`host::i64_scalar`): about 2 + 2 x backtracks reads per
+//! iteration, a few hundred per FL-CS decode. Running it sync-free would mean a fixed number of
+//! iterations and backtracks with masked updates, which changes the solver's results; FL-CS
+//! (`--compressor fl-cs`) is therefore the exception to a step without host reads. FISTA reads
+//! nothing.
 
+use crate::host;
 use std::collections::VecDeque;
 use tch::{Kind, Tensor};
 
@@ -136,7 +146,8 @@ fn two_loop(g: &Tensor, pairs: &VecDeque<(Tensor, Tensor, Tensor)>) -> Tensor {
     -q
 }
 
-/// OWL-QN from s = 0 on every row (Andrew and Gao 2007, Algorithm 1).
+/// OWL-QN from s = 0 on every row (Andrew and Gao 2007, Algorithm 1). Reads from the device
+/// in every iteration (module docs: FL-CS is the exception to a step without host reads).
 pub fn owlqn(
     op: &dyn Measurement,
     y: &Tensor,
@@ -182,7 +193,7 @@ pub fn owlqn(
         let mut residual_next = residual.copy();
         let mut f_next = f.copy();
         for backtrack in 0..BACKTRACKS {
-            let rows_searching = searching.nonzero().squeeze_dim(1);
+            let rows_searching = host::nonzero(&searching).squeeze_dim(1);
             if rows_searching.numel() == 0 {
                 break;
             }
@@ -207,7 +218,7 @@ pub fn owlqn(
             let ok = f_trial
                 .le_tensor(&(&f_rows + row_dot(&pg_rows, &(&trial - &s_rows)) * ARMIJO))
                 .squeeze_dim(1);
-            let ok_rows = ok.nonzero().squeeze_dim(1);
+            let ok_rows = host::nonzero(&ok).squeeze_dim(1);
             if ok_rows.numel() > 0 {
                 let index = rows_searching.index_select(0, &ok_rows);
                 let pick = |t: &Tensor| t.index_select(0, &ok_rows);
@@ -240,7 +251,7 @@ pub fn owlqn(
         // every pair), so its next direction is the steepest-descent one. When every row made
         // no progress two iterations running, the second without memory, the rows have converged.
         let stalled = decrease.lt(settings.tolerance);
-        if stalled.all().int64_value(&[]) == 1 {
+        if host::i64_scalar(&stalled.all()) == 1 {
             if stalled_before {
                 break;
             }

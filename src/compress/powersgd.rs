@@ -9,8 +9,9 @@
 //! `_should_compress`, default min_rate 2); others, and every vector, are sent dense and exactly.
 //! On the wire: P and Q in fp32, 32 (n + m) r bits.
 
-use super::{all_reduce_sum, AllReduce, Encoder, Message, Payload};
+use super::{all_reduce_sum, copy_state, take_state, AllReduce, Encoder, Message, Payload};
 use crate::error::Result;
+use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
 /// How a parameter's update is viewed as the matrix M [n, m] that PowerSGD approximates.
@@ -128,8 +129,9 @@ struct Layer {
 pub struct PowerSgdEncoder {
     options: PowerSgd,
     layers: Vec<Layer>,
-    /// Steps compressed so far (a CPU int64 scalar, checkpointed when Q is redrawn every step).
-    step: Tensor,
+    /// Steps compressed so far: a host number, so that a step reads nothing from the device
+    /// (issue 37). Checkpointed as the 0-d int64 tensor `step` when Q is redrawn every step.
+    step: i64,
 }
 
 impl PowerSgdEncoder {
@@ -167,7 +169,7 @@ impl PowerSgdEncoder {
         PowerSgdEncoder {
             options,
             layers,
-            step: Tensor::zeros([], (Kind::Int64, Device::Cpu)),
+            step: 0,
         }
     }
 }
@@ -192,7 +194,8 @@ fn seeded_normal(seed: i64, layer: i64, draw: i64, shape: [i64; 2], device: Devi
     let values: Vec<f32> = (0..shape[0] * shape[1])
         .map(|_| StandardNormal.sample(&mut rng))
         .collect();
-    Tensor::from_slice(&values).view(shape).to_device(device)
+    // Every step without warm start: sent without waiting for the device.
+    crate::host::upload(&Tensor::from_slice(&values).view(shape), device)
 }
 
 impl PowerSgdEncoder {
@@ -208,7 +211,7 @@ impl PowerSgdEncoder {
         mut reduce: Option<(usize, &mut AllReduce)>,
     ) -> Result<Message> {
         let o = self.options.clone();
-        let step = self.step.int64_value(&[]) + 1;
+        let step = self.step + 1;
         let payloads = tch::no_grad(|| -> Result<Vec<Payload>> {
             // First pass: each layer's dense values, or its matrix M and P = M Q.
             let mut dense: Vec<Option<Tensor>> = Vec::with_capacity(update.len());
@@ -319,8 +322,22 @@ impl PowerSgdEncoder {
             }
             Ok(payloads)
         })?;
-        let _ = self.step.fill_(step);
+        self.step = step;
         Ok(Message::new(payloads))
+    }
+}
+
+impl PowerSgdEncoder {
+    /// Each compressed layer's residual and Q, shallow clones of the live tensors.
+    fn layer_state(&self) -> Vec<(String, Tensor)> {
+        let mut state = Vec::new();
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let (Some(e), Some(q)) = (&layer.error, &layer.q) {
+                state.push((format!("error.{i}"), e.shallow_clone()));
+                state.push((format!("q.{i}"), q.shallow_clone()));
+            }
+        }
+        state
     }
 }
 
@@ -340,16 +357,19 @@ impl Encoder for PowerSgdEncoder {
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
-        let mut state = Vec::new();
-        for (i, layer) in self.layers.iter().enumerate() {
-            if let (Some(e), Some(q)) = (&layer.error, &layer.q) {
-                state.push((format!("error.{i}"), e.shallow_clone()));
-                state.push((format!("q.{i}"), q.shallow_clone()));
-            }
-        }
+        let mut state = self.layer_state();
         if !self.options.warm_start {
-            state.push(("step".to_string(), self.step.shallow_clone()));
+            state.push(("step".to_string(), Tensor::from(self.step)));
         }
         state
+    }
+
+    /// Copies the residuals and Qs back in place and takes the step count back to the host
+    /// (read once, on resume).
+    fn load_state(&mut self, mut state: HashMap<String, Tensor>) -> Result<()> {
+        if !self.options.warm_start {
+            self.step = crate::host::i64_scalar(&take_state(&mut state, "step", &[])?);
+        }
+        copy_state(self.layer_state(), state)
     }
 }

@@ -20,6 +20,11 @@
 //! sends the same rows every step, so its residual would grow without ever being sent; FL-CS's
 //! feedback is the receiver's error above (`error_feedback=false` turns it off: each message
 //! is then reconstructed on its own).
+//!
+//! FL-RND and FL-FREQ encode and decode without a host read. FL-RND draws each step's
+//! coordinates on the host and copies them to the device (a copy there, not a read back).
+//! FL-CS's OWL-QN reads from the device in every iteration (`owlqn`, the known exception to a
+//! step without host reads).
 
 use super::chunked_dct::DctRows;
 use super::linear_sketch::{Codec, Scheme};
@@ -101,7 +106,7 @@ fn load_counted_state(
     name: &str,
     feedback: Option<&mut Tensor>,
 ) -> Result<usize> {
-    let step = take_state(&mut state, "step", &[])?.int64_value(&[]);
+    let step = crate::host::i64_scalar(&take_state(&mut state, "step", &[])?);
     if let Some(live) = feedback {
         let saved = take_state(&mut state, name, &live.size())?;
         tch::no_grad(|| live.copy_(&saved));

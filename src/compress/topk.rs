@@ -7,24 +7,57 @@
 //! there are at least k candidates, the k largest candidates are the k largest elements (all
 //! non-candidates are smaller than every candidate). When the sample's threshold lets fewer than k
 //! through, the threshold is halved up to `RETRIES` times and then the exact path runs.
+//!
+//! Which one runs by default depends on the device (`TopK::Auto`, issue 37). The candidates'
+//! number depends on the data, so the sampled path asks the host to wait for the device once per
+//! selection (`host::nonzero`, counted): on the CPU that costs nothing and the sampled path is
+//! the faster, so it is the CPU default; on CUDA a training step must not wait, and LibTorch's
+//! `topk` (a radix selection that runs on the device with a size known in advance) is the
+//! default there. Both give the k largest magnitudes (among equal ones, not necessarily the
+//! same positions).
 
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// Halvings of the sampled threshold before falling back to the exact top-k.
 pub(crate) const RETRIES: usize = 3;
 
-/// How `largest` finds the k largest magnitudes; both give the exact top-k (`topk=` option).
+/// How `largest` finds the k largest magnitudes; each gives the exact top-k (`topk=` option;
+/// module docs for which to use where).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum TopK {
-    /// LibTorch's `topk` over every element (`topk=exact`).
+    /// LibTorch's `topk` over every element (`topk=exact`): no host read and no wait for the
+    /// device, what a CUDA step runs.
     Exact,
     /// Threshold from a uniform sample of `ratio` of the elements (at least 1024), then a
-    /// selection among the elements above it (`topk=sampled`, the default). Tensors under 2^15
-    /// elements, or where k is a quarter of the elements or more, use the exact selection.
+    /// selection among the elements above it (`topk=sampled`). Tensors under 2^15 elements, or
+    /// where k is a quarter of the elements or more, use the exact selection. Faster on the CPU;
+    /// the candidates' count is a data-dependent size (`host::nonzero`), which on CUDA makes
+    /// the host wait for the device in every step.
     Sampled {
         /// Share of the elements sampled, in (0, 1] (`sample_ratio`, default 0.01).
         ratio: f64,
     },
+    /// The default (`topk=auto`): `Sampled { ratio }` on the CPU, where it is faster, and
+    /// `Exact` on any other device, where a step must not wait for the device.
+    Auto {
+        /// The sample's share on the CPU, in (0, 1] (`sample_ratio`, default 0.01).
+        ratio: f64,
+    },
+}
+
+impl TopK {
+    /// The default: `Auto` with a 1% sample on the CPU.
+    pub const DEFAULT: TopK = TopK::Auto { ratio: 0.01 };
+
+    /// The selection that runs for a tensor on `device`: `Auto` resolved, the others as they
+    /// are.
+    pub fn on(self, device: Device) -> TopK {
+        match self {
+            TopK::Auto { ratio } if device == Device::Cpu => TopK::Sampled { ratio },
+            TopK::Auto { .. } => TopK::Exact,
+            chosen => chosen,
+        }
+    }
 }
 
 /// How many more sample elements than expected the threshold is set to let through.
@@ -40,7 +73,7 @@ pub(crate) const SAMPLING_FROM: i64 = 1 << 15;
 pub fn largest(x: &Tensor, k: i64, mode: TopK) -> (Tensor, Tensor) {
     let n = x.numel() as i64;
     assert!(x.dim() == 1 && k >= 1 && k <= n, "largest: k {k} of {n}");
-    let indices = match mode {
+    let indices = match mode.on(x.device()) {
         TopK::Sampled { ratio } if n >= SAMPLING_FROM && k * 4 < n => {
             sampled(x, k, ratio).unwrap_or_else(|| exact(x, k))
         }
@@ -71,7 +104,7 @@ fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
     let sample_k = ((expected * MARGIN + 3.0 * expected.sqrt()).ceil() as i64).clamp(1, samples);
     let mut threshold = sample.topk(sample_k, 0, true, false).0.min();
     for _ in 0..=RETRIES {
-        let candidates = magnitude.ge_tensor(&threshold).nonzero().view([-1]);
+        let candidates = crate::host::nonzero(&magnitude.ge_tensor(&threshold)).view([-1]);
         let found = candidates.size()[0];
         if found >= k {
             let best = magnitude

@@ -22,6 +22,7 @@
 
 use super::message::{Message, Payload};
 use crate::error::{Error, Result};
+use crate::host;
 use tch::{Device, Kind, Tensor};
 
 /// The four bytes every message starts with.
@@ -140,12 +141,12 @@ fn dtype_code(kind: Kind) -> Result<u8> {
 fn bit_patterns(values: &Tensor) -> Result<Vec<u64>> {
     let flat = values.reshape([-1]).to_device(Device::Cpu);
     Ok(match values.kind() {
-        Kind::Float => Vec::<f32>::try_from(&flat)
+        Kind::Float => host::to_vec_f32(&flat)
             .map_err(|e| bad(e.to_string()))?
             .into_iter()
             .map(|v| v.to_bits() as u64)
             .collect(),
-        Kind::Double => Vec::<f64>::try_from(&flat)
+        Kind::Double => host::to_vec_f64(&flat)
             .map_err(|e| bad(e.to_string()))?
             .into_iter()
             .map(f64::to_bits)
@@ -284,7 +285,7 @@ pub fn encode(message: &Message) -> Result<Vec<u8>> {
     put_u32(&mut out, message.flags.len(), "flag count")?;
     let mut w = BitWriter::new(&mut out);
     for flag in &message.flags {
-        w.put(flag.int64_value(&[]) as u64 & 1, 1);
+        w.put(host::i64_scalar(flag) as u64 & 1, 1);
     }
     w.finish();
     put_u32(&mut out, message.payloads.len(), "payload count")?;
@@ -306,7 +307,7 @@ pub fn encode(message: &Message) -> Result<Vec<u8>> {
                 out.extend_from_slice(&[*value_bits as u8, *index_bits as u8]);
                 let k = indices.numel();
                 put_u32(&mut out, k, "kept elements")?;
-                let positions = Vec::<i64>::try_from(&indices.reshape([-1]).to_device(Device::Cpu))
+                let positions = host::to_vec_i64(&indices.reshape([-1]).to_device(Device::Cpu))
                     .map_err(|e| bad(e.to_string()))?;
                 if *index_bits == 32 {
                     for p in positions {

@@ -49,10 +49,12 @@ impl Tabular {
 
     /// X = max_i ||x_i|| over the training rows (<= 1 after the projection).
     pub fn max_norm(&self) -> f64 {
-        self.x_train
-            .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
-            .max()
-            .double_value(&[])
+        crate::host::f64_scalar(
+            &self
+                .x_train
+                .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
+                .max(),
+        )
     }
 }
 

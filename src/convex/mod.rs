@@ -237,13 +237,14 @@ pub fn paper_schedule(
 }
 
 fn risk_and_accuracy(loss: Loss, w: &Tensor, x: &Tensor, y: &Tensor) -> (f64, f64) {
-    let risk = loss.values(w, x, y).mean(Kind::Double).double_value(&[]);
+    let risk = crate::host::f64_scalar(&loss.values(w, x, y).mean(Kind::Double));
     let predictions = x.mv(w).sign();
-    let accuracy = predictions
-        .eq_tensor(y)
-        .to_kind(Kind::Double)
-        .mean(Kind::Double)
-        .double_value(&[]);
+    let accuracy = crate::host::f64_scalar(
+        &predictions
+            .eq_tensor(y)
+            .to_kind(Kind::Double)
+            .mean(Kind::Double),
+    );
     (risk, accuracy)
 }
 

@@ -117,7 +117,7 @@ impl PreprocessCost {
 /// negative feature (the map is for nonnegative measurements).
 pub fn public_log(x: &Tensor) -> Result<Tensor> {
     let negative = x.lt(0.0).any_dims(0, false);
-    if let Some(column) = Vec::<bool>::try_from(&negative)
+    if let Some(column) = crate::host::to_vec_bool(&negative)
         .unwrap_or_default()
         .iter()
         .position(|&b| b)
@@ -235,7 +235,7 @@ mod tests {
         // ln(max(x, 10⁻³)), then the unit ball: row 1 is (ln 3, ln 10⁻³) / its norm.
         let row = [3f64.ln(), LOG_FLOOR.ln()];
         let norm = (row[0] * row[0] + row[1] * row[1]).sqrt();
-        assert!((a.double_value(&[1, 1]) - row[1] / norm).abs() < 1e-12);
+        assert!((crate::host::f64_at(&a, &[1, 1]) - row[1] / norm).abs() < 1e-12);
         assert_eq!(b.size(), [3, 2]);
         assert_eq!(
             (cost.epsilon, cost.delta, cost.is_private()),
@@ -250,10 +250,8 @@ mod tests {
         };
         let (a, _, cost) = scale(&x, &t, &scaling).unwrap();
         assert!((cost.epsilon - 0.2).abs() < 1e-15 && (cost.delta - 1e-6).abs() < 1e-20);
-        let max_norm = a
-            .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
-            .max()
-            .double_value(&[]);
+        let max_norm =
+            crate::host::f64_scalar(&a.norm_scalaropt_dim(2.0, [1i64].as_slice(), false).max());
         assert!(max_norm <= 1.0 + 1e-12);
         let (_, _, leaky) = scale(&x, &t, &Scaling::TrainStatistics).unwrap();
         assert!(!leaky.is_private());
@@ -275,14 +273,15 @@ mod tests {
         let exact = [(3.0 + 0.0 + 3.0) / 3.0, (4.0 + 1.0 + 4.0) / 3.0];
         let mean = private_mean(&u, 5.0, 0.0, 0);
         for (j, m) in exact.iter().enumerate() {
-            assert!((mean.double_value(&[0, j as i64]) - m).abs() < 1e-12);
+            assert!((crate::host::f64_at(&mean, &[0, j as i64]) - m).abs() < 1e-12);
         }
         let sigma =
             crate::convex::output_privacy::analytic_gaussian_sigma(0.5, 1e-6, MEAN_SENSITIVITY)
                 .unwrap();
         let draws: Vec<f64> = (0..400)
             .map(|seed| {
-                (private_mean(&u, 5.0, sigma, seed).double_value(&[0, 0]) - exact[0]) * 3.0 / 5.0
+                (crate::host::f64_at(&private_mean(&u, 5.0, sigma, seed), &[0, 0]) - exact[0]) * 3.0
+                    / 5.0
             })
             .collect();
         let mean_draw = draws.iter().sum::<f64>() / 400.0;

@@ -85,7 +85,7 @@ pub fn average_iterates(
 
 /// Π onto B(0, r): w scaled down to norm r when it is longer.
 pub fn project(w: &Tensor, r: f64) -> Tensor {
-    let norm = w.norm().double_value(&[]);
+    let norm = crate::host::f64_scalar(&w.norm());
     if norm > r {
         w * (r / norm)
     } else {
@@ -118,7 +118,7 @@ pub fn empirical_minimiser(
     starts: &[Tensor],
 ) -> (Tensor, f64) {
     let d = x.size()[1];
-    let risk = |w: &Tensor| loss.values(w, x, y).mean(Kind::Double).double_value(&[]);
+    let risk = |w: &Tensor| crate::host::f64_scalar(&loss.values(w, x, y).mean(Kind::Double));
     let feasible = |w: &Tensor| match radius {
         Some(r) => project(&w.to_kind(Kind::Double), r),
         None => w.to_kind(Kind::Double),
@@ -135,7 +135,7 @@ pub fn empirical_minimiser(
     }
     let largest = starts
         .iter()
-        .map(|w| w.norm().double_value(&[]))
+        .map(|w| crate::host::f64_scalar(&w.norm()))
         .filter(|n| n.is_finite())
         .fold(1.0f64, f64::max);
     let scale = step.min(10.0 * largest);

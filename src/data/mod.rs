@@ -120,12 +120,16 @@ impl Features {
     }
 }
 
-/// Largest value of a CPU int64 tensor, 0 when it is empty (a Poisson batch may be).
+/// Largest value of an int64 tensor, 0 when it is empty (a Poisson batch may be). The trainer's
+/// widths and batch indices live in host memory on every device, so reading them is not a
+/// device read (`host::cpu_i64_scalar`); widths on an accelerator are read and counted.
 fn max_or_zero(values: &Tensor) -> i64 {
     if values.numel() == 0 {
         0
+    } else if values.device() == Device::Cpu {
+        crate::host::cpu_i64_scalar(&values.max())
     } else {
-        values.max().int64_value(&[])
+        crate::host::i64_scalar(&values.max())
     }
 }
 
@@ -304,12 +308,7 @@ impl Dataset {
             let index = match self.device() {
                 Device::Cpu => index.shallow_clone(),
                 // Copied from pinned memory without waiting: the host does not stall on the queue.
-                there => index.to_device(Device::Cpu).pin_memory(there).to_device_(
-                    there,
-                    Kind::Int64,
-                    true,
-                    false,
-                ),
+                there => crate::host::upload(index, there),
             };
             (
                 self.features.select_trimmed(&index, width),

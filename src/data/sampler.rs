@@ -10,7 +10,7 @@ pub fn poisson_batches(n: i64, q: f64, steps: usize) -> Vec<Tensor> {
     (0..steps)
         .map(|_| {
             let mask = Tensor::rand([n], (Kind::Float, Device::Cpu)).lt(q);
-            mask.nonzero().squeeze_dim(1)
+            crate::host::nonzero(&mask).squeeze_dim(1)
         })
         .collect()
 }

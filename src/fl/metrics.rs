@@ -3,6 +3,7 @@
 //! Mann-Whitney statistic: the probability that a random positive scores above a random
 //! negative, ties counting one half).
 
+use crate::host;
 use tch::{Kind, Tensor};
 
 /// A model's metrics on one set of examples.
@@ -21,22 +22,16 @@ pub struct Evaluation {
 /// Metrics of `logits` [N, classes] against `labels` [N] (int64).
 pub fn evaluate(logits: &Tensor, labels: &Tensor) -> Evaluation {
     let classes = logits.size()[1];
-    let loss = logits.cross_entropy_for_logits(labels).double_value(&[]);
+    let loss = host::f64_scalar(&logits.cross_entropy_for_logits(labels));
     let predicted = logits.argmax(1, false);
     let correct = predicted.eq_tensor(labels);
-    let accuracy = correct
-        .to_kind(Kind::Double)
-        .mean(Kind::Double)
-        .double_value(&[]);
+    let accuracy = host::f64_scalar(&correct.to_kind(Kind::Double).mean(Kind::Double));
     let mut recalls = Vec::new();
     for c in 0..classes {
         let members = labels.eq(c);
-        let count = members.sum(Kind::Int64).int64_value(&[]);
+        let count = host::i64_scalar(&members.sum(Kind::Int64));
         if count > 0 {
-            let hits = correct
-                .logical_and(&members)
-                .sum(Kind::Int64)
-                .int64_value(&[]);
+            let hits = host::i64_scalar(&correct.logical_and(&members).sum(Kind::Int64));
             recalls.push(hits as f64 / count as f64);
         }
     }
@@ -55,8 +50,8 @@ pub fn evaluate(logits: &Tensor, labels: &Tensor) -> Evaluation {
 
 /// AUROC of `scores` [N] for the boolean `positive` [N], from average ranks (ties share them).
 pub fn auroc(scores: &Tensor, positive: &Tensor) -> f64 {
-    let scores: Vec<f64> = Vec::try_from(&scores.to_kind(Kind::Double)).unwrap_or_default();
-    let positive: Vec<bool> = Vec::try_from(positive).unwrap_or_default();
+    let scores: Vec<f64> = host::to_vec_f64(&scores.to_kind(Kind::Double)).unwrap_or_default();
+    let positive: Vec<bool> = host::to_vec_bool(positive).unwrap_or_default();
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]));
     let mut ranks = vec![0.0; scores.len()];

@@ -682,7 +682,7 @@ fn run_rounds(
     let n = w.size()[0];
     let shapes: Vec<Vec<i64>> = global_model.variables().iter().map(Tensor::size).collect();
     let mut messages = messages::RoundMessages::new(settings, &shapes, device)?;
-    let labels: Vec<i64> = Vec::try_from(&data.train_y.to_device(tch::Device::Cpu))?;
+    let labels: Vec<i64> = crate::host::to_vec_i64(&data.train_y.to_device(tch::Device::Cpu))?;
     // The validation split: a seeded random share of the training examples, in no client's
     // shard; the clients split the rest.
     let (kept, validation_index) =
@@ -916,7 +916,7 @@ fn run_rounds(
                 m = received.elements as i64;
             }
             let value = received.value;
-            norms.push(value.norm().double_value(&[]));
+            norms.push(crate::host::f64_scalar(&value.norm()));
             match &engine {
                 Some(engine) => round_clipped.add(engine.clip_update(&value)),
                 None => {
@@ -978,7 +978,7 @@ fn run_rounds(
             _ => None,
         };
         // The clients' clipped messages (a canary's always is).
-        let clipped = round_clipped.clipped.int64_value(&[]) as usize - canary_messages;
+        let clipped = crate::host::i64_scalar(&round_clipped.clipped) as usize - canary_messages;
         let validation_metric = match &validation_set {
             Some((x, y)) => {
                 let e = evaluate(&global_model, x, y)?;

@@ -23,6 +23,7 @@ use super::model::FlNet;
 use crate::compress::chunked_dct::{ChunkedDct, DctRows};
 use crate::compress::dct::dct;
 use crate::error::Result;
+use crate::host;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use serde::Serialize;
@@ -50,23 +51,14 @@ pub fn energy_shares(update: &Tensor, ratio: f64, seed: u64) -> Result<EnergySha
     let n = update.size()[0];
     let chunks = (n + 1023) / 1024;
     let update = update.to_kind(Kind::Double);
-    let total = update
-        .square()
-        .sum(Kind::Double)
-        .double_value(&[])
-        .max(1e-300);
+    let total = host::f64_scalar(&update.square().sum(Kind::Double)).max(1e-300);
     let top = |values: &Tensor, k: i64| -> f64 {
         let squares = values.reshape([-1]).square();
         let (largest, _) = squares.topk(k.max(1), 0, true, false);
-        largest.sum(Kind::Double).double_value(&[]) / total
+        host::f64_scalar(&largest.sum(Kind::Double)) / total
     };
     let first_rows = |coefficients: &Tensor, kept: i64| -> f64 {
-        coefficients
-            .narrow(1, 0, kept)
-            .square()
-            .sum(Kind::Double)
-            .double_value(&[])
-            / total
+        host::f64_scalar(&coefficients.narrow(1, 0, kept).square().sum(Kind::Double)) / total
     };
     let k = (ratio * n as f64).round() as i64;
     let shuffled = ChunkedDct::new(

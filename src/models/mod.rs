@@ -124,7 +124,10 @@ pub(crate) fn check_range(
     if values.numel() == 0 {
         return Ok(());
     }
-    let (min, max) = (values.min().int64_value(&[]), values.max().int64_value(&[]));
+    let (min, max) = (
+        crate::host::i64_scalar(&values.min()),
+        crate::host::i64_scalar(&values.max()),
+    );
     if min < low || max >= high {
         return Err(Error::bad_value(
             format!("{model} input"),

@@ -136,7 +136,9 @@ pub(crate) fn uniform_init(fan_in: i64) -> tch::nn::Init {
 /// Whether every value of `t` is finite (true for integer and empty tensors): the check every
 /// tensor read from disk passes before it is copied into a model, optimiser or compressor.
 pub(crate) fn all_finite(t: &tch::Tensor) -> bool {
-    !t.is_floating_point() || t.numel() == 0 || bool::try_from(t.isfinite().all()).unwrap_or(false)
+    !t.is_floating_point()
+        || t.numel() == 0
+        || crate::host::bool_scalar(&t.isfinite().all()).unwrap_or(false)
 }
 
 /// Checks a tensor read from `path` before it is copied into a model, optimiser or compressor:

@@ -242,7 +242,7 @@ pub fn white_box_audit(
         scores += directions.mm(&g).view([-1]).to_kind(Kind::Double);
     }
     let scores: Vec<f64> =
-        Vec::<f64>::try_from(&scores).map_err(|e| Error::bad_value("scores", e.to_string()))?;
+        crate::host::to_vec_f64(&scores).map_err(|e| Error::bad_value("scores", e.to_string()))?;
     outcome_of(
         &scores,
         &included,

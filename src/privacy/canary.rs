@@ -14,7 +14,7 @@
 //! Any score gives a valid lower bound (the bound holds for every guessing rule fixed before
 //! the run); a better score only makes the bound tighter.
 
-use super::engine::{Clipped, Clipping};
+use super::engine::{Clipped, Clipping, StepClipping};
 use crate::error::{Error, Result};
 use crate::nn::PerSample;
 use rand::rngs::StdRng;
@@ -254,7 +254,12 @@ impl GradientCanaries {
     /// One step's canaries: each included canary is sampled at rate q, and the sampled ones'
     /// gradients are clipped by `clipping` (the engine's) and added to `logical`, the step's
     /// clipped sum, before the engine noises it.
-    pub fn inject(&mut self, logical: &mut Clipped, params: &[Tensor], clipping: &Clipping) {
+    pub fn inject<'a>(
+        &mut self,
+        logical: &mut Clipped,
+        params: &[Tensor],
+        clipping: impl Into<StepClipping<'a>>,
+    ) {
         let sampled = self.sample();
         if sampled.is_empty() {
             return;
@@ -265,7 +270,7 @@ impl GradientCanaries {
             .zip(self.rows(&sampled, device))
             .map(|(p, rows)| (p.shallow_clone(), PerSample::Direct(rows.to_kind(p.kind()))))
             .collect();
-        logical.add(clipping.clip(&per_sample));
+        logical.add(clipping.into().clip(&per_sample));
     }
 
     /// Canary `i`'s gradient C u_i over the parameters concatenated in order, [P] on `device`
@@ -334,7 +339,7 @@ impl GradientCanaries {
             Observe::EveryStep => self.scores.copy(),
             Observe::Final => (&self.start - self.project(params)) * self.lr.signum(),
         };
-        Vec::<f64>::try_from(&scores.to_device(Device::Cpu))
+        crate::host::to_vec_f64(&scores.to_device(Device::Cpu))
             .expect("canary scores are a 1-d f64 tensor")
     }
 

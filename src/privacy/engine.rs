@@ -23,15 +23,19 @@
 //! C_{t+1} = C_t exp(-η (b̃_t - γ)). The two releases of a step compose to one Gaussian
 //! mechanism at the configured σ when the gradient is noised at σ_Δ = (σ^-2 - (2σ_b)^-2)^-1/2
 //! (their Theorem 1), so the accountant records the step at σ, exactly as for flat clipping,
-//! and the gradient noise is slightly larger (σ_Δ > σ; needs 2σ_b > σ). The count is read on the
-//! host once per step (the radius is a host number that scales the noise).
+//! and the gradient noise is slightly larger (σ_Δ > σ; needs 2σ_b > σ). The count, the radius
+//! and its update stay on the device (issue 37): C_t is a 0-d f64 tensor that scales the clip
+//! factors and the noise (`StepClipping`), read on the host only with the epoch's results
+//! (`clip_radius`: each epoch's metrics and checkpoint). The update's arithmetic is the host
+//! formula's, operation for operation, except that LibTorch's exp may differ from the C
+//! library's in the last bit.
 
 use super::accountant::Accountant;
-use super::noise::{noisy_mean, NoiseSource};
+use super::noise::{noisy_mean, noisy_mean_at, NoiseSource};
 use super::AccountantKind;
 use crate::error::{Error, Result};
 use crate::nn::PerSample;
-use tch::{Kind, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// How each example's gradient is bounded.
 #[derive(Debug, Clone, PartialEq)]
@@ -101,6 +105,14 @@ impl AdaptiveClipping {
     pub fn update(&mut self, unclipped_fraction: f64) {
         let factor = (-self.learning_rate * (unclipped_fraction - self.target_quantile)).exp();
         self.radius = (self.radius * factor).clamp(Self::MIN_RADIUS, Self::MAX_RADIUS);
+    }
+
+    /// `update` on tensors: the radius after `radius` (0-d f64) given the released fraction
+    /// (0-d f64), computed where they are, so that a step reads nothing to the host. The same
+    /// operations in the same order as `update`.
+    pub fn updated(&self, radius: &Tensor, unclipped_fraction: &Tensor) -> Tensor {
+        let factor = ((unclipped_fraction - self.target_quantile) * -self.learning_rate).exp();
+        (radius * factor).clamp(Self::MIN_RADIUS, Self::MAX_RADIUS)
     }
 
     fn validate(&self, noise_multiplier: f64) -> Result<()> {
@@ -217,6 +229,52 @@ impl Clipping {
     /// Clips `per_sample` (in the order of the parameters) by this rule and sums each
     /// parameter's clipped gradients (`PrivacyEngine::clip`).
     pub fn clip(&self, per_sample: &[(Tensor, PerSample)]) -> Clipped {
+        StepClipping::from(self).clip(per_sample)
+    }
+
+    /// `clip` with each parameter's ||g_i||² [B] already known (taken inside the backward pass,
+    /// `privacy::grad_sample::clipped_sums`), in the order of `per_sample`.
+    pub fn clip_with_squared_norms(
+        &self,
+        per_sample: &[(Tensor, PerSample)],
+        squared: &[Tensor],
+    ) -> Clipped {
+        StepClipping::from(self).clip_with_squared_norms(per_sample, squared)
+    }
+
+    /// Each parameter's clip factors [B] from each parameter's per-sample squared norms [B]
+    /// (in the order of the parameters), and the per-sample norm over all parameters.
+    pub fn factors(&self, squared: &[Tensor]) -> (Vec<Tensor>, Tensor) {
+        StepClipping::from(self).factors(squared)
+    }
+}
+
+/// A clipping rule as a step applies it (`PrivacyEngine::clipping`): the rule and, under
+/// adaptive clipping, the radius C_t the engine keeps as a 0-d f64 tensor (on the gradients'
+/// device after the first step), so that clipping at it reads nothing to the host. A
+/// `&Clipping` converts into one that clips at the rule's own radii (an adaptive rule at its
+/// `AdaptiveClipping::radius`).
+#[derive(Debug, Clone, Copy)]
+pub struct StepClipping<'a> {
+    rule: &'a Clipping,
+    radius: Option<&'a Tensor>,
+}
+
+impl<'a> From<&'a Clipping> for StepClipping<'a> {
+    fn from(rule: &'a Clipping) -> Self {
+        StepClipping { rule, radius: None }
+    }
+}
+
+impl<'a> StepClipping<'a> {
+    /// The rule (under adaptive clipping its starting, or resumed, radius).
+    pub fn rule(&self) -> &'a Clipping {
+        self.rule
+    }
+
+    /// Clips `per_sample` (in the order of the parameters) and sums each parameter's clipped
+    /// gradients (`PrivacyEngine::clip`).
+    pub fn clip(&self, per_sample: &[(Tensor, PerSample)]) -> Clipped {
         let squared: Vec<Tensor> = per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
         self.clip_with_squared_norms(per_sample, &squared)
     }
@@ -256,13 +314,21 @@ impl Clipping {
                 norm.ones_like()
             }
         };
-        let factors = match self {
-            Clipping::Flat { max_norm: c }
-            | Clipping::Adaptive(AdaptiveClipping { radius: c, .. }) => {
+        let factors = match (self.rule, self.radius) {
+            (Clipping::Adaptive(_), Some(radius)) => {
+                // `factor`'s min(1, C / (norm + 1e-6)) with C a tensor: tch forms c / x as
+                // (x / c)^-1, so this is the same arithmetic, value for value.
+                let f = ((&total + 1e-6) / radius)
+                    .pow_tensor_scalar(-1)
+                    .clamp_max(1.0);
+                squared.iter().map(|_| f.shallow_clone()).collect()
+            }
+            (Clipping::Flat { max_norm: c }, _)
+            | (Clipping::Adaptive(AdaptiveClipping { radius: c, .. }), None) => {
                 let f = factor(&total, *c);
                 squared.iter().map(|_| f.shallow_clone()).collect()
             }
-            Clipping::PerLayer { max_norms } => squared
+            (Clipping::PerLayer { max_norms }, _) => squared
                 .iter()
                 .zip(max_norms)
                 .map(|(s, c)| factor(&s.sqrt(), *c))
@@ -314,6 +380,10 @@ pub struct PrivacyEngine {
     noise_multiplier: f64,
     sample_rate: f64,
     clipping: Clipping,
+    /// Under adaptive clipping, C_t as a 0-d f64 tensor: on the CPU until the first step, then
+    /// on the gradients' device, where each step updates it without a host read (issue 37).
+    /// `clipping`'s own radius stays the starting (or resumed) one; `clip_radius` reads this.
+    adaptive_radius: Option<Tensor>,
     noise: NoiseSource,
     accountant: Accountant,
     /// The share of each step's noise variance this engine draws: 1 in one process; 1/W on
@@ -376,10 +446,15 @@ impl PrivacyEngine {
                 "infinite with noise: a private step needs a finite radius to scale the noise by",
             ));
         }
+        let adaptive_radius = match &clipping {
+            Clipping::Adaptive(a) => Some(Tensor::from(a.radius)),
+            _ => None,
+        };
         Ok(PrivacyEngine {
             noise_multiplier,
             sample_rate,
             clipping,
+            adaptive_radius,
             noise,
             accountant: Accountant::default(),
             noise_share: 1.0,
@@ -430,7 +505,10 @@ impl PrivacyEngine {
     /// mechanisms under one ε), and an adaptive run that has taken steps must have its radius.
     pub fn resume(&mut self, accountant: Accountant, clip_radius: Option<f64>) -> Result<()> {
         match (&mut self.clipping, clip_radius) {
-            (Clipping::Adaptive(a), Some(r)) if r.is_finite() && r > 0.0 => a.radius = r,
+            (Clipping::Adaptive(a), Some(r)) if r.is_finite() && r > 0.0 => {
+                a.radius = r;
+                self.adaptive_radius = Some(Tensor::from(r));
+            }
             (Clipping::Adaptive(_), None) if accountant.steps() == 0 => {}
             (Clipping::Adaptive(_), r) => {
                 return Err(Error::bad_value(
@@ -489,9 +567,14 @@ impl PrivacyEngine {
         super::builder::steps_per_epoch(self.sample_rate)
     }
 
-    /// The clipping rule, with the adaptive radius as it stands now.
-    pub fn clipping(&self) -> &Clipping {
-        &self.clipping
+    /// The clipping rule as the next step applies it: with the adaptive radius as it stands
+    /// now, a tensor that clipping reads without a host read (`StepClipping::rule` is the rule
+    /// as configured).
+    pub fn clipping(&self) -> StepClipping<'_> {
+        StepClipping {
+            rule: &self.clipping,
+            radius: self.adaptive_radius.as_ref(),
+        }
     }
 
     /// The multiplier of the gradient's noise: σ, or under adaptive clipping σ_Δ =
@@ -511,15 +594,16 @@ impl PrivacyEngine {
     /// adaptive clipping) x sensitivity, x sqrt(1/W) on each of W workers
     /// (`share_noise_among`).
     pub fn noise_std(&self) -> f64 {
-        self.gradient_noise_multiplier() * self.clipping.sensitivity() * self.noise_share.sqrt()
+        let sensitivity = self
+            .clip_radius()
+            .unwrap_or_else(|| self.clipping.sensitivity());
+        self.gradient_noise_multiplier() * sensitivity * self.noise_share.sqrt()
     }
 
-    /// The adaptive radius C_t the next step clips at (`None` for fixed radii).
+    /// The adaptive radius C_t the next step clips at (`None` for fixed radii): a host read of
+    /// the radius the steps keep on the device, for the epoch's results and checkpoints.
     pub fn clip_radius(&self) -> Option<f64> {
-        match &self.clipping {
-            Clipping::Adaptive(a) => Some(a.radius),
-            _ => None,
-        }
+        self.adaptive_radius.as_ref().map(crate::host::f64_scalar)
     }
 
     /// "seeded" or "secure".
@@ -569,7 +653,7 @@ impl PrivacyEngine {
     /// gradients. A logical batch in several chunks is clipped chunk by chunk and its sums added
     /// before `privatize`.
     pub fn clip(&self, per_sample: &[(Tensor, PerSample)]) -> Clipped {
-        self.clipping.clip(per_sample)
+        self.clipping().clip(per_sample)
     }
 
     /// Clips one example's whole update, a single tensor of any shape (a federated client's
@@ -653,26 +737,38 @@ impl PrivacyEngine {
             self.gradient_noise_multiplier() * self.noise_share.sqrt(),
             self.clipping.sensitivity(),
         );
+        let radius = self.adaptive_radius.as_ref();
         let grads = tch::no_grad(|| {
             batch
                 .sums
                 .iter()
-                .map(|s| noisy_mean(s, sigma, sensitivity, expected_batch, &mut self.noise))
+                .map(|s| match radius {
+                    // C_t scales the noise where it lives (no host read).
+                    Some(c) => noisy_mean_at(s, sigma, c, expected_batch, &mut self.noise),
+                    None => noisy_mean(s, sigma, sensitivity, expected_batch, &mut self.noise),
+                })
                 .collect()
         });
-        if let Clipping::Adaptive(a) = &mut self.clipping {
-            let examples = batch.examples() as f64;
-            let unclipped = examples - batch.clipped.int64_value(&[]) as f64;
-            let noise = if a.count_noise > 0.0 {
-                let z = self
-                    .noise
-                    .standard_normal_like(&Tensor::zeros([1], (Kind::Double, tch::Device::Cpu)));
-                a.count_noise * z.double_value(&[0])
-            } else {
-                0.0
-            };
-            let centred = unclipped - examples / 2.0;
-            a.update((centred + noise) / expected_batch + 0.5);
+        if let (Clipping::Adaptive(a), Some(radius)) = (&self.clipping, &self.adaptive_radius) {
+            // b̃ = (unclipped - B/2 + N(0, σ_b²)) / E[B] + 1/2 and the geometric update, on the
+            // device: the count stays where the step made it (module docs).
+            let next = tch::no_grad(|| {
+                let examples = batch.examples() as f64;
+                let unclipped = examples - batch.clipped.to_kind(Kind::Double);
+                let centred = unclipped - examples / 2.0;
+                let noised = if a.count_noise > 0.0 {
+                    // Drawn on the CPU as before; a 0-d CPU tensor joins device arithmetic as
+                    // a scalar, without a copy or a wait.
+                    let z = self
+                        .noise
+                        .standard_normal_like(&Tensor::zeros([1], (Kind::Double, Device::Cpu)));
+                    centred + z.reshape([]) * a.count_noise
+                } else {
+                    centred
+                };
+                a.updated(radius, &(noised / expected_batch + 0.5))
+            });
+            self.adaptive_radius = Some(next);
         }
         Ok(grads)
     }

@@ -35,7 +35,7 @@
 //! parameter gradients are exactly Σ_i c_i g_i. It needs one factor c_i per example (flat or
 //! adaptive clipping).
 
-use super::engine::{Clipped, Clipping};
+use super::engine::{Clipped, Clipping, StepClipping};
 use crate::error::{Error, Result};
 use crate::nn::grad_hook::{on_grad, reaches_another, HookStatus};
 use crate::nn::{Ctx, LayerGradients, Record, Recorded, Tape};
@@ -349,14 +349,16 @@ pub enum BackwardPasses {
 /// runs in autograd: in one backward pass with the recipes and norms formed inside it
 /// (`BackwardPasses::One`), or, under flat or adaptive clipping, in two (`BackwardPasses::Two`,
 /// module docs). Otherwise from the output gradients of every record at once. A trainable
-/// parameter that no record covers is an error: it would escape clipping.
-pub fn clipped_sums(
+/// parameter that no record covers is an error: it would escape clipping. `clipping`: a rule
+/// (`&Clipping`) or the engine's as a step applies it (`PrivacyEngine::clipping`).
+pub fn clipped_sums<'a>(
     ctx: &mut Ctx,
     params: &[(String, Tensor)],
     losses: &Tensor,
-    clipping: &Clipping,
+    clipping: impl Into<StepClipping<'a>>,
     passes: BackwardPasses,
 ) -> Result<Clipped> {
+    let clipping = clipping.into();
     let loss_sum = losses.sum(losses.kind());
     let tape = recorded_tape(ctx)?;
     if losses.size().first() == Some(&0) {
@@ -374,7 +376,10 @@ pub fn clipped_sums(
         let per_sample = in_parameter_order(per_sample_to_every_output(tape, &loss_sum)?, params)?;
         return Ok(clipping.clip(&per_sample));
     }
-    let one_factor = matches!(clipping, Clipping::Flat { .. } | Clipping::Adaptive(_));
+    let one_factor = matches!(
+        clipping.rule(),
+        Clipping::Flat { .. } | Clipping::Adaptive(_)
+    );
     if passes == BackwardPasses::One || !one_factor {
         let found: Vec<(Tensor, (PerSample, Tensor))> =
             in_backward(tape, &loss_sum, Keep::Both, false)?

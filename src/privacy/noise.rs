@@ -52,10 +52,12 @@ impl NoiseSource {
                 let values: Vec<f32> = (0..like.numel())
                     .map(|_| StandardNormal.sample(rng.as_mut()))
                     .collect();
-                Tensor::from_slice(&values)
-                    .view(like.size().as_slice())
-                    .to_device(like.device())
-                    .to_kind(like.kind())
+                // Sent without waiting for the device (`host::upload`).
+                crate::host::upload(
+                    &Tensor::from_slice(&values).view(like.size().as_slice()),
+                    like.device(),
+                )
+                .to_kind(like.kind())
             }
         }
     }
@@ -84,6 +86,24 @@ pub fn noisy_mean(
 ) -> Tensor {
     let noisy = if noise_multiplier > 0.0 {
         clipped_sum + source.standard_normal_like(clipped_sum) * (noise_multiplier * max_norm)
+    } else {
+        clipped_sum.shallow_clone()
+    };
+    noisy / expected_batch
+}
+
+/// `noisy_mean` with the sensitivity C a 0-d f64 tensor (adaptive clipping's radius, kept on the
+/// device): the noise scale σ C is formed where C lives, so nothing is read to the host. The
+/// same arithmetic as `noisy_mean`, value for value.
+pub(crate) fn noisy_mean_at(
+    clipped_sum: &Tensor,
+    noise_multiplier: f64,
+    max_norm: &Tensor,
+    expected_batch: f64,
+    source: &mut NoiseSource,
+) -> Tensor {
+    let noisy = if noise_multiplier > 0.0 {
+        clipped_sum + source.standard_normal_like(clipped_sum) * (max_norm * noise_multiplier)
     } else {
         clipped_sum.shallow_clone()
     };

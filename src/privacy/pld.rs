@@ -375,7 +375,7 @@ impl DiscretePld {
         let spectrum = pmf.fft_rfft(n, 0, "backward");
         let composed = spectrum.pow_tensor_scalar(t).fft_irfft(n, 0, "backward");
         let composed: Vec<f64> =
-            Vec::try_from(&composed.to_kind(Kind::Double)).expect("f64 tensor");
+            crate::host::to_vec_f64(&composed.to_kind(Kind::Double)).expect("f64 tensor");
         let offset = self.k_lo * steps as i64;
         let mut out = Vec::with_capacity(width);
         for k in k_lo..=k_hi {
@@ -407,7 +407,7 @@ impl DiscretePld {
         let a = Tensor::from_slice(&self.pmf).fft_rfft(n, 0, "backward");
         let b = Tensor::from_slice(&other.pmf).fft_rfft(n, 0, "backward");
         let c = (a * b).fft_irfft(n, 0, "backward").narrow(0, 0, len as i64);
-        let pmf: Vec<f64> = Vec::try_from(&c.to_kind(Kind::Double)).expect("f64 tensor");
+        let pmf: Vec<f64> = crate::host::to_vec_f64(&c.to_kind(Kind::Double)).expect("f64 tensor");
         DiscretePld {
             interval: self.interval,
             k_lo: self.k_lo + other.k_lo,

@@ -122,7 +122,7 @@ impl Optimizer for Adam {
                 "missing Adam's step count `step` (a checkpoint of another optimiser?)",
             )
         })?;
-        self.steps = step.to_device(Device::Cpu).int64_value(&[]);
+        self.steps = crate::host::i64_scalar(&step.to_device(Device::Cpu));
         self.m = params
             .iter()
             .map(|(name, p)| take_like(saved, &format!("m.{name}"), p, path))

@@ -153,7 +153,7 @@ pub fn audit_training(
         trainer.canaries = Some(GradientCanaries::new(
             settings.canaries,
             &tensors,
-            engine.clipping(),
+            engine.clipping().rule(),
             trainer.config.privacy.max_grad_norm,
             engine.sample_rate(),
             (optimizer.lr, momentum),

@@ -9,6 +9,7 @@ use crate::compress::{Decoder, Encoder};
 use crate::config::TrainConfig;
 use crate::data::{Dataset, Features, TaskData};
 use crate::error::{Error, Result};
+use crate::host;
 use std::collections::HashMap;
 use std::path::Path;
 use tch::{Kind, Tensor};
@@ -57,8 +58,8 @@ fn fingerprint_with(data: &Dataset, float: impl Fn(f64) -> String) -> String {
     let positions = Tensor::arange(n, (Kind::Int64, labels.device()));
     let mut text = format!(
         "{n} examples, labels {} / {}",
-        labels.sum(Kind::Int64).int64_value(&[]),
-        (labels * positions).sum(Kind::Int64).int64_value(&[])
+        host::i64_scalar(&labels.sum(Kind::Int64)),
+        host::i64_scalar(&(labels * positions).sum(Kind::Int64))
     );
     let tensors: Vec<&Tensor> = match &data.features {
         Features::Tokens { ids, lengths } => vec![ids, lengths],
@@ -72,9 +73,9 @@ fn fingerprint_with(data: &Dataset, float: impl Fn(f64) -> String) -> String {
     };
     for t in tensors {
         let sum = if t.is_floating_point() {
-            float(t.sum(Kind::Double).double_value(&[]))
+            float(host::f64_scalar(&t.sum(Kind::Double)))
         } else {
-            t.sum(Kind::Int64).int64_value(&[]).to_string()
+            host::i64_scalar(&t.sum(Kind::Int64)).to_string()
         };
         text.push_str(&format!(", {:?} summing to {sum}", t.size()));
     }

@@ -9,6 +9,7 @@ use super::{checkpoint, distributed, metrics, observer, traffic, Trainer, DIVERG
 use crate::compress::message::paper_gib;
 use crate::config::Sampling;
 use crate::error::{Error, Result};
+use crate::host;
 use crate::privacy::accountant::Accountant;
 use crate::privacy::engine::PrivacyEngine;
 use std::time::Instant;
@@ -180,8 +181,8 @@ impl Trainer {
                 let progress = observer::LiveProgress {
                     epoch,
                     step,
-                    loss: loss_sum.double_value(&[]) / shown,
-                    accuracy: correct.int64_value(&[]) as f64 / shown,
+                    loss: host::f64_scalar(&loss_sum) / shown,
+                    accuracy: host::i64_scalar(&correct) as f64 / shown,
                     epsilon: self.epsilon_shown(live)?,
                     epsilon_is_live: live,
                     upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
@@ -225,9 +226,9 @@ impl Trainer {
         let train_seconds = started.elapsed().as_secs_f64();
         let mut epoch_traffic = None;
         let (mut loss_sum, mut correct, mut clipped) = (
-            loss_sum.double_value(&[]),
-            correct.int64_value(&[]) as f64,
-            clipped.int64_value(&[]) as f64,
+            host::f64_scalar(&loss_sum),
+            host::i64_scalar(&correct) as f64,
+            host::i64_scalar(&clipped) as f64,
         );
         if let Some(exchange) = self.updater.exchange.as_mut() {
             // The epoch's totals over all workers, the same on every rank.

@@ -53,7 +53,10 @@ pub fn evaluation_sums(
                 .sum(Kind::Int64);
             start += len;
         }
-        Ok((loss_sum.double_value(&[]), correct.int64_value(&[])))
+        Ok((
+            crate::host::f64_scalar(&loss_sum),
+            crate::host::i64_scalar(&correct),
+        ))
     })
 }
 

@@ -46,7 +46,7 @@ impl InputCanaries {
             .map(|i| i as i64)
             .collect();
         let index = Tensor::from_slice(&chosen);
-        let labels = Vec::<i64>::try_from(
+        let labels = crate::host::to_vec_i64(
             &train
                 .labels
                 .index_select(0, &index.to_device(train.device()))
@@ -102,7 +102,7 @@ impl InputCanaries {
                     0.0,
                 );
                 let losses =
-                    Vec::<f64>::try_from(&losses.to_kind(Kind::Double).to_device(Device::Cpu))
+                    crate::host::to_vec_f64(&losses.to_kind(Kind::Double).to_device(Device::Cpu))
                         .map_err(|e| Error::bad_value("canary losses", e.to_string()))?;
                 scores.extend(losses.into_iter().map(|l| -l));
                 start += len;

@@ -80,7 +80,7 @@ fn clipped_sums_oracle(
     let mut over = Tensor::zeros([], (Kind::Int64, device));
     let mut norms = Vec::with_capacity(batch.len() as usize);
     for i in 0..batch.len() {
-        let index = Tensor::from_slice(&[i]).to_device(device);
+        let index = crate::host::upload(&Tensor::from_slice(&[i]), device);
         let features = batch.features.select_trimmed(&index, None);
         let label = batch.labels.index_select(0, &index);
         for (_, p) in params {

@@ -1,0 +1,167 @@
+//! Every read of a tensor's value to the host, counted (issue 37).
+//!
+//! On CUDA a training step must neither read a tensor's value on the host nor wait for the
+//! device, except where the caller asks for values (an observer's logging interval, the end of
+//! an epoch). Both happen in the same places: reading a value (`item()`, a copy into a `Vec`)
+//! waits for the queue to drain, and so does an op whose result's *size* depends on the data
+//! (`nonzero`, `masked_select`), because the host has to learn the size before it can allocate.
+//! Without a GPU that is proven by counting: the library reads tensor values only through this
+//! module, each call adds one to a counter of the calling thread, and `tests/host_reads.rs`
+//! trains with every compressor and mode and asserts that the steps add nothing.
+//! `tests/host_reads_guard.rs` keeps it that way: it fails on a direct read anywhere else in
+//! `src/` (the application in `src/bin/` is exempt).
+//!
+//! The counter is per thread because the training loop runs on its caller's thread (one worker)
+//! and tests run side by side in threads of one process.
+//!
+//! ```
+//! use dpcomp::host;
+//! let t = tch::Tensor::from_slice(&[1.0f64, 2.0]);
+//! let reads = host::HostReads::start();
+//! let total = host::f64_scalar(&t.sum(tch::Kind::Double));
+//! assert_eq!((total, reads.since()), (3.0, 1));
+//! ```
+//!
+//! One kind of read is not counted: [`cpu_i64_scalar`], for tensors that live in host memory
+//! on every device (the Poisson batches' indices and the sequences' widths, which stay on the
+//! CPU when the examples are held on an accelerator). Reading them neither copies from the
+//! device nor waits for it; the function panics if handed a tensor that is not on the CPU.
+//!
+//! The other direction is no read either, but a plain copy from host memory to CUDA waits for
+//! the device's queue to drain: what a step makes on the host and sends to the device (the batch
+//! index, FL-RND's coordinates, PowerSGD's fresh Q, secure noise) goes through [`upload`].
+
+use std::cell::Cell;
+use tch::{Device, TchError, Tensor};
+
+thread_local! {
+    static READS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn count() {
+    READS.with(|r| r.set(r.get() + 1));
+}
+
+/// Host reads (and data-dependent ops) made on this thread so far.
+pub fn reads() -> u64 {
+    READS.with(Cell::get)
+}
+
+/// The reads of this thread from a starting point on: `HostReads::start()`, then `since()`.
+#[derive(Debug, Clone, Copy)]
+pub struct HostReads {
+    start: u64,
+}
+
+impl HostReads {
+    /// Starts counting from this thread's reads now.
+    pub fn start() -> Self {
+        HostReads { start: reads() }
+    }
+
+    /// Reads made on this thread since `start`.
+    pub fn since(&self) -> u64 {
+        reads() - self.start
+    }
+}
+
+/// The value of a one-element tensor as f64 (any kind; `double_value(&[])`).
+pub fn f64_scalar(t: &Tensor) -> f64 {
+    f64_at(t, &[])
+}
+
+/// The element of `t` at `index` as f64 (`double_value(index)`).
+pub fn f64_at(t: &Tensor, index: &[i64]) -> f64 {
+    count();
+    t.double_value(index)
+}
+
+/// The value of a one-element tensor as i64 (any kind; `int64_value(&[])`).
+pub fn i64_scalar(t: &Tensor) -> i64 {
+    count();
+    t.int64_value(&[])
+}
+
+/// The value of a one-element tensor as bool.
+pub fn bool_scalar(t: &Tensor) -> Result<bool, TchError> {
+    count();
+    bool::try_from(t)
+}
+
+/// Every value of `t` (flattened, row-major) as f32; an error when its kind is not Float.
+pub fn to_vec_f32(t: &Tensor) -> Result<Vec<f32>, TchError> {
+    count();
+    Vec::<f32>::try_from(t)
+}
+
+/// Every value of `t` (flattened, row-major) as f64; an error when its kind is not Double.
+pub fn to_vec_f64(t: &Tensor) -> Result<Vec<f64>, TchError> {
+    count();
+    Vec::<f64>::try_from(t)
+}
+
+/// Every value of `t` (flattened, row-major) as i64; an error when its kind is not Int64.
+pub fn to_vec_i64(t: &Tensor) -> Result<Vec<i64>, TchError> {
+    count();
+    Vec::<i64>::try_from(t)
+}
+
+/// Every value of `t` (flattened, row-major) as bool; an error when its kind is not Bool.
+pub fn to_vec_bool(t: &Tensor) -> Result<Vec<bool>, TchError> {
+    count();
+    Vec::<bool>::try_from(t)
+}
+
+/// The bytes of a contiguous CPU tensor as they lie in memory (its kind, little-endian).
+pub fn to_bytes(t: &Tensor) -> Vec<u8> {
+    count();
+    let mut bytes = vec![0u8; t.numel() * t.kind().elt_size_in_bytes()];
+    t.copy_data_u8(&mut bytes, t.numel());
+    bytes
+}
+
+/// Whether `a` and `b` have the same size and elements (`Tensor::equal`).
+pub fn equal(a: &Tensor, b: &Tensor) -> bool {
+    count();
+    a.equal(b)
+}
+
+/// The positions of the nonzero elements of `t`, [count, dim] int64: a size that depends on
+/// the data, so on an accelerator the host waits for the device.
+pub fn nonzero(t: &Tensor) -> Tensor {
+    count();
+    t.nonzero()
+}
+
+/// The elements of `t` where `mask` is true, flattened: a data-dependent size (`nonzero`).
+pub fn masked_select(t: &Tensor, mask: &Tensor) -> Tensor {
+    count();
+    t.masked_select(mask)
+}
+
+/// `t`, made on the host, on `device` without waiting for the device: on an accelerator through
+/// pinned memory and an asynchronous copy (a copy from pageable memory synchronises the
+/// stream first; the pinned block is not reused before the copy is done), on the CPU `t`
+/// itself. Not counted: it reads nothing back.
+pub fn upload(t: &Tensor, device: Device) -> Tensor {
+    match device {
+        Device::Cpu => t.to_device(device),
+        there => {
+            t.to_device(Device::Cpu)
+                .pin_memory(there)
+                .to_device_(there, t.kind(), true, false)
+        }
+    }
+}
+
+/// The value of a one-element tensor that lives in host memory on every device, as i64: not
+/// counted (the module docs). Panics if `t` is not on the CPU, where reading it would wait for
+/// the device.
+pub fn cpu_i64_scalar(t: &Tensor) -> i64 {
+    assert_eq!(
+        t.device(),
+        Device::Cpu,
+        "host::cpu_i64_scalar reads tensors held in host memory only"
+    );
+    t.int64_value(&[])
+}
