@@ -154,6 +154,40 @@ pub fn upload(t: &Tensor, device: Device) -> Tensor {
     }
 }
 
+/// Waits until `device` has run everything queued on it (on CUDA `cudaDeviceSynchronize`; on
+/// the CPU nothing to wait for). Counted on every device: it is the one wait before the host
+/// reads values that non-blocking copies are bringing back (`comm::staging`).
+pub fn wait_for(device: Device) {
+    count();
+    if let Device::Cuda(index) = device {
+        tch::Cuda::synchronize(index as i64);
+    }
+}
+
+/// Runs `f` on the values of `t` in place: `t` must be a contiguous Float tensor in host
+/// memory (a staging buffer whose copies have arrived, `wait_for`); what `f` writes is `t`'s
+/// new values. Counted: the host reads (and writes) the values.
+///
+/// Panics if `t` is not a contiguous f32 CPU tensor: reading other memory as f32 would be
+/// undefined behaviour.
+pub fn with_f32_mut<R>(t: &mut Tensor, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    assert!(
+        t.device() == Device::Cpu && t.kind() == tch::Kind::Float && t.is_contiguous(),
+        "host::with_f32_mut takes a contiguous f32 tensor in host memory, got {:?} {:?}",
+        t.kind(),
+        t.device()
+    );
+    count();
+    let len = t.numel();
+    if len == 0 {
+        return f(&mut []);
+    }
+    // SAFETY: `t` is a contiguous CPU tensor of `len` f32 values (checked above), borrowed
+    // mutably for the duration of `f`, so nothing else reads or writes it meanwhile.
+    let values = unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, len) };
+    f(values)
+}
+
 /// The value of a one-element tensor that lives in host memory on every device, as i64: not
 /// counted (the module docs). Panics if `t` is not on the CPU, where reading it would wait for
 /// the device.

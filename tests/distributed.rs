@@ -15,9 +15,10 @@ mod common;
 #[path = "../examples/own_model_trainer.rs"]
 mod example;
 
+use dpcomp::comm::staging::HostStaging;
 use dpcomp::comm::{Communicator, ThreadGroup};
 use dpcomp::compress::powersgd::orthogonalize;
-use dpcomp::compress::{CompressorKind, CompressorSpec, Link};
+use dpcomp::compress::{CompressorKind, CompressorSpec, Link, Message, Payload};
 use dpcomp::config::GradSampleMode;
 use dpcomp::prelude::*;
 use dpcomp::privacy::accountant::Accountant;
@@ -221,6 +222,141 @@ fn close(label: &str, a: &[Vec<Tensor>], b: &[Vec<Tensor>], tolerance: f64) {
                 "{label}, step {step}, tensor {i}: differ by {diff}"
             );
         }
+    }
+}
+
+/// Three steps of `spec`'s exchange as `exchanged`, through host buffers on the CPU
+/// (`HostStaging::always()`, the path a GPU takes): the updates, and the buffers allocated
+/// after the first step and after the third.
+fn exchanged_through_buffers(
+    spec: &CompressorSpec,
+    comm: Box<dyn Communicator>,
+) -> (Vec<Vec<Tensor>>, usize, usize) {
+    let (rank, workers) = (comm.rank(), comm.size());
+    let mut encoder = spec.encoder(&shapes(), Device::Cpu).unwrap();
+    let decoders = (0..workers)
+        .map(|_| spec.decoder(&shapes(), Device::Cpu).unwrap())
+        .collect();
+    let mut exchange = Exchange::new(comm, decoders).with_staging(HostStaging::always());
+    let mut allocated_after_first = 0;
+    let updates = (0..3)
+        .map(|step| {
+            let x = exchange
+                .exchange(encoder.as_mut(), &update_of(rank, step))
+                .unwrap();
+            if step == 0 {
+                allocated_after_first = exchange.staging().allocations();
+            }
+            x.update
+        })
+        .collect();
+    (
+        updates,
+        allocated_after_first,
+        exchange.staging().allocations(),
+    )
+}
+
+#[test]
+fn messages_through_reused_host_buffers_change_nothing() {
+    let _serial = common::serial();
+    for spec in every_compressor() {
+        let label = spec.label();
+        let (spec2, spec3) = (spec.clone(), spec.clone());
+        let direct = ThreadGroup::run(2, move |comm| exchanged(&spec2, Box::new(comm))).unwrap();
+        let staged = ThreadGroup::run(2, move |comm| {
+            exchanged_through_buffers(&spec3, Box::new(comm))
+        })
+        .unwrap();
+        for (rank, (direct, (staged, first, last))) in direct.iter().zip(&staged).enumerate() {
+            close(
+                &format!("{label}, rank {rank}, through buffers"),
+                direct,
+                staged,
+                0.0,
+            );
+            assert!(
+                *first > 0,
+                "{label}: the first step allocated no host buffer"
+            );
+            // DGC's k varies with its sampled threshold: a slot may grow, never more than
+            // once per tensor of the message per step.
+            let grows = if label.starts_with("dgc") || label.starts_with("denoise") {
+                2 * 2 * SHAPES.len() + 1
+            } else {
+                0
+            };
+            assert!(
+                *last <= first + grows,
+                "{label}, rank {rank}: {first} buffers after the first step, {last} after the third: the buffers are not reused"
+            );
+        }
+    }
+}
+
+#[test]
+fn staging_keeps_one_buffer_per_slot_and_grows_it_for_a_larger_message() {
+    let sparse = |k: i64| {
+        Message::new(vec![Payload::Sparse {
+            indices: Tensor::arange(k, (Kind::Int64, Device::Cpu)),
+            values: Tensor::arange(k, (Kind::Float, Device::Cpu)),
+            shape: vec![100],
+            value_bits: 32,
+            index_bits: 7,
+        }])
+    };
+    let mut staging = HostStaging::always();
+    for k in [10, 10, 4, 10] {
+        let message = sparse(k);
+        let staged = staging.message_to_host(&message);
+        assert_eq!(
+            staged.to_bytes().unwrap(),
+            message.to_bytes().unwrap(),
+            "k {k}"
+        );
+    }
+    assert_eq!(
+        staging.allocations(),
+        2,
+        "one buffer for the indices, one for the values"
+    );
+    let message = sparse(30);
+    assert_eq!(
+        staging.message_to_host(&message).to_bytes().unwrap(),
+        message.to_bytes().unwrap()
+    );
+    assert_eq!(staging.allocations(), 4, "both slots grew for k 30");
+    // On the CPU the default staging reads tensors where they are: no buffer at all.
+    let mut direct = HostStaging::new();
+    let _ = direct.message_to_host(&message);
+    assert_eq!(direct.allocations(), 0);
+}
+
+#[test]
+fn an_all_reduce_through_a_buffer_returns_a_tensor_of_its_own() {
+    let sums = ThreadGroup::run(2, |mut comm| {
+        let mut staging = HostStaging::always();
+        let rank = comm.rank() as f64;
+        let first = staging
+            .all_reduce(
+                &mut comm,
+                &(Tensor::ones([5], (Kind::Float, Device::Cpu)) + rank),
+            )
+            .unwrap();
+        // The same length again: the same buffer, which must not change the first result.
+        let second = staging
+            .all_reduce(
+                &mut comm,
+                &(Tensor::ones([5], (Kind::Float, Device::Cpu)) * 10.0),
+            )
+            .unwrap();
+        (first, second, staging.allocations())
+    })
+    .unwrap();
+    for (first, second, allocations) in sums {
+        assert_eq!(Vec::<f32>::try_from(&first).unwrap(), vec![3.0; 5]);
+        assert_eq!(Vec::<f32>::try_from(&second).unwrap(), vec![20.0; 5]);
+        assert_eq!(allocations, 1, "one buffer for vectors of one length");
     }
 }
 

@@ -16,6 +16,7 @@
 pub mod check;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod staging;
 pub mod threads;
 pub mod weights;
 

@@ -195,30 +195,25 @@ impl Link {
     }
 }
 
-/// Sums a vector of f32 over the workers of a data-parallel run, in place, on every worker
-/// (`comm::Communicator::all_reduce_sum`).
-pub type AllReduce<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
+/// Sums a flat f32 vector over the workers of a data-parallel run and returns the sum on the
+/// vector's device, the same on every worker (`comm::Communicator::all_reduce_sum`, through
+/// the exchange's host buffers, `comm::staging`).
+pub type AllReduce<'a> = dyn FnMut(&Tensor) -> Result<Tensor> + 'a;
 
-/// `tensors` summed over the workers through one call of `reduce` (one buffer on the host, as
-/// MPI reads it), each back on its device in its shape and kind.
+/// `tensors` summed over the workers through one call of `reduce` (one flat vector, as MPI
+/// sums it), each back on its device in its shape and kind.
 pub fn all_reduce_sum(tensors: &[Tensor], reduce: &mut AllReduce) -> Result<Vec<Tensor>> {
-    let Some(first) = tensors.first() else {
+    if tensors.is_empty() {
         return Ok(Vec::new());
-    };
-    let device = first.device();
+    }
     let flat = flatten(
         &tensors
             .iter()
             .map(|t| t.to_kind(tch::Kind::Float))
             .collect::<Vec<_>>(),
-    )
-    .to_device(tch::Device::Cpu);
-    let mut values = crate::host::to_vec_f32(&flat).map_err(|e| {
-        crate::error::Error::bad_value("all-reduce", format!("tensors to f32 values: {e}"))
-    })?;
-    reduce(&mut values)?;
+    );
+    let summed = reduce(&flat)?;
     let shapes: Vec<Vec<i64>> = tensors.iter().map(Tensor::size).collect();
-    let summed = Tensor::from_slice(&values).to_device(device);
     Ok(split(&summed, &shapes)
         .into_iter()
         .zip(tensors)

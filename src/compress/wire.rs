@@ -214,7 +214,7 @@ fn get_values(
         }
         other => return Err(bad(format!("dtype {other}: expected 0 (f32) or 1 (f64)"))),
     };
-    Ok(values.to_device(device))
+    Ok(host::upload(&values, device))
 }
 
 fn put_shape(out: &mut Vec<u8>, kind: u8, dtype: u8, shape: &[i64]) -> Result<()> {
@@ -337,7 +337,8 @@ pub fn encode(message: &Message) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The message from `encode`'s bytes, its tensors on `device`. Errors say which field of which
+/// The message from `encode`'s bytes, its tensors on `device` (on an accelerator through
+/// non-blocking copies from pinned memory, `host::upload`). Errors say which field of which
 /// payload was wrong.
 pub fn decode(bytes: &[u8], device: Device) -> Result<Message> {
     let mut r = Reader { bytes, at: 0 };
@@ -355,7 +356,7 @@ pub fn decode(bytes: &[u8], device: Device) -> Result<Message> {
     let flags = r
         .bits(flag_count, 1, "flags")?
         .into_iter()
-        .map(|b| Tensor::from(b == 1).to_device(device))
+        .map(|b| host::upload(&Tensor::from(b == 1), device))
         .collect();
     let payload_count = r.u32("payload count")? as usize;
     let mut payloads = Vec::with_capacity(payload_count.min(1 << 16));
@@ -399,7 +400,7 @@ pub fn decode(bytes: &[u8], device: Device) -> Result<Message> {
                 }
                 let values = get_values(&mut r, k, value_bits, dtype, device).map_err(named)?;
                 Payload::Sparse {
-                    indices: Tensor::from_slice(&positions).to_device(device),
+                    indices: host::upload(&Tensor::from_slice(&positions), device),
                     values,
                     shape,
                     value_bits,

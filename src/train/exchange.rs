@@ -13,6 +13,7 @@
 //! Either way every worker ends with the same update, the mean of the W decoded updates, so the
 //! weights stay equal on every worker without being sent again.
 
+use crate::comm::staging::HostStaging;
 use crate::comm::{Communicator, Traffic};
 use crate::compress::{Decoder, Encoder, Message};
 use crate::error::Result;
@@ -57,6 +58,8 @@ pub struct Exchange {
     /// Bytes of collectives outside the steps' exchanges (identity checks, the epoch's metrics,
     /// checkpoints) since the last `take_control`.
     control: Traffic,
+    /// Reusable (pinned, on a GPU) host buffers for the messages and the all-reduced vectors.
+    staging: HostStaging,
 }
 
 impl Exchange {
@@ -71,7 +74,20 @@ impl Exchange {
             comm,
             decoders,
             control: Traffic::default(),
+            staging: HostStaging::new(),
         }
+    }
+
+    /// This exchange with `staging` for the host buffers (`HostStaging::always()` runs the
+    /// buffers' path on the CPU, as the tests do).
+    pub fn with_staging(mut self, staging: HostStaging) -> Self {
+        self.staging = staging;
+        self
+    }
+
+    /// The host buffers the messages and all-reduced vectors go through.
+    pub fn staging(&self) -> &HostStaging {
+        &self.staging
     }
 
     /// W, the number of workers taking part (the transport's size).
@@ -92,10 +108,10 @@ impl Exchange {
         let workers = self.workers();
         let started = Instant::now();
         let mut comm_seconds = 0.0;
-        let comm = &mut self.comm;
-        let mut reduce = |values: &mut [f32]| -> Result<()> {
+        let (comm, staging) = (&mut self.comm, &mut self.staging);
+        let mut reduce = |flat: &Tensor| -> Result<Tensor> {
             let at = Instant::now();
-            let result = comm.all_reduce_sum(values);
+            let result = staging.all_reduce(comm.as_mut(), flat);
             comm_seconds += at.elapsed().as_secs_f64();
             result
         };
@@ -120,7 +136,8 @@ impl Exchange {
             });
         }
         let message = encoder.encode(grads);
-        let bytes = message.to_bytes()?;
+        // MPI sends host memory: every tensor's copy is queued, the host waits once.
+        let bytes = self.staging.message_to_host(&message).to_bytes()?;
         let encode_seconds = started.elapsed().as_secs_f64();
         let at = Instant::now();
         let gathered = self.comm.all_gather(&bytes)?;
