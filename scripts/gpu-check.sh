@@ -10,9 +10,13 @@
 #      device in the same run;
 #   3. short real trainings: Surnames DP 5 epochs with DGC x16, CIFAR-10 DP 3 epochs on the
 #      kit's subset (held on the device), SNLI one epoch on the dev split (MiniLM architecture,
-#      random weights: the pretrained ones do not travel, see gpu-kit.sh);
+#      random weights: the pretrained ones do not travel, see gpu-kit.sh); every epoch logs the
+#      host reads its steps made on the device (`host_reads_per_step`, issue 37), and CIFAR-10
+#      with DGC x256 runs twice, with and without the message's bytes made each step
+#      (`--verify-wire`), for the step time the bytes cost;
 #   4. then, while minutes remain, unfinished `full` cells of the grids whose data travel
-#      complete (Surnames), resumable; run folders packed into runs.tar.gz.
+#      complete (Surnames: the paper grids and the ablation, issue 38), resumable; run folders
+#      packed into runs.tar.gz.
 #
 # It reads the kit that scripts/gpu-kit.sh made (gpu-kit/). Files written (at most 8, flat):
 # gpu_check.json (summary and ratios), check_device.json, benches.json, trainings.json, log.txt,
@@ -30,7 +34,7 @@ kit="gpu-kit"
 out="${OUT:-$root/gpu-check-out}"
 minutes=8
 quick=0
-grids="experiments/surnames_dgc.toml experiments/surnames_powersgd.toml experiments/surnames_denoise.toml"
+grids="experiments/surnames_ablation.toml experiments/surnames_dgc.toml experiments/surnames_powersgd.toml experiments/surnames_denoise.toml"
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) device="$2"; shift 2 ;;
@@ -219,6 +223,11 @@ train surnames_dp_dgc16 --task surnames --epochs "$epochs_surnames" --noise-mult
     --compressor dgc --rate 16 $limit_surnames
 train cifar10_dp --task cifar10 --epochs "$epochs_cifar" --noise-multiplier 0.8 $limit_cifar
 train snli_dp_random_minilm --task snli --epochs 1 --noise-multiplier 0.8 --bert-dir "$bert" $limit_snli
+# The same steps with and without the message's bytes made (issue 37): bytes are made only where
+# they cross a process, or with --verify-wire.
+train cifar10_dp_dgc256 --task cifar10 --epochs 1 --noise-multiplier 0.8 --compressor dgc --rate 256 $limit_cifar
+train cifar10_dp_dgc256_bytes --task cifar10 --epochs 1 --noise-multiplier 0.8 --compressor dgc --rate 256 \
+    --verify-wire $limit_cifar
 "$py" - "$runs" "$out/trainings.json" <<'PY'
 import json, os, sys
 runs, rows = sys.argv[1], {}
@@ -285,13 +294,26 @@ for task in ["surnames", "cifar10", "cifar100", "snli"]:
         "opacus_mode": opacus.get("opacus_mode"),
     })
 compress = {k.split("/", 2)[1] + "/" + k.split("/", 2)[2]: {"ratio_compress_over_backward": v.get("ratio_compress_over_backward"),
-                                  "achieved_rate": v.get("achieved_rate")}
+                                  "achieved_rate": v.get("achieved_rate"),
+                                  "message_bytes_ms": (v.get("mean_message_bytes_seconds") or 0) * 1e3 or None,
+                                  "ratio_message_bytes_over_compress": v.get("ratio_message_bytes_over_compress")}
             for k, v in benches.items() if k.startswith("compress/") and v}
 final = {name: (rows[-1] if isinstance(rows, list) and rows else rows) for name, rows in trainings.items()}
+# Issue 37: the host reads of every training's steps on this device, and the step time the
+# message's bytes cost (examples per second without / with them made).
+host_reads = {name: row.get("host_reads_per_step") for name, row in final.items() if isinstance(row, dict)}
+plain, made = final.get("cifar10_dp_dgc256") or {}, final.get("cifar10_dp_dgc256_bytes") or {}
+bytes_cost = None
+if plain.get("examples_per_second") and made.get("examples_per_second"):
+    bytes_cost = {"examples_per_second_in_memory": plain["examples_per_second"],
+                  "examples_per_second_through_bytes": made["examples_per_second"],
+                  "ratio_step_time_bytes_over_in_memory": plain["examples_per_second"] / made["examples_per_second"],
+                  "same_upstream_bits": plain.get("upstream_bits") == made.get("upstream_bits")}
 summary = {"device": device, "seconds": seconds, "correct": check["passed"],
            "failed_checks": [c["name"] for c in check["checks"] if not c["passed"]],
            "failed_benches": [k for k, v in benches.items() if v is None],
-           "steps": table, "compressors": compress, "trainings_last_epoch": final}
+           "steps": table, "compressors": compress, "host_reads_per_step": host_reads,
+           "message_bytes_in_the_step": bytes_cost, "trainings_last_epoch": final}
 json.dump(summary, open(os.path.join(out, "gpu_check.json"), "w"), indent=1)
 print(json.dumps(summary, indent=1))
 PY

@@ -116,15 +116,44 @@ fn gpu_check_rehearsal_on_cpu() {
         }
     }
     assert_eq!(summary["compressors"].as_object().unwrap().len(), 5);
+    for (name, c) in summary["compressors"].as_object().unwrap() {
+        assert!(c["message_bytes_ms"].as_f64().unwrap() > 0.0, "{name}: {c}");
+    }
 
     // 3. Trainings: each finished an epoch with a finite loss and a spent privacy budget.
     let trainings = summary["trainings_last_epoch"].as_object().unwrap();
-    for name in ["surnames_dp_dgc16", "cifar10_dp", "snli_dp_random_minilm"] {
+    for name in [
+        "surnames_dp_dgc16",
+        "cifar10_dp",
+        "snli_dp_random_minilm",
+        "cifar10_dp_dgc256",
+        "cifar10_dp_dgc256_bytes",
+    ] {
         let last = &trainings[name];
         assert_eq!(last["epoch"], 1, "{name}: {last}");
         assert!(last["train_loss"].as_f64().unwrap().is_finite(), "{name}");
         assert!(last["epsilon"].as_f64().unwrap() > 0.0, "{name}");
+        // Issue 37: every run logs its steps' host reads. DGC's top-k is sampled on the CPU
+        // (`topk=auto`), which reads; uncompressed steps read nothing, as on CUDA.
+        let reads = summary["host_reads_per_step"][name].as_f64().unwrap();
+        if name.contains("dgc") {
+            assert!(
+                reads > 0.0,
+                "{name}: the CPU's sampled top-k reads, {reads}"
+            );
+        } else {
+            assert_eq!(reads, 0.0, "{name}");
+        }
     }
+    // With and without the message's bytes made: the same bits, a step time for each.
+    let bytes = &summary["message_bytes_in_the_step"];
+    assert_eq!(bytes["same_upstream_bits"], true, "{bytes}");
+    assert!(
+        bytes["ratio_step_time_bytes_over_in_memory"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
     // What comes back from a device: at most 8 flat files, each well under 16 MiB.
     let files: Vec<_> = std::fs::read_dir(&out).unwrap().flatten().collect();
     assert!(files.len() <= 8, "{} files", files.len());

@@ -41,7 +41,9 @@ impl Observer for StepReads {
     }
 }
 
-/// Trains `config` for its epochs and returns the host reads of every step.
+/// Trains `config` for its epochs and returns the host reads of every step, as the observer
+/// counted them; checks that the run's own count (`host_reads_per_step` in its metrics) is
+/// their mean.
 fn reads_per_step(config: TrainConfig) -> Vec<u64> {
     let dir = tempfile::tempdir().unwrap();
     let per_step = Rc::new(RefCell::new(Vec::new()));
@@ -56,6 +58,21 @@ fn reads_per_step(config: TrainConfig) -> Vec<u64> {
         .unwrap();
     trainer.run().unwrap();
     let steps = per_step.borrow().clone();
+    let logged: Vec<f64> = trainer
+        .history()
+        .iter()
+        .map(|m| {
+            m.host_reads_per_step
+                .expect("every epoch logs its host reads")
+        })
+        .collect();
+    let counted = steps.iter().sum::<u64>() as f64 / steps.len().max(1) as f64;
+    assert_eq!(logged.len(), 1, "one epoch");
+    assert!(
+        (logged[0] - counted).abs() < 1e-12,
+        "metrics say {} host reads per step, the observer counted {counted}",
+        logged[0]
+    );
     steps
 }
 

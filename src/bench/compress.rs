@@ -6,9 +6,13 @@
 //! timed step compresses them plus fresh Gaussian noise of the DP scale σ C / B (what a DP step
 //! hands the compressor), drawn before the timer starts. Rounds alternate backward passes and
 //! compressor steps, so both see the same machine load.
+//!
+//! It also times what making each step's message bytes and reading them back would add (issue
+//! 37): every step paid it before training decoded the message in memory, and a run with
+//! `compression.verify_wire` still does; messages cross a process only as bytes.
 
 use super::{synchronize, BenchSetup, Prepared};
-use crate::compress::{dense_fp32_bits, CompressorKind, CompressorSpec};
+use crate::compress::{dense_fp32_bits, CompressorKind, CompressorSpec, Message};
 use crate::error::Result;
 use crate::nn::Ctx;
 use std::time::Instant;
@@ -89,36 +93,51 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
             .map(|g| g + g.randn_like() * noise_std)
             .collect()
     };
-    let mut step = |update: &[Tensor]| -> (f64, u64) {
+    let mut step = |update: &[Tensor]| -> (f64, Message) {
         synchronize(device);
         let start = Instant::now();
         let (message, received) = compressor.round_trip(update);
         synchronize(device);
         let seconds = start.elapsed().as_secs_f64();
         drop(received);
-        (seconds, message.wire_bits())
+        (seconds, message)
+    };
+    // The message to its bytes (a copy to the host) and back onto the device.
+    let through_bytes = |message: &Message| -> Result<f64> {
+        synchronize(device);
+        let start = Instant::now();
+        let bytes = message.to_bytes()?;
+        let back = Message::from_bytes(&bytes, device)?;
+        synchronize(device);
+        let seconds = start.elapsed().as_secs_f64();
+        drop(back);
+        Ok(seconds)
     };
     for _ in 0..setup.warmup {
         let _ = backward()?;
-        let _ = step(&noisy());
+        let (_, message) = step(&noisy());
+        through_bytes(&message)?;
     }
     let rounds = args.rounds.max(1);
     let per_round = (setup.steps / rounds).max(1);
     let (mut compress_total, mut backward_total, mut bits_total) = (0.0, 0.0, 0u64);
+    let mut bytes_total = 0.0;
     for _ in 0..rounds {
         for _ in 0..per_round {
             backward_total += backward()?.1;
         }
         for _ in 0..per_round {
             let update = noisy();
-            let (seconds, bits) = step(&update);
+            let (seconds, message) = step(&update);
             compress_total += seconds;
-            bits_total += bits;
+            bits_total += message.wire_bits();
+            bytes_total += through_bytes(&message)?;
         }
     }
     let steps = rounds * per_round;
     let compress = compress_total / steps as f64;
     let backward_mean = backward_total / steps as f64;
+    let bytes_mean = bytes_total / steps as f64;
     let dense = dense_fp32_bits(&gradients);
     let bits = bits_total / steps as u64;
     if setup.json {
@@ -130,6 +149,8 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
                 "mean_compress_decompress_seconds": compress,
                 "mean_backward_seconds": backward_mean,
                 "ratio_compress_over_backward": compress / backward_mean,
+                "mean_message_bytes_seconds": bytes_mean,
+                "ratio_message_bytes_over_compress": bytes_mean / compress,
                 "wire_bits_per_step": bits, "dense_fp32_bits_per_step": dense,
                 "achieved_rate": dense as f64 / bits as f64,
                 "layer_shapes": shapes, "threads": tch::get_num_threads(),
@@ -137,12 +158,13 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{} {}: compress+decompress {:.2} ms, backward {:.2} ms, ratio {:.3}; {} bits/step = dense / {:.1}",
+            "{} {}: compress+decompress {:.2} ms, backward {:.2} ms, ratio {:.3}; message to bytes and back {:.2} ms; {} bits/step = dense / {:.1}",
             setup.task,
             spec.label(),
             compress * 1e3,
             backward_mean * 1e3,
             compress / backward_mean,
+            bytes_mean * 1e3,
             bits,
             dense as f64 / bits as f64
         );

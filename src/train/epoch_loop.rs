@@ -31,6 +31,8 @@ struct EpochSteps {
     clipped: Tensor,
     traffic: Vec<traffic::TrafficRow>,
     upstream: Vec<metrics::UpstreamRow>,
+    /// Host reads the steps made (`dpcomp::host`), the logging intervals' not included.
+    host_reads: u64,
 }
 
 impl Trainer {
@@ -104,7 +106,9 @@ impl Trainer {
         let mut clipped = Tensor::zeros([], (Kind::Int64, self.device));
         let mut seen = 0i64;
         let mut steps = 0usize;
+        let mut host_reads = 0u64;
         for (step, index) in batches.iter().enumerate() {
+            let reads = host::HostReads::start();
             if *budget == Some(0) {
                 self.state.stopped = Some(self.budget_message()?);
                 break;
@@ -171,6 +175,7 @@ impl Trainer {
                 self.updater.last_bits,
                 self.updater.last_paper_bits,
             ));
+            host_reads += reads.since();
             for o in &mut self.observers {
                 o.step_finished(epoch, step);
             }
@@ -205,6 +210,7 @@ impl Trainer {
             clipped,
             traffic,
             upstream,
+            host_reads,
         })
     }
 
@@ -215,13 +221,14 @@ impl Trainer {
         let EpochSteps {
             epoch,
             started,
-            steps: _,
+            steps: steps_taken,
             mut seen,
             loss_sum,
             correct,
             clipped,
             mut traffic,
             upstream,
+            host_reads,
         } = steps;
         let train_seconds = started.elapsed().as_secs_f64();
         let mut epoch_traffic = None;
@@ -277,6 +284,7 @@ impl Trainer {
             upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
             upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
             workers: epoch_traffic,
+            host_reads_per_step: Some(host_reads as f64 / steps_taken.max(1) as f64),
         };
         for o in &mut self.observers {
             o.epoch_finished(&m);

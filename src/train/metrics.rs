@@ -64,6 +64,11 @@ pub struct EpochMetrics {
     /// collectives (`upstream_*` above count rank 0's own messages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<super::traffic::EpochTraffic>,
+    /// Tensor values the epoch's steps read to the host, per step (`dpcomp::host`'s count; the
+    /// logging intervals' and the epoch end's reads not included): 0 means the step queued its
+    /// work on an accelerator without waiting for it (issue 37). `None` in runs before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_reads_per_step: Option<f64>,
 }
 
 /// What a finished run reports (`Trainer::run`'s result, written to `summary.json`): its
@@ -243,6 +248,7 @@ mod tests {
             upstream_gigabits: 1e-8,
             upstream_paper_gib: 1e-8,
             workers: None,
+            host_reads_per_step: Some(0.0),
         };
         let line = serde_json::to_string(&m).unwrap();
         assert!(line.contains("\"train_loss\":null"), "{line}");
