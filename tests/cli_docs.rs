@@ -167,10 +167,12 @@ fn the_cli_page_has_every_command_with_exactly_its_flags() {
 
 #[test]
 fn flags_are_read_as_written() {
-    let text = "  -h, --help  Print help\n      --rate <RATE>  see --compressor-option; a --> b, --\n";
+    let text =
+        "  -h, --help  Print help\n      --rate <RATE>  see --compressor-option; a --> b, --\n";
     let found: Vec<String> = flags(text).into_iter().collect();
     assert_eq!(found, ["--compressor-option", "--help", "--rate"]);
-    let page = "# intro --nothing\n## dpcomp\n--a1\n## `dpcomp bench`\n--b\n### dpcomp bench dp\n--c\n";
+    let page =
+        "# intro --nothing\n## dpcomp\n--a1\n## `dpcomp bench`\n--b\n### dpcomp bench dp\n--c\n";
     let sections = sections(page);
     assert_eq!(sections.len(), 3);
     assert_eq!(sections["dpcomp bench"], "--b\n");
