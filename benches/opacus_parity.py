@@ -297,7 +297,8 @@ def main():
                 "noise_walk_per_coordinate": {str(e["steps"]): LR * SIGMA * CLIP / BATCH * math.sqrt(e["steps"])
                                               for e in ours["epochs"]},
                 "elements": {k: v.numel() for k, v in names.items()}, "threads": torch.get_num_threads(),
-                "command": " ".join([os.path.basename(sys.executable), *sys.argv])}
+                "command": " ".join([f"DPCOMP_DATA={args.data_dir}", "OMP_NUM_THREADS=1",
+                                     os.path.relpath(sys.executable), *sys.argv])}
     result = {"settings": settings, "dpcomp": ours, "opacus": theirs}
     if args.results:  # the measurements first, so that a failure below loses no training
         os.makedirs(os.path.dirname(args.results) or ".", exist_ok=True)
