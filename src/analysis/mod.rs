@@ -51,7 +51,7 @@ pub fn fixed_batches(train_len: i64, batch_size: usize, count: usize) -> Vec<Ten
 /// trainable parameters, with what every measurement needs from them.
 pub struct BatchGradients {
     per_sample: Vec<(Tensor, PerSample)>,
-    /// ||g_i|| over all trainable parameters, [B].
+    /// ||g_i|| over all trainable parameters, \[B\].
     pub norms: Tensor,
     /// The true mean gradient ḡ = (1/B) Σ_i g_i (unclipped, noiseless), flattened over all
     /// trainable parameters in order.
@@ -87,7 +87,7 @@ impl BatchGradients {
         Ok(gradients)
     }
 
-    /// (1/B) Σ_i w_i g_i, flattened over all trainable parameters in order; `w` is [B].
+    /// (1/B) Σ_i w_i g_i, flattened over all trainable parameters in order; `w` is \[B\].
     pub fn weighted_mean(&self, w: &Tensor) -> Tensor {
         tch::no_grad(|| {
             let parts: Vec<Tensor> = self

@@ -127,7 +127,7 @@ impl ChunkedDct {
             .view([self.chunks, self.chunk_length])
     }
 
-    /// The inverse of `shuffle`: chunks [P, L] back to the update's order, [n].
+    /// The inverse of `shuffle`: chunks [P, L] back to the update's order, \[n\].
     pub fn unshuffle(&self, chunks: &Tensor) -> Tensor {
         let flat = chunks.reshape([-1]).narrow(0, 0, self.length);
         match &self.permutation {
@@ -136,12 +136,12 @@ impl ChunkedDct {
         }
     }
 
-    /// The message: the kept DCT coefficients of every chunk, flattened to [m].
+    /// The message: the kept DCT coefficients of every chunk, flattened to \[m\].
     pub fn compress(&self, update: &Tensor) -> Tensor {
         self.apply(&self.shuffle(update)).reshape([-1])
     }
 
-    /// A message [m] as the measurements of each chunk, [P, kept].
+    /// A message \[m\] as the measurements of each chunk, [P, kept].
     pub fn measurements(&self, message: &Tensor) -> Tensor {
         message.view([self.chunks, self.kept])
     }

@@ -154,7 +154,7 @@ pub struct RoundCodec<'a> {
 }
 
 impl RoundCodec<'_> {
-    /// C(Δw): the message [m] a client sends for its update [n].
+    /// C(Δw): the message \[m\] a client sends for its update \[n\].
     pub fn encode(&self, update: &Tensor) -> Tensor {
         match (self.codec.scheme, &self.index, &self.codec.sketch) {
             (Scheme::Std, _, _) => update.shallow_clone(),

@@ -38,7 +38,7 @@ pub enum Payload {
     Sparse {
         /// Flat positions (int64 on the device) of the kept elements.
         indices: Tensor,
-        /// The kept values [k], in the order of `indices`.
+        /// The kept values \[k\], in the order of `indices`.
         values: Tensor,
         /// The parameter's shape (the receiver scatters into a zero tensor of this shape).
         shape: Vec<i64>,

@@ -61,7 +61,7 @@ impl Default for OwlqnSettings {
 pub struct Solution {
     /// s [P, L].
     pub s: Tensor,
-    /// Objective of each row [P].
+    /// Objective of each row \[P\].
     pub objective: Tensor,
     /// Iterations run (at most `OwlqnSettings::max_iterations`; FISTA's, as asked).
     pub iterations: usize,
@@ -99,7 +99,7 @@ fn evaluate(op: &dyn Measurement, s: &Tensor, y: &Tensor, lambda: &Tensor) -> (T
     (objective, op.adjoint(&residual))
 }
 
-/// The objective of every row [P] (for reports and tests).
+/// The objective of every row \[P\] (for reports and tests).
 pub fn objective(op: &dyn Measurement, s: &Tensor, y: &Tensor, lambda: &Tensor) -> Tensor {
     evaluate(op, s, y, lambda).0.squeeze_dim(1)
 }

@@ -4,7 +4,7 @@
 //! the receiver forms P Qᵀ; the residual M - P Qᵀ joins the next step (zero on padding).
 //!
 //! Matrix shape (`shape`): `square` (the paper: the flat update padded with zeros to
-//! ceil(sqrt(numel)) rows of ceil(numel / rows) columns) or `rows` (PyTorch's [shape[0], -1]).
+//! ceil(sqrt(numel)) rows of ceil(numel / rows) columns) or `rows` (PyTorch's [shape\[0\], -1]).
 //! A parameter is compressed only when (n + m) r `min_rate` < n m (PyTorch's
 //! `_should_compress`, default min_rate 2); others, and every vector, are sent dense and exactly.
 //! On the wire: P and Q in fp32, 32 (n + m) r bits.

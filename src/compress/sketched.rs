@@ -230,7 +230,7 @@ pub struct SketchDecoder {
 impl SketchDecoder {
     /// A decoder for updates of parameters of `shapes`, with the same sketch as the encoders
     /// (the same `options`, so the same seed); FL-CS with `error_feedback` starts its error e
-    /// [m] at zero. An error when the sketch cannot be built.
+    /// \[m\] at zero. An error when the sketch cannot be built.
     pub fn new(shapes: &[Vec<i64>], device: Device, options: Sketch) -> Result<Self> {
         let codec = codec(&options, shapes, device)?;
         let error = (options.error_feedback && options.scheme == Scheme::Cs)

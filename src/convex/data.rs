@@ -25,11 +25,11 @@ pub struct Tabular {
     pub name: String,
     /// Training features [n, d], f64, rows of norm at most `FEATURE_NORM_BOUND`.
     pub x_train: Tensor,
-    /// Training labels [n], f64, each -1 or +1.
+    /// Training labels \[n\], f64, each -1 or +1.
     pub y_train: Tensor,
     /// Test features [n_test, d], scaled as the training rows.
     pub x_test: Tensor,
-    /// Test labels [n_test], -1 or +1.
+    /// Test labels \[n_test\], -1 or +1.
     pub y_test: Tensor,
     /// How the features were scaled and the privacy that spent on the training rows; `None` for
     /// generated data (already in the unit ball, no statistics taken).

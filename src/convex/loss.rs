@@ -10,7 +10,7 @@
 //!
 //! | loss | f | ∇f | α | L | M |
 //! |---|---|---|---|---|---|
-//! | hinge | (1 - m)₊ | -y x 1[m < 1] | 0 | X | X |
+//! | hinge | (1 - m)₊ | -y x 1\[m < 1\] | 0 | X | X |
 //! | q-norm hinge, q in (1, 2] | (1 - m)₊^q | -q y x (1 - m)₊^(q-1) | q - 1 | q X^q | q X |
 //! | logistic | log(1 + e^(-m)) | -y x / (1 + e^m) | 1 | X² / 4 | X / 2 |
 //! | least squares | ½ (wᵀx - y)² | (wᵀx - y) x | 1 | X² | X (|y| = 1) |
@@ -119,7 +119,7 @@ impl Loss {
         }
     }
 
-    /// Per-example losses f(w; x_i, y_i), [n]; `x` [n, d], `y` [n] of ±1, `w` [d].
+    /// Per-example losses f(w; x_i, y_i), \[n\]; `x` [n, d], `y` \[n\] of ±1, `w` \[d\].
     pub fn values(&self, w: &Tensor, x: &Tensor, y: &Tensor) -> Tensor {
         let scores = x.mv(w);
         let margins = &scores * y;
@@ -137,7 +137,7 @@ impl Loss {
         x * self.slopes(w, x, y).unsqueeze(1)
     }
 
-    /// The mean gradient (1/n) Σ_i ∇f(w; x_i, y_i), [d].
+    /// The mean gradient (1/n) Σ_i ∇f(w; x_i, y_i), \[d\].
     pub fn mean_gradient(&self, w: &Tensor, x: &Tensor, y: &Tensor) -> Tensor {
         x.tr().mv(&self.slopes(w, x, y)) / x.size()[0] as f64
     }

@@ -1,5 +1,5 @@
 //! SGD for the convex losses as the paper runs it (`../shared/papers/dp-sgd-non-smooth-losses.txt`,
-//! Algorithms 1 and 2): w_1 = 0; at step t an index i_t drawn uniformly from [n] with
+//! Algorithms 1 and 2): w_1 = 0; at step t an index i_t drawn uniformly from \[n\] with
 //! replacement; w_{t+1} = Π(w_t - η (∇f(w_t; z_{i_t}) + b_t)) with Π the projection onto B(0, R)
 //! when a radius is given (identity otherwise) and b_t ~ N(0, σ² I) under gradient perturbation
 //! (zero otherwise); the output is the average of the iterates w_1..w_T.
@@ -28,7 +28,7 @@ pub struct SgdSettings {
     pub seed: u64,
 }
 
-/// Runs SGD on (x [n, d], y [n]) and returns the average iterate (1/T) Σ_{t=1..T} w_t.
+/// Runs SGD on (x [n, d], y \[n\]) and returns the average iterate (1/T) Σ_{t=1..T} w_t.
 pub fn average_iterate(loss: Loss, x: &Tensor, y: &Tensor, settings: &SgdSettings) -> Tensor {
     average_iterates(loss, x, y, settings, &[settings.seed]).get(0)
 }

@@ -29,7 +29,7 @@ pub fn flchain_file(data_dir: &Path) -> PathBuf {
     }
 }
 
-/// (features [N, 9] f32, labels [N] int64: 1 = died during follow-up), in file order.
+/// (features [N, 9] f32, labels \[N\] int64: 1 = died during follow-up), in file order.
 pub fn read(path: &Path) -> Result<(Tensor, Tensor)> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         Error::bad_file(

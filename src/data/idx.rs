@@ -97,7 +97,7 @@ pub(crate) fn read(path: &Path) -> Result<IdxArray> {
     parse(&bytes, path)
 }
 
-/// Images uint8 [N, 1, 28, 28] and labels int64 [N] of one split.
+/// Images uint8 [N, 1, 28, 28] and labels int64 \[N\] of one split.
 #[derive(Debug)]
 pub struct ImageSplit {
     /// The images, [N, 1, 28, 28] uint8.

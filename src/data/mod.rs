@@ -25,7 +25,7 @@ pub type DataEdit = Box<dyn FnOnce(TaskData) -> Result<TaskData>>;
 /// The inputs of one or many examples, in the form the task's model reads.
 #[derive(Debug)]
 pub enum Features {
-    /// Byte sequences padded with 0: `ids` [N, T] int64 and true `lengths` [N] int64.
+    /// Byte sequences padded with 0: `ids` [N, T] int64 and true `lengths` \[N\] int64.
     Tokens {
         /// Byte ids, [N, T] int64, 0 past each example's length.
         ids: Tensor,
@@ -51,7 +51,7 @@ pub enum Features {
 }
 
 impl Features {
-    /// Rows `index` (CPU int64 [B]) of CPU features, with padding trimmed to the longest
+    /// Rows `index` (CPU int64 \[B\]) of CPU features, with padding trimmed to the longest
     /// selected sequence.
     pub fn select(&self, index: &Tensor) -> Features {
         let width = self
@@ -190,7 +190,7 @@ fn random_flip(xs: &Tensor) -> Tensor {
     xs.flip([3]).where_self(&flip, xs)
 }
 
-/// One split of a task's data: features in stored form, labels int64 [N].
+/// One split of a task's data: features in stored form, labels int64 \[N\].
 #[derive(Debug)]
 pub struct Dataset {
     /// Every example's inputs, N along the first dimension (images stay uint8 here).
@@ -287,7 +287,7 @@ impl Dataset {
         }
     }
 
-    /// Examples `index` (CPU int64 [B]) on `device`, transformed (`train` enables augmentation
+    /// Examples `index` (CPU int64 \[B\]) on `device`, transformed (`train` enables augmentation
     /// where configured). From a CPU dataset the rows are gathered on the CPU and copied; from a
     /// dataset already on `device` only the index travels, asynchronously, and the rows are
     /// gathered there.

@@ -100,7 +100,7 @@ pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
 pub(crate) const OFFICIAL_CLASSES: usize = 18;
 pub(crate) const OFFICIAL_NAMES: usize = 20_050;
 
-/// Padded byte ids [N, T] with T the longest name, and lengths [N].
+/// Padded byte ids [N, T] with T the longest name, and lengths \[N\].
 pub fn encode(names: &[&str]) -> Features {
     let width = names.iter().map(|n| n.len()).max().unwrap_or(0);
     let mut ids = vec![PAD as i64; names.len() * width];

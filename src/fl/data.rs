@@ -14,9 +14,9 @@ use tch::{Device, Kind, Tensor};
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum FlDataset {
-    /// Fashion-MNIST (Debian package dataset-fashion-mnist, or <data-dir>/fashion-mnist).
+    /// Fashion-MNIST (Debian package dataset-fashion-mnist, or `<data-dir>`/fashion-mnist).
     FashionMnist,
-    /// The Wisconsin breast-cancer table (<data-dir>/breast_cancer), the stand-in for the
+    /// The Wisconsin breast-cancer table (`<data-dir>`/breast_cancer), the stand-in for the
     /// paper's non-public hospital data.
     #[cfg_attr(
         feature = "cli",
@@ -49,7 +49,7 @@ pub struct FlData {
     /// Training features, float: [N, 1, 28, 28] images standardised (Fashion-MNIST) or [N, d]
     /// rows (the tables).
     pub train_x: Tensor,
-    /// Training labels [N], int64 in 0..`classes`.
+    /// Training labels \[N\], int64 in 0..`classes`.
     pub train_y: Tensor,
     /// Test features, as `train_x`.
     pub test_x: Tensor,

@@ -50,7 +50,7 @@ enum Net {
     },
 }
 
-/// A federated network (module docs) and its parameters, handled as the one flat vector [n]
+/// A federated network (module docs) and its parameters, handled as the one flat vector \[n\]
 /// that clients train from and send updates of (`flat`, `set_flat`).
 pub struct FlModel {
     vs: nn::VarStore,
@@ -195,7 +195,7 @@ impl FlModel {
         self.variables().iter().map(|t| t.numel() as i64).sum()
     }
 
-    /// All parameters as one vector [n] (a copy).
+    /// All parameters as one vector \[n\] (a copy).
     pub fn flat(&self) -> Tensor {
         let parts: Vec<Tensor> = self
             .variables()
@@ -205,7 +205,7 @@ impl FlModel {
         Tensor::cat(&parts, 0)
     }
 
-    /// Overwrites the parameters with `flat` [n].
+    /// Overwrites the parameters with `flat` \[n\].
     pub fn set_flat(&mut self, flat: &Tensor) {
         let _guard = tch::no_grad_guard();
         let mut offset = 0;

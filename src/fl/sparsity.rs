@@ -46,7 +46,7 @@ pub struct EnergyShares {
     pub first_dct_rows_unshuffled: f64,
 }
 
-/// Energy shares of `update` [n] at ratio `r`, with chunks of about 1,024 (the default P).
+/// Energy shares of `update` \[n\] at ratio `r`, with chunks of about 1,024 (the default P).
 pub fn energy_shares(update: &Tensor, ratio: f64, seed: u64) -> Result<EnergyShares> {
     let n = update.size()[0];
     let chunks = (n + 1023) / 1024;

@@ -31,7 +31,7 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// W [out_dim, in_dim] and b [out_dim] under `p`, both U(±1/√in_dim) (PyTorch's default).
+    /// W [out_dim, in_dim] and b \[out_dim\] under `p`, both U(±1/√in_dim) (PyTorch's default).
     ///
     /// ```
     /// use dpcomp::nn::{Ctx, Linear, LinearConfig};

@@ -14,9 +14,9 @@ use tch::{Kind, Tensor};
 /// A parameter's per-sample gradients in a form of the layer's choosing: what a layer kind that
 /// dpcomp does not have implements (the built-in forms are `PerSample`'s other variants).
 pub trait PerSampleGradient {
-    /// ||g_i||², [B].
+    /// ||g_i||², \[B\].
     fn squared_norms(&self) -> Tensor;
-    /// Σ_i c_i g_i in the parameter's shape; `c` is [B].
+    /// Σ_i c_i g_i in the parameter's shape; `c` is \[B\].
     fn weighted_sum(&self, c: &Tensor) -> Tensor;
     /// Every g_i, [B, ...parameter shape] (tests and oracles; may be memory-hungry).
     fn materialize(&self) -> Tensor;
@@ -215,7 +215,7 @@ pub fn outer(a: Activations, b: Tensor, shape: Vec<i64>) -> PerSample {
 }
 
 impl PerSample {
-    /// ||g_i||², [B]; for `Outer` by the ghost identity ||Σ_t b_t a_tᵀ||² = <A Aᵀ, B Bᵀ>
+    /// ||g_i||², \[B\]; for `Outer` by the ghost identity ||Σ_t b_t a_tᵀ||² = <A Aᵀ, B Bᵀ>
     /// (for T = 1, ||a||² ||b||²).
     pub fn squared_norms(&self) -> Tensor {
         match self {
@@ -263,7 +263,7 @@ impl PerSample {
         }
     }
 
-    /// Σ_i c_i g_i, parameter-shaped; `c` is [B].
+    /// Σ_i c_i g_i, parameter-shaped; `c` is \[B\].
     pub fn weighted_sum(&self, c: &Tensor) -> Tensor {
         match self {
             PerSample::Outer { a, b, shape, .. } => {

@@ -85,7 +85,7 @@ impl PrivacyEngineBuilder {
         self
     }
 
-    /// E[B] = qN, what the noised clipped sum is divided by (never the realised batch size,
+    /// E\[B\] = qN, what the noised clipped sum is divided by (never the realised batch size,
     /// which would leak who was sampled).
     pub fn expected_batch_size(mut self, examples: f64) -> Self {
         self.expected_batch_size = Some(examples);

@@ -273,7 +273,7 @@ impl GradientCanaries {
         logical.add(clipping.into().clip(&per_sample));
     }
 
-    /// Canary `i`'s gradient C u_i over the parameters concatenated in order, [P] on `device`
+    /// Canary `i`'s gradient C u_i over the parameters concatenated in order, \[P\] on `device`
     /// (a federated canary client's update, `fl::run_with_canaries`).
     pub fn flat_gradient(&self, i: i64, device: Device) -> Tensor {
         Tensor::cat(

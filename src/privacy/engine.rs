@@ -18,7 +18,7 @@
 //! Adaptive clipping (Andrew et al. 2021, "Differentially private learning with adaptive
 //! clipping", Algorithm 1 with the geometric update): flat clipping at a radius C_t that tracks
 //! the γ-quantile of the per-example norms. After each step the engine releases the fraction of
-//! examples that were not clipped, b̃_t = (Σ_i (b_i - 1/2) + N(0, σ_b²)) / E[B] + 1/2 with
+//! examples that were not clipped, b̃_t = (Σ_i (b_i - 1/2) + N(0, σ_b²)) / E\[B\] + 1/2 with
 //! b_i = 1{||g_i|| <= C_t} (centring makes the count's sensitivity 1/2), and sets
 //! C_{t+1} = C_t exp(-η (b̃_t - γ)). The two releases of a step compose to one Gaussian
 //! mechanism at the configured σ when the gradient is noised at σ_Δ = (σ^-2 - (2σ_b)^-2)^-1/2
@@ -64,7 +64,7 @@ pub struct AdaptiveClipping {
     /// η of the geometric update C <- C exp(-η (b̃ - γ)) (the paper's default 0.2).
     pub learning_rate: f64,
     /// σ_b: the standard deviation of the noise on the unclipped count, in examples (the
-    /// paper's suggestion: E[B] / 20). Must exceed σ / 2 under noise.
+    /// paper's suggestion: E\[B\] / 20). Must exceed σ / 2 under noise.
     pub count_noise: f64,
 }
 
@@ -74,12 +74,12 @@ impl AdaptiveClipping {
     /// Andrew et al.'s η.
     pub const DEFAULT_LEARNING_RATE: f64 = 0.2;
 
-    /// Andrew et al.'s σ_b for an expected batch E[B]: E[B] / 20.
+    /// Andrew et al.'s σ_b for an expected batch E\[B\]: E\[B\] / 20.
     pub fn default_count_noise(expected_batch: f64) -> f64 {
         expected_batch / 20.0
     }
 
-    /// The paper's defaults around a starting radius: γ = 0.5, η = 0.2, σ_b = E[B] / 20.
+    /// The paper's defaults around a starting radius: γ = 0.5, η = 0.2, σ_b = E\[B\] / 20.
     pub fn new(initial: f64, expected_batch: f64) -> Self {
         AdaptiveClipping {
             radius: initial,
@@ -232,7 +232,7 @@ impl Clipping {
         StepClipping::from(self).clip(per_sample)
     }
 
-    /// `clip` with each parameter's ||g_i||² [B] already known (taken inside the backward pass,
+    /// `clip` with each parameter's ||g_i||² \[B\] already known (taken inside the backward pass,
     /// `privacy::grad_sample::clipped_sums`), in the order of `per_sample`.
     pub fn clip_with_squared_norms(
         &self,
@@ -242,7 +242,7 @@ impl Clipping {
         StepClipping::from(self).clip_with_squared_norms(per_sample, squared)
     }
 
-    /// Each parameter's clip factors [B] from each parameter's per-sample squared norms [B]
+    /// Each parameter's clip factors \[B\] from each parameter's per-sample squared norms \[B\]
     /// (in the order of the parameters), and the per-sample norm over all parameters.
     pub fn factors(&self, squared: &[Tensor]) -> (Vec<Tensor>, Tensor) {
         StepClipping::from(self).factors(squared)
@@ -279,7 +279,7 @@ impl<'a> StepClipping<'a> {
         self.clip_with_squared_norms(per_sample, &squared)
     }
 
-    /// `clip` with each parameter's ||g_i||² [B] already known (taken inside the backward pass,
+    /// `clip` with each parameter's ||g_i||² \[B\] already known (taken inside the backward pass,
     /// `privacy::grad_sample::clipped_sums`), in the order of `per_sample`.
     pub fn clip_with_squared_norms(
         &self,
@@ -301,7 +301,7 @@ impl<'a> StepClipping<'a> {
         }
     }
 
-    /// Each parameter's clip factors [B] from each parameter's per-sample squared norms [B]
+    /// Each parameter's clip factors \[B\] from each parameter's per-sample squared norms \[B\]
     /// (in the order of the parameters), and the per-sample norm over all parameters.
     pub fn factors(&self, squared: &[Tensor]) -> (Vec<Tensor>, Tensor) {
         let total = Tensor::stack(squared, 0)
@@ -343,7 +343,7 @@ impl<'a> StepClipping<'a> {
 pub struct Clipped {
     /// Σ_i c_i g_i per parameter, in the order of the parameters.
     pub sums: Vec<Tensor>,
-    /// ||g_i|| over all parameters before clipping, [B] (concatenated over chunks).
+    /// ||g_i|| over all parameters before clipping, \[B\] (concatenated over chunks).
     pub norms: Tensor,
     /// Examples with any factor below 1 (0-d int64 on the device).
     pub clipped: Tensor,
@@ -637,7 +637,7 @@ impl PrivacyEngine {
         self.accountant_kind
     }
 
-    /// E[B] = qN, what `privatize` divides the noised sum by.
+    /// E\[B\] = qN, what `privatize` divides the noised sum by.
     pub fn expected_batch_size(&self) -> f64 {
         self.expected_batch
     }
@@ -703,8 +703,8 @@ impl PrivacyEngine {
     }
 
     /// The noised mean gradient of one logical batch from its clipped sums: each sum plus
-    /// N(0, (σ sensitivity)²) per coordinate, divided by the expected batch E[B] = qN (never
-    /// the realised size; E[B]/W on each of W workers, whose results are averaged). The step is
+    /// N(0, (σ sensitivity)²) per coordinate, divided by the expected batch E\[B\] = qN (never
+    /// the realised size; E\[B\]/W on each of W workers, whose results are averaged). The step is
     /// counted in the accountant first; if it cannot be (past the step budget, σ or q invalid),
     /// no noise is drawn and nothing is returned. Under adaptive clipping the gradient is noised
     /// at σ_Δ, and the noisy unclipped fraction then moves the radius for the next step (module

@@ -326,7 +326,7 @@ fn in_backward(tape: Tape, loss_sum: &Tensor, keep: Keep, keep_graph: bool) -> R
 }
 
 /// Pass 1 of the two-pass clipping: every parameter on the tape with its per-sample squared
-/// norms [B], taken inside one backward pass of `loss_sum` that keeps the graph for pass 2
+/// norms \[B\], taken inside one backward pass of `loss_sum` that keeps the graph for pass 2
 /// (`in_backward`).
 pub fn squared_norms_in_backward(tape: Tape, loss_sum: &Tensor) -> Result<Vec<(Tensor, Tensor)>> {
     Ok(in_backward(tape, loss_sum, Keep::Norms, true)?
@@ -345,7 +345,7 @@ pub enum BackwardPasses {
 }
 
 /// The clipped sums of one private forward pass (`Ctx::private`, whose tape this takes) over a
-/// batch with per-example losses `losses` [B], for `params` in their order. When every layer
+/// batch with per-example losses `losses` \[B\], for `params` in their order. When every layer
 /// runs in autograd: in one backward pass with the recipes and norms formed inside it
 /// (`BackwardPasses::One`), or, under flat or adaptive clipping, in two (`BackwardPasses::Two`,
 /// module docs). Otherwise from the output gradients of every record at once. A trainable
@@ -447,9 +447,9 @@ fn in_parameter_order<T>(
 
 /// Per-sample norms over all parameters and the clipped sum of each parameter's gradients.
 pub struct ClippedSum {
-    /// ||g_i|| over every trainable parameter, [B].
+    /// ||g_i|| over every trainable parameter, \[B\].
     pub norms: Tensor,
-    /// c_i = min(1, C / (||g_i|| + 1e-6)), [B].
+    /// c_i = min(1, C / (||g_i|| + 1e-6)), \[B\].
     pub factors: Tensor,
     /// (parameter, Σ_i c_i g_i).
     pub grads: Vec<(Tensor, Tensor)>,

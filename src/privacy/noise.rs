@@ -1,6 +1,6 @@
 //! The Gaussian mechanism on the clipped sum (Abadi et al. 2016, Algorithm 1, "add noise"):
-//! g̃ = (Σ_i c_i g_i + N(0, σ² C² I)) / E[B], drawn on the gradients' device once per logical
-//! step. E[B] = qN under Poisson sampling (Opacus's expected batch size), the batch size under
+//! g̃ = (Σ_i c_i g_i + N(0, σ² C² I)) / E\[B\], drawn on the gradients' device once per logical
+//! step. E\[B\] = qN under Poisson sampling (Opacus's expected batch size), the batch size under
 //! shuffling.
 //!
 //! Where the noise comes from (`NoiseSource`):

@@ -134,7 +134,7 @@ fn remove_loss_inverse(q: f64, sigma: f64, y: f64) -> f64 {
     sigma * sigma * (y + (-(1.0 - q) * (-y).exp()).ln_1p() - q.ln()) + 0.5
 }
 
-/// The hockey-stick divergence δ(ε) = P[L > ε] − e^ε Q[L > ε] of one step's pair.
+/// The hockey-stick divergence δ(ε) = P\[L > ε\] − e^ε Q\[L > ε\] of one step's pair.
 pub fn one_step_delta(q: f64, sigma: f64, adjacency: Adjacency, epsilon: f64) -> f64 {
     let x_of = |y: f64| remove_loss_inverse(q, sigma, y);
     match adjacency {

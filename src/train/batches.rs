@@ -15,9 +15,9 @@ impl Trainer {
     /// realised size: dividing by a size that depends on who was sampled would leak it (Opacus's
     /// `expected_batch_size`). Under shuffling the batch size is fixed, so it is the divisor.
     ///
-    /// With W workers `batch_len` is the logical batch over all of them and the divisor is E[B]
-    /// / W: each worker's gradient W (its clipped sum + its noise) / E[B] is an unbiased estimate
-    /// of the whole noisy gradient, and the mean of the W is exactly (Σ clipped + Σ noise) / E[B].
+    /// With W workers `batch_len` is the logical batch over all of them and the divisor is E\[B\]
+    /// / W: each worker's gradient W (its clipped sum + its noise) / E\[B\] is an unbiased estimate
+    /// of the whole noisy gradient, and the mean of the W is exactly (Σ clipped + Σ noise) / E\[B\].
     pub fn dp_settings(&self, batch_len: i64) -> Option<DpSettings> {
         self.privacy.as_ref()?;
         let expected_batch = match self.config.privacy.sampling {

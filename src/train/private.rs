@@ -18,7 +18,7 @@ use tch::{Device, Kind, Reduction, Tensor};
 /// How a logical batch is processed (σ, q and the clipping rule are the engine's).
 #[derive(Debug, Clone, Copy)]
 pub struct DpSettings {
-    /// E[B]: qN under Poisson sampling, the batch size under shuffling.
+    /// E\[B\]: qN under Poisson sampling, the batch size under shuffling.
     pub expected_batch: f64,
     /// At most this many examples per forward and backward pass (their clipped sums add up
     /// before the one noise draw); `None`: the whole logical batch at once. Memory, not ε.
