@@ -34,6 +34,12 @@ reports (`layer_shapes`), seeded N(0, 1) values:
 Not compared: FL-CS, whose receiver runs 100 OWL-QN iterations of basis pursuit (with host reads
 in every line search) per message; a lean peer of that solver is more than this script's scope.
 
+Both sides run with the allocator settings dpcomp gives itself (src/allocator.rs: glibc serves
+every allocation from the heap and never trims it, so freed tensors are reused instead of being
+page-faulted in again): the script re-executes itself with MALLOC_MMAP_MAX_=0 and
+MALLOC_TRIM_THRESHOLD_ set, glibc's environment form of the same two mallopt calls
+(`--system-malloc` keeps glibc's defaults for the peers; dpcomp sets its own either way).
+
 Every peer sees the same layer shapes and the same k / rank / m as ours; `check_peers` tests the
 peers' DCT against the direct formula before timing. The printed speed-up is PyTorch time /
 dpcomp time (median of rounds); >= 1 means ours is at least as fast. The JSON lines also give our
@@ -44,8 +50,10 @@ backward pass (ms) and our compress + decompress as a share of it.
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -56,9 +64,9 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
 )
 
 
-def dpcomp(task, batch_size, steps, compressor, extra):
+def dpcomp(binary, task, batch_size, steps, compressor, extra):
     cmd = [
-        "target/release/dpcomp", "bench", "compress", "--task", task,
+        binary, "bench", "compress", "--task", task,
         "--batch-size", str(batch_size), "--steps", str(steps), "--rounds", "1",
         "--warmup", "1", "--compressor", compressor, "--json", *extra,
     ]
@@ -317,7 +325,15 @@ def main():
     ap.add_argument("--rate", type=float, default=256.0)
     ap.add_argument("--compressors", default="",
                     help="comma-separated subset of powersgd,dgc,denoise,fl-rnd,fl-freq")
+    ap.add_argument("--dpcomp", default="target/release/dpcomp",
+                    help="the dpcomp binary to time (e.g. a build of an earlier commit)")
+    ap.add_argument("--system-malloc", action="store_true",
+                    help="keep glibc's default allocator settings for the PyTorch peers")
     args = ap.parse_args()
+    if not args.system_malloc and os.environ.get("MALLOC_MMAP_MAX_") != "0":
+        # glibc reads these when the process starts: run again with dpcomp's allocator policy.
+        env = dict(os.environ, MALLOC_MMAP_MAX_="0", MALLOC_TRIM_THRESHOLD_="2147483647")
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     torch.set_num_threads(torch.get_num_threads())
     cases = [
         ("powersgd", ["--rank", str(args.rank), "--compressor-option", "shape=rows",
@@ -340,22 +356,23 @@ def main():
     check_peers()
     results = []
     for name, extra, make, peer in (c for c in cases if c[0] in chosen):
-        ours, theirs = [], []
+        ours, theirs, backward = [], [], []
         for r in range(args.rounds):
-            report = dpcomp(args.task, args.batch_size, args.steps, name, extra)
+            report = dpcomp(args.dpcomp, args.task, args.batch_size, args.steps, name, extra)
             shapes = [tuple(s) for s in report["layer_shapes"]]
             ours.append(report["mean_compress_decompress_seconds"])
+            backward.append(report["mean_backward_seconds"])
             theirs.append(time_torch(make, shapes, args.steps))
             print(f"{name} round {r + 1}: dpcomp {ours[-1] * 1e3:.2f} ms, {peer} "
                   f"{theirs[-1] * 1e3:.2f} ms, speed-up {theirs[-1] / ours[-1]:.2f}x", flush=True)
-        o, t = statistics.median(ours), statistics.median(theirs)
+        o, t, b = statistics.median(ours), statistics.median(theirs), statistics.median(backward)
         results.append({
             "compressor": report["compressor"], "peer": peer, "task": args.task,
             "dpcomp_seconds": o, "pytorch_seconds": t, "speedup_pytorch_over_dpcomp": t / o,
-            "dpcomp_ratio_to_backward": report["ratio_compress_over_backward"],
-            "dpcomp_backward_seconds": report["mean_backward_seconds"],
+            "dpcomp_ratio_to_backward": o / b, "dpcomp_backward_seconds": b,
             "dpcomp_threads": report["threads"],
             "threads": torch.get_num_threads(),
+            "peer_malloc": "glibc defaults" if args.system_malloc else "heap, never trimmed",
         })
     for r in results:
         print(json.dumps(r))

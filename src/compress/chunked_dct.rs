@@ -141,6 +141,32 @@ impl ChunkedDct {
         self.apply(&self.shuffle(update)).reshape([-1])
     }
 
+    /// `compress` of the update given as its parts (the parameters, flattened in order), the
+    /// same values. Without a shuffle the parts and the last chunk's zero padding are joined
+    /// into the chunks in one copy (instead of flattening, then padding: a second copy of all
+    /// n values); with one, `compress(&flatten(parts))`.
+    pub fn compress_parts(&self, parts: &[Tensor]) -> Tensor {
+        if self.permutation.is_some() || parts.is_empty() {
+            return self.compress(&super::flatten(parts));
+        }
+        let mut pieces: Vec<Tensor> = parts.iter().map(|t| t.reshape([-1])).collect();
+        let total: i64 = pieces.iter().map(|t| t.numel() as i64).sum();
+        assert_eq!(
+            total, self.length,
+            "compress_parts: the parts hold {total} values, the sketch expects {}",
+            self.length
+        );
+        let padding = self.chunks * self.chunk_length - self.length;
+        if padding > 0 {
+            pieces.push(Tensor::zeros(
+                [padding],
+                (pieces[0].kind(), pieces[0].device()),
+            ));
+        }
+        let chunks = Tensor::cat(&pieces, 0).view([self.chunks, self.chunk_length]);
+        self.apply(&chunks).reshape([-1])
+    }
+
     /// A message [m] as the measurements of each chunk, [P, kept].
     pub fn measurements(&self, message: &Tensor) -> Tensor {
         message.view([self.chunks, self.kept])
