@@ -205,6 +205,8 @@ impl PowerSgdEncoder {
     /// dense layers then divided by W; P's scale does not matter, it is orthonormalised), each
     /// worker forms Q = Mᵀ P from its own M, the Qs are averaged in a second all-reduce, and each
     /// worker keeps M - P Q̄ᵀ as its error: P Q̄ᵀ = P Pᵀ mean(M), the same on every worker.
+    /// M is formed in each layer's residual, so when an all-reduce fails the residual holds
+    /// M = e + g, not e: the step's error ends the run (no checkpoint is written after it).
     fn step(
         &mut self,
         update: &[Tensor],
