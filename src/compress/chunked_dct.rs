@@ -5,7 +5,7 @@
 //! reconstructs them (and secure aggregation can sum them). FL-FREQ inverts it by zero-filling the
 //! dropped coefficients; FL-CS reconstructs by L1 recovery (`owlqn`, through `Measurement`).
 
-use super::dct::{dct, idct};
+use super::dct::{dct, dct_first, idct, idct_first};
 use super::owlqn::Measurement;
 use crate::error::{Error, Result};
 use rand::seq::SliceRandom;
@@ -141,6 +141,32 @@ impl ChunkedDct {
         self.apply(&self.shuffle(update)).reshape([-1])
     }
 
+    /// `compress` of the update given as its parts (the parameters, flattened in order), the
+    /// same values. Without a shuffle the parts and the last chunk's zero padding are joined
+    /// into the chunks in one copy (instead of flattening, then padding: a second copy of all
+    /// n values); with one, `compress(&flatten(parts))`.
+    pub fn compress_parts(&self, parts: &[Tensor]) -> Tensor {
+        if self.permutation.is_some() || parts.is_empty() {
+            return self.compress(&super::flatten(parts));
+        }
+        let mut pieces: Vec<Tensor> = parts.iter().map(|t| t.reshape([-1])).collect();
+        let total: i64 = pieces.iter().map(|t| t.numel() as i64).sum();
+        assert_eq!(
+            total, self.length,
+            "compress_parts: the parts hold {total} values, the sketch expects {}",
+            self.length
+        );
+        let padding = self.chunks * self.chunk_length - self.length;
+        if padding > 0 {
+            pieces.push(Tensor::zeros(
+                [padding],
+                (pieces[0].kind(), pieces[0].device()),
+            ));
+        }
+        let chunks = Tensor::cat(&pieces, 0).view([self.chunks, self.chunk_length]);
+        self.apply(&chunks).reshape([-1])
+    }
+
     /// A message \[m\] as the measurements of each chunk, [P, kept].
     pub fn measurements(&self, message: &Tensor) -> Tensor {
         message.view([self.chunks, self.kept])
@@ -156,26 +182,28 @@ impl ChunkedDct {
 /// A chunk's sensing matrix: the kept rows of the orthonormal DCT-II (rows orthonormal, so
 /// ‖A‖ = 1 and A Aᵀ = I).
 impl Measurement for ChunkedDct {
+    /// The first rows: only the kept coefficients are formed (`dct_first`); random rows: the
+    /// whole DCT, then the chosen coefficients.
     fn apply(&self, chunks: &Tensor) -> Tensor {
-        let coefficients = dct(chunks);
         match &self.row_index {
-            None => coefficients.narrow(1, 0, self.kept),
-            Some(index) => coefficients.index_select(1, index),
+            None => dct_first(chunks, self.kept),
+            Some(index) => dct(chunks).index_select(1, index),
         }
     }
 
+    /// The first rows: the inverse DCT of the kept coefficients, the rest zero (`idct_first`);
+    /// random rows: the coefficients put in their rows of a zero [P, L], then the inverse DCT.
     fn adjoint(&self, measurements: &Tensor) -> Tensor {
-        let full = match &self.row_index {
-            None => measurements.constant_pad_nd([0, self.chunk_length - self.kept]),
+        match &self.row_index {
+            None => idct_first(measurements, self.chunk_length),
             Some(index) => {
                 let full = measurements.new_zeros(
                     [measurements.size()[0], self.chunk_length],
                     (measurements.kind(), measurements.device()),
                 );
-                full.index_copy(1, index, measurements)
+                idct(&full.index_copy(1, index, measurements))
             }
-        };
-        idct(&full)
+        }
     }
 }
 

@@ -30,27 +30,118 @@ fn twiddles(n: i64, kind: Kind, device: Device) -> (Tensor, Tensor, Tensor) {
 /// Orthonormal DCT-II of `x` (real, f32 or f64) along its last dimension.
 pub fn dct(x: &Tensor) -> Tensor {
     let n = *x.size().last().expect("at least one dimension");
+    dct_first(x, n)
+}
+
+/// The first `kept` coefficients of the orthonormal DCT-II of `x` along its last dimension,
+/// bit for bit `dct(x).narrow(-1, 0, kept)` (FL-FREQ's and FL-CS's sketch keeps only these).
+///
+/// When kept <= n / 2 + 1 the spectrum comes from the one-sided real FFT: LibTorch's full FFT of
+/// a real input is that same one-sided transform with the other half filled in by conjugate
+/// symmetry, so the kept bins are the same numbers at half the FFT's work and memory. Only the
+/// kept bins get the twiddle factors.
+pub fn dct_first(x: &Tensor, kept: i64) -> Tensor {
+    let n = *x.size().last().expect("at least one dimension");
+    assert!(
+        (1..=n).contains(&kept),
+        "dct_first: {kept} coefficients of a length-{n} transform"
+    );
     let v = x.index_select(-1, &order(n, x.device()));
-    let spectrum = v.fft_fft(None, -1, "backward");
+    let spectrum = if kept <= n / 2 + 1 {
+        v.fft_rfft(None, -1, "backward")
+    } else {
+        v.fft_fft(None, -1, "backward")
+    }
+    .narrow(-1, 0, kept);
     let (cos, sin, scale) = twiddles(n, x.kind(), x.device());
+    let (cos, sin, scale) = (
+        cos.narrow(0, 0, kept),
+        sin.narrow(0, 0, kept),
+        scale.narrow(0, 0, kept),
+    );
     (spectrum.real() * cos + spectrum.imag() * sin) * scale
 }
 
 /// Orthonormal inverse (DCT-III) of `y` along its last dimension: `idct(dct(x)) == x`.
 pub fn idct(y: &Tensor) -> Tensor {
     let n = *y.size().last().expect("at least one dimension");
+    idct_first(y, n)
+}
+
+/// The orthonormal inverse DCT of length `n` of `y` [.., kept], its first `kept` coefficients
+/// (the others zero): bit for bit `idct` of `y` zero-padded to length n (FL-FREQ's zero
+/// filling, FL-CS's adjoint), without forming the zeros' terms.
+///
+/// With Y the padded coefficients over the scales, the inverse FFT's input is
+/// V_k = (Y_k cos θ_k + Y_(n-k) sin θ_k) + i (Y_k sin θ_k - Y_(n-k) cos θ_k) (Y_n = 0). Y_k is
+/// nonzero only for k < kept and Y_(n-k) only for k > n - kept, so when these two column ranges
+/// do not meet (2 kept <= n) every other V_k is 0 * cos + 0 * sin = +0 exactly, as the padded
+/// computation gives (cos, sin >= 0 on [0, π/2)); only the two ranges are computed.
+pub fn idct_first(y: &Tensor, n: i64) -> Tensor {
+    let kept = *y.size().last().expect("at least one dimension");
+    assert!(
+        (1..=n).contains(&kept),
+        "idct_first: {kept} coefficients of a length-{n} transform"
+    );
     let (cos, sin, scale) = twiddles(n, y.kind(), y.device());
-    let plain = y / scale;
-    // Y_(n-k) for k = 0..n-1, with Y_n = 0.
-    let zero = plain.narrow(-1, 0, 1).zeros_like();
-    let mirrored = Tensor::cat(&[zero, plain.narrow(-1, 1, n - 1).flip([-1])], -1);
-    let real = &plain * &cos + &mirrored * &sin;
-    let imag = &plain * &sin - &mirrored * &cos;
-    let v = Tensor::complex(&real, &imag)
-        .fft_ifft(None, -1, "backward")
-        .real();
-    let inverse = order(n, y.device()).argsort(-1, false);
-    v.index_select(-1, &inverse)
+    let spectrum = if 2 * kept <= n {
+        let plain = y / scale.narrow(0, 0, kept);
+        let mut size = y.size();
+        *size.last_mut().expect("at least one dimension") = n;
+        let complex_kind = match y.kind() {
+            Kind::Double => Kind::ComplexDouble,
+            _ => Kind::ComplexFloat,
+        };
+        let spectrum = Tensor::zeros(size.as_slice(), (complex_kind, y.device()));
+        // Columns 0..kept: Y_k with Y_(n-k) = 0 (k = 0 is Y_n = 0; k >= 1 has n - k >= kept).
+        let (c, s) = (cos.narrow(0, 0, kept), sin.narrow(0, 0, kept));
+        let zero = plain.zeros_like();
+        let real = &plain * &c + &zero * &s;
+        let imag = &plain * &s - &zero * &c;
+        spectrum
+            .narrow(-1, 0, kept)
+            .copy_(&Tensor::complex(&real, &imag));
+        if kept > 1 {
+            // Columns n-kept+1..n: Y_k = 0 with Y_(n-k) for n - k = kept-1 down to 1.
+            let mirrored = plain.narrow(-1, 1, kept - 1).flip([-1]);
+            let (c, s) = (
+                cos.narrow(0, n - kept + 1, kept - 1),
+                sin.narrow(0, n - kept + 1, kept - 1),
+            );
+            let zero = mirrored.zeros_like();
+            let real = &zero * &c + &mirrored * &s;
+            let imag = &zero * &s - &mirrored * &c;
+            spectrum
+                .narrow(-1, n - kept + 1, kept - 1)
+                .copy_(&Tensor::complex(&real, &imag));
+        }
+        spectrum
+    } else {
+        let padded = if kept < n {
+            y.constant_pad_nd([0, n - kept])
+        } else {
+            y.shallow_clone()
+        };
+        let plain = padded / scale;
+        // Y_(n-k) for k = 0..n-1, with Y_n = 0.
+        let zero = plain.narrow(-1, 0, 1).zeros_like();
+        let mirrored = Tensor::cat(&[zero, plain.narrow(-1, 1, n - 1).flip([-1])], -1);
+        let real = &plain * &cos + &mirrored * &sin;
+        let imag = &plain * &sin - &mirrored * &cos;
+        Tensor::complex(&real, &imag)
+    };
+    let v = spectrum.fft_ifft(None, -1, "backward").real();
+    // x = v with the permutation undone: x_(2j) = v_j, x_(2j+1) = v_(n-1-j), by two strided
+    // copies (the same values as a gather by the inverse permutation, faster on the CPU).
+    let half = n - n / 2;
+    let x = Tensor::empty(v.size().as_slice(), (v.kind(), v.device()));
+    let dim = (v.dim() - 1) as i64;
+    x.slice(dim, 0, n, 2).copy_(&v.narrow(dim, 0, half));
+    if n > 1 {
+        x.slice(dim, 1, n, 2)
+            .copy_(&v.narrow(dim, half, n - half).flip([dim]));
+    }
+    x
 }
 
 /// The n x n orthonormal DCT-II matrix D (X = D x), built directly: O(n²), for tests and small n.
@@ -101,5 +192,47 @@ mod tests {
             .to_kind(Kind::Double)
             .mm(&dct_matrix(100, Kind::Double).tr());
         assert!(max_abs(&fast.to_kind(Kind::Double), &direct) < 1e-4);
+    }
+
+    /// The pre-`idct_first` inverse, kept as the reference: the coefficients zero-padded to n,
+    /// every V_k formed, the permutation undone by a gather.
+    fn idct_padded(y: &Tensor, n: i64) -> Tensor {
+        let kept = *y.size().last().unwrap();
+        let (cos, sin, scale) = twiddles(n, y.kind(), y.device());
+        let plain = y.constant_pad_nd([0, n - kept]) / scale;
+        let zero = plain.narrow(-1, 0, 1).zeros_like();
+        let mirrored = Tensor::cat(&[zero, plain.narrow(-1, 1, n - 1).flip([-1])], -1);
+        let real = &plain * &cos + &mirrored * &sin;
+        let imag = &plain * &sin - &mirrored * &cos;
+        let v = Tensor::complex(&real, &imag)
+            .fft_ifft(None, -1, "backward")
+            .real();
+        v.index_select(-1, &order(n, y.device()).argsort(-1, false))
+    }
+
+    #[test]
+    fn the_first_coefficients_and_their_inverse_are_bit_for_bit_the_full_ones() {
+        let _serial = crate::test_serial();
+        tch::manual_seed(11);
+        for kind in [Kind::Float, Kind::Double] {
+            for n in [2, 3, 8, 17, 64, 1000, 1024] {
+                let x = Tensor::randn([5, n], (kind, Device::Cpu));
+                let full = dct(&x);
+                for kept in [1, 2, n / 4, n / 2, n / 2 + 1, n / 2 + 2, n - 1, n] {
+                    if !(1..=n).contains(&kept) {
+                        continue;
+                    }
+                    let first = dct_first(&x, kept);
+                    assert!(
+                        crate::host::equal(&first, &full.narrow(-1, 0, kept)),
+                        "{kind:?} n {n} kept {kept}: dct_first"
+                    );
+                    assert!(
+                        crate::host::equal(&idct_first(&first, n), &idct_padded(&first, n)),
+                        "{kind:?} n {n} kept {kept}: idct_first"
+                    );
+                }
+            }
+        }
     }
 }

@@ -140,9 +140,15 @@ impl Codec {
                     .collect();
             chosen.sort();
             // Drawn on the host each round; sent without waiting for the device.
-            crate::host::upload(&Tensor::from_slice(&chosen), device)
+            let index = crate::host::upload(&Tensor::from_slice(&chosen), device);
+            (index, chosen)
         });
-        RoundCodec { codec: self, index }
+        let (index, chosen) = index.unzip();
+        RoundCodec {
+            codec: self,
+            index,
+            chosen,
+        }
     }
 }
 
@@ -150,7 +156,11 @@ impl Codec {
 /// its linear decoding `zero_fill` Cᵀ y.
 pub struct RoundCodec<'a> {
     codec: &'a Codec,
+    /// FL-RND's coordinates on the device, ascending.
     index: Option<Tensor>,
+    /// The same coordinates as drawn on the host (to cut them at the parameters' boundaries
+    /// without reading the device).
+    chosen: Option<Vec<i64>>,
 }
 
 impl RoundCodec<'_> {
@@ -164,14 +174,50 @@ impl RoundCodec<'_> {
         }
     }
 
+    /// `encode` of the update given as its parts (the parameters, in order), the same values
+    /// as `encode(&flatten(parts))` with fewer copies of the whole update: FL-RND gathers its
+    /// coordinates from each part (the ascending coordinates cut at the parts' boundaries on
+    /// the host), which saves copying all n values into one vector to send m of them; the DCT
+    /// sketches join the parts into their chunks directly (`ChunkedDct::compress_parts`).
+    pub fn encode_parts(&self, parts: &[Tensor]) -> Tensor {
+        let (Scheme::Rnd, Some(index), Some(chosen)) =
+            (self.codec.scheme, &self.index, &self.chosen)
+        else {
+            return match (self.codec.scheme, &self.codec.sketch) {
+                (Scheme::Freq | Scheme::Cs, Some(sketch)) => sketch.compress_parts(parts),
+                _ => self.encode(&super::flatten(parts)),
+            };
+        };
+        let mut pieces = Vec::new();
+        let (mut offset, mut start) = (0i64, 0usize);
+        for part in parts {
+            let numel = part.numel() as i64;
+            let end = start + chosen[start..].partition_point(|&i| i < offset + numel);
+            if end > start {
+                let local = index.narrow(0, start as i64, (end - start) as i64) - offset;
+                pieces.push(part.reshape([-1]).index_select(0, &local));
+            }
+            offset += numel;
+            start = end;
+        }
+        assert_eq!(
+            offset, self.codec.length,
+            "encode_parts: the parts hold {offset} values, the codec expects {}",
+            self.codec.length
+        );
+        Tensor::cat(&pieces, 0)
+    }
+
     /// The linear decoding Cᵀ y: zero filling (FL-RND, FL-FREQ; FL-CS's least-norm solution),
     /// the identity for FL-STD.
     pub fn zero_fill(&self, message: &Tensor) -> Tensor {
         match (self.codec.scheme, &self.index, &self.codec.sketch) {
             (Scheme::Std, _, _) => message.shallow_clone(),
             (Scheme::Rnd, Some(index), _) => {
-                Tensor::zeros([self.codec.length], (message.kind(), message.device()))
-                    .index_copy(0, index, message)
+                let mut dense =
+                    Tensor::zeros([self.codec.length], (message.kind(), message.device()));
+                let _ = dense.index_copy_(0, index, message);
+                dense
             }
             (_, _, Some(sketch)) => sketch.zero_fill(message),
             _ => unreachable!("FL-RND has an index, FL-FREQ and FL-CS a sketch"),

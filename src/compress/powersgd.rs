@@ -205,6 +205,8 @@ impl PowerSgdEncoder {
     /// dense layers then divided by W; P's scale does not matter, it is orthonormalised), each
     /// worker forms Q = Mᵀ P from its own M, the Qs are averaged in a second all-reduce, and each
     /// worker keeps M - P Q̄ᵀ as its error: P Q̄ᵀ = P Pᵀ mean(M), the same on every worker.
+    /// M is formed in each layer's residual, so when an all-reduce fails the residual holds
+    /// M = e + g, not e: the step's error ends the run (no checkpoint is written after it).
     fn step(
         &mut self,
         update: &[Tensor],
@@ -213,7 +215,9 @@ impl PowerSgdEncoder {
         let o = self.options.clone();
         let step = self.step + 1;
         let payloads = tch::no_grad(|| -> Result<Vec<Payload>> {
-            // First pass: each layer's dense values, or its matrix M and P = M Q.
+            // First pass: each layer's dense values, or its matrix M and P = M Q. M is formed
+            // in place in the layer's residual (e <- e + g; the padding of a near-square
+            // matrix stays zero): no [n, m] temporary, and the same sums as g + e.
             let mut dense: Vec<Option<Tensor>> = Vec::with_capacity(update.len());
             let mut matrices: Vec<Option<(Tensor, Tensor)>> = Vec::with_capacity(update.len());
             for (i, (layer, g)) in self.layers.iter_mut().zip(update).enumerate() {
@@ -224,17 +228,16 @@ impl PowerSgdEncoder {
                     continue;
                 };
                 let numel = g.numel() as i64;
-                let flat = g.reshape([-1]);
-                let padded = if n * m > numel {
-                    flat.constant_pad_nd([0, n * m - numel])
-                } else {
-                    flat
-                };
                 let error = layer
                     .error
-                    .as_ref()
+                    .as_mut()
                     .expect("compressed layer has a residual");
-                let matrix = padded.view([n, m]) + error;
+                let _ = error
+                    .view([-1])
+                    .narrow(0, 0, numel)
+                    .g_add_(&g.reshape([-1]));
+                let matrix = error.shallow_clone();
+                debug_assert_eq!(matrix.size(), [n, m]);
                 let q = layer.q.as_mut().expect("compressed layer has Q");
                 if !o.warm_start {
                     // A fresh Q from (seed, layer, step), as PyTorch's hook draws it from a
@@ -300,15 +303,17 @@ impl PowerSgdEncoder {
                     .as_mut()
                     .expect("compressed layer has Q")
                     .copy_(&new_q);
-                let approximation = p.mm(&new_q.tr());
-                let error = layer
-                    .error
-                    .as_mut()
-                    .expect("compressed layer has a residual");
+                // The residual holds M (first pass); it becomes γ (M - P Qᵀ) in place. P Qᵀ is
+                // formed apart and then subtracted (not fused into one addmm, whose single
+                // rounding would change the residual's last bits).
+                let mut error = matrix;
                 if o.residual_decay == 0.0 {
                     let _ = error.zero_();
                 } else {
-                    error.copy_(&((&matrix - approximation) * o.residual_decay));
+                    let _ = error.g_sub_(&p.mm(&new_q.tr()));
+                    if o.residual_decay != 1.0 {
+                        let _ = error.g_mul_scalar_(o.residual_decay);
+                    }
                 }
                 if n * m > numel {
                     // Padding is not part of the update: no error is fed back there.

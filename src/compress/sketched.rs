@@ -158,15 +158,18 @@ impl Encoder for SketchEncoder {
     }
 
     fn encode(&mut self, update: &[Tensor]) -> Message {
-        let mut flat = flatten(update);
-        if let Some(residual) = &self.residual {
-            flat = &flat + residual.to_kind(flat.kind());
-        }
         let round = self.codec.for_round(self.step, self.device);
-        let values = round.encode(&flat);
-        if let Some(residual) = &mut self.residual {
-            *residual = (&flat - round.zero_fill(&values)).to_kind(residual.kind());
-        }
+        let values = match &mut self.residual {
+            // Without a residual the flat update is not needed as such (`encode_parts`).
+            None => round.encode_parts(update),
+            Some(residual) => {
+                let flat = flatten(update);
+                let flat = &flat + residual.to_kind(flat.kind());
+                let values = round.encode(&flat);
+                *residual = (&flat - round.zero_fill(&values)).to_kind(residual.kind());
+                values
+            }
+        };
         self.step += 1;
         Message::new(vec![Payload::Dense {
             values,
