@@ -101,8 +101,11 @@ fn the_link_finder_sees_links_but_not_code() {
 
 #[test]
 fn the_readme_is_short() {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .unwrap();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
     let lines = readme.lines().count();
-    assert!(lines <= 250, "README.md has {lines} lines: at most 250 (details go to docs/)");
+    assert!(
+        lines <= 250,
+        "README.md has {lines} lines: at most 250 (details go to docs/)"
+    );
 }
