@@ -585,3 +585,44 @@ fn a_summary_with_null_numbers_reads_as_nan_in_the_table() {
     assert_eq!(logs.len(), 2);
     assert!(logs.iter().any(|c| c.summary.final_accuracy.is_nan()));
 }
+
+/// `dpcomp plot RUNS --beside OTHER`: an ablation's arms drawn with the grid they vary, from
+/// the committed Surnames runs. The bars of both grids are in one figure, each arm a series of
+/// its own (told apart by its compression setting).
+#[test]
+fn an_ablation_is_drawn_beside_the_grid_it_varies() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/runs");
+    let dir = tempfile::tempdir().unwrap();
+    let figures = dpcomp::plot::plot_beside(
+        &root.join("surnames_ablation/full"),
+        &[root.join("surnames_dgc/full")],
+        dir.path(),
+        "surnames ablation",
+    )
+    .unwrap();
+    // The four figures of training grids in two formats, and the gradient-error figures these
+    // runs measured.
+    assert!(figures.len() >= 8, "{} figures", figures.len());
+    let svg = std::fs::read_to_string(dir.path().join("accuracy_by_epsilon.svg")).unwrap();
+    for arm in [
+        "dgc x16 (budget=elements, error_feedback=false)",
+        "dgc x16 (budget=elements)",
+        "dgc x256 (budget=elements)",
+        "identity, clip_noised 3",
+    ] {
+        assert!(svg.contains(arm), "no series {arm:?} in the figure");
+    }
+    // Alone, the ablation's figure has only its own arms.
+    let alone = tempfile::tempdir().unwrap();
+    dpcomp::plot::plot(
+        &root.join("surnames_ablation/full"),
+        alone.path(),
+        "ablation",
+    )
+    .unwrap();
+    let svg = std::fs::read_to_string(alone.path().join("accuracy_by_epsilon.svg")).unwrap();
+    assert!(
+        !svg.contains("dgc x16 (budget=elements)<"),
+        "the DGC grid's arm drawn alone"
+    );
+}

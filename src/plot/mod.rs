@@ -116,13 +116,14 @@ fn setting_order(c: &CellLog) -> f64 {
     }
 }
 
-/// The compression setting, and the clipping radius when it is not the task's paper default
+/// The compression setting (with the second clipping, `clip_noised`, when there is one), and
+/// the clipping radius when it is not the task's paper default
 /// (the clipping experiment's C* cells are their own bars, not seeds of the C = 3 ones).
 pub(crate) fn setting_label(c: &CellLog) -> String {
     let label = c
         .config
-        .compressor_spec()
-        .map_or_else(|_| c.summary.compressor.clone(), |s| s.label());
+        .compression_label()
+        .unwrap_or_else(|_| c.summary.compressor.clone());
     let default = c
         .config
         .task
@@ -158,7 +159,7 @@ pub(crate) fn mean_filter(values: &[f64], width: usize) -> Vec<f64> {
 
 /// A fixed colour per position in a fixed ordering (compression settings, noise levels).
 pub(crate) fn colour(i: usize) -> RGBColor {
-    const COLOURS: [RGBColor; 8] = [
+    const COLOURS: [RGBColor; 12] = [
         RGBColor(31, 119, 180),
         RGBColor(255, 127, 14),
         RGBColor(44, 160, 44),
@@ -167,6 +168,10 @@ pub(crate) fn colour(i: usize) -> RGBColor {
         RGBColor(140, 86, 75),
         RGBColor(227, 119, 194),
         RGBColor(127, 127, 127),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+        RGBColor(0, 0, 0),
+        RGBColor(174, 199, 232),
     ];
     COLOURS[i % COLOURS.len()]
 }
@@ -372,9 +377,31 @@ fn draw<DB: DrawingBackend>(
 
 /// Draws every figure of the cells below `root` into `out` (PNG and SVG); returns the files.
 pub fn plot(root: &Path, out: &Path, title: &str) -> Result<Vec<PathBuf>> {
+    plot_beside(root, &[], out, title)
+}
+
+/// `plot` of `root`'s cells together with the cells of the grids in `beside`: an ablation's
+/// arms drawn next to the grid they vary (the compression paper's groups with and without
+/// error feedback, `dpcomp plot runs/surnames_ablation/full --beside runs/surnames_dgc/full`).
+/// Cells are told apart by their compression setting, so the arms must differ in it.
+pub fn plot_beside(
+    root: &Path,
+    beside: &[PathBuf],
+    out: &Path,
+    title: &str,
+) -> Result<Vec<PathBuf>> {
     let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let cells = read_cells(root)?;
+    let mut cells = read_cells(root)?;
+    for other in beside {
+        cells.extend(read_cells(other)?);
+    }
+    cells.sort_by(|a, b| {
+        sigma(a)
+            .total_cmp(&sigma(b))
+            .then(setting_order(a).total_cmp(&setting_order(b)))
+            .then(setting_label(a).cmp(&setting_label(b)))
+    });
     let sigmas = unique(cells.iter().map(sigma).map(f64::to_bits));
     let sigmas: Vec<f64> = sigmas.into_iter().map(f64::from_bits).collect();
     let settings = unique(cells.iter().map(setting_label));

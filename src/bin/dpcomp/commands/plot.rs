@@ -14,6 +14,10 @@ pub struct PlotArgs {
     /// Title prefix of every figure (default: the folder's experiment name).
     #[arg(long)]
     pub title: Option<String>,
+    /// Another training grid's run folder whose cells are drawn beside these (repeatable): an
+    /// ablation next to the grid it varies.
+    #[arg(long, value_name = "RUNS")]
+    pub beside: Vec<PathBuf>,
 }
 
 pub fn run(args: PlotArgs) -> Result<()> {
@@ -35,6 +39,12 @@ pub fn run(args: PlotArgs) -> Result<()> {
         .is_ok_and(|t| t.starts_with("data,loss,algorithm,epsilon"));
     let is_fl =
         std::fs::read_to_string(&convex).is_ok_and(|t| t.starts_with("dataset,scheme,ratio,dp"));
+    if !args.beside.is_empty() && (is_fl || is_convex || clipping.is_file()) {
+        anyhow::bail!(
+            "--beside: {} is not a training grid's run folder; --beside draws training grids together",
+            args.runs.display()
+        );
+    }
     let written = if is_fl {
         let cells = dpcomp::fl::experiment::read_cells(&args.runs)?;
         dpcomp::plot::fl::figures(&cells, &out)?
@@ -45,7 +55,7 @@ pub fn run(args: PlotArgs) -> Result<()> {
         let sweeps = dpcomp::analysis::clipping::read(&args.runs)?;
         dpcomp::plot::analysis::clipping_figures(&sweeps, &out)?
     } else {
-        dpcomp::plot::plot(&args.runs, &out, &title)?
+        dpcomp::plot::plot_beside(&args.runs, &args.beside, &out, &title)?
     };
     for path in written {
         println!("{}", path.display());
