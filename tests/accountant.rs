@@ -243,7 +243,7 @@ fn pld_is_an_upper_bound_equal_to_dp_accounting_to_1e6() {
         eprintln!(
             "q {q} sigma {sigma} T {steps}: PLD {ours:.6}, dp_accounting {google:.6}, RDP {rdp:.6}"
         );
-        // The README claims agreement to 1e-6 (relative): assert exactly that.
+        // The README's headline table claims agreement to 1e-6 (relative): assert exactly that.
         assert!(
             (ours - google).abs() <= 1e-6 * google,
             "{ours} vs {google}: {:.2e} relative",
