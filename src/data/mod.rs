@@ -1,5 +1,5 @@
 //! Datasets held in memory as tensors on the CPU, in the form each task's model reads, and batched
-//! by index. Loaders read the official on-disk layouts (see `../shared/data/README.md`).
+//! by index. Loaders read the official on-disk layouts (see `data/README.md`).
 
 pub mod cifar;
 #[cfg(feature = "fetch")]

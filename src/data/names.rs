@@ -96,7 +96,7 @@ pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
 
 /// The PyTorch tutorial's `data/names` as `dpcomp data fetch` and ../shared/data hold it: 18
 /// languages, 20,050 names (the tutorial's zip has 20,074 lines; 24 junk lines in Russian.txt were
-/// removed upstream, ../shared/data/README.md).
+/// removed upstream, data/README.md).
 pub(crate) const OFFICIAL_CLASSES: usize = 18;
 pub(crate) const OFFICIAL_NAMES: usize = 20_050;
 

@@ -53,7 +53,7 @@ pub enum Command {
         #[command(subcommand)]
         command: analyze::AnalyzeCommand,
     },
-    /// Benchmarks whose output is quoted in the README and the issues.
+    /// Benchmarks: speed and memory against their PyTorch and Opacus peers (results in docs/results/benchmarks.md).
     Bench {
         #[command(subcommand)]
         command: bench::BenchCommand,

@@ -1,4 +1,4 @@
-//! `dpcomp bench`: the benchmarks quoted in the README and the issues.
+//! `dpcomp bench`: the benchmarks whose numbers docs/results/benchmarks.md quotes.
 
 use anyhow::Result;
 use clap::Subcommand;
