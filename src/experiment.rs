@@ -230,8 +230,9 @@ impl ExperimentFile {
         Ok(Outcome { finished, folder })
     }
 
-    /// Copies `results.{csv,md}` to `<dir>/<name>.<profile>.{csv,md}` and any figures
-    /// (`*.png`, `*.svg`) to `<dir>/<name>/`.
+    /// Copies `results.{csv,md}` to `<dir>/<name>.<profile>.{csv,md}` and the figures' PNG files
+    /// to `<dir>/<name>/`. Their SVG twins stay in the run folder: a results folder holds each
+    /// figure once, in the format a browser shows (`experiments/results/`).
     pub fn copy_results(&self, profile: &str, runs: &Path, dir: &Path) -> Result<()> {
         let from = self.folder(runs, profile);
         let name = self.name();
@@ -257,7 +258,7 @@ impl ExperimentFile {
                 "results.csv" | "results.md" => {
                     dir.join(format!("{name}.{profile}.{}", &file["results.".len()..]))
                 }
-                _ if file.ends_with(".png") || file.ends_with(".svg") => {
+                _ if file.ends_with(".png") => {
                     std::fs::create_dir_all(&figures).map_err(|e| Error::io(&figures, e))?;
                     figures.join(&file)
                 }

@@ -495,24 +495,31 @@ rounds = 3
     );
     for figure in [
         "fl_breast_cancer_rounds.png",
-        "fl_breast_cancer_rounds_dp.svg",
+        "fl_breast_cancer_rounds_dp.png",
         "fl_breast_cancer_cost.png",
     ] {
         assert!(results.join("tiny_fl").join(figure).is_file(), "{figure}");
     }
+    // Each figure once in the results folder, as PNG; its SVG twin stays in the run folder.
+    assert!(runs
+        .join("tiny_fl/cpu/fl_breast_cancer_rounds.svg")
+        .is_file());
+    assert!(!results
+        .join("tiny_fl/fl_breast_cancer_rounds.svg")
+        .exists());
     // Another profile's figures go beside the cpu profile's, not over them: the cpu cells
     // copied to the full profile's folder and tabulated there.
-    let cpu_figure = std::fs::read(results.join("tiny_fl/fl_breast_cancer_rounds.svg")).unwrap();
+    let cpu_figure = std::fs::read(results.join("tiny_fl/fl_breast_cancer_rounds.png")).unwrap();
     copy_tree(&runs.join("tiny_fl/cpu"), &runs.join("tiny_fl/full"));
     // Less in it than in the cpu folder, so that its figure differs.
     std::fs::remove_dir_all(runs.join("tiny_fl/full/breast_cancer/dgc-x16")).unwrap();
     grid(&["full", "--tables-only"]);
     assert!(results.join("tiny_fl.full.csv").is_file());
     assert!(results
-        .join("tiny_fl-full/fl_breast_cancer_rounds.svg")
+        .join("tiny_fl-full/fl_breast_cancer_rounds.png")
         .is_file());
     assert_eq!(
-        std::fs::read(results.join("tiny_fl/fl_breast_cancer_rounds.svg")).unwrap(),
+        std::fs::read(results.join("tiny_fl/fl_breast_cancer_rounds.png")).unwrap(),
         cpu_figure
     );
     let summary = runs.join("tiny_fl/cpu/breast_cancer/cs-r0.1-dp/summary.json");

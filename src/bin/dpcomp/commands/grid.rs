@@ -18,7 +18,9 @@ pub struct GridArgs {
     /// Folder under which runs/<experiment>/<profile>/<cell>/ are written.
     #[arg(long, default_value = "runs")]
     pub runs: PathBuf,
-    /// Also copy the results table to this folder as <experiment>.<profile>.{csv,md}.
+    /// Also copy the results table to this folder as <experiment>.<profile>.{csv,md}, and a
+    /// federated or convex grid's figures as PNG to <experiment>/ (<experiment>-<profile>/ for
+    /// a profile other than cpu).
     #[arg(long)]
     pub results_dir: Option<PathBuf>,
     /// List the cells and their state without running anything.
