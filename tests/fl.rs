@@ -504,9 +504,7 @@ rounds = 3
     assert!(runs
         .join("tiny_fl/cpu/fl_breast_cancer_rounds.svg")
         .is_file());
-    assert!(!results
-        .join("tiny_fl/fl_breast_cancer_rounds.svg")
-        .exists());
+    assert!(!results.join("tiny_fl/fl_breast_cancer_rounds.svg").exists());
     // Another profile's figures go beside the cpu profile's, not over them: the cpu cells
     // copied to the full profile's folder and tabulated there.
     let cpu_figure = std::fs::read(results.join("tiny_fl/fl_breast_cancer_rounds.png")).unwrap();
