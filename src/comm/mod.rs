@@ -67,6 +67,31 @@ pub fn collective_timeout() -> Duration {
 /// The collectives of one rank. Every rank must call the same collectives in the same order
 /// with matching arguments (the lengths of `all_reduce_sum`'s vectors, the root of
 /// `broadcast`).
+///
+/// Three workers as three threads (`ThreadGroup`; under MPI the same calls cross processes):
+/// each adds its rank + 1 into a sum, gathers a message as long as its rank, and receives rank
+/// 2's bytes.
+///
+/// ```
+/// use dpcomp::comm::{Communicator, ThreadGroup};
+/// let results = ThreadGroup::run(3, |mut comm| -> dpcomp::Result<_> {
+///     let rank = comm.rank();
+///     let mut values = vec![rank as f32 + 1.0; 2];
+///     comm.all_reduce_sum(&mut values)?;
+///     let gathered = comm.all_gather(&vec![rank as u8; rank])?;
+///     let mut bytes = if rank == 2 { b"from 2".to_vec() } else { Vec::new() };
+///     comm.broadcast(2, &mut bytes)?;
+///     Ok((values, gathered, bytes, comm.take_traffic()))
+/// })?;
+/// for result in results {
+///     let (values, gathered, bytes, traffic) = result?;
+///     assert_eq!(values, [6.0f32, 6.0]); // 1 + 2 + 3
+///     assert_eq!(gathered, vec![vec![], vec![1u8], vec![2, 2]]);
+///     assert_eq!(bytes, b"from 2");
+///     assert!(traffic.sent > 0 && traffic.received > 0);
+/// }
+/// # Ok::<(), dpcomp::Error>(())
+/// ```
 pub trait Communicator: Send {
     /// This worker's rank, 0..size.
     fn rank(&self) -> usize;

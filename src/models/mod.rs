@@ -17,6 +17,43 @@ pub use resnet18::ResNet18;
 pub use surnames_lstm::SurnamesLstm;
 
 /// A classifier: features -> logits [B, classes].
+///
+/// A model of one's own implements `forward` and `var_store`; the parameter lists and counts
+/// come from its store. Here a logistic regression on rows of 4 features:
+///
+/// ```
+/// use dpcomp::prelude::*;
+/// use tch::{nn, Device, Kind, Tensor};
+///
+/// struct Logistic {
+///     vs: nn::VarStore,
+///     linear: Linear,
+/// }
+///
+/// impl Model for Logistic {
+///     fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
+///         let Features::Rows(x) = features else {
+///             return Err(Error::bad_value("features", "expected rows [B, 4]"));
+///         };
+///         self.linear.forward(x, ctx)
+///     }
+///     fn var_store(&self) -> &nn::VarStore {
+///         &self.vs
+///     }
+/// }
+///
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let linear = Linear::new(&(vs.root() / "linear"), 4, 2, LinearConfig::default());
+/// let model = Logistic { vs, linear };
+/// let rows = Features::Rows(Tensor::ones([3, 4], (Kind::Float, Device::Cpu)));
+/// assert_eq!(model.forward(&rows, &mut Ctx::eval())?.size(), [3, 2]);
+/// assert_eq!(model.trainable_parameter_count(), 4 * 2 + 2);
+/// let names: Vec<String> = model.trainable_variables().into_iter().map(|(n, _)| n).collect();
+/// assert_eq!(names, ["linear.bias", "linear.weight"]); // sorted by name
+/// let images = Features::Images(Tensor::zeros([1, 3, 32, 32], (Kind::Float, Device::Cpu)));
+/// assert!(model.forward(&images, &mut Ctx::eval()).is_err());
+/// # Ok::<(), dpcomp::Error>(())
+/// ```
 pub trait Model {
     /// Logits [B, classes]. Features of another kind or shape than the model reads are an error
     /// (checked from the tensors' sizes only, so no device synchronisation per step).

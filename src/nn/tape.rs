@@ -12,6 +12,41 @@ use tch::Tensor;
 
 /// What a trainable layer leaves on the tape: enough to form its parameters' per-sample
 /// gradients once the gradient of Σ_i loss_i with respect to its output is known.
+///
+/// A layer kind of one's own: y = x ⊙ w, a learned scale per feature. Its record keeps the
+/// input; with dy = d(Σ_i loss_i)/dy, example i's gradient of w is dy_i ⊙ x_i, given directly
+/// (`PerSample::Direct`, [B, d]). With loss_i = Σ_j y_ij that is x_i itself:
+///
+/// ```
+/// use dpcomp::prelude::*;
+/// use tch::{nn, Device, Kind, Tensor};
+///
+/// struct ScaleRecord {
+///     weight: Tensor,
+///     input: Tensor,
+/// }
+///
+/// impl Recorded for ScaleRecord {
+///     fn per_sample(&self, output_grad: &Tensor) -> LayerGradients {
+///         let gradients = output_grad * &self.input;
+///         LayerGradients::of(vec![(self.weight.shallow_clone(), PerSample::Direct(gradients))])
+///     }
+/// }
+///
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let weight = vs.root().var("scale", &[3], nn::Init::Const(2.0));
+/// let x = Tensor::from_slice(&[1.0f32, 2.0, 3.0, -1.0, 0.5, 4.0]).view([2, 3]);
+/// let mut ctx = Ctx::private();
+/// let y = &x * &weight;
+/// if let Some(tape) = ctx.tape() {
+///     tape.push(ScaleRecord { weight: weight.shallow_clone(), input: x.shallow_clone() }, &y);
+/// }
+/// let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+/// let per_sample = per_sample_of(&mut ctx, &params, &y.sum(Kind::Float))?;
+/// let PerSample::Direct(gradients) = &per_sample[0].1 else { unreachable!() };
+/// assert!(gradients.allclose(&x, 1e-6, 1e-6, false)); // one row per example: x_i
+/// # Ok::<(), dpcomp::Error>(())
+/// ```
 pub trait Recorded {
     /// The recipe for each of the layer's trainable parameters, given `output_grad`
     /// [B, ...output shape] = d(Σ_i loss_i)/d(output) (row i depends on example i only).

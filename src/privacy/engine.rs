@@ -376,6 +376,46 @@ impl Clipped {
 }
 
 /// The DP-SGD engine (module docs). Built by `PrivacyEngine::builder()`, in named settings.
+///
+/// Two examples' gradients of one parameter, of norms 5 and 0.5, clipped at C = 1 and averaged
+/// over the expected batch of 2. Without noise (σ 0) the result is the arithmetic alone:
+/// ((3, 4) / 5 + (0.3, 0.4)) / 2 = (0.45, 0.6). At σ 1 the engine counts each step in its
+/// accountant, and its ε is the accountant's for those steps.
+///
+/// ```
+/// use dpcomp::prelude::*;
+/// use dpcomp::privacy::{accountant::Accountant, AccountantKind};
+/// use tch::{Device, Kind, Tensor};
+/// let params = [Tensor::zeros([2], (Kind::Float, Device::Cpu))];
+/// let gradients = || Tensor::from_slice(&[3.0f32, 4.0, 0.3, 0.4]).view([2, 2]); // [B, 2]
+/// let per_sample = || [(params[0].shallow_clone(), PerSample::Direct(gradients()))];
+/// let engine = |sigma: f64| {
+///     PrivacyEngine::builder()
+///         .noise_multiplier(sigma)
+///         .max_grad_norm(1.0)
+///         .dataset_size(100)
+///         .expected_batch_size(2.0)
+///         .delta(1e-5)
+///         .build(&params)
+/// };
+///
+/// let mut exact = engine(0.0)?;
+/// let clipped = exact.clip(&per_sample());
+/// assert_eq!(clipped.examples(), 2);
+/// assert_eq!(dpcomp::host::i64_scalar(&clipped.clipped), 1); // the first example only
+/// let mean = exact.privatize(&clipped)?;
+/// assert!(mean[0].allclose(&Tensor::from_slice(&[0.45f32, 0.6]), 1e-5, 1e-6, false));
+///
+/// let mut private = engine(1.0)?;
+/// for _ in 0..50 {
+///     let clipped = private.clip(&per_sample());
+///     private.privatize(&clipped)?;
+/// }
+/// let mut accountant = Accountant::default();
+/// accountant.step(1.0, 0.02, 50)?; // q = 2 / 100
+/// assert_eq!(private.epsilon()?, accountant.epsilon(AccountantKind::Rdp, 1e-5)?.0);
+/// # Ok::<(), dpcomp::error::Error>(())
+/// ```
 pub struct PrivacyEngine {
     noise_multiplier: f64,
     sample_rate: f64,

@@ -72,6 +72,74 @@ pub use crate::data::DataEdit;
 /// `Trainer::resume` or `Trainer::builder`; its parts are read through accessors, so the
 /// engine's invariants (no noise without an accountant step, the run folder's one writer)
 /// cannot be bypassed.
+///
+/// A private run of a model of one's own: logistic regression on 1,000 synthetic rows,
+/// batches of expected size 50 (q = 1/20, 20 steps an epoch), σ 1, 3 epochs. The run's ε is
+/// the accountant's for those 60 steps, and the folder holds the run's records.
+///
+/// ```
+/// use dpcomp::prelude::*;
+/// use dpcomp::privacy::accountant::Accountant;
+/// use tch::{nn, Device, Kind, Tensor};
+///
+/// struct Logistic {
+///     vs: nn::VarStore,
+///     linear: Linear,
+/// }
+///
+/// impl Model for Logistic {
+///     fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
+///         let Features::Rows(x) = features else {
+///             return Err(Error::bad_value("features", "expected rows [B, 4]"));
+///         };
+///         self.linear.forward(x, ctx)
+///     }
+///     fn var_store(&self) -> &nn::VarStore {
+///         &self.vs
+///     }
+/// }
+///
+/// /// `n` rows of 4 N(0, 1) features, labelled by the sign of the first.
+/// fn rows(n: i64) -> Dataset {
+///     let x = Tensor::randn([n, 4], (Kind::Float, Device::Cpu));
+///     let y = x.select(1, 0).gt(0.0).to_kind(Kind::Int64);
+///     Dataset::new(Features::Rows(x), y, None)
+/// }
+///
+/// tch::manual_seed(0);
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let linear = Linear::new(&(vs.root() / "linear"), 4, 2, LinearConfig::default());
+/// let data = TaskData {
+///     train: rows(1000),
+///     test: rows(500),
+///     classes: vec!["negative".into(), "positive".into()],
+/// };
+/// let mut config = TrainConfig::own("logistic");
+/// config.epochs = 3;
+/// config.device = DeviceChoice::Cpu;
+/// config.optimizer.batch_size = 50;
+/// config.optimizer.lr = 0.5;
+/// config.privacy.noise_multiplier = Some(1.0);
+/// config.privacy.max_grad_norm = 1.0;
+///
+/// let run = tempfile::tempdir().unwrap();
+/// let mut trainer = Trainer::builder(run.path())
+///     .config(config)
+///     .model(Box::new(Logistic { vs, linear }), data)
+///     .build()?;
+/// let summary = trainer.run()?;
+/// assert_eq!((summary.epochs, trainer.history().len()), (3, 3));
+/// assert_eq!(trainer.steps_per_epoch(), 20);
+/// let mut accountant = Accountant::default();
+/// accountant.step(1.0, 0.05, 60)?;
+/// let (epsilon, _) = accountant.epsilon(AccountantKind::Rdp, 1e-5)?;
+/// assert_eq!((summary.epsilon, summary.delta), (Some(epsilon), Some(1e-5)));
+/// assert!(summary.last_test_accuracy > 0.8, "{}", summary.last_test_accuracy);
+/// for record in ["config.toml", "metrics.jsonl", "summary.json"] {
+///     assert!(run.path().join(record).is_file(), "{record}");
+/// }
+/// # Ok::<(), dpcomp::Error>(())
+/// ```
 pub struct Trainer {
     pub(crate) config: TrainConfig,
     pub(crate) device: Device,
