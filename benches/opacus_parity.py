@@ -39,7 +39,7 @@ Opacus trains in this process (one thread), so the two sides take the machine's 
 As a check that the two models compute the same function, dpcomp's final weights are loaded
 into the PyTorch CNN and evaluated here: the accuracy must equal dpcomp's own last one.
 
-    DPCOMP_DATA=/work/shared/data OMP_NUM_THREADS=1 .venv/bin/python benches/opacus_parity.py \\
+    DPCOMP_DATA=path/to/data OMP_NUM_THREADS=1 .venv/bin/python benches/opacus_parity.py \\
         --dpcomp bin/dpcomp --epochs 20
 
 Writes experiments/results/opacus_parity.md (the table, also printed) and .json beside it;
@@ -165,7 +165,9 @@ def run_dpcomp(args, out, result):
             print(f"dpcomp epoch {epoch}: acc {row['test_accuracy']:.4f} eps {row['epsilon']:.4f} "
                   f"|fc1.weight| {result['epochs'][-1]['norms']['fc1.weight']:.3f} ({seconds:.1f}s)", file=sys.stderr)
         result["final_weights"] = f"{out}/checkpoint/model.safetensors"
-        result["config"] = open(f"{out}/config.toml").read()
+        # The run's settings, less the data folder it resolved (this machine's path).
+        result["config"] = "".join(line for line in open(f"{out}/config.toml")
+                                   if not line.startswith("data_dir = "))
     except BaseException as e:  # reported by the main thread
         result["error"] = repr(e) + (f"\n{e.stderr}" if isinstance(e, subprocess.CalledProcessError) else "")
 
@@ -297,8 +299,8 @@ def main():
                 "noise_walk_per_coordinate": {str(e["steps"]): LR * SIGMA * CLIP / BATCH * math.sqrt(e["steps"])
                                               for e in ours["epochs"]},
                 "elements": {k: v.numel() for k, v in names.items()}, "threads": torch.get_num_threads(),
-                "command": " ".join([f"DPCOMP_DATA={args.data_dir}", "OMP_NUM_THREADS=1",
-                                     os.path.relpath(sys.executable), *sys.argv])}
+                # The data folder is this machine's (DPCOMP_DATA or --data-dir), not part of the record.
+                "command": " ".join(["OMP_NUM_THREADS=1", os.path.relpath(sys.executable), *sys.argv])}
     result = {"settings": settings, "dpcomp": ours, "opacus": theirs}
     if args.results:  # the measurements first, so that a failure below loses no training
         os.makedirs(os.path.dirname(args.results) or ".", exist_ok=True)
@@ -315,7 +317,8 @@ def report(result, results):
            f"(the two sides ran at once, one thread each, on a shared 2-core machine): dpcomp "
            f"{np.median([e['seconds'] for e in ours['epochs']]):.1f}, Opacus "
            f"{np.median([e['seconds'] for e in result['opacus']['epochs']]):.1f} (medians; dpcomp's include starting the "
-           f"process and loading the data each epoch).\n\nCommand: `{s['command']}`\n")
+           f"process and loading the data each epoch).\n\nCommand, with `DPCOMP_DATA` set to the data folder: "
+           f"`{s['command']}`\n")
     print(md)
     if results:
         open(f"{results}.md", "w").write(md)

@@ -5,7 +5,7 @@
 //! privatise (noise and accountant step in one call), the optimiser.
 //!
 //! ```text
-//! cargo run --release --example private_tabular -- ../shared/data/breast_cancer/breast_cancer.csv [epsilon 3] [epochs 10]
+//! cargo run --release --example private_tabular -- [CSV, default $DPCOMP_DATA/breast_cancer/breast_cancer.csv] [epsilon 3] [epochs 10]
 //! ```
 //!
 //! It prints the test accuracy, ε, and the `dpcomp epsilon` command that gives the same ε.
@@ -194,8 +194,11 @@ pub fn train(path: &Path, target_epsilon: f64, epochs: usize, seed: i64) -> Resu
 #[allow(dead_code)] // a test includes this file as a module and calls `train`
 fn main() -> Result<()> {
     let path = std::env::args().nth(1).unwrap_or_else(|| {
-        let data = std::env::var("DPCOMP_DATA").unwrap_or_else(|_| "../shared/data".into());
-        format!("{data}/breast_cancer/breast_cancer.csv")
+        // The data folder as dpcomp resolves it: $DPCOMP_DATA, else data/ (data/README.md).
+        let data = dpcomp::data::data_dir(None);
+        data.join("breast_cancer/breast_cancer.csv")
+            .to_string_lossy()
+            .into_owned()
     });
     let arg = |k: usize, default: f64| {
         std::env::args()

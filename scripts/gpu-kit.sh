@@ -52,7 +52,8 @@ if [ -z "$bin" ]; then
     bin=target/gpu-kit/release/dpcomp
 fi
 [ -x "$bin" ] || { echo "gpu-kit.sh: --bin $bin: not an executable" >&2; exit 2; }
-data="${DPCOMP_DATA:-$root/../shared/data}"
+# The data folder as dpcomp resolves it: $DPCOMP_DATA (scripts/setup.sh sets it), else data/.
+data="${DPCOMP_DATA:-$root/data}"
 for need in names cifar-10-batches-bin snli_1.0; do
     [ -d "$data/$need" ] || { echo "gpu-kit.sh: $data/$need missing (set DPCOMP_DATA to the data folder)" >&2; exit 2; }
 done

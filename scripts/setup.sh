@@ -144,7 +144,11 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1 \
 else
     export DPCOMP_CARGO_FEATURES="--no-default-features --features cli"
 fi
-# Real data lives beside the checkout when it is there (see ../shared/data/README.md).
+# DPCOMP_DATA is the data folder (data/README.md); unset, dpcomp reads data/ in the checkout.
+# The project's own machines keep the data sets in one folder that their checkouts share,
+# shared/data beside the checkout: where DPCOMP_DATA is unset and that folder exists, it is
+# used. This is the only place the repository names a path outside itself; anywhere else set
+# DPCOMP_DATA or fill data/ (`dpcomp data fetch`).
 if [ -z "${DPCOMP_DATA:-}" ] && [ -d "$root/../shared/data" ]; then
     export DPCOMP_DATA="$(cd "$root/../shared/data" && pwd)"
 fi

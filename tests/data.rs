@@ -1,4 +1,4 @@
-//! Loaders on the real files in ../shared/data and on tiny files in the same layouts.
+//! Loaders on the real files of the data folder ($DPCOMP_DATA) and on tiny files in the same layouts.
 
 mod common;
 

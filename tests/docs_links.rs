@@ -1,7 +1,8 @@
 //! The documentation's relative links resolve: every `[text](path)` in README.md, CHANGELOG.md,
 //! CONTRIBUTING.md and docs/**/*.md that is not a web address or an anchor names a file or
-//! folder of the repository (an `#anchor` after the path is not checked). And the README stays
-//! a page a newcomer reads in minutes: at most 250 lines.
+//! folder of the repository (an `#anchor` after the path is not checked), and none names a path
+//! outside the repository. And the README stays a page a newcomer reads in minutes: at most 250
+//! lines.
 
 use std::path::{Path, PathBuf};
 
@@ -107,5 +108,40 @@ fn the_readme_is_short() {
     assert!(
         lines <= 250,
         "README.md has {lines} lines: at most 250 (details go to docs/)"
+    );
+}
+
+/// No document names a path outside the repository (the project machines' `../shared/...`
+/// folders, a home or work directory): data are found through `DPCOMP_DATA` (data/README.md)
+/// and papers are cited by authors, title and year.
+#[test]
+fn the_documents_name_no_path_outside_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<PathBuf> = ["README.md", "CHANGELOG.md", "CONTRIBUTING.md"]
+        .iter()
+        .map(|f| root.join(f))
+        .chain([root.join("data/README.md")])
+        .filter(|p| p.exists())
+        .collect();
+    markdown_files(&root.join("docs"), &mut files);
+    let mut found = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            for outside in ["../shared", "/work/", "/home/", "/root/", "/Users/"] {
+                if line.contains(outside) {
+                    found.push(format!(
+                        "{}:{}: {outside}",
+                        file.strip_prefix(root).unwrap().display(),
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "paths outside the repository:\n{}",
+        found.join("\n")
     );
 }

@@ -94,7 +94,7 @@ pub fn read_names(dir: &Path) -> Result<(LabelledNames, Vec<String>)> {
     Ok((examples, classes))
 }
 
-/// The PyTorch tutorial's `data/names` as `dpcomp data fetch` and ../shared/data hold it: 18
+/// The PyTorch tutorial's `data/names` as `dpcomp data fetch` writes it: 18
 /// languages, 20,050 names (the tutorial's zip has 20,074 lines; 24 junk lines in Russian.txt were
 /// removed upstream, data/README.md).
 pub(crate) const OFFICIAL_CLASSES: usize = 18;

@@ -3,7 +3,7 @@
 //! ids and an attention mask.
 //!
 //! Training uses `snli_1.0_train.jsonl` when the folder has it; otherwise (as in
-//! `../shared/data`, which has no train split) it trains on `snli_1.0_dev.jsonl` and says so.
+//! the project machines' data folder, which has no train split) it trains on `snli_1.0_dev.jsonl` and says so.
 //! Evaluation always uses `snli_1.0_test.jsonl`.
 
 use super::{require_dir, Dataset, Features, TaskData};

@@ -3,12 +3,13 @@
 
 use std::path::PathBuf;
 
-/// `../shared/data` relative to the crate, or $DPCOMP_DATA; `None` when neither exists (the
-/// real-data tests then say so and check nothing else: CI always has the folder).
+/// The data folder as dpcomp resolves it, $DPCOMP_DATA else the crate's `data/` (which
+/// `scripts/setup.sh` sets on the project's machines); `None` when it has no `names/` (the
+/// real-data tests then say so and check nothing else: CI always has the data).
 pub fn shared_data() -> Option<PathBuf> {
     let candidates = [
         std::env::var_os("DPCOMP_DATA").map(PathBuf::from),
-        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/data")),
+        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data")),
     ];
     candidates
         .into_iter()
@@ -20,7 +21,7 @@ pub fn shared_data() -> Option<PathBuf> {
 pub fn require_shared_data() -> Option<PathBuf> {
     let found = shared_data();
     if found.is_none() {
-        skip("../shared/data not found (set DPCOMP_DATA)");
+        skip("no data folder with names/ (set DPCOMP_DATA, see data/README.md)");
     }
     found
 }

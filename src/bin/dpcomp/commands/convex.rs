@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
 pub struct ConvexArgs {
-    /// breast_cancer (../shared/data), csv:PATH (features..., label 0/1 or -1/+1), or
-    /// synthetic:N:D (separable with margin, hinge optimum 0 known).
+    /// breast_cancer (breast_cancer/breast_cancer.csv in the data folder), csv:PATH (features...,
+    /// label 0/1 or -1/+1), or synthetic:N:D (separable with margin, hinge optimum 0 known).
     #[arg(long, default_value = "breast_cancer")]
     pub data: String,
     /// hinge, qhinge:Q (1 < Q <= 2), logistic or least_squares.
