@@ -3,7 +3,8 @@
 
 Reads the committed logs of the full-profile grids under experiments/runs/ (summary.json,
 metrics.jsonl, grad_error.jsonl, config.toml of every finished cell) and prints, per claim of
-`../shared/papers/dp-and-gradient-compression.txt`, our measurement: mean and sample standard
+Lin, "On the Interaction Between Differential Privacy and Gradient Compression in Deep
+Learning" (2022), our measurement: mean and sample standard
 deviation over seeds, and for a difference its standard error sqrt(sd1^2/n1 + sd2^2/n2). A
 difference counts as outside seed noise when it is more than twice its standard error.
 

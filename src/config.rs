@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// The paper's four tasks (`../shared/papers/dp-and-gradient-compression.txt`).
+/// The paper's four tasks (Lin 2022).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
@@ -638,7 +638,7 @@ impl TrainConfig {
     }
 
     /// The paper's settings for `task`: learning rate, batch size, epochs, clipping radius and
-    /// δ (`../shared/papers/dp-and-gradient-compression.txt`), the rest the sections' defaults.
+    /// δ (Lin 2022), the rest the sections' defaults.
     pub fn paper_defaults(task: Task) -> Self {
         let (lr, batch_size, epochs, max_grad_norm) = match task {
             Task::Surnames => (2.0, 32, 100, 3.0),

@@ -1,5 +1,5 @@
 //! Experiments as data: `experiments/<name>.toml` describes a grid of training runs (one figure
-//! group of `../shared/papers/dp-and-gradient-compression.txt`), and `dpcomp grid` runs every
+//! group of Lin 2022), and `dpcomp grid` runs every
 //! cell, skipping finished ones and resuming interrupted ones, then writes the results table.
 //!
 //! ```toml

@@ -20,6 +20,12 @@
 //! | [`host`] | every read of a tensor's value to the host, counted (a training step makes none) |
 //! | [`analysis`], [`experiment`], [`grid`] | measurements and the reproduction's experiment runners |
 //!
+//! The papers whose methods dpcomp implements, cited in these docs by author and year:
+//! Lin 2022, "On the Interaction Between Differential Privacy and Gradient Compression in Deep
+//! Learning"; Kerkouche, Ács, Castelluccia and Genevès 2021, "Compression Boosts Differentially
+//! Private Federated Learning"; Wang, Lei, Ying and Zhang 2022, "Differentially Private SGD with
+//! Non-Smooth Losses".
+//!
 //! [`prelude`] has what a training of one's own needs. Modules hidden in these docs are plumbing
 //! that the `dpcomp` binary and the tests share; they are not part of the API.
 //!

@@ -14,7 +14,7 @@ fn opacus_golden_value() {
 
 #[test]
 fn paper_budgets() {
-    // ../shared/papers/dp-and-gradient-compression.txt. Surnames: q = 1/502 (batches per epoch),
+    // Lin 2022. Surnames: q = 1/502 (batches per epoch),
     // 502 steps an epoch.
     let surnames = epsilon_for(0.4, 1.0 / 502.0, 100 * 502, 8e-5).unwrap();
     assert!((surnames - 50.92).abs() < 0.005, "Surnames {surnames}");

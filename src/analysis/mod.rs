@@ -1,4 +1,4 @@
-//! The paper's analyses (`../shared/papers/dp-and-gradient-compression.txt`, the sections after
+//! The paper's analyses (Lin 2022, the sections after
 //! the accuracy figures): how far the gradient the optimiser receives is from the true mean
 //! gradient after clipping, noise and compression (`gradient_error`), and which clipping radius
 //! minimises that error, measured and modelled (`clipping`).

@@ -1,7 +1,7 @@
 //! The convex experiment (`experiments/convex.toml`, `kind = "convex"`, run by `dpcomp grid`):
 //! excess empirical risk and test accuracy against ε for every data set x loss x algorithm, over
 //! many seeds (mean and standard deviation), as a results table and one figure per data set.
-//! The paper (`../shared/papers/dp-sgd-non-smooth-losses.txt`) has no experiments: these are ours.
+//! The paper (Wang et al. 2022) has no experiments: these are ours.
 //!
 //! Non-private SGD does not depend on ε: it is run once per (data, loss) and drawn as a flat
 //! reference. A setting whose calibration fails (Theorem 11 without a feasible β) is a row

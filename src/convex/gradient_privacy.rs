@@ -1,7 +1,6 @@
 //! Privacy calibration of Algorithm 2 (DP-SGD-Gradient: projected SGD on B(0, R), one example
 //! drawn uniformly per step, N(0, σ² I) added to its gradient), after Theorem 11 of
-//! `../shared/papers/dp-sgd-non-smooth-losses.txt`, with the constants reconstructed in
-//! `../shared/papers/notes.md`:
+//! Wang et al. 2022, with the constants as reconstructed here (the paper leaves some implicit):
 //!
 //! - On B(0, R) every gradient is bounded by G = M + L R^α, so replacing one example changes a
 //!   step's gradient by at most Δ = 2 G (ℓ2 sensitivity).
@@ -15,7 +14,7 @@
 //!   (β ε + log(1/δ) / (λ - 1), δ) = (ε, δ)-DP.
 //! - β: every β in (0, 1) for which (32) and (33) hold is feasible; the paper takes the feasible
 //!   β closest to 1/2 (the noise σ² ∝ λ / β is smallest near there). Lemma 3 is stated for
-//!   integer orders, so (33) is also checked at ⌈λ⌉ (notes.md). The search scans a fine grid
+//!   integer orders, so (33) is also checked at ⌈λ⌉. The search scans a fine grid
 //!   (log-spaced near 0, where feasible β usually lie for realistic n and ε, and linear up to 1).
 //! - Lemma 13: for T = n and δ = 1/n², n >= 18, ε >= (7 (n^(1/3) - 1) + 4 log(n) n + 7) /
 //!   (2 n (n^(1/3) - 1)) is sufficient for a feasible β to exist (`lemma13_sufficient`).

@@ -1,6 +1,6 @@
 //! Convex losses of a linear model w on examples (x, y), y in {-1, +1}, with their gradients
 //! (a subgradient at kinks) and the constants the paper's calibrations need
-//! (`../shared/papers/dp-sgd-non-smooth-losses.txt`, section 2):
+//! (Wang et al. 2022, section 2):
 //!
 //! - α and L of α-Hölder continuous gradients, ||∇f(w; z) - ∇f(w'; z)|| <= L ||w - w'||^α for
 //!   all w, w' and every example z of the data;

@@ -1,5 +1,5 @@
 //! Differentially private SGD for convex losses with α-Hölder continuous gradients
-//! (`../shared/papers/dp-sgd-non-smooth-losses.txt`): the losses and their constants (`loss`),
+//! (Wang et al. 2022): the losses and their constants (`loss`),
 //! tabular data (`data`), SGD with projection and noise (`sgd`), and the privacy calibrations of
 //! output perturbation (`output_privacy`, Theorem 7) and gradient perturbation
 //! (`gradient_privacy`, Theorem 11).

@@ -1,5 +1,5 @@
 //! Privacy calibration of Algorithm 1 (DP-SGD-Output: SGD, iterate average, then Gaussian noise)
-//! after Theorem 7 of `../shared/papers/dp-sgd-non-smooth-losses.txt`: with probability
+//! after Theorem 7 of Wang et al. 2022: with probability
 //! 1 - γ over SGD's index draws, the averages of two runs on neighbouring datasets (one example
 //! replaced) are within Δ_SGD(γ), and Gaussian noise calibrated to sensitivity Δ_SGD(δ/2) at
 //! (ε, δ/2) makes the output (ε, δ)-DP.

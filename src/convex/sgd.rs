@@ -1,4 +1,4 @@
-//! SGD for the convex losses as the paper runs it (`../shared/papers/dp-sgd-non-smooth-losses.txt`,
+//! SGD for the convex losses as the paper runs it (Wang et al. 2022,
 //! Algorithms 1 and 2): w_1 = 0; at step t an index i_t drawn uniformly from \[n\] with
 //! replacement; w_{t+1} = Π(w_t - η (∇f(w_t; z_{i_t}) + b_t)) with Π the projection onto B(0, R)
 //! when a radius is given (identity otherwise) and b_t ~ N(0, σ² I) under gradient perturbation

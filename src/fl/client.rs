@@ -1,4 +1,4 @@
-//! One client's part of a round (Algorithm 1 of `../shared/papers/compression-boosts-dp-fl.txt`):
+//! One client's part of a round (Algorithm 1 of Kerkouche et al. 2021):
 //! start from the global model, run T_gd local steps of mini-batch SGD (or full-batch gradient
 //! descent) on the client's own examples, return the update Δw = w_local − w_global. A client
 //! reads only the global model and its own data, so clients could run in parallel. The local

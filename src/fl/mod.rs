@@ -1,5 +1,5 @@
 //! Federated learning with differential privacy and compressive sensing
-//! (`../shared/papers/compression-boosts-dp-fl.txt`, issue 7).
+//! (Kerkouche et al. 2021, issue 7).
 //!
 //! One round (Algorithm 1, with Algorithm 3's server for FL-CS):
 //!

@@ -9,7 +9,7 @@
 //!   FedAvg CNN ("Communication-Efficient Learning of Deep Networks from Decentralized Data",
 //!   2017), Conv 5x5 1→32 (padding 2) → ReLU → MaxPool 2 → Conv 5x5 32→64 (padding 2) → ReLU →
 //!   MaxPool 2 → Linear 3136→512 → ReLU → Linear 512→10: n = 1,663,370 parameters. The derivation:
-//!   the paper's cost is r · n · 32 · Round · C bits (`compression-boosts-dp-fl.txt`, Table III's
+//!   the paper's cost is r · n · 32 · Round · C bits (Kerkouche et al. 2021, Table III's
 //!   paragraph) and its only absolute figure is FL-STD-DP's 22.18 MB at round 25 with r = 1
 //!   (same text, "only 22.18 Megabyte"), so n · C = 22.18e6 · 8 / (32 · 25) = 221,800 (± 50 from
 //!   the rounding; MB = 10^6 bytes; with 2^20, 232,575). The text gives neither n nor C, nor any

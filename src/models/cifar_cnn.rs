@@ -1,4 +1,4 @@
-//! CIFAR-10, the paper's 3-block CNN (`../shared/papers/dp-and-gradient-compression.txt`, the
+//! CIFAR-10, the paper's 3-block CNN (Lin 2022, the
 //! CIFAR-10 task): three blocks [Conv 3x3 stride 1, no padding, bias -> InstanceNorm (no affine
 //! parameters) -> ReLU -> AvgPool 2 -> Dropout2d 0.1] with 32, 64, 128 filters (32 -> 30 -> 15 ->
 //! 13 -> 6 -> 4 -> 2), then Linear 512->256 -> ReLU -> Dropout 0.25 -> Linear 256->512 -> ReLU ->

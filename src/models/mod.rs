@@ -1,4 +1,4 @@
-//! The paper's four models (`../shared/papers/dp-and-gradient-compression.txt`, "tasks"), built
+//! The paper's four models (Lin 2022, "tasks"), built
 //! only from layers whose per-sample gradients can be taken (no fused LSTM, no BatchNorm).
 
 pub mod bert;

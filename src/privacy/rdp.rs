@@ -2,7 +2,7 @@
 //! Opacus's `RDPAccountant` (its `analysis/rdp.py`, from TensorFlow Privacy): Mironov, Talwar and
 //! Zhang 2019, "Rényi Differential Privacy of the Sampled Gaussian Mechanism", Section 3.3 for
 //! integer orders and 3.2 for fractional orders; RDP composes additively over steps
-//! (`../shared/papers/dp-sgd-non-smooth-losses.txt`, RDP composition), and is converted to
+//! (Wang et al. 2022, RDP composition), and is converted to
 //! (ε, δ) with Balle et al. 2020, "Hypothesis testing interpretations and Rényi differential
 //! privacy", Theorem 21:
 //!

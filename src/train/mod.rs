@@ -3,7 +3,7 @@
 //! Per step: forward -> mean cross-entropy -> one backward -> the global gradient norm clipped to
 //! C (the paper clips even without privacy) -> SGD. After every epoch: test accuracy, one line in
 //! `metrics.jsonl`, a checkpoint. The figure a run reports is the mean test accuracy of its last
-//! 10 epochs (`../shared/papers/dp-and-gradient-compression.txt`, "we measure the test accuracy
+//! 10 epochs (Lin 2022, "we measure the test accuracy
 //! ... at the end of every epoch and use an average of the last 10 epochs").
 //!
 //! The `Trainer` is this file: its state and accessors. What it does lives beside it, a file per

@@ -1,5 +1,5 @@
 //! What happens to a step's final gradient — clipped, and under DP noised — before the weights
-//! move: compress -> decompress -> optimiser step (`../shared/design.md`, "One pipeline").
+//! move: compress -> decompress -> optimiser step (one pipeline, `docs/architecture.md`).
 //! Compression is post-processing of the privatised gradient and never changes ε.
 
 use super::exchange::{Exchange, StepTraffic};
