@@ -146,30 +146,7 @@ impl HostStaging {
         let payloads = message
             .payloads
             .iter()
-            .map(|p| match p {
-                Payload::Dense { values, value_bits } => Payload::Dense {
-                    values: stage(values),
-                    value_bits: *value_bits,
-                },
-                Payload::Sparse {
-                    indices,
-                    values,
-                    shape,
-                    value_bits,
-                    index_bits,
-                } => Payload::Sparse {
-                    indices: stage(indices),
-                    values: stage(values),
-                    shape: shape.clone(),
-                    value_bits: *value_bits,
-                    index_bits: *index_bits,
-                },
-                Payload::LowRank { p, q, shape } => Payload::LowRank {
-                    p: stage(p),
-                    q: stage(q),
-                    shape: shape.clone(),
-                },
-            })
+            .map(|p| p.map_tensors(&mut stage))
             .collect();
         let flags = message.flags.iter().map(&mut stage).collect();
         if device != Device::Cpu {
@@ -215,10 +192,7 @@ fn message_device(message: &Message) -> Option<Device> {
     message
         .payloads
         .iter()
-        .map(|p| match p {
-            Payload::Dense { values, .. } | Payload::Sparse { values, .. } => values.device(),
-            Payload::LowRank { p, .. } => p.device(),
-        })
+        .map(Payload::device)
         .chain(message.flags.iter().map(Tensor::device))
         .next()
 }

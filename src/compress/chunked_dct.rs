@@ -1,4 +1,4 @@
-//! FL-CS's and FL-FREQ's compression of a flat update (`../shared/papers/compression-boosts-dp-fl.txt`):
+//! FL-CS's and FL-FREQ's compression of a flat update (Kerkouche, Ács, Castelluccia, Genevès, "Compression Boosts Differentially Private Federated Learning", 2021):
 //! shuffle with a permutation every participant derives from a shared seed, split into P equal
 //! chunks (the last zero-padded), and keep the first m/P coefficients of each chunk's orthonormal
 //! DCT-II. The map is linear, so the server may average compressed updates before it

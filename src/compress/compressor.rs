@@ -17,11 +17,18 @@
 //! # Ok::<(), dpcomp::error::Error>(())
 //! ```
 
+use super::cast::{Cast, CastEncoder, Int8, Int8Encoder};
 use super::denoise::{Denoise, DenoiseDecoder, DenoiseEncoder};
 use super::dgc::{Dgc, DgcEncoder};
 use super::identity::DenseEncoder;
+use super::natural::NaturalEncoder;
 use super::powersgd::{PowerSgd, PowerSgdEncoder};
+use super::qsgd::{Qsgd, QsgdEncoder};
+use super::random_k::{RandomK, RandomKDecoder, RandomKEncoder};
+use super::sign::{EfSignEncoder, MajorityVote, SignEncoder};
 use super::sketched::{Sketch, SketchDecoder, SketchEncoder};
+use super::terngrad::TernGradEncoder;
+use super::threshold::{Threshold, ThresholdEncoder};
 use super::topk::TopK;
 use super::unpack::Unpack;
 use super::{CompressorKind, Decoder, Encoder, Link};
@@ -42,6 +49,26 @@ pub enum Compressor {
     Denoise(Denoise),
     /// The federated paper's linear sketches, FL-RND, FL-FREQ, FL-CS (`sketched`).
     Sketch(Sketch),
+    /// QSGD (`qsgd`): norms, signs and stochastic levels, unbiased.
+    Qsgd(Qsgd),
+    /// TernGrad (`terngrad`): the layer's max and stochastic ternary codes, unbiased.
+    TernGrad,
+    /// signSGD with majority vote (`signsgd`): one bit per element, no scale.
+    SignSgd,
+    /// EF-signSGD (`ef-signsgd`): scaled signs with error feedback.
+    EfSignSgd,
+    /// Random-k with shared-seed coordinates (`randomk`).
+    RandomK(RandomK),
+    /// Threshold-v (`threshold`).
+    Threshold(Threshold),
+    /// IEEE half precision (`fp16`).
+    Fp16,
+    /// bfloat16 (`bf16`).
+    Bf16,
+    /// 8-bit integers with a per-tensor scale (`int8`).
+    Int8(Int8),
+    /// Natural compression (`natural`): stochastic rounding to powers of two, unbiased.
+    Natural,
 }
 
 impl Compressor {
@@ -97,7 +124,23 @@ impl Compressor {
                 super::linear_sketch::Scheme::Freq => CompressorKind::FlFreq,
                 super::linear_sketch::Scheme::Cs => CompressorKind::FlCs,
             },
+            Compressor::Qsgd(_) => CompressorKind::Qsgd,
+            Compressor::TernGrad => CompressorKind::Terngrad,
+            Compressor::SignSgd => CompressorKind::Signsgd,
+            Compressor::EfSignSgd => CompressorKind::EfSignsgd,
+            Compressor::RandomK(_) => CompressorKind::Randomk,
+            Compressor::Threshold(_) => CompressorKind::Threshold,
+            Compressor::Fp16 => CompressorKind::Fp16,
+            Compressor::Bf16 => CompressorKind::Bf16,
+            Compressor::Int8(_) => CompressorKind::Int8,
+            Compressor::Natural => CompressorKind::Natural,
         }
+    }
+
+    /// These settings if `validate` accepts them.
+    pub fn validated(self) -> Result<Self> {
+        self.validate()?;
+        Ok(self)
     }
 
     /// Checks every setting; each error names the field and what it takes.
@@ -154,6 +197,43 @@ impl Compressor {
                 }
                 Ok(())
             }
+            Compressor::Qsgd(q) => {
+                if !(1..=(1 << 30)).contains(&q.levels) {
+                    return Err(field("levels", q.levels, "a whole number from 1 to 2^30"));
+                }
+                if q.bucket < 0 {
+                    return Err(field(
+                        "bucket",
+                        q.bucket,
+                        "elements per norm >= 1, or 0 for one norm per tensor",
+                    ));
+                }
+                Ok(())
+            }
+            Compressor::RandomK(r) => {
+                rate(r.rate)?;
+                if r.unbiased && r.error_feedback {
+                    return Err(field(
+                        "unbiased",
+                        "true with error_feedback=true",
+                        "one of the two: an unbiased estimate keeps no error (set error_feedback=false)",
+                    ));
+                }
+                Ok(())
+            }
+            Compressor::Threshold(t) => {
+                if !(t.threshold.is_finite() && t.threshold > 0.0) {
+                    return Err(field("threshold", t.threshold, "a finite number > 0"));
+                }
+                value_bits(t.value_bits)
+            }
+            Compressor::TernGrad
+            | Compressor::SignSgd
+            | Compressor::EfSignSgd
+            | Compressor::Fp16
+            | Compressor::Bf16
+            | Compressor::Int8(_)
+            | Compressor::Natural => Ok(()),
         }
     }
 
@@ -166,6 +246,16 @@ impl Compressor {
             Compressor::PowerSgd(p) => Box::new(PowerSgdEncoder::new(shapes, device, p.clone())),
             Compressor::Denoise(d) => Box::new(DenoiseEncoder::new(shapes, device, d.clone())),
             Compressor::Sketch(s) => Box::new(SketchEncoder::new(shapes, device, *s)?),
+            Compressor::Qsgd(q) => Box::new(QsgdEncoder::new(q.clone())),
+            Compressor::TernGrad => Box::new(TernGradEncoder),
+            Compressor::SignSgd => Box::new(SignEncoder),
+            Compressor::EfSignSgd => Box::new(EfSignEncoder::new(shapes, device)),
+            Compressor::RandomK(r) => Box::new(RandomKEncoder::new(shapes, device, r.clone())),
+            Compressor::Threshold(t) => Box::new(ThresholdEncoder::new(shapes, device, t.clone())),
+            Compressor::Fp16 => Box::new(CastEncoder(Cast::Fp16)),
+            Compressor::Bf16 => Box::new(CastEncoder(Cast::Bf16)),
+            Compressor::Int8(i) => Box::new(Int8Encoder(i.clone())),
+            Compressor::Natural => Box::new(NaturalEncoder),
         })
     }
 
@@ -177,6 +267,16 @@ impl Compressor {
             Compressor::Dgc(d) => Box::new(Unpack::new(shapes, d.scope)),
             Compressor::Denoise(d) => Box::new(DenoiseDecoder::new(shapes, device, d.scope)),
             Compressor::Sketch(s) => Box::new(SketchDecoder::new(shapes, device, *s)?),
+            Compressor::RandomK(r) => Box::new(RandomKDecoder::new(shapes, device, r.clone())),
+            Compressor::SignSgd => Box::new(MajorityVote),
+            Compressor::Qsgd(_)
+            | Compressor::TernGrad
+            | Compressor::EfSignSgd
+            | Compressor::Threshold(_)
+            | Compressor::Fp16
+            | Compressor::Bf16
+            | Compressor::Int8(_)
+            | Compressor::Natural => Box::new(Unpack::per_parameter()),
         })
     }
 

@@ -1,4 +1,4 @@
-//! Denoise, the paper's algorithm (`../shared/papers/dp-and-gradient-compression.txt`, "Denoise";
+//! Denoise, the paper's algorithm (Lin 2022, "On the Interaction Between Differential Privacy and Gradient Compression in Deep Learning", "Denoise";
 //! its Algorithm 1 box is missing from the text, so this follows the prose, choices marked):
 //!
 //! - sender and receiver each keep a velocity, an exponential average of past mean gradients:

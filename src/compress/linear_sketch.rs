@@ -1,4 +1,4 @@
-//! What a client sends (`../shared/papers/compression-boosts-dp-fl.txt`, the schemes of its
+//! What a client sends (Kerkouche, Ács, Castelluccia, Genevès, "Compression Boosts Differentially Private Federated Learning", 2021, the schemes of its
 //! tables): FL-STD the whole update; FL-RND m = r n coordinates chosen by a seed shared by all
 //! participants and drawn anew each round; FL-FREQ the first m/P DCT coefficients of each of P
 //! contiguous chunks (low frequencies, no shuffle), inverted by zero filling; FL-CS the same

@@ -1,5 +1,5 @@
 //! Gradient compressors: what one worker puts on the wire for its update, and how the receiver
-//! turns it back into an update (`../shared/papers/dp-and-gradient-compression.txt`, its
+//! turns it back into an update (Lin 2022, "On the Interaction Between Differential Privacy and Gradient Compression in Deep Learning", its
 //! "gradient compression" sections; GRACE's compressor/memory split).
 //!
 //! In training the order is clip -> noise -> **compress -> decompress** -> optimiser step
@@ -11,31 +11,46 @@
 //! saved in every checkpoint (`Link::state`, names `encoder.*` / `decoder.*`). All tensor work
 //! stays on the gradients' device.
 
+pub mod cast;
 pub mod chunked_dct;
 pub mod compressor;
 pub mod dct;
 pub mod denoise;
 pub mod dgc;
+pub mod elias;
 pub mod encoding;
 pub mod identity;
 pub mod linear_sketch;
 pub mod message;
+pub mod natural;
 pub mod options;
 pub mod owlqn;
 pub mod powersgd;
+pub mod qsgd;
+pub mod random_k;
+pub mod sign;
 pub mod sketched;
+pub mod terngrad;
+pub mod threshold;
 pub mod topk;
 pub mod unpack;
 pub mod wire;
 
+pub use cast::{Cast, CastEncoder, Int8, Int8Encoder};
 pub use compressor::Compressor;
 pub use denoise::{Denoise, DenoiseDecoder, DenoiseEncoder};
 pub use dgc::{Dgc, DgcEncoder};
 pub use identity::DenseEncoder;
-pub use message::{Message, Payload};
+pub use message::{LevelCode, Message, Payload};
+pub use natural::NaturalEncoder;
 pub use options::{CompressorKind, CompressorSpec};
 pub use powersgd::{PowerSgd, PowerSgdEncoder};
+pub use qsgd::{Qsgd, QsgdEncoder, QsgdEncoding};
+pub use random_k::{RandomK, RandomKDecoder, RandomKEncoder};
+pub use sign::{EfSignEncoder, MajorityVote, SignEncoder};
 pub use sketched::{Sketch, SketchDecoder, SketchEncoder};
+pub use terngrad::TernGradEncoder;
+pub use threshold::{Threshold, ThresholdEncoder};
 pub use unpack::Unpack;
 
 use crate::error::Result;
@@ -99,6 +114,13 @@ pub trait Encoder {
 pub trait Decoder {
     /// The update the receiver reconstructs from `message` (the shapes the encoder was given).
     fn decode(&mut self, message: &Message) -> Vec<Tensor>;
+
+    /// What the receiver makes of the mean of the W workers' decoded updates: the mean itself
+    /// (the default), or signSGD's majority vote, its sign. A single worker's update goes
+    /// through it too.
+    fn combine(&self, mean: Vec<Tensor>) -> Vec<Tensor> {
+        mean
+    }
 
     /// Numbers the next message `step`, as `Encoder::set_step` does on the sender.
     fn set_step(&mut self, _step: usize) {}

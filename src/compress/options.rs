@@ -2,6 +2,7 @@
 //! `--compressor-option key=value` (repeatable; in TOML `compressor_options = ["key=value"]`).
 //! Unknown keys and bad values are errors that list what each compressor accepts.
 
+use super::cast::Int8;
 use super::chunked_dct::DctRows;
 use super::compressor::Compressor;
 use super::denoise::Denoise;
@@ -9,7 +10,10 @@ use super::dgc::{Dgc, Warmup};
 use super::encoding::{Budget, IndexBits};
 use super::linear_sketch::Scheme;
 use super::powersgd::{MatrixShape, PowerSgd};
+use super::qsgd::{Qsgd, QsgdEncoding};
+use super::random_k::RandomK;
 use super::sketched::Sketch;
+use super::threshold::Threshold;
 use super::topk::TopK;
 use super::{Decoder, Encoder, Link, Scope};
 use crate::error::{Error, Result};
@@ -41,6 +45,27 @@ pub enum CompressorKind {
     /// FL-CS: DCT coefficients of the shuffled update, reconstructed by BPDN (`sketched`).
     #[serde(rename = "fl-cs")]
     FlCs,
+    /// QSGD: per-bucket norm, signs and stochastically rounded levels, unbiased (`qsgd`).
+    Qsgd,
+    /// TernGrad: per-layer max and stochastic ternary {-1, 0, 1}, unbiased (`terngrad`).
+    Terngrad,
+    /// signSGD with majority vote: one bit per element, no scale (`sign`).
+    Signsgd,
+    /// EF-signSGD: the mean magnitude times the sign, with error feedback (`sign`).
+    #[serde(rename = "ef-signsgd")]
+    EfSignsgd,
+    /// Random-k: numel / rate coordinates from a shared seed, no indices sent (`random_k`).
+    Randomk,
+    /// Threshold-v: every element of magnitude >= v, in COO (`threshold`).
+    Threshold,
+    /// IEEE half precision, 16 bits per element (`cast`).
+    Fp16,
+    /// bfloat16, 16 bits per element (`cast`).
+    Bf16,
+    /// 8-bit integers with a per-tensor scale (`cast`).
+    Int8,
+    /// Natural compression: stochastic rounding to powers of two, 9 bits, unbiased (`natural`).
+    Natural,
 }
 
 impl CompressorKind {
@@ -54,8 +79,39 @@ impl CompressorKind {
             CompressorKind::FlRnd => "fl-rnd",
             CompressorKind::FlFreq => "fl-freq",
             CompressorKind::FlCs => "fl-cs",
+            CompressorKind::Qsgd => "qsgd",
+            CompressorKind::Terngrad => "terngrad",
+            CompressorKind::Signsgd => "signsgd",
+            CompressorKind::EfSignsgd => "ef-signsgd",
+            CompressorKind::Randomk => "randomk",
+            CompressorKind::Threshold => "threshold",
+            CompressorKind::Fp16 => "fp16",
+            CompressorKind::Bf16 => "bf16",
+            CompressorKind::Int8 => "int8",
+            CompressorKind::Natural => "natural",
         }
     }
+
+    /// Every kind, in the order `--help` lists them.
+    pub const ALL: [CompressorKind; 17] = [
+        CompressorKind::Identity,
+        CompressorKind::Dgc,
+        CompressorKind::Powersgd,
+        CompressorKind::Denoise,
+        CompressorKind::FlRnd,
+        CompressorKind::FlFreq,
+        CompressorKind::FlCs,
+        CompressorKind::Qsgd,
+        CompressorKind::Terngrad,
+        CompressorKind::Signsgd,
+        CompressorKind::EfSignsgd,
+        CompressorKind::Randomk,
+        CompressorKind::Threshold,
+        CompressorKind::Fp16,
+        CompressorKind::Bf16,
+        CompressorKind::Int8,
+        CompressorKind::Natural,
+    ];
 
     /// Whether W data-parallel workers exchange this compressor's messages by summing them
     /// (`Encoder::encode_all_reduced`: dense fp32; PowerSGD, whose P, Q and error feedback
@@ -64,8 +120,19 @@ impl CompressorKind {
     /// function of the *sum* of their noised gradients. DGC's and Denoise's messages are
     /// gathered and each decoded on its own (top-k of each worker's update): the update then
     /// depends on every worker's message separately (`train::builder::TrainerBuilder::communicator`'s noise rule).
+    /// So are the quantisers' and casts' (each worker's scale and rounding are its own),
+    /// threshold-v's and signSGD's (whose majority vote is a function of the workers' signs,
+    /// not of their sum); random-k's shared coordinates make it linear, summed like FL-RND.
     pub fn exchanged_by_sum(self) -> bool {
-        !matches!(self, CompressorKind::Dgc | CompressorKind::Denoise)
+        matches!(
+            self,
+            CompressorKind::Identity
+                | CompressorKind::Powersgd
+                | CompressorKind::FlRnd
+                | CompressorKind::FlFreq
+                | CompressorKind::FlCs
+                | CompressorKind::Randomk
+        )
     }
 
     /// The federated paper's linear sketches (`sketched`).
@@ -117,6 +184,18 @@ impl CompressorKind {
             ],
             CompressorKind::FlRnd => &["seed", "error_feedback"],
             CompressorKind::FlFreq => &["chunks"],
+            CompressorKind::Qsgd => &["levels", "bucket", "encoding"],
+            CompressorKind::Randomk => &["seed", "unbiased", "error_feedback"],
+            CompressorKind::Threshold => {
+                &["threshold", "value_bits", "index_bits", "error_feedback"]
+            }
+            CompressorKind::Int8 => &["stochastic"],
+            CompressorKind::Terngrad
+            | CompressorKind::Signsgd
+            | CompressorKind::EfSignsgd
+            | CompressorKind::Fp16
+            | CompressorKind::Bf16
+            | CompressorKind::Natural => &[],
             CompressorKind::FlCs => &[
                 "chunks",
                 "rows",
@@ -165,12 +244,14 @@ impl CompressorSpec {
             ));
         }
         // A setting the chosen compressor does not read would be silently ignored: refuse it.
-        let uses_rate =
-            matches!(kind, CompressorKind::Dgc | CompressorKind::Denoise) || kind.is_sketch();
+        let uses_rate = matches!(
+            kind,
+            CompressorKind::Dgc | CompressorKind::Denoise | CompressorKind::Randomk
+        ) || kind.is_sketch();
         if rate != 1.0 && !uses_rate {
             return Err(Error::bad_value(
                 "rate",
-                format!("{rate}: the rate applies to dgc, denoise and the fl sketches, not {kind} (remove it, or choose another `compressor`)"),
+                format!("{rate}: the rate applies to dgc, denoise, randomk and the fl sketches, not {kind} (remove it, or choose another `compressor`)"),
             ));
         }
         if rank != 1 && kind != CompressorKind::Powersgd {
@@ -224,6 +305,9 @@ impl CompressorSpec {
             CompressorKind::FlRnd | CompressorKind::FlFreq | CompressorKind::FlCs => {
                 spec.sketch_options()?;
             }
+            _ => {
+                spec.compressor()?;
+            }
         }
         Ok(spec)
     }
@@ -238,6 +322,52 @@ impl CompressorSpec {
             CompressorKind::FlRnd | CompressorKind::FlFreq | CompressorKind::FlCs => {
                 Compressor::Sketch(self.sketch_options()?)
             }
+            CompressorKind::Qsgd => Compressor::Qsgd(self.qsgd_options()?),
+            CompressorKind::Terngrad => Compressor::TernGrad,
+            CompressorKind::Signsgd => Compressor::SignSgd,
+            CompressorKind::EfSignsgd => Compressor::EfSignSgd,
+            CompressorKind::Randomk => Compressor::RandomK(RandomK {
+                rate: self.rate,
+                seed: self.get("seed", 0, "an integer >= 0")?,
+                unbiased: self.get("unbiased", false, "true or false")?,
+                error_feedback: self.get("error_feedback", true, "true or false")?,
+            }),
+            CompressorKind::Threshold => Compressor::Threshold(Threshold {
+                threshold: match self.options.get("threshold") {
+                    None => Threshold::default().threshold,
+                    Some(_) => self.get("threshold", 0.0, "a number > 0")?,
+                },
+                value_bits: self.value_bits()?,
+                index_bits: self.index_bits()?,
+                error_feedback: self.get("error_feedback", true, "true or false")?,
+            }),
+            CompressorKind::Fp16 => Compressor::Fp16,
+            CompressorKind::Bf16 => Compressor::Bf16,
+            CompressorKind::Int8 => Compressor::Int8(Int8 {
+                stochastic: self.get("stochastic", false, "true or false")?,
+            }),
+            CompressorKind::Natural => Compressor::Natural,
+        }
+        .validated()?)
+    }
+
+    /// QSGD's typed settings: `levels` s (default 16), `bucket` (default 512; 0: one norm per
+    /// tensor), `encoding=fixed|elias`.
+    fn qsgd_options(&self) -> Result<Qsgd> {
+        let default = Qsgd::default();
+        Ok(Qsgd {
+            levels: self.get("levels", default.levels, "a whole number of levels >= 1")?,
+            bucket: self.get("bucket", default.bucket, "a whole number of elements >= 0")?,
+            encoding: match self.options.get("encoding").map(String::as_str) {
+                None | Some("fixed") => QsgdEncoding::Fixed,
+                Some("elias") => QsgdEncoding::Elias,
+                Some(v) => {
+                    return Err(Error::bad_value(
+                        "compressor option encoding",
+                        format!("{v:?}: expected fixed or elias (the paper's Elias-gamma code)"),
+                    ))
+                }
+            },
         })
     }
 
@@ -262,6 +392,12 @@ impl CompressorSpec {
         let base = match self.kind {
             CompressorKind::Identity => "identity".to_string(),
             CompressorKind::Powersgd => format!("powersgd r{}", self.rank),
+            k if self.rate == 1.0
+                && !matches!(k, CompressorKind::Dgc | CompressorKind::Denoise)
+                && !k.is_sketch() =>
+            {
+                k.to_string()
+            }
             k => format!("{k} x{}", self.rate),
         };
         if self.options.is_empty() {
@@ -633,6 +769,57 @@ impl Compressor {
                     set("error_feedback", s.error_feedback.to_string());
                 }
             }
+            Compressor::Qsgd(q) => {
+                let default = Qsgd::default();
+                if q.levels != default.levels {
+                    set("levels", q.levels.to_string());
+                }
+                if q.bucket != default.bucket {
+                    set("bucket", q.bucket.to_string());
+                }
+                if q.encoding == QsgdEncoding::Elias {
+                    set("encoding", "elias".into());
+                }
+            }
+            Compressor::RandomK(r) => {
+                let default = RandomK::default();
+                rate = r.rate;
+                if r.seed != default.seed {
+                    set("seed", r.seed.to_string());
+                }
+                if r.unbiased != default.unbiased {
+                    set("unbiased", r.unbiased.to_string());
+                }
+                if r.error_feedback != default.error_feedback {
+                    set("error_feedback", r.error_feedback.to_string());
+                }
+            }
+            Compressor::Threshold(t) => {
+                let default = Threshold::default();
+                if t.threshold != default.threshold {
+                    set("threshold", t.threshold.to_string());
+                }
+                if t.value_bits != 32 {
+                    set("value_bits", t.value_bits.to_string());
+                }
+                if t.index_bits == IndexBits::Minimal {
+                    set("index_bits", "min".into());
+                }
+                if t.error_feedback != default.error_feedback {
+                    set("error_feedback", t.error_feedback.to_string());
+                }
+            }
+            Compressor::Int8(i) => {
+                if i.stochastic {
+                    set("stochastic", "true".into());
+                }
+            }
+            Compressor::TernGrad
+            | Compressor::SignSgd
+            | Compressor::EfSignSgd
+            | Compressor::Fp16
+            | Compressor::Bf16
+            | Compressor::Natural => {}
         }
         CompressorSpec::new(self.kind(), rate, rank, &options)
     }

@@ -1,5 +1,5 @@
 //! Basis Pursuit Denoising, min_s ½‖A s − y‖² + λ‖s‖₁ (eq. (4) of
-//! `../shared/papers/compression-boosts-dp-fl.txt`), solved for many independent problems at once:
+//! Kerkouche, Ács, Castelluccia, Genevès, "Compression Boosts Differentially Private Federated Learning", 2021), solved for many independent problems at once:
 //! the rows of s [P, L] are FL-CS's chunks, each with its own measurements y [P, M] and λ [P, 1].
 //! Every scalar of the solvers (dot products, step sizes, line-search acceptance) is per row, so
 //! the rows are solved independently, only batched on the tensors' device.

@@ -1,5 +1,5 @@
 //! The federated paper's linear sketches as compressors of any training run
-//! (`../shared/papers/compression-boosts-dp-fl.txt`; issue 16, step 8): the worker sends
+//! (Kerkouche, Ács, Castelluccia, Genevès, "Compression Boosts Differentially Private Federated Learning", 2021; issue 16, step 8): the worker sends
 //! m = n / rate values of its whole update flattened (parameters in the order given), with no
 //! indices, because every participant derives the sketch from a shared seed:
 //!
@@ -92,7 +92,11 @@ fn codec(options: &Sketch, shapes: &[Vec<i64>], device: Device) -> Result<Codec>
 
 /// A side's checkpointed state: its step counter (a 0-d tensor) and, when kept, its feedback
 /// tensor under `name`.
-fn counted_state(step: usize, name: &str, feedback: Option<&Tensor>) -> Vec<(String, Tensor)> {
+pub(crate) fn counted_state(
+    step: usize,
+    name: &str,
+    feedback: Option<&Tensor>,
+) -> Vec<(String, Tensor)> {
     let mut state = vec![("step".to_string(), Tensor::from(step as i64))];
     if let Some(t) = feedback {
         state.push((name.to_string(), t.shallow_clone()));
@@ -101,7 +105,7 @@ fn counted_state(step: usize, name: &str, feedback: Option<&Tensor>) -> Vec<(Str
 }
 
 /// Restores `counted_state`: copies the feedback tensor back in place and returns the step.
-fn load_counted_state(
+pub(crate) fn load_counted_state(
     mut state: HashMap<String, Tensor>,
     name: &str,
     feedback: Option<&mut Tensor>,

@@ -1,7 +1,7 @@
 //! A `Message` as bytes and back: the format a worker sends (issue 16). The upstream bits a run
 //! reports are 8 x the length of these bytes, measured, not computed beside them.
 //!
-//! Layout, version 1, little-endian, every section starting on a byte:
+//! Layout, version 2, little-endian, every section starting on a byte:
 //!
 //! ```text
 //! message  = "DPCM" version:u8 flag_count:u32 flags:bits[flag_count] payload_count:u32 payload*
@@ -10,8 +10,18 @@
 //!   sparse (kind 1): value_bits:u8 index_bits:u8 k:u32 indices:bits[index_bits][k]
 //!                    values:bits[value_bits][k]
 //!   low rank (kind 2): rank:u32 rows:u32 cols:u32 p:f[rows*rank] q:f[cols*rank]
-//! dtype    = 0 f32 | 1 f64
+//!   quantised (kind 3): code:u8 magnitude_bits:u8 levels:u32 bucket:u32 scale_count:u32
+//!                    scales:f32[scale_count] codes
+//!     codes = sign (code 0): bits[1][numel], 1 for +1
+//!           | sign-magnitude (code 1): bits[1 + magnitude_bits][numel], sign in the low bit
+//!           | Elias gamma (code 2): nonzero:u32 then QSGD's Code_s (`elias`)
+//!   cast   (kind 4): value_bits:u8 values:bits[value_bits][numel]
+//! dtype    = 0 f32 | 1 f64 | 2 f16
 //! ```
+//!
+//! Version 2 added kinds 3 and 4 and dtype 2; a reader of version 2 reads version-1 messages,
+//! which have none of them. A threshold-v payload (`Payload::Masked`) is written as kind 1 from
+//! its nonzero elements, so it reads back as `Payload::Sparse` and decodes to the same tensor.
 //!
 //! A value is the top `value_bits` bits of its IEEE bit pattern: exact for what DGC's low-order
 //! bit removal leaves (`encoding::truncate_mantissa` zeroes the rest), so decoding gives back the
@@ -20,7 +30,8 @@
 //! full width. Flags are one bit each. The header is the fixed cost per message
 //! (`HEADER_BYTES` + `PAYLOAD_HEADER_BYTES` + 4 per dimension, per payload).
 
-use super::message::{Message, Payload};
+use super::elias;
+use super::message::{LevelCode, Message, Payload};
 use crate::error::{Error, Result};
 use crate::host;
 use tch::{Device, Kind, Tensor};
@@ -28,7 +39,9 @@ use tch::{Device, Kind, Tensor};
 /// The four bytes every message starts with.
 pub(crate) const MAGIC: &[u8; 4] = b"DPCM";
 /// The layout's version, after the magic; a reader refuses any other.
-pub(crate) const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 2;
+/// The oldest version a reader still reads.
+pub(crate) const OLDEST_VERSION: u8 = 1;
 /// Magic, version, flag count, payload count.
 pub const HEADER_BYTES: usize = 4 + 1 + 4 + 4;
 /// Kind, dtype, number of dimensions (the dimensions and the body's own fields come after).
@@ -37,6 +50,12 @@ pub const PAYLOAD_HEADER_BYTES: usize = 3;
 const DENSE: u8 = 0;
 const SPARSE: u8 = 1;
 const LOW_RANK: u8 = 2;
+const QUANTIZED: u8 = 3;
+const CAST: u8 = 4;
+
+const CODE_SIGN: u8 = 0;
+const CODE_SIGN_MAGNITUDE: u8 = 1;
+const CODE_ELIAS: u8 = 2;
 
 fn bad(message: impl Into<String>) -> Error {
     Error::bad_value("message bytes", message.into())
@@ -131,8 +150,9 @@ fn dtype_code(kind: Kind) -> Result<u8> {
     match kind {
         Kind::Float => Ok(0),
         Kind::Double => Ok(1),
+        Kind::Half => Ok(2),
         other => Err(bad(format!(
-            "payload values of kind {other:?}: expected f32 or f64"
+            "payload values of kind {other:?}: expected f32, f64 or f16"
         ))),
     }
 }
@@ -157,6 +177,20 @@ fn bit_patterns(values: &Tensor) -> Result<Vec<u64>> {
 
 /// The top `value_bits` bits of each value (all 64 of an f64).
 fn put_values(out: &mut Vec<u8>, values: &Tensor, value_bits: u32) -> Result<()> {
+    if values.kind() == Kind::Half {
+        let patterns = host::to_vec_i64(
+            &values
+                .reshape([-1])
+                .to_device(Device::Cpu)
+                .view_dtype(Kind::Int16)
+                .to_kind(Kind::Int64),
+        )
+        .map_err(|e| bad(e.to_string()))?;
+        for bits in patterns {
+            out.extend_from_slice(&(bits as u16).to_le_bytes());
+        }
+        return Ok(());
+    }
     if values.kind() == Kind::Double {
         for bits in bit_patterns(values)? {
             out.extend_from_slice(&bits.to_le_bytes());
@@ -192,6 +226,14 @@ fn get_values(
     device: Device,
 ) -> Result<Tensor> {
     let values = match dtype {
+        2 => {
+            let bytes = r.take(count * 2, "f16 values")?;
+            let v: Vec<i16> = bytes
+                .chunks_exact(2)
+                .map(|c| i16::from_le_bytes([c[0], c[1]]))
+                .collect();
+            Tensor::from_slice(&v).view_dtype(Kind::Half)
+        }
         1 => {
             let bytes = r.take(count * 8, "f64 values")?;
             let v: Vec<f64> = bytes
@@ -212,7 +254,11 @@ fn get_values(
                 .collect();
             Tensor::from_slice(&v)
         }
-        other => return Err(bad(format!("dtype {other}: expected 0 (f32) or 1 (f64)"))),
+        other => {
+            return Err(bad(format!(
+                "dtype {other}: expected 0 (f32), 1 (f64) or 2 (f16)"
+            )))
+        }
     };
     Ok(host::upload(&values, device))
 }
@@ -233,18 +279,55 @@ fn put_u32(out: &mut Vec<u8>, value: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// The length `encode` gives, from the payloads' sizes alone (no copy, no device read): what
-/// `dpcomp grid --list` estimates with; runs report the measured length.
+/// The kept count (u32) and the flat positions at `index_bits` each.
+fn put_indices(out: &mut Vec<u8>, indices: &Tensor, index_bits: u32) -> Result<()> {
+    put_u32(out, indices.numel(), "kept elements")?;
+    let positions = host::to_vec_i64(&indices.reshape([-1]).to_device(Device::Cpu))
+        .map_err(|e| bad(e.to_string()))?;
+    if index_bits == 32 {
+        for p in positions {
+            out.extend_from_slice(&(p as u32).to_le_bytes());
+        }
+    } else {
+        let mut w = BitWriter::new(out);
+        for p in positions {
+            debug_assert!((p as u64) < (1u64 << index_bits));
+            w.put(p as u64, index_bits);
+        }
+        w.finish();
+    }
+    Ok(())
+}
+
+/// The length `encode` gives. A data-dependent size (threshold-v, Elias gamma) is read from
+/// the device (one counted host read); `encoded_len_split` leaves it there.
 pub fn encoded_len(message: &Message) -> usize {
+    let (fixed, pending) = encoded_len_split(message);
+    fixed + pending.map_or(0, |t| host::i64_scalar(&t) as usize)
+}
+
+/// The length `encode` gives, as the bytes the payloads' shapes and widths fix and the rest, a
+/// 0-d int64 tensor of bytes on the device when a payload's size depends on its values
+/// (`Payload::pending_bits`). No copy and no device read: what a training step records.
+pub fn encoded_len_split(message: &Message) -> (usize, Option<Tensor>) {
     let value_bytes = |n: usize, kind: Kind, bits: u32| match kind {
         Kind::Double => 8 * n,
+        Kind::Half => 2 * n,
         _ => (n * bits as usize).div_ceil(8),
     };
+    let mut pending: Option<Tensor> = None;
+    let mut add = |t: Tensor| {
+        pending = Some(match pending.take() {
+            None => t,
+            Some(total) => total + t,
+        });
+    };
+    let bytes_of = |bits: Tensor| (bits + 7).floor_divide_scalar(8);
     let payloads: usize = message
         .payloads
         .iter()
         .map(|p| match p {
-            Payload::Dense { values, value_bits } => {
+            Payload::Dense { values, value_bits } | Payload::Cast { values, value_bits } => {
                 PAYLOAD_HEADER_BYTES
                     + 4 * values.dim()
                     + 1
@@ -265,6 +348,15 @@ pub fn encoded_len(message: &Message) -> usize {
                     + (k * *index_bits as usize).div_ceil(8)
                     + value_bytes(k, values.kind(), *value_bits)
             }
+            Payload::Masked {
+                values,
+                value_bits,
+                index_bits,
+            } => {
+                let k = values.ne(0.0).sum(Kind::Int64);
+                add(bytes_of(&k * *index_bits as i64) + bytes_of(k * *value_bits as i64));
+                PAYLOAD_HEADER_BYTES + 4 * values.dim() + 2 + 4
+            }
             Payload::LowRank { p, q, shape } => {
                 PAYLOAD_HEADER_BYTES
                     + 4 * shape.len()
@@ -272,12 +364,35 @@ pub fn encoded_len(message: &Message) -> usize {
                     + value_bytes(p.numel(), p.kind(), 32)
                     + value_bytes(q.numel(), q.kind(), 32)
             }
+            Payload::Quantized {
+                codes,
+                scales,
+                code,
+                shape,
+                ..
+            } => {
+                let head = PAYLOAD_HEADER_BYTES + 4 * shape.len() + 2 + 12 + 4 * scales.numel();
+                let numel = codes.numel();
+                head + match code {
+                    LevelCode::Sign => numel.div_ceil(8),
+                    LevelCode::SignMagnitude { magnitude_bits } => {
+                        (numel * (1 + *magnitude_bits as usize)).div_ceil(8)
+                    }
+                    LevelCode::EliasGamma => {
+                        add(bytes_of(elias::code_bits(codes)));
+                        4
+                    }
+                }
+            }
         })
         .sum();
-    HEADER_BYTES + message.flags.len().div_ceil(8) + payloads
+    (
+        HEADER_BYTES + message.flags.len().div_ceil(8) + payloads,
+        pending,
+    )
 }
 
-/// The message as version-1 bytes (this copies the payloads to the host).
+/// The message as version-2 bytes (this copies the payloads to the host).
 pub fn encode(message: &Message) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
@@ -305,23 +420,78 @@ pub fn encode(message: &Message) -> Result<Vec<u8>> {
             } => {
                 put_shape(&mut out, SPARSE, dtype_code(values.kind())?, shape)?;
                 out.extend_from_slice(&[*value_bits as u8, *index_bits as u8]);
-                let k = indices.numel();
-                put_u32(&mut out, k, "kept elements")?;
-                let positions = host::to_vec_i64(&indices.reshape([-1]).to_device(Device::Cpu))
-                    .map_err(|e| bad(e.to_string()))?;
-                if *index_bits == 32 {
-                    for p in positions {
-                        out.extend_from_slice(&(p as u32).to_le_bytes());
-                    }
-                } else {
-                    let mut w = BitWriter::new(&mut out);
-                    for p in positions {
-                        debug_assert!((p as u64) < (1u64 << index_bits));
-                        w.put(p as u64, *index_bits);
-                    }
-                    w.finish();
-                }
+                put_indices(&mut out, indices, *index_bits)?;
                 put_values(&mut out, values, *value_bits)?;
+            }
+            Payload::Cast { values, value_bits } => {
+                put_shape(&mut out, CAST, dtype_code(values.kind())?, &values.size())?;
+                out.push(*value_bits as u8);
+                put_values(&mut out, values, *value_bits)?;
+            }
+            Payload::Masked {
+                values,
+                value_bits,
+                index_bits,
+            } => {
+                // The nonzero elements as a sparse payload (kind 1), found on the host.
+                let flat = values.reshape([-1]).to_device(Device::Cpu);
+                let indices = host::nonzero(&flat).reshape([-1]);
+                put_shape(&mut out, SPARSE, dtype_code(values.kind())?, &values.size())?;
+                out.extend_from_slice(&[*value_bits as u8, *index_bits as u8]);
+                put_indices(&mut out, &indices, *index_bits)?;
+                put_values(&mut out, &flat.index_select(0, &indices), *value_bits)?;
+            }
+            Payload::Quantized {
+                codes,
+                scales,
+                bucket,
+                levels,
+                code,
+                shape,
+            } => {
+                put_shape(&mut out, QUANTIZED, 0, shape)?;
+                let (code_kind, magnitude_bits) = match code {
+                    LevelCode::Sign => (CODE_SIGN, 0),
+                    LevelCode::SignMagnitude { magnitude_bits } => {
+                        (CODE_SIGN_MAGNITUDE, *magnitude_bits)
+                    }
+                    LevelCode::EliasGamma => (CODE_ELIAS, 0),
+                };
+                out.extend_from_slice(&[code_kind, magnitude_bits as u8]);
+                put_u32(&mut out, *levels as usize, "levels")?;
+                put_u32(&mut out, *bucket as usize, "bucket")?;
+                put_u32(&mut out, scales.numel(), "scale count")?;
+                put_values(&mut out, &scales.to_kind(Kind::Float), 32)?;
+                let codes = host::to_vec_i64(
+                    &codes
+                        .reshape([-1])
+                        .to_device(Device::Cpu)
+                        .to_kind(Kind::Int64),
+                )
+                .map_err(|e| bad(e.to_string()))?;
+                match code {
+                    LevelCode::Sign => {
+                        let mut w = BitWriter::new(&mut out);
+                        for c in codes {
+                            w.put((c > 0) as u64, 1);
+                        }
+                        w.finish();
+                    }
+                    LevelCode::SignMagnitude { magnitude_bits } => {
+                        let mut w = BitWriter::new(&mut out);
+                        for c in codes {
+                            let field = (c < 0) as u64 | (c.unsigned_abs() << 1);
+                            debug_assert!(c.unsigned_abs() < (1 << magnitude_bits));
+                            w.put(field, 1 + magnitude_bits);
+                        }
+                        w.finish();
+                    }
+                    LevelCode::EliasGamma => {
+                        let nonzero = codes.iter().filter(|&&c| c != 0).count();
+                        put_u32(&mut out, nonzero, "nonzero codes")?;
+                        elias::write(&mut out, &codes);
+                    }
+                }
             }
             Payload::LowRank { p, q, shape } => {
                 put_shape(&mut out, LOW_RANK, dtype_code(p.kind())?, shape)?;
@@ -347,9 +517,9 @@ pub fn decode(bytes: &[u8], device: Device) -> Result<Message> {
         return Err(bad(format!("magic {magic:?}: expected {MAGIC:?}")));
     }
     let version = r.u8("version")?;
-    if version != VERSION {
+    if !(OLDEST_VERSION..=VERSION).contains(&version) {
         return Err(bad(format!(
-            "version {version}: this build reads version {VERSION}"
+            "version {version}: this build reads versions {OLDEST_VERSION} to {VERSION}"
         )));
     }
     let flag_count = r.u32("flag count")? as usize;
@@ -421,9 +591,19 @@ pub fn decode(bytes: &[u8], device: Device) -> Result<Message> {
                     shape,
                 }
             }
+            CAST if version >= 2 => {
+                let value_bits = r.u8("value bits")? as u32;
+                let values =
+                    get_values(&mut r, numel as usize, value_bits, dtype, device).map_err(named)?;
+                Payload::Cast {
+                    values: values.view(shape.as_slice()),
+                    value_bits,
+                }
+            }
+            QUANTIZED if version >= 2 => get_quantized(&mut r, shape, device).map_err(named)?,
             other => {
                 return Err(bad(format!(
-                    "payload {i}: kind {other}: expected 0 (dense), 1 (sparse) or 2 (low rank)"
+                    "payload {i}: kind {other}: expected 0 (dense), 1 (sparse), 2 (low rank), 3 (quantised) or 4 (cast) in version {version}"
                 )))
             }
         });
@@ -437,10 +617,87 @@ pub fn decode(bytes: &[u8], device: Device) -> Result<Message> {
     Ok(Message { payloads, flags })
 }
 
+/// A quantised payload's body (kind 3) for a tensor of `shape`.
+fn get_quantized(r: &mut Reader, shape: Vec<i64>, device: Device) -> Result<Payload> {
+    let numel = shape.iter().product::<i64>() as usize;
+    let code_kind = r.u8("code")?;
+    let magnitude_bits = r.u8("magnitude bits")? as u32;
+    let levels = r.u32("levels")?;
+    let bucket = r.u32("bucket")? as i64;
+    let scale_count = r.u32("scale count")? as usize;
+    if levels == 0 {
+        return Err(bad("levels 0: expected at least 1"));
+    }
+    if scale_count > 0 && (bucket < 1 || scale_count != numel.div_ceil(bucket as usize)) {
+        return Err(bad(format!(
+            "{scale_count} scales for {numel} elements in buckets of {bucket}: expected ceil(numel / bucket)"
+        )));
+    }
+    let scales = get_values(r, scale_count, 32, 0, device)?;
+    let (codes, code) = match code_kind {
+        CODE_SIGN => (
+            r.bits(numel, 1, "signs")?
+                .into_iter()
+                .map(|b| if b == 1 { 1 } else { -1 })
+                .collect::<Vec<i32>>(),
+            LevelCode::Sign,
+        ),
+        CODE_SIGN_MAGNITUDE => {
+            if !(1..=31).contains(&magnitude_bits) {
+                return Err(bad(format!(
+                    "magnitude bits {magnitude_bits}: expected 1..=31"
+                )));
+            }
+            (
+                r.bits(numel, 1 + magnitude_bits, "codes")?
+                    .into_iter()
+                    .map(|f| {
+                        let magnitude = (f >> 1) as i32;
+                        if f & 1 == 1 {
+                            -magnitude
+                        } else {
+                            magnitude
+                        }
+                    })
+                    .collect(),
+                LevelCode::SignMagnitude { magnitude_bits },
+            )
+        }
+        CODE_ELIAS => {
+            let nonzero = r.u32("nonzero codes")? as usize;
+            if nonzero > numel {
+                return Err(bad(format!(
+                    "{nonzero} nonzero codes in a tensor of {numel} elements"
+                )));
+            }
+            let (codes, used) = elias::read(&r.bytes[r.at..], nonzero, numel)?;
+            r.take(used, "Elias-gamma codes")?;
+            let codes = codes
+                .into_iter()
+                .map(|c| i32::try_from(c).map_err(|_| bad(format!("level {c} outside i32"))))
+                .collect::<Result<Vec<i32>>>()?;
+            (codes, LevelCode::EliasGamma)
+        }
+        other => {
+            return Err(bad(format!(
+                "code {other}: expected 0 (sign), 1 (sign-magnitude) or 2 (Elias gamma)"
+            )))
+        }
+    };
+    Ok(Payload::Quantized {
+        codes: host::upload(&Tensor::from_slice(&codes), device),
+        scales,
+        bucket,
+        levels,
+        code,
+        shape,
+    })
+}
+
 /// A message's bytes are this file's format; the methods sit here so that `message` (the
 /// in-memory form) does not depend on its encoding.
 impl Message {
-    /// The message as bytes (version 1 of this file's format).
+    /// The message as bytes (version 2 of this file's format).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         encode(self)
     }

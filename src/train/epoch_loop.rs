@@ -107,6 +107,8 @@ impl Trainer {
         let mut seen = 0i64;
         let mut steps = 0usize;
         let mut host_reads = 0u64;
+        // Steps whose message size waits on the device (row in `upstream`, [wire, paper] bits).
+        let mut pending: Vec<(usize, Tensor)> = Vec::new();
         for (step, index) in batches.iter().enumerate() {
             let reads = host::HostReads::start();
             if *budget == Some(0) {
@@ -175,11 +177,15 @@ impl Trainer {
                 self.updater.last_bits,
                 self.updater.last_paper_bits,
             ));
+            if let Some(bits) = self.updater.take_pending_bits() {
+                pending.push((upstream.len() - 1, bits));
+            }
             host_reads += reads.since();
             for o in &mut self.observers {
                 o.step_finished(epoch, step);
             }
             if intervals.iter().any(|&i| due(step, i)) {
+                self.resolve_pending_bits(&mut pending, &mut upstream);
                 // RDP is cheap enough to show live; the PLD's FFTs run once per epoch.
                 let live = self.config.privacy.accountant == crate::config::AccountantKind::Rdp;
                 let shown = seen.max(1) as f64;
@@ -200,6 +206,7 @@ impl Trainer {
                 }
             }
         }
+        self.resolve_pending_bits(&mut pending, &mut upstream);
         Ok(EpochSteps {
             epoch,
             started,
@@ -212,6 +219,33 @@ impl Trainer {
             upstream,
             host_reads,
         })
+    }
+
+    /// Adds the data-dependent message sizes the steps left on the device
+    /// (`Updater::take_pending_bits`) to their rows and the run's totals: all of them in one
+    /// host read, at a logging interval or the epoch's end.
+    fn resolve_pending_bits(
+        &mut self,
+        pending: &mut Vec<(usize, Tensor)>,
+        upstream: &mut [metrics::UpstreamRow],
+    ) {
+        if pending.is_empty() {
+            return;
+        }
+        let sizes: Vec<Tensor> = pending.iter().map(|(_, t)| t.shallow_clone()).collect();
+        let read = host::to_vec_i64(
+            &Tensor::stack(&sizes, 0)
+                .reshape([-1])
+                .to_device(tch::Device::Cpu),
+        )
+        .expect("int64 sizes read back");
+        for ((row, _), both) in pending.drain(..).zip(read.chunks(2)) {
+            let (wire, paper) = (both[0] as u64, both[1] as u64);
+            upstream[row].2 += wire;
+            upstream[row].3 += paper;
+            self.state.upstream_bits += wire;
+            self.state.upstream_paper_bits += paper;
+        }
     }
 
     /// The end of an epoch that trained: the totals over the workers, the test evaluation, the

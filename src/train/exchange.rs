@@ -121,7 +121,10 @@ impl Exchange {
             let at = Instant::now();
             // One message, the same on every worker: the first decoder reads it (dense and
             // PowerSGD statelessly, a sketch's receiver with its error in the compressed domain).
-            let update: Vec<Tensor> = tch::no_grad(|| self.decoders[0].decode(&message));
+            let update: Vec<Tensor> = tch::no_grad(|| {
+                let decoded = self.decoders[0].decode(&message);
+                self.decoders[0].combine(decoded)
+            });
             let cost = StepTraffic {
                 traffic: self.comm.take_traffic(),
                 encode_seconds,
@@ -157,11 +160,13 @@ impl Exchange {
                 Some(total) => total.iter().zip(&part).map(|(t, p)| t + p).collect(),
             });
         }
-        let update = sum
+        let mean = sum
             .expect("an all-gather returns one message per rank")
             .into_iter()
             .map(|t| t / workers as f64)
             .collect();
+        // signSGD's majority vote: the sign of the mean (`Decoder::combine`).
+        let update = self.decoders[0].combine(mean);
         let cost = StepTraffic {
             traffic: self.comm.take_traffic(),
             encode_seconds,

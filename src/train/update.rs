@@ -31,6 +31,11 @@ pub struct Updater {
     pub last_bits: u64,
     /// The same message in the paper's unit (64 bits per transmitted element, `Message::paper_bits`).
     pub last_paper_bits: u64,
+    /// The part of the last message's size that depends on its values (threshold-v, QSGD's
+    /// Elias gamma), left on the device so that the step does not wait for it: an int64 tensor
+    /// [wire bits, paper bits] to add to `last_bits` and `last_paper_bits`. The trainer reads
+    /// the steps' sizes together at its logging interval (`take_pending_bits`).
+    pending_bits: Option<Tensor>,
     /// With W workers (`train::exchange`): the transport and the decoders of every sender; the
     /// update is then the mean of the W workers' decoded messages. `None`: one worker, whose
     /// message goes through bytes to `compressor.decoder` in this process.
@@ -62,6 +67,7 @@ impl Updater {
             compressor,
             last_bits: 0,
             last_paper_bits: 0,
+            pending_bits: None,
             exchange: None,
             last_traffic: StepTraffic::default(),
             clip_noised: None,
@@ -102,9 +108,24 @@ impl Updater {
     /// length of the message's bytes, made only where they cross a process or with
     /// `verify_wire`, otherwise computed exactly from the payloads' sizes. The epoch is an
     /// argument so that a schedule that depends on it (DGC's warm-up) cannot be left behind.
+    /// A message whose size depends on its values (threshold-v, QSGD's Elias gamma) has it
+    /// read from the device here (one counted host read); the trainer defers that read.
     pub fn apply(&mut self, epoch: usize, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
         self.start_epoch(epoch);
-        self.step(params, grads)
+        self.step(params, grads)?;
+        if let Some(pending) = self.pending_bits.take() {
+            let both = crate::host::to_vec_i64(&pending.to_device(tch::Device::Cpu))?;
+            self.last_bits += both[0] as u64;
+            self.last_paper_bits += both[1] as u64;
+        }
+        Ok(self.last_bits)
+    }
+
+    /// The data-dependent part of the last message's size, [wire bits, paper bits] as an
+    /// int64 tensor on the device (`None` when the payloads' shapes fix it), taken: the caller
+    /// adds it to `last_bits` and `last_paper_bits` when it reads it.
+    pub(crate) fn take_pending_bits(&mut self) -> Option<Tensor> {
+        self.pending_bits.take()
     }
 
     /// Tells the compressor that epoch `epoch` has begun (once per epoch).
@@ -115,8 +136,10 @@ impl Updater {
         }
     }
 
-    /// `apply` in the epoch `start_epoch` last set (the trainer's steps).
+    /// `apply` in the epoch `start_epoch` last set (the trainer's steps), leaving a
+    /// data-dependent size on the device (`take_pending_bits`).
     pub(crate) fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<u64> {
+        self.pending_bits = None;
         let clipped;
         let grads = match self.clip_noised {
             Some(radius) => {
@@ -134,17 +157,26 @@ impl Updater {
             return Ok(self.last_bits);
         }
         let message = self.compressor.encoder.encode(grads);
-        self.last_paper_bits = message.paper_bits();
+        let (paper_bits, pending_paper) = message.paper_bits_split();
+        self.last_paper_bits = paper_bits;
         let update = if self.verify_wire {
             let bytes = message.to_bytes()?;
             self.last_bits = 8 * bytes.len() as u64;
+            if let Some(p) = pending_paper {
+                self.last_paper_bits += crate::host::i64_scalar(&p) as u64;
+            }
             let device = grads.first().map_or(tch::Device::Cpu, Tensor::device);
             let received = Message::from_bytes(&bytes, device)?;
             self.compressor.decoder.decode(&received)
         } else {
-            self.last_bits = 8 * crate::compress::wire::encoded_len(&message) as u64;
+            let (bytes, pending_bytes) = crate::compress::wire::encoded_len_split(&message);
+            self.last_bits = 8 * bytes as u64;
+            if let (Some(wire), Some(paper)) = (pending_bytes, pending_paper) {
+                self.pending_bits = Some(Tensor::stack(&[wire * 8, paper], 0));
+            }
             self.compressor.decoder.decode(&message)
         };
+        let update = self.compressor.decoder.combine(update);
         self.optimizer.step(params, &update);
         Ok(self.last_bits)
     }
