@@ -172,6 +172,21 @@ fn every_compressor() -> Vec<CompressorSpec> {
         spec(CompressorKind::FlRnd, 4.0, 1, &[]),
         spec(CompressorKind::FlFreq, 4.0, 1, &[]),
         spec(CompressorKind::FlCs, 4.0, 1, &["iterations=30"]),
+        spec(
+            CompressorKind::Qsgd,
+            1.0,
+            1,
+            &["levels=4", "encoding=elias"],
+        ),
+        spec(CompressorKind::Terngrad, 1.0, 1, &[]),
+        spec(CompressorKind::Signsgd, 1.0, 1, &[]),
+        spec(CompressorKind::EfSignsgd, 1.0, 1, &[]),
+        spec(CompressorKind::Randomk, 4.0, 1, &[]),
+        spec(CompressorKind::Threshold, 1.0, 1, &["threshold=0.5"]),
+        spec(CompressorKind::Fp16, 1.0, 1, &[]),
+        spec(CompressorKind::Bf16, 1.0, 1, &[]),
+        spec(CompressorKind::Int8, 1.0, 1, &["stochastic=true"]),
+        spec(CompressorKind::Natural, 1.0, 1, &[]),
     ]
 }
 
@@ -422,7 +437,7 @@ fn w_workers_average_their_own_round_trips() {
                             part
                         })
                         .collect();
-                    (0..SHAPES.len())
+                    let mean = (0..SHAPES.len())
                         .map(|i| {
                             let mut sum = parts[0][i].copy();
                             for part in &parts[1..] {
@@ -430,7 +445,9 @@ fn w_workers_average_their_own_round_trips() {
                             }
                             sum / workers as f64
                         })
-                        .collect()
+                        .collect();
+                    // signSGD's majority vote: the sign of the mean.
+                    links[0].0.decoder.combine(mean)
                 })
                 .collect();
             for (rank, updates) in results.iter().enumerate() {

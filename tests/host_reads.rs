@@ -89,7 +89,7 @@ fn compressed(c: &mut TrainConfig, kind: CompressorKind, rate: f64, options: &[&
 /// non-private step, physical batches, per-layer, adaptive and two-pass clipping, DP-Adam and
 /// the second clipping. FL-CS is the known exception: its OWL-QN reconstruction stops early on
 /// a value it reads (`compress::owlqn`).
-const VARIANTS: [Variant; 14] = [
+const VARIANTS: [Variant; 19] = [
     ("dp identity", |_| {}),
     ("dp dgc exact", |c| {
         compressed(c, CompressorKind::Dgc, 16.0, &["topk=exact"])
@@ -113,6 +113,22 @@ const VARIANTS: [Variant; 14] = [
     }),
     ("dp fl-freq", |c| {
         compressed(c, CompressorKind::FlFreq, 10.0, &[])
+    }),
+    // Issue 40's families; threshold-v's and Elias gamma's sizes stay on the device.
+    ("dp qsgd elias", |c| {
+        compressed(c, CompressorKind::Qsgd, 1.0, &["encoding=elias"])
+    }),
+    ("dp terngrad and signs", |c| {
+        compressed(c, CompressorKind::Terngrad, 1.0, &[])
+    }),
+    ("dp ef-signsgd", |c| {
+        compressed(c, CompressorKind::EfSignsgd, 1.0, &[])
+    }),
+    ("dp randomk", |c| {
+        compressed(c, CompressorKind::Randomk, 16.0, &[])
+    }),
+    ("dp threshold", |c| {
+        compressed(c, CompressorKind::Threshold, 1.0, &["threshold=0.05"])
     }),
     ("non-private dgc exact", |c| {
         c.privacy.noise_multiplier = None;

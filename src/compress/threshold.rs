@@ -95,7 +95,8 @@ impl Encoder for ThresholdEncoder {
                         None => g.to_kind(Kind::Float),
                     };
                     let keep = v.abs().ge(o.threshold);
-                    let values = truncate_mantissa(&(&v * &keep), o.value_bits);
+                    // Unsent elements are +0.0 (not -0.0), as the receiver of the bytes fills them.
+                    let values = truncate_mantissa(&v.where_scalarother(&keep, 0.0), o.value_bits);
                     if let Some(r) = self.residuals.as_mut() {
                         let _ = r[i].g_sub_(&values);
                     }
