@@ -32,6 +32,12 @@ fn header_bound(message: &Message) -> usize {
             Payload::Dense { values, .. } => PAYLOAD_HEADER_BYTES + 4 * values.dim() + 1 + 1,
             Payload::Sparse { shape, .. } => PAYLOAD_HEADER_BYTES + 4 * shape.len() + 2 + 4 + 2,
             Payload::LowRank { shape, .. } => PAYLOAD_HEADER_BYTES + 4 * shape.len() + 12,
+            Payload::Cast { values, .. } => PAYLOAD_HEADER_BYTES + 4 * values.dim() + 1 + 1,
+            // Code, widths, levels, bucket, scale count, the nonzero count, padding.
+            Payload::Quantized { shape, scales, .. } => {
+                PAYLOAD_HEADER_BYTES + 4 * shape.len() + 14 + 4 * scales.numel() + 4 + 1
+            }
+            Payload::Masked { values, .. } => PAYLOAD_HEADER_BYTES + 4 * values.dim() + 2 + 4 + 2,
         })
         .sum();
     HEADER_BYTES + message.flags.len().div_ceil(8) + payloads
@@ -119,6 +125,30 @@ fn every_compressor_round_trips_through_bytes_bit_for_bit() {
     round_trip("denoise x16", spec(CompressorKind::Denoise, 16.0, 1, &[]));
     round_trip("powersgd r1", spec(CompressorKind::Powersgd, 1.0, 1, &[]));
     round_trip("powersgd r4", spec(CompressorKind::Powersgd, 1.0, 4, &[]));
+    // Issue 40's families: quantised codes (fixed widths and Elias gamma), casts, random-k's
+    // values, threshold-v's data-dependent count.
+    round_trip("qsgd", spec(CompressorKind::Qsgd, 1.0, 1, &[]));
+    round_trip(
+        "qsgd elias",
+        spec(
+            CompressorKind::Qsgd,
+            1.0,
+            1,
+            &["levels=2", "encoding=elias"],
+        ),
+    );
+    round_trip("terngrad", spec(CompressorKind::Terngrad, 1.0, 1, &[]));
+    round_trip("signsgd", spec(CompressorKind::Signsgd, 1.0, 1, &[]));
+    round_trip("ef-signsgd", spec(CompressorKind::EfSignsgd, 1.0, 1, &[]));
+    round_trip("randomk", spec(CompressorKind::Randomk, 8.0, 1, &[]));
+    round_trip(
+        "threshold",
+        spec(CompressorKind::Threshold, 1.0, 1, &["threshold=1"]),
+    );
+    round_trip("fp16", spec(CompressorKind::Fp16, 1.0, 1, &[]));
+    round_trip("bf16", spec(CompressorKind::Bf16, 1.0, 1, &[]));
+    round_trip("int8", spec(CompressorKind::Int8, 1.0, 1, &[]));
+    round_trip("natural", spec(CompressorKind::Natural, 1.0, 1, &[]));
 }
 
 #[test]
@@ -162,6 +192,20 @@ fn malformed_bytes_are_refused_naming_the_field() {
     let mut wrong = bytes.clone();
     wrong[4] = 9;
     assert!(err(&wrong).contains("version 9"));
+    // Version 1 (before the quantised and cast payloads) still reads; its kinds are a subset.
+    assert_eq!(bytes[4], 2, "this build writes version 2");
+    let mut first = bytes.clone();
+    first[4] = 1;
+    assert!(Message::from_bytes(&first, Device::Cpu).is_ok());
+    let cast = Message::new(vec![Payload::Cast {
+        values: Tensor::from_slice(&[0.5f32, -2.0]).to_kind(Kind::Half),
+        value_bits: 16,
+    }])
+    .to_bytes()
+    .unwrap();
+    let mut old = cast.clone();
+    old[4] = 1;
+    assert!(err(&old).contains("kind 4"), "{}", err(&old));
     let mut longer = bytes.clone();
     longer.push(0);
     assert!(err(&longer).contains("left after"));
