@@ -13,12 +13,16 @@
 //!    smoothed by a mean filter over `smoothing_width(epochs)` epochs without padding at the ends
 //!    (the paper's Figures B.1/B.2: width 20 over 100 epochs).
 //!
+//! 4. `accuracy_vs_upload`: final accuracy against upload in the paper's unit, one panel per σ,
+//!    with each panel's Pareto front (`upload`).
+//!
 //! Colours are fixed per compression setting and per noise multiplier, so the same setting has
 //! the same colour in every figure. Text uses the bundled DejaVu Sans (`assets/fonts`).
 
 pub mod analysis;
 pub mod convex;
 pub mod fl;
+pub mod upload;
 
 use crate::analysis::gradient_error::{self, GradientErrorRecord};
 use crate::config::TrainConfig;
@@ -588,6 +592,9 @@ pub fn plot_beside(
             written.push(path);
         }
     }
+    written.extend(upload::upload_figures(
+        &cells, &settings, &sigmas, out, title,
+    )?);
     written.extend(analysis::gradient_error_figures(
         &cells, &settings, &sigmas, out, title,
     )?);
