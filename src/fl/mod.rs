@@ -339,6 +339,22 @@ impl FlSettings {
                 "denoise: federated runs take identity (FL-STD), fl-rnd, fl-freq, fl-cs, dgc or powersgd (denoise's receiver follows a single sender's velocity)",
             ));
         }
+        // The families of training runs (QSGD, signSGD, ...) are not wired into the federated
+        // round: its server neither counts random-k's rounds nor takes signSGD's majority vote.
+        let federated = [
+            CompressorKind::Identity,
+            CompressorKind::FlRnd,
+            CompressorKind::FlFreq,
+            CompressorKind::FlCs,
+            CompressorKind::Dgc,
+            CompressorKind::Powersgd,
+        ];
+        if !federated.contains(&c.kind) {
+            return Err(Error::bad_value(
+                "compression.kind",
+                format!("{}: federated runs take identity (FL-STD), fl-rnd, fl-freq, fl-cs, dgc or powersgd; the other compressors run in `dpcomp train`", c.kind),
+            ));
+        }
         if let Some(c2) = c.clip_noised {
             return Err(Error::bad_value(
                 "compression.clip_noised",
