@@ -12,7 +12,6 @@
 //!   bits) plus the 32-bit scale.
 
 use super::message::LevelCode;
-use super::qsgd::stochastic_round;
 use super::{Encoder, Message, Payload};
 use tch::{Kind, Tensor};
 
@@ -98,14 +97,15 @@ impl Encoder for Int8Encoder {
                         let flat = g.to_kind(Kind::Float).reshape([-1]);
                         let scale = flat.abs().max().reshape([1]) / 127.0;
                         let safe = scale.where_scalarother(&scale.gt(0.0), 1.0);
-                        let x = &flat / &safe;
-                        let codes = if self.0.stochastic {
-                            stochastic_round(&x)
+                        let mut x = &flat / &safe;
+                        if self.0.stochastic {
+                            let _ = x.g_add_(&x.rand_like()).floor_();
                         } else {
-                            x.round()
-                        };
+                            let _ = x.round_();
+                        }
+                        let _ = x.clamp_(-127.0, 127.0);
                         Payload::Quantized {
-                            codes: codes.clamp(-127.0, 127.0).to_kind(Kind::Int),
+                            codes: x.to_kind(Kind::Int8),
                             scales: scale,
                             bucket: flat.numel().max(1) as i64,
                             levels: 1,

@@ -67,7 +67,7 @@ pub enum Payload {
     /// Integer codes with per-bucket scales: element i is `scales[i / bucket] * codes[i] /
     /// levels` (scale 1 when `scales` is empty).
     Quantized {
-        /// One integer code per element (int32 on the device), flat in row-major order.
+        /// One integer code per element (int8 or int32 on the device), flat in row-major order.
         codes: Tensor,
         /// fp32 scales, one per `bucket` consecutive elements (\[ceil(numel / bucket)\]), or
         /// empty (\[0\]) for codes that carry no scale (signSGD's signs).
@@ -311,13 +311,16 @@ impl Payload {
                 shape,
                 ..
             } => {
-                let values = codes.to_kind(Kind::Float);
-                let values = if *levels == 1 {
-                    values
+                // 1 / levels folded into the (few) scales; the codes scaled in place.
+                let mut values = codes.to_kind(Kind::Float);
+                if *levels == 1 {
+                    scale_buckets(values, scales, *bucket).view(shape.as_slice())
+                } else if scales.numel() == 0 {
+                    values.g_div_scalar_(*levels as f64).view(shape.as_slice())
                 } else {
-                    values / *levels as f64
-                };
-                scale_buckets(&values, scales, *bucket).view(shape.as_slice())
+                    let scales = scales / *levels as f64;
+                    scale_buckets(values, &scales, *bucket).view(shape.as_slice())
+                }
             }
             Payload::Masked { values, .. } => values.shallow_clone(),
         }
@@ -329,23 +332,28 @@ fn kept_count(values: &Tensor) -> Tensor {
     values.ne(0.0).sum(Kind::Int64)
 }
 
-/// `values` (flat \[numel\]) times the scale of each one's bucket: `scales[i / bucket]`;
-/// unchanged when `scales` is empty.
-pub(crate) fn scale_buckets(values: &Tensor, scales: &Tensor, bucket: i64) -> Tensor {
+/// `values` (flat \[numel\], a tensor of its own) times the scale of each one's bucket,
+/// `scales[i / bucket]`, in place; unchanged when `scales` is empty.
+pub(crate) fn scale_buckets(mut values: Tensor, scales: &Tensor, bucket: i64) -> Tensor {
     let numel = values.numel() as i64;
-    match scales.numel() {
-        0 => values.shallow_clone(),
-        1 => values * scales.reshape([-1]).get(0),
+    match scales.numel() as i64 {
+        0 => values,
+        1 => values.g_mul_(&scales.reshape([])),
         buckets => {
-            let padded = buckets as i64 * bucket;
-            let values = if padded == numel {
-                values.shallow_clone()
-            } else {
-                values.constant_pad_nd([0, padded - numel])
-            };
-            (values.view([buckets as i64, bucket]) * scales.view([-1, 1]))
-                .view([-1])
-                .narrow(0, 0, numel)
+            // The whole buckets as rows, then the ragged last one.
+            let whole = numel / bucket;
+            if whole > 0 {
+                let _ = values
+                    .narrow(0, 0, whole * bucket)
+                    .view([whole, bucket])
+                    .g_mul_(&scales.narrow(0, 0, whole).view([-1, 1]));
+            }
+            if buckets > whole {
+                let _ = values
+                    .narrow(0, whole * bucket, numel - whole * bucket)
+                    .g_mul_(&scales.narrow(0, whole, 1));
+            }
+            values
         }
     }
 }

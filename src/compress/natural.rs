@@ -12,9 +12,6 @@
 use super::{Encoder, Message, Payload};
 use tch::{Kind, Tensor};
 
-/// The smallest normal fp32 number, 2^-126.
-const MIN_NORMAL: f64 = 1.175_494_350_822_287_5e-38;
-
 /// Natural compression's worker side (`Compressor::Natural`, `--compressor natural`):
 /// stateless; `Unpack` receives it.
 ///
@@ -36,18 +33,18 @@ pub struct NaturalEncoder;
 pub fn natural_round(t: &Tensor) -> Tensor {
     let x = t.to_kind(Kind::Float);
     let magnitude = x.abs();
-    // 2^a: the pattern with its mantissa bits zeroed (0 for subnormal numbers).
-    let low = magnitude
-        .view_dtype(Kind::Int)
-        .bitwise_and(0x7f80_0000i64)
-        .view_dtype(Kind::Float);
-    let high = (&low * 2.0).where_self(&low.gt(0.0), &Tensor::full_like(&low, MIN_NORMAL));
-    let up = ((&magnitude - &low) / (&high - &low))
-        .nan_to_num(0.0, None, None)
-        .clamp(0.0, 1.0);
-    let chosen = high.where_self(&magnitude.rand_like().lt_tensor(&up), &low);
-    let chosen = chosen.where_self(&chosen.isfinite(), &low);
-    chosen * x.sign()
+    // 2^a: the exponent bits alone (0 for zero and subnormal numbers); 2^(a+1): the next
+    // exponent (2^-126 = MIN_NORMAL above 0, +inf above 2^127, never chosen: u inf is not
+    // below a finite gap).
+    let exponent = magnitude.view_dtype(Kind::Int).bitwise_and(0x7f80_0000i64);
+    let high = (&exponent + 0x0080_0000i64).view_dtype(Kind::Float);
+    let low = exponent.view_dtype(Kind::Float);
+    // Up with probability (|t| - 2^a) / (2^(a+1) - 2^a).
+    let up = magnitude
+        .rand_like()
+        .g_mul_(&(&high - &low))
+        .lt_tensor(&(&magnitude - &low));
+    high.where_self(&up, &low).copysign_(&x)
 }
 
 impl Encoder for NaturalEncoder {

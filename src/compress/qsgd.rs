@@ -66,12 +66,6 @@ pub fn level_bits(levels: u32) -> u32 {
     32 - levels.leading_zeros()
 }
 
-/// `x` (any shape) rounded to an integer stochastically: ⌊x⌋ + 1 with probability x − ⌊x⌋,
-/// so that the expectation is x. Draws from LibTorch's generator of `x`'s device.
-pub(crate) fn stochastic_round(x: &Tensor) -> Tensor {
-    (x + x.rand_like()).floor()
-}
-
 /// QSGD's worker side: stateless apart from the random draws; `Unpack` receives it.
 pub struct QsgdEncoder {
     options: Qsgd,
@@ -104,12 +98,14 @@ impl QsgdEncoder {
         let norms = rows.norm_scalaropt_dim(2, [1i64].as_slice(), false);
         // A zero bucket sends zero levels (its norm 0 makes every level 0).
         let safe = norms.where_scalarother(&norms.gt(0.0), 1.0);
-        let scaled = rows.abs() * (s as f64) / safe.unsqueeze(1);
-        let levels = stochastic_round(&scaled).clamp_max(s as f64);
-        let codes = (levels * rows.sign())
-            .view([-1])
-            .narrow(0, 0, numel)
-            .to_kind(Kind::Int);
+        let per_norm = (safe.reciprocal() * s as f64).unsqueeze(1);
+        let mut levels = rows.abs().g_mul_(&per_norm);
+        let _ = levels
+            .g_add_(&levels.rand_like())
+            .floor_()
+            .clamp_max_(s as f64);
+        let levels = levels.g_mul_(&rows.sign()).view([-1]).narrow(0, 0, numel);
+        let codes = levels.to_kind(if s <= 127 { Kind::Int8 } else { Kind::Int });
         Payload::Quantized {
             codes,
             scales: norms,

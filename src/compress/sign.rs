@@ -21,9 +21,12 @@ use super::message::LevelCode;
 use super::{Decoder, Encoder, Message, Payload, Unpack};
 use tch::{Device, Kind, Tensor};
 
-/// ±1 codes of `p` (+1 where p >= 0), int32.
+/// ±1 codes of `p` (+1 where p >= 0), int8, built in place.
 fn signs(p: &Tensor) -> Tensor {
-    (p.ge(0.0).to_kind(Kind::Int) * 2 - 1).to_kind(Kind::Int)
+    p.ge(0.0)
+        .to_kind(Kind::Int8)
+        .g_mul_scalar_(2)
+        .g_sub_scalar_(1)
 }
 
 /// signSGD's worker side (`Compressor::SignSgd`, `--compressor signsgd`): stateless.
@@ -124,7 +127,7 @@ impl Encoder for EfSignEncoder {
                     let flat = p.reshape([-1]);
                     let scale = flat.abs().mean(Kind::Float).reshape([1]);
                     let codes = signs(&flat);
-                    let sent = codes.to_kind(Kind::Float) * &scale;
+                    let sent = codes.to_kind(Kind::Float).g_mul_(&scale);
                     let _ = flat.shallow_clone().g_sub_(&sent);
                     Payload::Quantized {
                         codes,

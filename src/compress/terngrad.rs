@@ -7,7 +7,6 @@
 //! gradients are already clipped per example.
 
 use super::message::LevelCode;
-use super::qsgd::stochastic_round;
 use super::{Encoder, Message, Payload};
 use tch::{Kind, Tensor};
 
@@ -37,12 +36,12 @@ impl Encoder for TernGradEncoder {
                     .iter()
                     .map(|g| {
                         let flat = g.to_kind(Kind::Float).reshape([-1]);
-                        let max = flat.abs().max().reshape([1]);
-                        let safe = max.where_scalarother(&max.gt(0.0), 1.0);
-                        // b ~ Bernoulli(|g| / max): ⌊|g| / max + u⌋ ∈ {0, 1}.
-                        let keep = stochastic_round(&(flat.abs() / &safe)).clamp_max(1.0);
+                        let magnitude = flat.abs();
+                        let max = magnitude.max().reshape([1]);
+                        // b ~ Bernoulli(|g| / max): u max < |g| (a zero max keeps nothing).
+                        let keep = flat.rand_like().g_mul_(&max).lt_tensor(&magnitude);
                         Payload::Quantized {
-                            codes: (keep * flat.sign()).to_kind(Kind::Int),
+                            codes: flat.sign().to_kind(Kind::Int8).g_mul_(&keep),
                             scales: max,
                             bucket: flat.numel().max(1) as i64,
                             levels: 1,

@@ -96,7 +96,12 @@ impl Encoder for ThresholdEncoder {
                     };
                     let keep = v.abs().ge(o.threshold);
                     // Unsent elements are +0.0 (not -0.0), as the receiver of the bytes fills them.
-                    let values = truncate_mantissa(&v.where_scalarother(&keep, 0.0), o.value_bits);
+                    let kept = v.where_scalarother(&keep, 0.0);
+                    let values = if o.value_bits == 32 {
+                        kept
+                    } else {
+                        truncate_mantissa(&kept, o.value_bits)
+                    };
                     if let Some(r) = self.residuals.as_mut() {
                         let _ = r[i].g_sub_(&values);
                     }
