@@ -314,7 +314,7 @@ impl CompressorSpec {
 
     /// The typed settings this spec parses into (`Compressor`).
     pub fn compressor(&self) -> Result<Compressor> {
-        Ok(match self.kind {
+        match self.kind {
             CompressorKind::Identity => Compressor::Identity,
             CompressorKind::Dgc => Compressor::Dgc(self.dgc_options()?),
             CompressorKind::Powersgd => Compressor::PowerSgd(self.powersgd_options()?),
@@ -348,7 +348,7 @@ impl CompressorSpec {
             }),
             CompressorKind::Natural => Compressor::Natural,
         }
-        .validated()?)
+        .validated()
     }
 
     /// QSGD's typed settings: `levels` s (default 16), `bucket` (default 512; 0: one norm per
