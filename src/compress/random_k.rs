@@ -7,7 +7,7 @@
 //!
 //! Two ways to use it: with error feedback (the default; the unsent elements wait in a residual,
 //! as in "Sparsified SGD with Memory") or unbiased (`unbiased=true`: the receiver scales the
-//! values by numel / k, so E[received] = update, and nothing is kept). The two do not combine:
+//! values by numel / k, so the expected received update is the update, and nothing is kept). The two do not combine:
 //! an unbiased estimate has no error to feed back.
 //!
 //! Every worker draws the same coordinates (the seed and the step), so the workers' messages
