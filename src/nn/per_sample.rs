@@ -128,7 +128,8 @@ fn chunks(batch: i64, len: i64) -> impl Iterator<Item = (i64, i64)> {
 pub enum PerSample {
     /// g_i = Σ_t b_it a_itᵀ with a [B, T, in], b [B, T, out], viewed as `shape`, kept factored:
     /// ||g_i||² by the ghost identity (`ghost`) or from g_i instantiated for this layer alone and
-    /// dropped, Σ_i c_i g_i as one contraction (c b)ᵀ a.
+    /// dropped, Σ_i c_i g_i as one contraction (c b)ᵀ a (for a convolution, its weight gradient
+    /// for the output gradient c b, without cutting patches).
     Outer {
         /// The layer's input activations a, [B, T, in].
         a: Activations,
@@ -270,6 +271,23 @@ impl PerSample {
                 let (batch, _, input) = a.dims();
                 let output = b.size()[2];
                 let c = c.to_kind(b.kind()).view([-1, 1, 1]);
+                if let Activations::Patches {
+                    input: x,
+                    kernel,
+                    stride,
+                    padding,
+                } = a
+                {
+                    // A convolution: the weight gradient of the output gradient scaled per
+                    // example, without cutting patches (`conv2d_weight_grad`).
+                    let s = x.size();
+                    let rows = (s[2] + 2 * padding - kernel) / stride + 1;
+                    let cols = (s[3] + 2 * padding - kernel) / stride + 1;
+                    let weighted = (b * &c).transpose(1, 2).reshape([batch, output, rows, cols]);
+                    let size = [output, s[1], *kernel, *kernel];
+                    return conv2d_weight_grad(&weighted, x, size, *stride, *padding)
+                        .view(shape.as_slice());
+                }
                 let mut sum = Tensor::zeros([output, input], (b.kind(), b.device()));
                 for (start, len) in chunks(batch, a.chunk_len(0)) {
                     let weighted = b.narrow(0, start, len) * c.narrow(0, start, len);
@@ -331,6 +349,49 @@ impl PerSample {
             PerSample::Custom(g) => g.materialize(),
         }
     }
+}
+
+extern "C" {
+    fn dpcomp_conv2d_weight_grad(
+        grad_output: *const torch_sys::C_tensor,
+        input: *const torch_sys::C_tensor,
+        weight_size: *const i64,
+        stride: i64,
+        padding: i64,
+        groups: i64,
+    ) -> *mut torch_sys::C_tensor;
+}
+
+/// d/dW of Σ grad_output ⊙ conv2d(input, W) for W of `size` [out, in, k, k] (square `stride`,
+/// `padding`, no dilation or groups): LibTorch's convolution backward with only the weight's
+/// gradient asked for (`src/conv_grad.cpp`), the kernel a non-private step runs.
+fn conv2d_weight_grad(
+    grad_output: &Tensor,
+    input: &Tensor,
+    size: [i64; 4],
+    stride: i64,
+    padding: i64,
+) -> Tensor {
+    // SAFETY: valid tensor handles and a 4-value array for the duration of the call; the result
+    // is a new handle this side owns, or null.
+    let grad = unsafe {
+        dpcomp_conv2d_weight_grad(
+            grad_output.as_ptr(),
+            input.as_ptr(),
+            size.as_ptr(),
+            stride,
+            padding,
+            1,
+        )
+    };
+    assert!(
+        !grad.is_null(),
+        "LibTorch's convolution backward refused gradient {:?} and input {:?} for weight {size:?}",
+        grad_output.size(),
+        input.size()
+    );
+    // SAFETY: a valid, owned handle.
+    unsafe { Tensor::from_ptr(grad) }
 }
 
 /// ||g_i||² of instantiated g [B, ...]: a fused norm reduction, no B x P temporary for the
