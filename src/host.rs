@@ -133,6 +133,35 @@ pub fn nonzero(t: &Tensor) -> Tensor {
     t.nonzero()
 }
 
+/// Positions (int64, ascending) of the elements of the flat tensor `x` whose magnitude is at
+/// least the 0-d `threshold` (of `x`'s kind): `nonzero(|x| >= threshold)`. On a contiguous f32
+/// CPU tensor it is one pass over `x`, without the magnitude and mask temporaries and the
+/// count pass of LibTorch's `nonzero` (the sampled top-k, `compress::topk`); the same positions,
+/// since |x| and the comparison are exact. Elsewhere LibTorch's ops. A data-dependent size: one
+/// counted read (`nonzero`).
+pub fn magnitude_at_least(x: &Tensor, threshold: &Tensor) -> Tensor {
+    count();
+    let host_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == tch::Kind::Float;
+    if host_f32(x) && host_f32(threshold) && x.is_contiguous() && x.dim() == 1 {
+        // An f32 read as f64 and back is the same f32.
+        let t = threshold.double_value(&[]) as f32;
+        let len = x.numel();
+        let mut positions = Vec::with_capacity(len / 16);
+        if len > 0 {
+            // SAFETY: `x` is a contiguous CPU tensor of `len` f32 values (checked above),
+            // only read here.
+            let values = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const f32, len) };
+            for (i, v) in values.iter().enumerate() {
+                if v.abs() >= t {
+                    positions.push(i as i64);
+                }
+            }
+        }
+        return Tensor::from_slice(&positions);
+    }
+    x.abs().ge_tensor(threshold).nonzero().view([-1])
+}
+
 /// The elements of `t` where `mask` is true, flattened: a data-dependent size (`nonzero`).
 pub fn masked_select(t: &Tensor, mask: &Tensor) -> Tensor {
     count();

@@ -144,6 +144,19 @@ pub fn idct_first(y: &Tensor, n: i64) -> Tensor {
     x
 }
 
+/// Rows `rows` (int64 indices in 0..n) of the n x n orthonormal DCT-II matrix, [rows, n], in
+/// `kind` on `device`; built in f64 and converted. What `chunked_dct` multiplies by when few
+/// coefficients of each chunk are kept: one matrix product then costs less than the FFT path.
+pub fn dct_rows(rows: &Tensor, n: i64, kind: Kind, device: Device) -> Tensor {
+    let k = rows.to_kind(Kind::Double).to_device(device).unsqueeze(1);
+    let j = Tensor::arange(n, (Kind::Double, device)).unsqueeze(0);
+    let angle = (j * 2.0 + 1.0) * &k * (std::f64::consts::PI / (2.0 * n as f64));
+    // sqrt(1/n) for row 0, sqrt(2/n) for the others.
+    let first = Tensor::full([1, 1], (1.0 / n as f64).sqrt(), (Kind::Double, device));
+    let scale = first.where_scalarother(&k.eq(0.0), (2.0 / n as f64).sqrt());
+    (angle.cos() * scale).to_kind(kind)
+}
+
 /// The n x n orthonormal DCT-II matrix D (X = D x), built directly: O(n²), for tests and small n.
 pub fn dct_matrix(n: i64, kind: Kind) -> Tensor {
     let k = Tensor::arange(n, (kind, Device::Cpu)).unsqueeze(1);
@@ -159,6 +172,16 @@ mod tests {
 
     fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
         crate::host::f64_scalar(&(a - b).abs().max())
+    }
+
+    #[test]
+    fn chosen_rows_are_the_matrix_rows() {
+        for n in [1, 2, 5, 33] {
+            let rows = Tensor::from_slice(&[0i64, n - 1, n / 2]);
+            let chosen = dct_rows(&rows, n, Kind::Double, Device::Cpu);
+            let full = dct_matrix(n, Kind::Double).index_select(0, &rows);
+            assert!(max_abs(&chosen, &full) < 1e-12, "n {n}");
+        }
     }
 
     #[test]

@@ -75,11 +75,10 @@ pub fn largest(x: &Tensor, k: i64, mode: TopK) -> (Tensor, Tensor) {
     assert!(x.dim() == 1 && k >= 1 && k <= n, "largest: k {k} of {n}");
     let indices = match mode.on(x.device()) {
         TopK::Sampled { ratio } if n >= SAMPLING_FROM && k * 4 < n => {
-            sampled(x, k, ratio).unwrap_or_else(|| exact(x, k))
+            sampled(x, k, ratio).unwrap_or_else(|| exact(x, k).sort(0, false).0)
         }
-        _ => exact(x, k),
+        _ => exact(x, k).sort(0, false).0,
     };
-    let indices = indices.sort(0, false).0;
     let values = x.index_select(0, &indices);
     (indices, values)
 }
@@ -91,12 +90,15 @@ fn exact(x: &Tensor, k: i64) -> Tensor {
     x.abs().topk(k, 0, true, false).1
 }
 
+/// The k largest |x| by the sampled threshold, positions ascending; `None` when the threshold
+/// let fewer than k through `RETRIES` + 1 times. No magnitude of x's size is formed: the sample's
+/// and the candidates' magnitudes are taken from their own values (the same values), and the
+/// candidates above the threshold come from one pass (`host::magnitude_at_least`).
 fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
     let n = x.numel() as i64;
-    let magnitude = x.abs();
     let samples = ((ratio * n as f64).ceil() as i64).max(MIN_SAMPLE).min(n);
     let picks = Tensor::randint(n, [samples], (Kind::Int64, x.device()));
-    let sample = magnitude.index_select(0, &picks);
+    let sample = x.index_select(0, &picks).abs();
     // The sample's (k s / n)-th largest value estimates the k-th largest of x; asking for
     // a margin more (MARGIN times, plus three binomial standard deviations) makes a threshold at
     // or below the true k-th value, hence a single pass, the likely outcome.
@@ -104,16 +106,64 @@ fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
     let sample_k = ((expected * MARGIN + 3.0 * expected.sqrt()).ceil() as i64).clamp(1, samples);
     let mut threshold = sample.topk(sample_k, 0, true, false).0.min();
     for _ in 0..=RETRIES {
-        let candidates = crate::host::nonzero(&magnitude.ge_tensor(&threshold)).view([-1]);
+        let candidates = crate::host::magnitude_at_least(x, &threshold);
         let found = candidates.size()[0];
         if found >= k {
-            let best = magnitude
+            let best = x
                 .index_select(0, &candidates)
+                .abs()
                 .topk(k, 0, true, false)
                 .1;
-            return Some(candidates.index_select(0, &best));
+            return Some(chosen_ascending(&candidates, &best, k));
         }
         threshold *= 0.5;
     }
     None
+}
+
+/// `candidates` (ascending) at the k distinct positions `best`, in ascending order: what
+/// sorting `candidates.index_select(0, best)` gives, by marking the chosen positions and
+/// placing each at its rank among them (passes over the candidates instead of a sort of k).
+fn chosen_ascending(candidates: &Tensor, best: &Tensor, k: i64) -> Tensor {
+    let found = candidates.size()[0];
+    let device = candidates.device();
+    let chosen = Tensor::zeros([found], (Kind::Bool, device)).index_fill(0, best, 1);
+    let rank = chosen.cumsum(0, Kind::Int64) - 1;
+    // The unchosen all go to slot k, dropped after.
+    let slot = rank.where_scalarother(&chosen, k);
+    Tensor::empty([k + 1], (Kind::Int64, device))
+        .scatter(0, &slot, candidates)
+        .narrow(0, 0, k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sampled_selection_is_the_exact_one_ascending() {
+        let _serial = crate::test_serial();
+        tch::manual_seed(11);
+        for (n, k) in [(100_000, 1_000), (1 << 15, 8_000), (50_000, 1)] {
+            let x = Tensor::randn([n], (Kind::Float, Device::Cpu));
+            let (indices, values) = largest(&x, k, TopK::Sampled { ratio: 0.01 });
+            let expected = exact(&x, k).sort(0, false).0;
+            assert!(crate::host::equal(&indices, &expected), "n {n} k {k}");
+            assert!(crate::host::equal(&values, &x.index_select(0, &expected)));
+        }
+    }
+
+    #[test]
+    fn the_one_pass_candidates_are_nonzero_of_the_mask() {
+        let x = Tensor::from_slice(&[0.5f32, -2.0, f32::NAN, 1.0, -1.0, 0.0, f32::INFINITY]);
+        for t in [0.0f32, 1.0, 3.0] {
+            let threshold = Tensor::from(t);
+            let expected = crate::host::nonzero(&x.abs().ge_tensor(&threshold)).view([-1]);
+            let found = crate::host::magnitude_at_least(&x, &threshold);
+            assert!(crate::host::equal(&found, &expected), "threshold {t}");
+            let double = x.to_kind(Kind::Double);
+            let found = crate::host::magnitude_at_least(&double, &threshold.to_kind(Kind::Double));
+            assert!(crate::host::equal(&found, &expected), "f64, threshold {t}");
+        }
+    }
 }
