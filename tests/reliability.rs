@@ -885,7 +885,7 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
     for (flags, expected) in [
         (
             &["--rate", "16"][..],
-            "--rate: 16: the rate applies to dgc, denoise and the fl sketches, not identity",
+            "--rate: 16: the rate applies to dgc, denoise, randomk and the fl sketches, not identity",
         ),
         (
             &["--compressor", "dgc", "--rank", "4"][..],
@@ -893,7 +893,7 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
         ),
         (
             &["--compressor", "powersgd", "--rate", "16"][..],
-            "the rate applies to dgc, denoise and the fl sketches, not powersgd",
+            "the rate applies to dgc, denoise, randomk and the fl sketches, not powersgd",
         ),
         (
             &["--physical-batch-size", "8"][..],
