@@ -280,7 +280,10 @@ mod tests {
         let _serial = crate::test_serial();
         tch::manual_seed(5);
         let random = ChunkedDct::new(5000, 1.0 / 16.0, 5, Some(9), DctRows::Random, Device::Cpu);
-        assert!(random.unwrap().matrix.is_none(), "FL-CS's rows stay on the FFT path");
+        assert!(
+            random.unwrap().matrix.is_none(),
+            "FL-CS's rows stay on the FFT path"
+        );
         for shuffle in [None, Some(9)] {
             let rows = DctRows::First;
             let sketch = ChunkedDct::new(5000, 1.0 / 16.0, 5, shuffle, rows, Device::Cpu).unwrap();
@@ -294,7 +297,10 @@ mod tests {
             let y = Tensor::randn([5, sketch.kept], (Kind::Double, Device::Cpu));
             let back = match &sketch.row_index {
                 None => idct_first(&y, 1000),
-                Some(index) => idct(&y.new_zeros([5, 1000], (Kind::Double, Device::Cpu)).index_copy(1, index, &y)),
+                Some(index) => idct(
+                    &y.new_zeros([5, 1000], (Kind::Double, Device::Cpu))
+                        .index_copy(1, index, &y),
+                ),
             };
             assert!(max_abs(&sketch.adjoint(&y), &back) < 1e-10);
         }
