@@ -243,6 +243,32 @@ pub fn all_reduce_sum(tensors: &[Tensor], reduce: &mut AllReduce) -> Result<Vec<
         .collect())
 }
 
+/// The mean over the workers of a message of dense fp32 payloads (the linear compressors whose
+/// workers share their coordinates: the sketches, random-k), by one all-reduce of its values.
+pub(crate) fn mean_of_dense_messages(
+    message: Message,
+    workers: usize,
+    reduce: &mut AllReduce,
+) -> Result<Message> {
+    let values: Vec<Tensor> = message
+        .payloads
+        .iter()
+        .map(|p| match p {
+            Payload::Dense { values, .. } => values.shallow_clone(),
+            _ => unreachable!("a linear compressor's message is dense values"),
+        })
+        .collect();
+    let sums = all_reduce_sum(&values, reduce)?;
+    Ok(Message::new(
+        sums.into_iter()
+            .map(|s| Payload::Dense {
+                values: s / workers as f64,
+                value_bits: 32,
+            })
+            .collect(),
+    ))
+}
+
 /// The tensors of `update` flattened and joined into one vector, in order.
 pub fn flatten(update: &[Tensor]) -> Tensor {
     let parts: Vec<Tensor> = update.iter().map(|t| t.reshape([-1])).collect();

@@ -15,7 +15,7 @@
 //! is a function of the sum of their noised gradients (the residuals, too, evolve by their sum).
 
 use super::sketched::{counted_state, load_counted_state};
-use super::{all_reduce_sum, AllReduce, Decoder, Encoder, Message, Payload};
+use super::{AllReduce, Decoder, Encoder, Message, Payload};
 use crate::error::Result;
 use crate::host;
 use rand::SeedableRng;
@@ -158,24 +158,7 @@ impl Encoder for RandomKEncoder {
         reduce: &mut AllReduce,
     ) -> Option<Result<Message>> {
         let message = self.encode(update);
-        let values: Vec<Tensor> = message
-            .payloads
-            .iter()
-            .map(|p| match p {
-                Payload::Dense { values, .. } => values.shallow_clone(),
-                _ => unreachable!("random-k sends dense values"),
-            })
-            .collect();
-        Some(all_reduce_sum(&values, reduce).map(|sums| {
-            Message::new(
-                sums.into_iter()
-                    .map(|s| Payload::Dense {
-                        values: s / workers as f64,
-                        value_bits: 32,
-                    })
-                    .collect(),
-            )
-        }))
+        Some(super::mean_of_dense_messages(message, workers, reduce))
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

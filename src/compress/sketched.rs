@@ -30,7 +30,7 @@ use super::chunked_dct::DctRows;
 use super::linear_sketch::{Codec, Scheme};
 use super::message::{Message, Payload};
 use super::owlqn::{owlqn, Measurement, OwlqnSettings};
-use super::{all_reduce_sum, flatten, split, take_state, AllReduce, Decoder, Encoder};
+use super::{flatten, split, take_state, AllReduce, Decoder, Encoder};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
@@ -192,24 +192,7 @@ impl Encoder for SketchEncoder {
         reduce: &mut AllReduce,
     ) -> Option<Result<Message>> {
         let message = self.encode(update);
-        let values: Vec<Tensor> = message
-            .payloads
-            .iter()
-            .map(|p| match p {
-                Payload::Dense { values, .. } => values.shallow_clone(),
-                _ => unreachable!("a sketch is one dense payload"),
-            })
-            .collect();
-        Some(all_reduce_sum(&values, reduce).map(|sums| {
-            Message::new(
-                sums.into_iter()
-                    .map(|s| Payload::Dense {
-                        values: s / workers as f64,
-                        value_bits: 32,
-                    })
-                    .collect(),
-            )
-        }))
+        Some(super::mean_of_dense_messages(message, workers, reduce))
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
