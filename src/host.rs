@@ -141,25 +141,83 @@ pub fn nonzero(t: &Tensor) -> Tensor {
 /// counted read (`nonzero`).
 pub fn magnitude_at_least(x: &Tensor, threshold: &Tensor) -> Tensor {
     count();
-    let host_f32 = |t: &Tensor| t.device() == Device::Cpu && t.kind() == tch::Kind::Float;
-    if host_f32(x) && host_f32(threshold) && x.is_contiguous() && x.dim() == 1 {
-        // An f32 read as f64 and back is the same f32.
-        let t = threshold.double_value(&[]) as f32;
-        let len = x.numel();
-        let mut positions = Vec::with_capacity(len / 16);
-        if len > 0 {
-            // SAFETY: `x` is a contiguous CPU tensor of `len` f32 values (checked above),
-            // only read here.
-            let values = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const f32, len) };
-            for (i, v) in values.iter().enumerate() {
-                if v.abs() >= t {
-                    positions.push(i as i64);
-                }
-            }
-        }
+    if is_host_f32_vector(x) && is_host_f32_vector(&threshold.view([-1])) {
+        let (positions, _) = host_f32_at_least(x, threshold);
         return Tensor::from_slice(&positions);
     }
     x.abs().ge_tensor(threshold).nonzero().view([-1])
+}
+
+/// Whether `x` is a contiguous f32 tensor of at most one dimension in host memory: what the
+/// one-pass functions here read directly.
+pub(crate) fn is_host_f32_vector(x: &Tensor) -> bool {
+    x.device() == Device::Cpu && x.kind() == tch::Kind::Float && x.is_contiguous() && x.dim() <= 1
+}
+
+/// Positions (ascending) of the k largest |x| among the elements of `x` with |x| at least the
+/// 0-d `threshold`, or `None` when fewer than k reach it; among magnitudes equal to the k-th
+/// largest, the lowest positions. For a contiguous f32 vector in host memory (`debug_assert`ed;
+/// `compress::topk` checks with [`is_host_f32_vector`]): one pass collects the candidates and
+/// their magnitudes, a selection (`select_nth_unstable`, linear) finds the k-th largest of
+/// them and a pass over the candidates keeps the k, already in ascending order. The same
+/// positions as LibTorch's `topk` over the candidates then sorted, unless magnitudes tie at the
+/// k-th (where `topk` chooses among them in no documented order). One counted read, as
+/// [`magnitude_at_least`].
+pub(crate) fn largest_magnitudes_at_least(
+    x: &Tensor,
+    threshold: &Tensor,
+    k: usize,
+) -> Option<Tensor> {
+    debug_assert!(is_host_f32_vector(x) && is_host_f32_vector(&threshold.view([-1])));
+    count();
+    let (positions, magnitudes) = host_f32_at_least(x, threshold);
+    let found = positions.len();
+    if found < k || k == 0 {
+        return None;
+    }
+    if found == k {
+        return Some(Tensor::from_slice(&positions));
+    }
+    // The k-th largest candidate magnitude: position found - k of the ascending order. No
+    // candidate is NaN (a NaN fails `>=`), so `total_cmp` is the numeric order.
+    let mut order = magnitudes.clone();
+    let (_, &mut kth, _) = order.select_nth_unstable_by(found - k, f32::total_cmp);
+    let above = magnitudes.iter().filter(|&&m| m > kth).count();
+    let mut ties_left = k - above;
+    let mut chosen = Vec::with_capacity(k);
+    for (&position, &m) in positions.iter().zip(&magnitudes) {
+        if m > kth {
+            chosen.push(position);
+        } else if m == kth && ties_left > 0 {
+            chosen.push(position);
+            ties_left -= 1;
+        }
+    }
+    Some(Tensor::from_slice(&chosen))
+}
+
+/// The positions and magnitudes of the elements of the host f32 vector `x` with |x| at least
+/// the 0-d f32 `threshold`, in one pass (no magnitude or mask temporaries of x's size). Reads
+/// the threshold: the caller counts it.
+fn host_f32_at_least(x: &Tensor, threshold: &Tensor) -> (Vec<i64>, Vec<f32>) {
+    // An f32 read as f64 and back is the same f32.
+    let t = threshold.double_value(&[]) as f32;
+    let len = x.numel();
+    let mut positions = Vec::with_capacity(len / 16);
+    let mut magnitudes = Vec::with_capacity(len / 16);
+    if len > 0 {
+        // SAFETY: `x` is a contiguous CPU tensor of `len` f32 values (the callers check),
+        // only read here.
+        let values = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const f32, len) };
+        for (i, v) in values.iter().enumerate() {
+            let m = v.abs();
+            if m >= t {
+                positions.push(i as i64);
+                magnitudes.push(m);
+            }
+        }
+    }
+    (positions, magnitudes)
 }
 
 /// The elements of `t` where `mask` is true, flattened: a data-dependent size (`nonzero`).

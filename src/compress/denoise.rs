@@ -85,6 +85,10 @@ struct Segment {
     residual: Tensor,
     /// The sender's copy of the receiver's velocity.
     mirror: Tensor,
+    /// A buffer of the segment's size that the next velocity is written into (the previous
+    /// velocity must stay readable for the acceleration); it then holds the acceleration and
+    /// swaps with `velocity`. Not state: its values are rewritten every step.
+    spare: Tensor,
 }
 
 /// Denoise's worker side: its velocity, the decayed residual and a mirror of the receiver's
@@ -143,6 +147,7 @@ impl DenoiseEncoder {
                     velocity: zeros(n),
                     residual: zeros(n),
                     mirror: zeros(n),
+                    spare: zeros(n),
                 })
                 .collect(),
             options,
@@ -276,9 +281,12 @@ impl Encoder for DenoiseEncoder {
             for (i, g) in incoming.iter().enumerate() {
                 // v_t = v_{t-1} + (1 - β)(g - v_{t-1}); a = v_t - v_{t-1}; candidates v_t and
                 // a + r, r = decay (v_{t-1} - v̂_{t-1}) (what the receiver lacked, decayed).
+                // In place, with the same operations in the same order as out of place (so
+                // the same values): v_t into the spare buffer, a + r over v_{t-1}, the new
+                // residual over the old (issue 37: no fresh tensor of the segment's size).
                 let seg = &self.segments[i];
-                let velocity = seg.velocity.lerp(g, 1.0 - beta);
-                let mut as_acceleration = &velocity - &seg.velocity;
+                let velocity = seg.velocity.lerp_scalar_out(&seg.spare, g, 1.0 - beta);
+                let mut as_acceleration = velocity.sub_out(&seg.velocity, &seg.velocity);
                 let _ = as_acceleration.g_add_(&seg.residual);
                 let (velocity_payload, velocity_error) = self.sparsify(&velocity);
                 let (acceleration_payload, acceleration_error) = self.sparsify(&as_acceleration);
@@ -286,10 +294,9 @@ impl Encoder for DenoiseEncoder {
                 let payload = choose(&flag, velocity_payload, acceleration_payload);
                 let seg = &mut self.segments[i];
                 receive(&mut seg.mirror, &flag, &payload);
-                let mut residual = &velocity - &seg.mirror;
+                let mut residual = velocity.sub_out(&seg.residual, &seg.mirror);
                 let _ = residual.g_mul_scalar_(decay);
-                seg.velocity = velocity;
-                seg.residual = residual;
+                seg.spare = std::mem::replace(&mut seg.velocity, velocity);
                 payloads.push(payload);
                 flags.push(flag);
             }

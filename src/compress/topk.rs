@@ -92,8 +92,9 @@ fn exact(x: &Tensor, k: i64) -> Tensor {
 
 /// The k largest |x| by the sampled threshold, positions ascending; `None` when the threshold
 /// let fewer than k through `RETRIES` + 1 times. No magnitude of x's size is formed: the sample's
-/// and the candidates' magnitudes are taken from their own values (the same values), and the
-/// candidates above the threshold come from one pass (`host::magnitude_at_least`).
+/// magnitudes are taken from its own values. On a host f32 vector the candidates above the
+/// threshold and the k largest of them come from one pass and a linear selection
+/// (`host::largest_magnitudes_at_least`); elsewhere from LibTorch's ops (`largest_candidates`).
 fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
     let n = x.numel() as i64;
     let samples = ((ratio * n as f64).ceil() as i64).max(MIN_SAMPLE).min(n);
@@ -105,20 +106,34 @@ fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
     let expected = k as f64 * samples as f64 / n as f64;
     let sample_k = ((expected * MARGIN + 3.0 * expected.sqrt()).ceil() as i64).clamp(1, samples);
     let mut threshold = sample.topk(sample_k, 0, true, false).0.min();
+    let on_host = crate::host::is_host_f32_vector(x);
     for _ in 0..=RETRIES {
-        let candidates = crate::host::magnitude_at_least(x, &threshold);
-        let found = candidates.size()[0];
-        if found >= k {
-            let best = x
-                .index_select(0, &candidates)
-                .abs()
-                .topk(k, 0, true, false)
-                .1;
-            return Some(chosen_ascending(&candidates, &best, k));
+        let chosen = if on_host {
+            crate::host::largest_magnitudes_at_least(x, &threshold, k as usize)
+        } else {
+            largest_candidates(x, &threshold, k)
+        };
+        if chosen.is_some() {
+            return chosen;
         }
         threshold *= 0.5;
     }
     None
+}
+
+/// The k largest |x| among the candidates at or above `threshold`, positions ascending, by
+/// LibTorch's ops (any device); `None` when fewer than k reach the threshold.
+fn largest_candidates(x: &Tensor, threshold: &Tensor, k: i64) -> Option<Tensor> {
+    let candidates = crate::host::magnitude_at_least(x, threshold);
+    if candidates.size()[0] < k {
+        return None;
+    }
+    let best = x
+        .index_select(0, &candidates)
+        .abs()
+        .topk(k, 0, true, false)
+        .1;
+    Some(chosen_ascending(&candidates, &best, k))
 }
 
 /// `candidates` (ascending) at the k distinct positions `best`, in ascending order: what
@@ -151,6 +166,40 @@ mod tests {
             assert!(crate::host::equal(&indices, &expected), "n {n} k {k}");
             assert!(crate::host::equal(&values, &x.index_select(0, &expected)));
         }
+    }
+
+    #[test]
+    fn the_host_selection_equals_libtorchs_and_breaks_ties_by_position() {
+        let _serial = crate::test_serial();
+        tch::manual_seed(12);
+        // Distinct magnitudes: the same positions as `topk` over the candidates.
+        let x = Tensor::randn([60_000], (Kind::Float, Device::Cpu));
+        let threshold = Tensor::from(1.0f32);
+        for k in [1, 500, 9_000] {
+            let host = crate::host::largest_magnitudes_at_least(&x, &threshold, k as usize);
+            let ops = largest_candidates(&x, &threshold, k);
+            let (host, ops) = (
+                host.expect("enough candidates"),
+                ops.expect("enough candidates"),
+            );
+            assert!(crate::host::equal(&host, &ops), "k {k}");
+        }
+        // Fewer candidates than k: none, on both paths.
+        let found = crate::host::magnitude_at_least(&x, &threshold).size()[0];
+        let too_many = found as usize + 1;
+        assert!(crate::host::largest_magnitudes_at_least(&x, &threshold, too_many).is_none());
+        assert!(largest_candidates(&x, &threshold, too_many as i64).is_none());
+        // Ties at the k-th magnitude: the larger ones, then the lowest positions of the tied.
+        let x = Tensor::from_slice(&[2.0f32, -1.0, 3.0, 1.0, -1.0, 0.5, 1.0, -4.0]);
+        let chosen = crate::host::largest_magnitudes_at_least(&x, &Tensor::from(0.75f32), 5)
+            .expect("6 candidates");
+        assert_eq!(
+            crate::host::to_vec_i64(&chosen).unwrap(),
+            vec![0, 1, 2, 3, 7]
+        );
+        let exactly = crate::host::largest_magnitudes_at_least(&x, &Tensor::from(1.5f32), 3)
+            .expect("3 candidates");
+        assert_eq!(crate::host::to_vec_i64(&exactly).unwrap(), vec![0, 2, 7]);
     }
 
     #[test]
