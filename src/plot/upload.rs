@@ -111,6 +111,19 @@ impl Drawing for UploadFigure<'_> {
                 }
             }
             if k == 0 {
+                // The legend names every setting of the figure, also those without a point in
+                // this panel (a family run only at some σ), so every colour can be read.
+                for (i, label) in self.settings.iter().enumerate() {
+                    if points.iter().any(|p| p.setting == i) {
+                        continue;
+                    }
+                    let c = colour(i);
+                    chart
+                        .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
+                        .map_err(drawing_error)?
+                        .label(label.clone())
+                        .legend(move |(x, y)| Circle::new((x + 7, y), 5, c.filled()));
+                }
                 draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 11)?;
             }
         }
