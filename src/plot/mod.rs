@@ -293,7 +293,69 @@ pub(crate) fn render_with(path: &Path, size: (u32, u32), figure: &impl Drawing) 
 }
 
 fn render(path: &Path, figure: &Figure) -> Result<()> {
-    render_with(path, SIZE, figure)
+    render_with(path, figure_size(figure), figure)
+}
+
+/// Pixels a figure needs: `SIZE`, widened for a long title, and for grouped bars whose labels
+/// do not fit side by side (they are then drawn upright, `bar_label_area`) made taller by them.
+fn figure_size(figure: &Figure) -> (u32, u32) {
+    let title = match figure {
+        Figure::Bars(f) => f.title,
+        Figure::Lines(f) => f.title,
+    };
+    // About 10 pixels a character at the title's 22-pixel font.
+    let width = SIZE.0.max(10 * title.chars().count() as u32 + 40);
+    let (width, height) = match figure {
+        Figure::Bars(f) => (
+            width,
+            SIZE.1 + bar_label_area(f, width).1.saturating_sub(45),
+        ),
+        Figure::Lines(f) => {
+            let rows = SIDE_LEGEND_ROW as u32 * f.series.len() as u32 + 80;
+            match side_legend_width(f) {
+                0 => (width, SIZE.1),
+                legend => (width.max(SIZE.0 + legend), SIZE.1.max(rows)),
+            }
+        }
+    };
+    (width, height)
+}
+
+/// Pixels between the rows of a side legend.
+const SIDE_LEGEND_ROW: i32 = 15;
+
+/// Width of the legend column beside a lines figure of more than 8 lines (0: the legend fits
+/// inside the chart).
+fn side_legend_width(f: &Lines) -> u32 {
+    if f.series.len() <= 8 {
+        return 0;
+    }
+    // About 6.5 pixels a character at the legend's 12-pixel font.
+    let widest = f
+        .series
+        .iter()
+        .map(|(l, ..)| l.chars().count())
+        .max()
+        .unwrap_or(0) as u32;
+    widest * 13 / 2 + 40
+}
+
+/// Whether the group labels of `f` are drawn upright (they would overlap side by side on a
+/// figure `width` pixels wide), and the height of the label area under the axis.
+fn bar_label_area(f: &Bars, width: u32) -> (bool, u32) {
+    // About 8 pixels a character at the labels' 15-pixel font.
+    let widest = f
+        .groups
+        .iter()
+        .map(|g| g.chars().count())
+        .max()
+        .unwrap_or(0) as u32;
+    let per_group = (width.saturating_sub(100)) / (f.groups.len().max(1) as u32);
+    if 8 * widest + 10 <= per_group {
+        (false, 45)
+    } else {
+        (true, 8 * widest + 20)
+    }
 }
 
 fn draw<DB: DrawingBackend>(
@@ -305,14 +367,20 @@ fn draw<DB: DrawingBackend>(
     match figure {
         Figure::Bars(f) => {
             let n = f.groups.len();
+            let (upright, label_area) = bar_label_area(f, root.dim_in_pixel().0);
             let mut chart = ChartBuilder::on(&root)
                 .caption(f.title, ("sans-serif", 22))
                 .margin(12)
-                .x_label_area_size(45)
+                .x_label_area_size(label_area)
                 .y_label_area_size(60)
                 .build_cartesian_2d(0f64..n as f64, 0f64..100f64)
                 .map_err(e)?;
-            let labels = f.groups.to_vec();
+            // Upright labels are drawn below (plotters centres a rotated label on its tick).
+            let labels = if upright {
+                vec![String::new(); n]
+            } else {
+                f.groups.to_vec()
+            };
             chart
                 .configure_mesh()
                 .disable_x_mesh()
@@ -325,6 +393,21 @@ fn draw<DB: DrawingBackend>(
                 .axis_desc_style(("sans-serif", 17))
                 .draw()
                 .map_err(e)?;
+            if upright {
+                let style = ("sans-serif", 15)
+                    .into_font()
+                    .transform(FontTransform::Rotate90)
+                    .color(&BLACK)
+                    .pos(plotters::style::text_anchor::Pos::new(
+                        plotters::style::text_anchor::HPos::Left,
+                        plotters::style::text_anchor::VPos::Center,
+                    ));
+                for (g, label) in f.groups.iter().enumerate() {
+                    let (x, y) = chart.backend_coord(&(g as f64 + 0.5, 0.0));
+                    root.draw(&Text::new(label.clone(), (x, y + 8), style.clone()))
+                        .map_err(e)?;
+                }
+            }
             let width = 0.8 / f.series.len() as f64;
             for (s, (label, colour)) in f.series.iter().enumerate() {
                 let colour = *colour;
@@ -360,6 +443,48 @@ fn draw<DB: DrawingBackend>(
                 chart.draw_series(whiskers).map_err(e)?;
             }
             draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 15)?;
+        }
+        Figure::Lines(f) if side_legend_width(f) > 0 => {
+            // Too many lines for a legend inside the chart: a column of its own on the right.
+            let legend_width = side_legend_width(f);
+            let area = root.titled(f.title, ("sans-serif", 22)).map_err(e)?;
+            let (left, right) = area.split_horizontally(area.dim_in_pixel().0 - legend_width);
+            let mut chart = ChartBuilder::on(&left)
+                .margin(12)
+                .x_label_area_size(45)
+                .y_label_area_size(60)
+                .build_cartesian_2d(1f64..f.epochs.max(2) as f64, 0f64..100f64)
+                .map_err(e)?;
+            chart
+                .configure_mesh()
+                .x_label_formatter(&|x| format!("{x:.0}"))
+                .y_label_formatter(&|y| format!("{y:.0}"))
+                .x_desc("epoch")
+                .y_desc("test accuracy (%)")
+                .label_style(("sans-serif", 15))
+                .axis_desc_style(("sans-serif", 17))
+                .draw()
+                .map_err(e)?;
+            for (i, (label, colour, points)) in f.series.iter().enumerate() {
+                let colour = *colour;
+                chart
+                    .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
+                    .map_err(e)?;
+                let y = 14 + SIDE_LEGEND_ROW * i as i32;
+                right
+                    .draw(&PathElement::new(
+                        vec![(4, y), (22, y)],
+                        colour.stroke_width(2),
+                    ))
+                    .map_err(e)?;
+                right
+                    .draw(&Text::new(
+                        label.clone(),
+                        (28, y - 7),
+                        ("sans-serif", 12).into_font().color(&BLACK),
+                    ))
+                    .map_err(e)?;
+            }
         }
         Figure::Lines(f) => {
             let mut chart = ChartBuilder::on(&root)
@@ -612,5 +737,61 @@ mod tests {
         assert_eq!(smoothing_width(100), 20);
         assert_eq!(smoothing_width(15), 3);
         assert_eq!(smoothing_width(2), 1);
+    }
+
+    #[test]
+    fn long_labels_stand_upright_and_many_lines_get_a_legend_column() {
+        let value = |_: usize, _: usize| None;
+        let series = [("σ = 0".to_string(), RED)];
+        let bars = |groups: &'static [&'static str]| -> (bool, u32, (u32, u32)) {
+            let groups: Vec<String> = groups.iter().map(|g| g.to_string()).collect();
+            let f = Bars {
+                title: "t",
+                x_desc: "",
+                groups: &groups,
+                series: &series,
+                value: &value,
+            };
+            let (upright, area) = bar_label_area(&f, SIZE.0);
+            (upright, area, figure_size(&Figure::Bars(f)))
+        };
+        // Three short labels fit side by side: flat, the standard size.
+        assert_eq!(bars(&["x1", "x16", "x256"]), (false, 45, SIZE));
+        // Ten 60-character labels do not: upright, the figure taller by the longest.
+        const LONG: &str = "44.15 Gb: dgc x256 (budget=elements, error_feedback=false) 0";
+        let (upright, area, size) = bars(&[LONG; 10]);
+        assert_eq!((upright, area), (true, 8 * 60 + 20));
+        assert_eq!(size, (SIZE.0, SIZE.1 + 8 * 60 + 20 - 45));
+
+        let lines = |n: usize| -> Vec<Line> {
+            (0..n)
+                .map(|i| (format!("line {i}"), RED, vec![(1.0, 1.0)]))
+                .collect()
+        };
+        let (few, many) = (lines(8), lines(9));
+        // A title longer than the figure widens it.
+        let title = "y".repeat(120);
+        let long_title = Lines {
+            title: &title,
+            series: &few,
+            epochs: 2,
+        };
+        assert_eq!(side_legend_width(&long_title), 0);
+        assert_eq!(
+            figure_size(&Figure::Lines(long_title)),
+            (10 * 120 + 40, SIZE.1)
+        );
+        // More than 8 lines: a legend column beside the chart.
+        let crowded = Lines {
+            title: "t",
+            series: &many,
+            epochs: 2,
+        };
+        let width = side_legend_width(&crowded);
+        assert_eq!(width, 6 * 13 / 2 + 40);
+        assert_eq!(
+            figure_size(&Figure::Lines(crowded)),
+            (SIZE.0 + width, SIZE.1)
+        );
     }
 }
