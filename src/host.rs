@@ -26,6 +26,7 @@
 //! on every device (the Poisson batches' indices and the sequences' widths, which stay on the
 //! CPU when the examples are held on an accelerator). Reading them neither copies from the
 //! device nor waits for it; the function panics if handed a tensor that is not on the CPU.
+//! `bool_if_on_cpu` reads a flag only where it is in host memory, for the same reason.
 //!
 //! The other direction is no read either, but a plain copy from host memory to CUDA waits for
 //! the device's queue to drain: what a step makes on the host and sends to the device (the batch
@@ -205,19 +206,70 @@ fn host_f32_at_least(x: &Tensor, threshold: &Tensor) -> (Vec<i64>, Vec<f32>) {
     let len = x.numel();
     let mut positions = Vec::with_capacity(len / 16);
     let mut magnitudes = Vec::with_capacity(len / 16);
-    if len > 0 {
-        // SAFETY: `x` is a contiguous CPU tensor of `len` f32 values (the callers check),
-        // only read here.
-        let values = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const f32, len) };
-        for (i, v) in values.iter().enumerate() {
-            let m = v.abs();
-            if m >= t {
-                positions.push(i as i64);
-                magnitudes.push(m);
-            }
+    if len == 0 {
+        return (positions, magnitudes);
+    }
+    // SAFETY: `x` is a contiguous CPU tensor of `len` f32 values (the callers check), only
+    // read here.
+    let values = unsafe { std::slice::from_raw_parts(x.data_ptr() as *const f32, len) };
+    let done = at_least_in_blocks(values, t, &mut positions, &mut magnitudes);
+    for (i, v) in values.iter().enumerate().skip(done) {
+        let m = v.abs();
+        if m >= t {
+            positions.push(i as i64);
+            magnitudes.push(m);
         }
     }
     (positions, magnitudes)
+}
+
+/// `host_f32_at_least` over the whole blocks of 16 values at the start of `values`, four SSE2
+/// comparisons and one mask per block (SSE2 is part of every x86-64 processor): a pass that
+/// skips the blocks without a candidate in a few instructions instead of a branch per value
+/// (ResNet-18's 11.2M values, 0.3 % above the threshold: 16 -> 6 ms; 4.7 %: 14 -> 10 ms). The
+/// comparison is the scalar loop's (an ordered >=, false for NaN; the magnitude is the value
+/// with its sign bit cleared, `f32::abs`), so the positions are the same. Returns how many
+/// values it covered.
+#[cfg(target_arch = "x86_64")]
+fn at_least_in_blocks(
+    values: &[f32],
+    t: f32,
+    positions: &mut Vec<i64>,
+    magnitudes: &mut Vec<f32>,
+) -> usize {
+    use std::arch::x86_64::{
+        _mm_and_ps, _mm_castsi128_ps, _mm_cmpge_ps, _mm_loadu_ps, _mm_movemask_ps, _mm_set1_epi32,
+        _mm_set1_ps,
+    };
+    let blocks = values.len() / 16;
+    // SAFETY: SSE2 is available on every x86-64 target; each block reads the 16 values at
+    // 16 b .. 16 b + 16 <= values.len() (unaligned loads), and nothing is written through `base`.
+    unsafe {
+        let threshold = _mm_set1_ps(t);
+        let no_sign = _mm_castsi128_ps(_mm_set1_epi32(0x7fff_ffff));
+        let base = values.as_ptr();
+        for b in 0..blocks {
+            let block = base.add(16 * b);
+            let mut mask = 0u32;
+            for quarter in 0..4 {
+                let four = _mm_and_ps(_mm_loadu_ps(block.add(4 * quarter)), no_sign);
+                mask |= (_mm_movemask_ps(_mm_cmpge_ps(four, threshold)) as u32) << (4 * quarter);
+            }
+            while mask != 0 {
+                let j = mask.trailing_zeros() as usize;
+                positions.push((16 * b + j) as i64);
+                magnitudes.push(values[16 * b + j].abs());
+                mask &= mask - 1;
+            }
+        }
+    }
+    16 * blocks
+}
+
+/// Elsewhere the scalar loop of `host_f32_at_least` covers every value.
+#[cfg(not(target_arch = "x86_64"))]
+fn at_least_in_blocks(_: &[f32], _: f32, _: &mut Vec<i64>, _: &mut Vec<f32>) -> usize {
+    0
 }
 
 /// The elements of `t` where `mask` is true, flattened: a data-dependent size (`nonzero`).
@@ -273,6 +325,14 @@ pub fn with_f32_mut<R>(t: &mut Tensor, f: impl FnOnce(&mut [f32]) -> R) -> R {
     // mutably for the duration of `f`, so nothing else reads or writes it meanwhile.
     let values = unsafe { std::slice::from_raw_parts_mut(t.data_ptr() as *mut f32, len) };
     f(values)
+}
+
+/// The value of a one-element bool tensor when it is in host memory, `None` on an accelerator:
+/// not counted, since reading host memory neither copies from a device nor waits for one. For
+/// a CPU-only shortcut that skips work the value makes unnecessary (Denoise's receiver does not
+/// multiply a velocity by one); on an accelerator the caller does the work without looking.
+pub(crate) fn bool_if_on_cpu(t: &Tensor) -> Option<bool> {
+    (t.device() == Device::Cpu && t.numel() == 1).then(|| t.int64_value(&[]) != 0)
 }
 
 /// The value of a one-element tensor that lives in host memory on every device, as i64: not

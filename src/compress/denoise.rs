@@ -28,6 +28,7 @@
 //! parameters concatenated (one flag). `clip` (off by default) bounds the global norm of the
 //! incoming gradient: our reading of the "second clipping" the paper's results mention.
 
+use super::elementwise;
 use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, Budget, IndexBits};
 use super::topk::{largest, TopK};
 use super::{Decoder, Encoder, Message, Payload, Scope};
@@ -253,14 +254,17 @@ fn choose(flag: &Tensor, a: Payload, b: Payload) -> Payload {
 
 /// A velocity (flat) after a message: replaced by a sent velocity (flag true), or plus a sent
 /// acceleration (flag false). In place; sparse payloads touch only their k positions besides
-/// one scaling pass.
+/// one scaling pass by the flag, which on the CPU (where the flag is read without waiting) is
+/// skipped for an acceleration: multiplying by one changes no value.
 fn receive(velocity: &mut Tensor, flag: &Tensor, payload: &Payload) {
     match payload {
         Payload::Sparse {
             indices, values, ..
         } => {
-            let keep = flag.logical_not().to_kind(velocity.kind());
-            let _ = velocity.g_mul_(&keep);
+            if crate::host::bool_if_on_cpu(flag) != Some(false) {
+                let keep = flag.logical_not().to_kind(velocity.kind());
+                let _ = velocity.g_mul_(&keep);
+            }
             let _ = velocity.index_add_(0, indices, values);
         }
         other => {
@@ -283,19 +287,36 @@ impl Encoder for DenoiseEncoder {
                 // a + r, r = decay (v_{t-1} - v̂_{t-1}) (what the receiver lacked, decayed).
                 // In place, with the same operations in the same order as out of place (so
                 // the same values): v_t into the spare buffer, a + r over v_{t-1}, the new
-                // residual over the old (issue 37: no fresh tensor of the segment's size).
+                // residual over the old (issue 37: no fresh tensor of the segment's size); on the
+                // CPU a + r and the residual in one pass each (`elementwise`, the same values).
                 let seg = &self.segments[i];
                 let velocity = seg.velocity.lerp_scalar_out(&seg.spare, g, 1.0 - beta);
-                let mut as_acceleration = velocity.sub_out(&seg.velocity, &seg.velocity);
-                let _ = as_acceleration.g_add_(&seg.residual);
+                let mut as_acceleration = seg.velocity.shallow_clone();
+                let fused = elementwise::update(
+                    &mut as_acceleration,
+                    &velocity,
+                    &seg.residual,
+                    |previous, v, r| (v - previous) + r,
+                );
+                if !fused {
+                    let _ = velocity.sub_out(&as_acceleration, &as_acceleration);
+                    let _ = as_acceleration.g_add_(&seg.residual);
+                }
                 let (velocity_payload, velocity_error) = self.sparsify(&velocity);
                 let (acceleration_payload, acceleration_error) = self.sparsify(&as_acceleration);
                 let flag = velocity_error.le_tensor(&acceleration_error);
                 let payload = choose(&flag, velocity_payload, acceleration_payload);
                 let seg = &mut self.segments[i];
                 receive(&mut seg.mirror, &flag, &payload);
-                let mut residual = velocity.sub_out(&seg.residual, &seg.mirror);
-                let _ = residual.g_mul_scalar_(decay);
+                let decay_f32 = decay as f32;
+                let fused =
+                    elementwise::update(&mut seg.residual, &velocity, &seg.mirror, |_, v, m| {
+                        (v - m) * decay_f32
+                    });
+                if !fused {
+                    let mut residual = velocity.sub_out(&seg.residual, &seg.mirror);
+                    let _ = residual.g_mul_scalar_(decay);
+                }
                 seg.spare = std::mem::replace(&mut seg.velocity, velocity);
                 payloads.push(payload);
                 flags.push(flag);

@@ -17,6 +17,7 @@ pub mod compressor;
 pub mod dct;
 pub mod denoise;
 pub mod dgc;
+pub(crate) mod elementwise;
 pub mod elias;
 pub mod encoding;
 pub mod identity;

@@ -203,6 +203,35 @@ mod tests {
     }
 
     #[test]
+    fn the_block_pass_finds_what_the_mask_finds() {
+        let _serial = crate::test_serial();
+        tch::manual_seed(13);
+        // 16-value blocks and a tail, with NaN, infinities, signed zeros and values equal to
+        // the threshold scattered through them.
+        let x = Tensor::randn([1_003], (Kind::Float, Device::Cpu));
+        let specials = [
+            (3, f32::NAN),
+            (17, f32::INFINITY),
+            (18, f32::NEG_INFINITY),
+            (40, -0.0),
+            (41, 0.0),
+            (64, 1.0),
+            (65, -1.0),
+            (1_001, -1.0),
+            (1_002, f32::NAN),
+        ];
+        for (i, v) in specials {
+            let _ = x.narrow(0, i, 1).fill_(v as f64);
+        }
+        for t in [0.0f32, 1.0, 2.5, f32::INFINITY] {
+            let threshold = Tensor::from(t);
+            let expected = crate::host::nonzero(&x.abs().ge_tensor(&threshold)).view([-1]);
+            let found = crate::host::magnitude_at_least(&x, &threshold);
+            assert!(crate::host::equal(&found, &expected), "threshold {t}");
+        }
+    }
+
+    #[test]
     fn the_one_pass_candidates_are_nonzero_of_the_mask() {
         let x = Tensor::from_slice(&[0.5f32, -2.0, f32::NAN, 1.0, -1.0, 0.0, f32::INFINITY]);
         for t in [0.0f32, 1.0, 3.0] {
