@@ -444,12 +444,22 @@ fn draw<DB: DrawingBackend>(
             }
             draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 15)?;
         }
-        Figure::Lines(f) if side_legend_width(f) > 0 => {
-            // Too many lines for a legend inside the chart: a column of its own on the right.
+        Figure::Lines(f) => {
+            // More than 8 lines: the legend gets a column of its own on the right (inside the
+            // chart it would cover the lines); otherwise it sits in the chart's lower right.
             let legend_width = side_legend_width(f);
-            let area = root.titled(f.title, ("sans-serif", 22)).map_err(e)?;
-            let (left, right) = area.split_horizontally(area.dim_in_pixel().0 - legend_width);
-            let mut chart = ChartBuilder::on(&left)
+            let (chart_area, legend_area) = if legend_width > 0 {
+                let area = root.titled(f.title, ("sans-serif", 22)).map_err(e)?;
+                let (left, right) = area.split_horizontally(area.dim_in_pixel().0 - legend_width);
+                (left, Some(right))
+            } else {
+                (root.clone(), None)
+            };
+            let mut builder = ChartBuilder::on(&chart_area);
+            if legend_area.is_none() {
+                builder.caption(f.title, ("sans-serif", 22));
+            }
+            let mut chart = builder
                 .margin(12)
                 .x_label_area_size(45)
                 .y_label_area_size(60)
@@ -467,54 +477,30 @@ fn draw<DB: DrawingBackend>(
                 .map_err(e)?;
             for (i, (label, colour, points)) in f.series.iter().enumerate() {
                 let colour = *colour;
-                chart
+                let series = chart
                     .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
                     .map_err(e)?;
+                let Some(column) = &legend_area else {
+                    series.label(label.clone()).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
+                    });
+                    continue;
+                };
                 let y = 14 + SIDE_LEGEND_ROW * i as i32;
-                right
+                column
                     .draw(&PathElement::new(
                         vec![(4, y), (22, y)],
                         colour.stroke_width(2),
                     ))
                     .map_err(e)?;
-                right
-                    .draw(&Text::new(
-                        label.clone(),
-                        (28, y - 7),
-                        ("sans-serif", 12).into_font().color(&BLACK),
-                    ))
+                let font = ("sans-serif", 12).into_font().color(&BLACK);
+                column
+                    .draw(&Text::new(label.clone(), (28, y - 7), font))
                     .map_err(e)?;
             }
-        }
-        Figure::Lines(f) => {
-            let mut chart = ChartBuilder::on(&root)
-                .caption(f.title, ("sans-serif", 22))
-                .margin(12)
-                .x_label_area_size(45)
-                .y_label_area_size(60)
-                .build_cartesian_2d(1f64..f.epochs.max(2) as f64, 0f64..100f64)
-                .map_err(e)?;
-            chart
-                .configure_mesh()
-                .x_label_formatter(&|x| format!("{x:.0}"))
-                .y_label_formatter(&|y| format!("{y:.0}"))
-                .x_desc("epoch")
-                .y_desc("test accuracy (%)")
-                .label_style(("sans-serif", 15))
-                .axis_desc_style(("sans-serif", 17))
-                .draw()
-                .map_err(e)?;
-            for (label, colour, points) in f.series {
-                let colour = *colour;
-                chart
-                    .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
-                    .map_err(e)?
-                    .label(label.clone())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
-                    });
+            if legend_area.is_none() {
+                draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 13)?;
             }
-            draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 13)?;
         }
     }
     root.present().map_err(e)?;
