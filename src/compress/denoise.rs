@@ -199,11 +199,17 @@ impl DenoiseEncoder {
             return (payload, error);
         }
         let (indices, kept) = largest(x, k, o.topk);
-        let values = truncate_mantissa(&kept, o.value_bits);
         // ||x||² from one fused norm pass (no squared temporary of x's size).
         let total = x.norm().to_kind(Kind::Double).square();
-        let error =
-            total - kept.square().sum(Kind::Double) + (&kept - &values).square().sum(Kind::Double);
+        let unsent = total - kept.square().sum(Kind::Double);
+        // At 32 bits the kept values are sent as they are: no truncation, no truncation error.
+        let (values, error) = if o.value_bits == 32 {
+            (kept, unsent)
+        } else {
+            let values = truncate_mantissa(&kept, o.value_bits);
+            let truncated = (&kept - &values).square().sum(Kind::Double);
+            (values, unsent + truncated)
+        };
         let payload = Payload::Sparse {
             indices,
             values,
