@@ -315,6 +315,18 @@ def time_torch(make, shapes, steps):
     return total / steps
 
 
+def print_results(results):
+    """Each result as a JSON line, then all of them as a Markdown table."""
+    for r in results:
+        print(json.dumps(r))
+    print("| compressor | peer | dpcomp ms | peer ms | peer / dpcomp | backward ms | dpcomp / backward |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['compressor']} | {r['peer']} | {r['dpcomp_seconds'] * 1e3:.1f} | "
+              f"{r['pytorch_seconds'] * 1e3:.1f} | {r['speedup_pytorch_over_dpcomp']:.2f} | "
+              f"{r['dpcomp_backward_seconds'] * 1e3:.0f} | {r['dpcomp_ratio_to_backward']:.3f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--task", default="cifar100")
@@ -374,14 +386,7 @@ def main():
             "threads": torch.get_num_threads(),
             "peer_malloc": "glibc defaults" if args.system_malloc else "heap, never trimmed",
         })
-    for r in results:
-        print(json.dumps(r))
-    print("| compressor | peer | dpcomp ms | peer ms | peer / dpcomp | backward ms | dpcomp / backward |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['compressor']} | {r['peer']} | {r['dpcomp_seconds'] * 1e3:.1f} | "
-              f"{r['pytorch_seconds'] * 1e3:.1f} | {r['speedup_pytorch_over_dpcomp']:.2f} | "
-              f"{r['dpcomp_backward_seconds'] * 1e3:.0f} | {r['dpcomp_ratio_to_backward']:.3f} |")
+    print_results(results)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from compress_vs_pytorch import dpcomp  # noqa: E402
+from compress_vs_pytorch import dpcomp, print_results  # noqa: E402
 
 # The paper's clipping radius per task (src/config.rs `paper_defaults`): the noise scale σ C / B.
 CLIP = {"surnames": 3.0, "cifar10": 5.0, "cifar100": 1000.0, "snli": 21.0}
@@ -608,14 +608,7 @@ def main():
         with open(args.jsonl, "a") as f:
             for r in results:
                 f.write(json.dumps(r) + "\n")
-    for r in results:
-        print(json.dumps(r))
-    print("| compressor | peer | dpcomp ms | peer ms | peer / dpcomp | backward ms | dpcomp / backward |")
-    print("|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['compressor']} | {r['peer']} | {r['dpcomp_seconds'] * 1e3:.1f} | "
-              f"{r['pytorch_seconds'] * 1e3:.1f} | {r['speedup_pytorch_over_dpcomp']:.2f} | "
-              f"{r['dpcomp_backward_seconds'] * 1e3:.0f} | {r['dpcomp_ratio_to_backward']:.3f} |")
+    print_results(results)
 
 
 if __name__ == "__main__":
