@@ -20,11 +20,13 @@ fn shapes() -> Vec<Vec<i64>> {
     vec![vec![64, 300], vec![300]]
 }
 
-fn update(seed: i64) -> Vec<Tensor> {
-    tch::manual_seed(seed);
+/// N(0, 1) updates from the test's own generator (`common::Draws`): LibTorch's global one is
+/// shared with the other tests of this file, which run in parallel threads.
+fn update(seed: u64) -> Vec<Tensor> {
+    let mut draws = common::Draws::new(seed);
     shapes()
         .iter()
-        .map(|s| Tensor::randn(s.as_slice(), (Kind::Float, CPU)))
+        .map(|s| draws.randn(s, Kind::Float))
         .collect()
 }
 
@@ -33,7 +35,7 @@ fn values(t: &Tensor) -> Vec<f32> {
 }
 
 /// The message of one step of `compressor` on `update(seed)`, and its bytes.
-fn message_of(compressor: &Compressor, seed: i64) -> (Message, Vec<u8>) {
+fn message_of(compressor: &Compressor, seed: u64) -> (Message, Vec<u8>) {
     let mut encoder = compressor.encoder(&shapes(), CPU).unwrap();
     let message = encoder.encode(&update(seed));
     let bytes = message.to_bytes().unwrap();
@@ -256,11 +258,12 @@ fn every_family_round_trips_through_bytes_bit_for_bit() {
     }
 }
 
-/// The mean of `draws` decodings of one fixed update, and the update.
+/// The mean of `draws` decodings of one fixed update, and the update. The compressors draw
+/// from LibTorch's global generator: the caller holds `common::serial()` so that the draws, and
+/// the verdict, are the same from run to run.
 fn mean_of_draws(compressor: &Compressor, draws: usize) -> (Vec<f32>, Vec<f32>) {
     let shapes = [vec![40]];
-    tch::manual_seed(5);
-    let g = Tensor::randn([40], (Kind::Float, CPU)) * 0.3;
+    let g = common::Draws::new(5).randn(&[40], Kind::Float) * 0.3;
     let mut link = compressor.link(&shapes, CPU).unwrap();
     let mut sum = Tensor::zeros([40], (Kind::Float, CPU));
     tch::manual_seed(6);
@@ -275,6 +278,7 @@ fn the_unbiased_families_are_unbiased_over_many_draws() {
     // Each family's per-element variance is bounded by its paper: QSGD min(n/s², √n/s)||v||²
     // (Lemma 3.1), TernGrad |g| max|g|, natural t²/8, stochastic int8 scale²/4, random-k
     // (n/k - 1) g². With 4,000 draws the mean is within 5 standard errors of g.
+    let _serial = common::serial();
     let draws = 4000;
     let cases: Vec<(&str, Compressor)> = vec![
         (

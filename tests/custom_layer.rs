@@ -4,6 +4,8 @@
 //! built-in linear layers, its per-sample gradients, norms and clipped sum equal per-example
 //! autograd (f64); a record that leaves a parameter out makes the private step refuse.
 
+mod common;
+
 use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
@@ -150,6 +152,8 @@ fn batch() -> Batch {
 
 #[test]
 fn a_user_defined_layer_gives_the_per_example_autograd_gradients() {
+    // The weights and the batch are drawn after a `manual_seed` from LibTorch's global generator.
+    let _serial = common::serial();
     let net = Net::new(21);
     let batch = batch();
     let params = net.trainable_variables();
@@ -200,6 +204,8 @@ fn a_user_defined_layer_gives_the_per_example_autograd_gradients() {
 
 #[test]
 fn a_parameter_missing_from_the_tape_is_refused() {
+    // The weights and the batch are drawn after a `manual_seed` from LibTorch's global generator.
+    let _serial = common::serial();
     let mut net = Net::new(21);
     net.scale.forget_bias = true;
     let params = net.trainable_variables();

@@ -199,11 +199,11 @@ fn typed_compressor_settings_equal_the_command_lines_and_are_checked() {
         typed.link(&shapes, Device::Cpu).unwrap(),
         spec.link(&shapes, Device::Cpu).unwrap(),
     );
-    tch::manual_seed(5);
+    let mut draws = common::Draws::new(5);
     for _ in 0..3 {
         let update = [
-            Tensor::randn([40, 70], (Kind::Float, Device::Cpu)),
-            Tensor::randn([40], (Kind::Float, Device::Cpu)),
+            draws.randn(&[40, 70], Kind::Float),
+            draws.randn(&[40], Kind::Float),
         ];
         let (x, y) = (a.round_trip(&update).0, b.round_trip(&update).0);
         assert_eq!(x.to_bytes().unwrap(), y.to_bytes().unwrap());

@@ -50,11 +50,8 @@ fn round_trip(name: &str, spec: CompressorSpec) {
     let mut over_bytes = spec.decoder(&shapes, Device::Cpu).unwrap();
     let mut in_memory = spec.decoder(&shapes, Device::Cpu).unwrap();
     for step in 0..3 {
-        tch::manual_seed(10 + step);
-        let update: Vec<Tensor> = shapes
-            .iter()
-            .map(|s| Tensor::randn(s.as_slice(), (Kind::Float, Device::Cpu)))
-            .collect();
+        let mut draws = common::Draws::new(10 + step);
+        let update: Vec<Tensor> = shapes.iter().map(|s| draws.randn(s, Kind::Float)).collect();
         let message = encoder.encode(&update);
         let bytes = message.to_bytes().unwrap();
         // What `grid --list` estimates without encoding is the length the encoding has.
