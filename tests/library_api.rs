@@ -162,7 +162,7 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
 #[test]
 fn typed_compressor_settings_equal_the_command_lines_and_are_checked() {
     use dpcomp::compress::{Compressor, CompressorKind, CompressorSpec, Denoise, Dgc, PowerSgd};
-    use tch::{Device, Kind, Tensor};
+    use tch::{Device, Kind};
     let parsed = |kind, rate, rank| {
         CompressorSpec::new(kind, rate, rank, &[])
             .unwrap()
