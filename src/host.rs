@@ -172,33 +172,21 @@ pub(crate) fn largest_magnitudes_at_least(
     debug_assert!(is_host_f32_vector(x) && is_host_f32_vector(&threshold.view([-1])));
     count();
     let (positions, magnitudes) = host_f32_at_least(x, threshold);
-    largest_of_candidates(&positions, &magnitudes, k).map(|chosen| Tensor::from_slice(&chosen))
-}
-
-/// Of candidates at `positions` (ascending) with `magnitudes` (none NaN), the positions of the k
-/// largest magnitudes, ascending, or `None` when there are fewer than k: a selection
-/// (`select_nth_unstable`, linear) finds the k-th largest and a pass keeps the k; among
-/// magnitudes equal to the k-th, the lowest positions. Host memory only: no tensor is read.
-pub(crate) fn largest_of_candidates(
-    positions: &[i64],
-    magnitudes: &[f32],
-    k: usize,
-) -> Option<Vec<i64>> {
     let found = positions.len();
     if found < k || k == 0 {
         return None;
     }
     if found == k {
-        return Some(positions.to_vec());
+        return Some(Tensor::from_slice(&positions));
     }
     // The k-th largest candidate magnitude: position found - k of the ascending order. No
     // candidate is NaN (a NaN fails `>=`), so `total_cmp` is the numeric order.
-    let mut order = magnitudes.to_vec();
+    let mut order = magnitudes.clone();
     let (_, &mut kth, _) = order.select_nth_unstable_by(found - k, f32::total_cmp);
     let above = magnitudes.iter().filter(|&&m| m > kth).count();
     let mut ties_left = k - above;
     let mut chosen = Vec::with_capacity(k);
-    for (&position, &m) in positions.iter().zip(magnitudes) {
+    for (&position, &m) in positions.iter().zip(&magnitudes) {
         if m > kth {
             chosen.push(position);
         } else if m == kth && ties_left > 0 {
@@ -206,7 +194,7 @@ pub(crate) fn largest_of_candidates(
             ties_left -= 1;
         }
     }
-    Some(chosen)
+    Some(Tensor::from_slice(&chosen))
 }
 
 /// The positions and magnitudes of the elements of the host f32 vector `x` with |x| at least

@@ -28,9 +28,9 @@
 //! parameters concatenated (one flag). `clip` (off by default) bounds the global norm of the
 //! incoming gradient: our reading of the "second clipping" the paper's results mention.
 
-use super::elementwise::{self, Candidates};
+use super::elementwise;
 use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, Budget, IndexBits};
-use super::topk::{self, largest, TopK};
+use super::topk::{largest, TopK};
 use super::{Decoder, Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
@@ -181,129 +181,43 @@ impl DenoiseEncoder {
         }
     }
 
-    /// The top-k budget k and index width for a segment of `n` elements, or `None` when the
-    /// payload is dense (rate 1, or a sparse payload would not be smaller).
-    fn sparse_budget(&self, n: i64) -> Option<(i64, u32)> {
+    /// Sparsifies `x` at the budget: the payload and ||x - sent||² (0-d, f64). For a sparse
+    /// payload the error is ||x||² - Σ_kept x_i² + Σ_kept (x_i - t_i)² (t: truncated values), so
+    /// no error tensor is formed for the candidate that is not chosen.
+    fn sparsify(&self, x: &Tensor) -> (Payload, Tensor) {
         let o = &self.options;
+        let n = x.numel() as i64;
         let index_bits = o.index_bits.width(n);
         let k = sparse_budget(n, o.rate, o.value_bits, index_bits, o.budget);
-        (o.rate > 1.0 && sparse_is_cheaper(k, n, o.value_bits, index_bits))
-            .then_some((k, index_bits))
-    }
-
-    /// Sparsifies `x` at the budget: the payload and ||x - sent||² (0-d, f64).
-    fn sparsify(&self, x: &Tensor) -> (Payload, Tensor) {
-        match self.sparse_budget(x.numel() as i64) {
-            Some((k, index_bits)) => {
-                let (indices, kept) = largest(x, k, self.options.topk);
-                self.sparse(x, indices, kept, index_bits)
-            }
-            None => {
-                let value_bits = self.options.value_bits;
-                let values = truncate_mantissa(x, value_bits);
-                let error = (x - &values).square().sum(Kind::Double);
-                (Payload::Dense { values, value_bits }, error)
-            }
+        if o.rate <= 1.0 || !sparse_is_cheaper(k, n, o.value_bits, index_bits) {
+            let values = truncate_mantissa(x, o.value_bits);
+            let error = (x - &values).square().sum(Kind::Double);
+            let payload = Payload::Dense {
+                values,
+                value_bits: o.value_bits,
+            };
+            return (payload, error);
         }
-    }
-
-    /// The sparse payload of `x`'s elements at `indices` (`kept` their values) and ||x - sent||²
-    /// (0-d, f64): ||x||² - Σ_kept x_i² + Σ_kept (x_i - t_i)² (t: truncated values), so no error
-    /// tensor is formed for the candidate that is not chosen.
-    fn sparse(
-        &self,
-        x: &Tensor,
-        indices: Tensor,
-        kept: Tensor,
-        index_bits: u32,
-    ) -> (Payload, Tensor) {
-        let value_bits = self.options.value_bits;
+        let (indices, kept) = largest(x, k, o.topk);
         // ||x||² from one fused norm pass (no squared temporary of x's size).
         let total = x.norm().to_kind(Kind::Double).square();
         let unsent = total - kept.square().sum(Kind::Double);
         // At 32 bits the kept values are sent as they are: no truncation, no truncation error.
-        let (values, error) = if value_bits == 32 {
+        let (values, error) = if o.value_bits == 32 {
             (kept, unsent)
         } else {
-            let values = truncate_mantissa(&kept, value_bits);
+            let values = truncate_mantissa(&kept, o.value_bits);
             let truncated = (&kept - &values).square().sum(Kind::Double);
             (values, unsent + truncated)
         };
         let payload = Payload::Sparse {
             indices,
             values,
-            shape: vec![x.numel() as i64],
-            value_bits,
+            shape: vec![n],
+            value_bits: o.value_bits,
             index_bits,
         };
         (payload, error)
-    }
-
-    /// Segment `i`'s acceleration plus residual, written over its previous velocity, and both
-    /// candidates sparsified, when the sampled top-k runs on host f32 vectors: the two sampled
-    /// thresholds are set first (the acceleration's sample computed from its inputs at the
-    /// sampled positions, the same values the full pass gives), then one pass forms the
-    /// acceleration and collects both candidate sets (`elementwise::update_collecting`), where
-    /// the unfused path reads each candidate again in a pass of its own (issue 37). The same
-    /// draws of the generator, in the same order, and the same selections as that path.
-    /// `None`, with nothing drawn or changed, where the sampled top-k does not run.
-    fn fused_candidates(
-        &self,
-        i: usize,
-        velocity: &Tensor,
-    ) -> Option<((Payload, Tensor), (Payload, Tensor))> {
-        let seg = &self.segments[i];
-        let n = velocity.numel() as i64;
-        let (k, index_bits) = self.sparse_budget(n)?;
-        let device = velocity.device();
-        let TopK::Sampled { ratio } = self.options.topk.on(device) else {
-            return None;
-        };
-        let host = [velocity, &seg.velocity, &seg.residual]
-            .iter()
-            .all(|t| crate::host::is_host_f32_vector(t));
-        if !(host && topk::samples(n, k, self.options.topk, device)) {
-            return None;
-        }
-        let acceleration_at = |picks: &Tensor| {
-            let at = |t: &Tensor| t.index_select(0, picks);
-            (at(velocity) - at(&seg.velocity)) + at(&seg.residual)
-        };
-        let velocity_threshold =
-            topk::sampled_threshold(n, k, ratio, device, |picks| velocity.index_select(0, picks));
-        let acceleration_threshold = topk::sampled_threshold(n, k, ratio, device, acceleration_at);
-        let at_least = |t: &Tensor| crate::host::f64_scalar(t) as f32;
-        let (v_at_least, a_at_least) = (
-            at_least(&velocity_threshold),
-            at_least(&acceleration_threshold),
-        );
-        let mut acceleration = seg.velocity.shallow_clone();
-        let (of_velocity, of_acceleration) = elementwise::update_collecting(
-            &mut acceleration,
-            velocity,
-            &seg.residual,
-            |previous, v, r| (v - previous) + r,
-            v_at_least,
-            a_at_least,
-        )?;
-        let select = |x: &Tensor, threshold: Tensor, found: Candidates| {
-            let indices = match crate::host::largest_of_candidates(
-                &found.positions,
-                &found.magnitudes,
-                k as usize,
-            ) {
-                Some(chosen) => Tensor::from_slice(&chosen),
-                // Fewer than k reached the threshold: the sampled path's remaining halvings.
-                None => topk::at_threshold(x, threshold * 0.5, k, topk::RETRIES)
-                    .unwrap_or_else(|| topk::exact_ascending(x, k)),
-            };
-            let kept = x.index_select(0, &indices);
-            self.sparse(x, indices, kept, index_bits)
-        };
-        Some((
-            select(velocity, velocity_threshold, of_velocity),
-            select(&acceleration, acceleration_threshold, of_acceleration),
-        ))
     }
 }
 
@@ -347,8 +261,7 @@ fn choose(flag: &Tensor, a: Payload, b: Payload) -> Payload {
 /// A velocity (flat) after a message: replaced by a sent velocity (flag true), or plus a sent
 /// acceleration (flag false). In place; sparse payloads touch only their k positions besides
 /// one scaling pass by the flag, which on the CPU (where the flag is read without waiting) is
-/// skipped for an acceleration: multiplying by one changes no value. On the CPU the sent values
-/// are added by `elementwise::add_at` (the same additions as `index_add_`).
+/// skipped for an acceleration: multiplying by one changes no value.
 fn receive(velocity: &mut Tensor, flag: &Tensor, payload: &Payload) {
     match payload {
         Payload::Sparse {
@@ -358,9 +271,7 @@ fn receive(velocity: &mut Tensor, flag: &Tensor, payload: &Payload) {
                 let keep = flag.logical_not().to_kind(velocity.kind());
                 let _ = velocity.g_mul_(&keep);
             }
-            if !elementwise::add_at(velocity, indices, values) {
-                let _ = velocity.index_add_(0, indices, values);
-            }
+            let _ = velocity.index_add_(0, indices, values);
         }
         other => {
             let sent = other.to_dense().view([-1]);
@@ -386,26 +297,19 @@ impl Encoder for DenoiseEncoder {
                 // CPU a + r and the residual in one pass each (`elementwise`, the same values).
                 let seg = &self.segments[i];
                 let velocity = seg.velocity.lerp_scalar_out(&seg.spare, g, 1.0 - beta);
-                let (
-                    (velocity_payload, velocity_error),
-                    (acceleration_payload, acceleration_error),
-                ) = match self.fused_candidates(i, &velocity) {
-                    Some(both) => both,
-                    None => {
-                        let mut as_acceleration = seg.velocity.shallow_clone();
-                        let fused = elementwise::update(
-                            &mut as_acceleration,
-                            &velocity,
-                            &seg.residual,
-                            |previous, v, r| (v - previous) + r,
-                        );
-                        if !fused {
-                            let _ = velocity.sub_out(&as_acceleration, &as_acceleration);
-                            let _ = as_acceleration.g_add_(&seg.residual);
-                        }
-                        (self.sparsify(&velocity), self.sparsify(&as_acceleration))
-                    }
-                };
+                let mut as_acceleration = seg.velocity.shallow_clone();
+                let fused = elementwise::update(
+                    &mut as_acceleration,
+                    &velocity,
+                    &seg.residual,
+                    |previous, v, r| (v - previous) + r,
+                );
+                if !fused {
+                    let _ = velocity.sub_out(&as_acceleration, &as_acceleration);
+                    let _ = as_acceleration.g_add_(&seg.residual);
+                }
+                let (velocity_payload, velocity_error) = self.sparsify(&velocity);
+                let (acceleration_payload, acceleration_error) = self.sparsify(&as_acceleration);
                 let flag = velocity_error.le_tensor(&acceleration_error);
                 let payload = choose(&flag, velocity_payload, acceleration_payload);
                 let seg = &mut self.segments[i];
@@ -471,83 +375,5 @@ impl Decoder for DenoiseDecoder {
             .enumerate()
             .map(|(i, t)| (format!("received.{i}"), t.shallow_clone()))
             .collect()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every payload, flag and state tensor of the two encoders, bit for bit.
-    fn assert_same_step(a: &Message, b: &Message, x: &DenoiseEncoder, y: &DenoiseEncoder) {
-        let same = |p: &Tensor, q: &Tensor| p.size() == q.size() && crate::host::equal(p, q);
-        for (p, q) in a.payloads.iter().zip(&b.payloads) {
-            match (p, q) {
-                (
-                    Payload::Sparse {
-                        indices: i,
-                        values: v,
-                        ..
-                    },
-                    Payload::Sparse {
-                        indices: j,
-                        values: w,
-                        ..
-                    },
-                ) => assert!(same(i, j) && same(v, w)),
-                (p, q) => assert!(same(&p.to_dense(), &q.to_dense())),
-            }
-        }
-        for (f, g) in a.flags.iter().zip(&b.flags) {
-            assert!(same(f, g));
-        }
-        for ((_, s), (_, t)) in x.state().iter().zip(y.state()) {
-            assert!(same(s, &t));
-        }
-    }
-
-    #[test]
-    fn the_fused_candidates_select_what_the_exact_top_k_selects() {
-        let _serial = crate::test_serial();
-        // Segments large enough for the sampled top-k, and a small one that is not.
-        let shapes = [vec![300, 200], vec![70_000], vec![500]];
-        let sampled = Denoise {
-            topk: TopK::Sampled { ratio: 0.01 },
-            ..Default::default()
-        };
-        let exact = Denoise {
-            topk: TopK::Exact,
-            ..Default::default()
-        };
-        let mut fused = DenoiseEncoder::new(&shapes, Device::Cpu, sampled);
-        let mut reference = DenoiseEncoder::new(&shapes, Device::Cpu, exact);
-        tch::manual_seed(31);
-        // The fused pass runs for the large segments, not for the small one (the conditions
-        // depend on sizes and the device only; `None` draws and changes nothing).
-        let probe = DenoiseEncoder::new(&shapes, Device::Cpu, fused.options.clone());
-        let zeros = |s: &Segment| s.velocity.zeros_like();
-        assert!(probe
-            .fused_candidates(0, &zeros(&probe.segments[0]))
-            .is_some());
-        assert!(probe
-            .fused_candidates(2, &zeros(&probe.segments[2]))
-            .is_none());
-        let mut chosen = Vec::new();
-        for step in 0..8 {
-            // Updates whose scale changes, so that both candidates are chosen along the way.
-            let scale = if step % 3 == 0 { 1.0 } else { 0.02 };
-            let update: Vec<Tensor> = shapes
-                .iter()
-                .map(|s| Tensor::randn(s.as_slice(), (Kind::Float, Device::Cpu)) * scale)
-                .collect();
-            let a = fused.encode(&update);
-            let b = reference.encode(&update);
-            assert_same_step(&a, &b, &fused, &reference);
-            chosen.push(crate::host::bool_scalar(&a.flags[1]).unwrap());
-        }
-        assert!(
-            chosen.contains(&true) && chosen.contains(&false),
-            "{chosen:?}"
-        );
     }
 }

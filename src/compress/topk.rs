@@ -74,10 +74,10 @@ pub fn largest(x: &Tensor, k: i64, mode: TopK) -> (Tensor, Tensor) {
     let n = x.numel() as i64;
     assert!(x.dim() == 1 && k >= 1 && k <= n, "largest: k {k} of {n}");
     let indices = match mode.on(x.device()) {
-        TopK::Sampled { ratio } if samples(n, k, mode, x.device()) => {
-            sampled(x, k, ratio).unwrap_or_else(|| exact_ascending(x, k))
+        TopK::Sampled { ratio } if n >= SAMPLING_FROM && k * 4 < n => {
+            sampled(x, k, ratio).unwrap_or_else(|| exact(x, k).sort(0, false).0)
         }
-        _ => exact_ascending(x, k),
+        _ => exact(x, k).sort(0, false).0,
     };
     let values = x.index_select(0, &indices);
     (indices, values)
@@ -96,49 +96,18 @@ fn exact(x: &Tensor, k: i64) -> Tensor {
 /// threshold and the k largest of them come from one pass and a linear selection
 /// (`host::largest_magnitudes_at_least`); elsewhere from LibTorch's ops (`largest_candidates`).
 fn sampled(x: &Tensor, k: i64, ratio: f64) -> Option<Tensor> {
-    let threshold = sampled_threshold(x.numel() as i64, k, ratio, x.device(), |picks| {
-        x.index_select(0, picks)
-    });
-    at_threshold(x, threshold, k, RETRIES + 1)
-}
-
-/// Whether `largest(x, k, mode)` takes the sampled path for a tensor of `n` elements on
-/// `device`.
-pub(crate) fn samples(n: i64, k: i64, mode: TopK, device: Device) -> bool {
-    matches!(mode.on(device), TopK::Sampled { .. }) && n >= SAMPLING_FROM && k * 4 < n
-}
-
-/// The sampled path's threshold (0-d, x's kind) for the k largest of `n` elements: the values
-/// at uniform random positions (`values_at(picks)`, one draw of LibTorch's generator) and the
-/// (k s / n)-th largest of their magnitudes, asking for a margin more (`MARGIN` times, plus
-/// three binomial standard deviations) so that a threshold at or below the true k-th value,
-/// hence a single pass, is the likely outcome. Callers that form x in a fused pass
-/// (Denoise's) compute the sample's values from x's inputs.
-pub(crate) fn sampled_threshold(
-    n: i64,
-    k: i64,
-    ratio: f64,
-    device: Device,
-    values_at: impl FnOnce(&Tensor) -> Tensor,
-) -> Tensor {
+    let n = x.numel() as i64;
     let samples = ((ratio * n as f64).ceil() as i64).max(MIN_SAMPLE).min(n);
-    let picks = Tensor::randint(n, [samples], (Kind::Int64, device));
-    let sample = values_at(&picks).abs();
+    let picks = Tensor::randint(n, [samples], (Kind::Int64, x.device()));
+    let sample = x.index_select(0, &picks).abs();
+    // The sample's (k s / n)-th largest value estimates the k-th largest of x; asking for
+    // a margin more (MARGIN times, plus three binomial standard deviations) makes a threshold at
+    // or below the true k-th value, hence a single pass, the likely outcome.
     let expected = k as f64 * samples as f64 / n as f64;
     let sample_k = ((expected * MARGIN + 3.0 * expected.sqrt()).ceil() as i64).clamp(1, samples);
-    sample.topk(sample_k, 0, true, false).0.min()
-}
-
-/// The k largest |x| among the elements at or above `threshold`, positions ascending, halving
-/// the threshold while fewer than k reach it, at most `attempts` tries; `None` after them.
-pub(crate) fn at_threshold(
-    x: &Tensor,
-    mut threshold: Tensor,
-    k: i64,
-    attempts: usize,
-) -> Option<Tensor> {
+    let mut threshold = sample.topk(sample_k, 0, true, false).0.min();
     let on_host = crate::host::is_host_f32_vector(x);
-    for _ in 0..attempts {
+    for _ in 0..=RETRIES {
         let chosen = if on_host {
             crate::host::largest_magnitudes_at_least(x, &threshold, k as usize)
         } else {
@@ -150,11 +119,6 @@ pub(crate) fn at_threshold(
         threshold *= 0.5;
     }
     None
-}
-
-/// LibTorch's exact top-k positions of x, ascending (what the sampled path falls back to).
-pub(crate) fn exact_ascending(x: &Tensor, k: i64) -> Tensor {
-    exact(x, k).sort(0, false).0
 }
 
 /// The k largest |x| among the candidates at or above `threshold`, positions ascending, by
