@@ -483,7 +483,12 @@ fn weighted_sum_of(g: &Tensor, c: &Tensor) -> Tensor {
 /// kernel column; output positions row-major): a strided view of the zero-padded input copied
 /// once. LibTorch's `im2col` gives the same values but runs about twice as long on CPU.
 pub fn patches(input: &Tensor, kernel: i64, stride: i64, padding: i64) -> Tensor {
-    let padded = input.constant_pad_nd([padding, padding, padding, padding]);
+    // LibTorch's `constant_pad_nd` copies its input even with no padding.
+    let padded = if padding == 0 {
+        input.shallow_clone()
+    } else {
+        input.constant_pad_nd([padding, padding, padding, padding])
+    };
     let size = padded.size();
     let (batch, channels, height, width) = (size[0], size[1], size[2], size[3]);
     let rows = (height - kernel) / stride + 1;
