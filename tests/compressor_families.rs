@@ -66,6 +66,7 @@ fn elias_bits(levels: &[i64]) -> u64 {
 
 #[test]
 fn every_family_costs_its_format_by_hand() {
+    let _serial = common::serial();
     // (compressor, payload bits of the matrix, of the vector, body header bytes per payload)
     let n = (19_200u64, 300u64);
     // QSGD s = 16: a sign and ceil(log2 17) = 5 level bits per element, a norm per 512.
@@ -154,6 +155,7 @@ fn every_family_costs_its_format_by_hand() {
 
 #[test]
 fn data_dependent_sizes_are_the_bytes_they_make() {
+    let _serial = common::serial();
     // QSGD's Elias gamma at 4 levels in buckets of 512: mostly zeros, coded as runs.
     let elias = Compressor::Qsgd(Qsgd {
         levels: 4,
@@ -207,6 +209,7 @@ fn data_dependent_sizes_are_the_bytes_they_make() {
 
 #[test]
 fn every_family_round_trips_through_bytes_bit_for_bit() {
+    let _serial = common::serial();
     let families = [
         "qsgd",
         "qsgd:levels=3,bucket=100,encoding=elias",

@@ -487,6 +487,7 @@ fn full_profiles_run_three_seeds_and_only_selects_one() {
 /// by the DGC rate in the paper's unit.
 #[test]
 fn full_profiles_estimate_the_papers_bandwidths() {
+    let _serial = common::serial();
     let Some(data) = common::require_shared_data() else {
         return;
     };

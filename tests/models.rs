@@ -97,6 +97,7 @@ fn tiny_bert_config() -> BertConfig {
 
 #[test]
 fn bert_trains_only_last_layer_pooler_and_classifier() {
+    let _serial = common::serial();
     let model = BertClassifier::new(Device::Cpu, tiny_bert_config(), 3);
     let trainable: Vec<String> = model
         .trainable_variables()

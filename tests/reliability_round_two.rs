@@ -173,6 +173,7 @@ fn a_folder_of_the_users_is_refused_and_its_files_kept() {
 /// checkpoint, half a row included, are dropped and those epochs train again.
 #[test]
 fn a_half_written_metrics_row_does_not_stop_the_resume() {
+    let _serial = common::serial();
     let Some(root) = require_shared_data() else {
         return;
     };
@@ -201,6 +202,7 @@ fn a_half_written_metrics_row_does_not_stop_the_resume() {
 /// A resume on a names folder whose files were rotated (every label wrong) is refused.
 #[test]
 fn a_resume_on_other_data_is_refused() {
+    let _serial = common::serial();
     let Some(root) = require_shared_data() else {
         return;
     };
@@ -346,6 +348,7 @@ fn noise_and_radius_settings_that_break_training_are_refused_up_front() {
 #[test]
 fn an_interrupted_federated_run_is_never_thrown_away() {
     use dpcomp::fl::{data::FlData, data::FlDataset, run, run_until, FlSettings};
+    let _serial = common::serial();
     let Some(data_dir) = require_shared_data() else {
         return;
     };

@@ -98,6 +98,7 @@ fn round_trip(name: &str, spec: CompressorSpec) {
 
 #[test]
 fn every_compressor_round_trips_through_bytes_bit_for_bit() {
+    let _serial = common::serial();
     let spec = |kind, rate, rank, options: &[&str]| {
         let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
         CompressorSpec::new(kind, rate, rank, &options).unwrap()
