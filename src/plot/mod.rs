@@ -138,23 +138,28 @@ fn setting_order(c: &CellLog) -> f64 {
 }
 
 /// The compression setting (with the second clipping, `clip_noised`, when there is one), and
-/// the clipping radius when it is not the task's paper default
-/// (the clipping experiment's C* cells are their own bars, not seeds of the C = 3 ones).
+/// the clipping radius and learning rate when they are not the task's paper defaults (the
+/// clipping experiment's C* cells are their own bars, not seeds of the C = 3 ones; an ablation's
+/// learning-rate control is not the run at the paper's rate).
 pub(crate) fn setting_label(c: &CellLog) -> String {
-    let label = c
+    let mut label = c
         .config
         .compression_label()
         .unwrap_or_else(|_| c.summary.compressor.clone());
-    let default = c
+    let defaults = c
         .config
         .task
         .builtin()
-        .map(|task| TrainConfig::paper_defaults(task).privacy.max_grad_norm);
-    if default.ok() == Some(c.config.privacy.max_grad_norm) {
-        label
-    } else {
-        format!("{label}, C {}", c.config.privacy.max_grad_norm)
+        .map(TrainConfig::paper_defaults)
+        .ok();
+    let (clip, lr) = (c.config.privacy.max_grad_norm, c.config.optimizer.lr);
+    if defaults.as_ref().map(|d| d.privacy.max_grad_norm) != Some(clip) {
+        label = format!("{label}, C {clip}");
     }
+    if defaults.as_ref().map(|d| d.optimizer.lr) != Some(lr) {
+        label = format!("{label}, lr {lr}");
+    }
+    label
 }
 
 /// Width of the mean filter for `epochs` epochs: the paper's 20, or a quarter of the epochs when
@@ -715,6 +720,20 @@ pub fn plot_beside(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_name_a_learning_rate_or_radius_off_the_papers() {
+        // The committed CIFAR-10 ablation: its learning-rate control runs at η' = 0.0199, the
+        // other arms at the paper's 0.1 and C 5.
+        let root =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/runs/cifar10_ablation/full");
+        let cells = read_cells(&root).unwrap();
+        let labels: Vec<String> = cells.iter().map(setting_label).collect();
+        let control: Vec<&String> = labels.iter().filter(|l| l.contains("lr")).collect();
+        assert_eq!(control, [&"identity, lr 0.0199".to_string()], "{labels:?}");
+        assert!(labels.iter().all(|l| !l.contains(", C ")), "{labels:?}");
+        assert!(labels.len() >= 6, "{labels:?}");
+    }
 
     #[test]
     fn mean_filter_has_no_padding() {
