@@ -9,9 +9,10 @@
 //!
 //! It compiles `src/grad_hook.cpp` (a callback on a tensor's gradient, `nn::grad_hook`),
 //! `src/rng_state.cpp` (the CPU generator's state, `rng_state`), `src/cuda_settings.cpp`
-//! (TF32 and cuDNN's benchmark mode, `cuda_settings`) and `src/host_copy.cpp` (a copy that does
-//! not wait for the device, `comm::staging`) and `src/conv_grad.cpp` (a convolution's weight
-//! gradient alone, `nn::per_sample`) against the wheel's headers, linked to `libtorch_cpu`.
+//! (TF32 and cuDNN's benchmark mode, `cuda_settings`), `src/host_copy.cpp` (a copy that does
+//! not wait for the device, `comm::staging`), `src/conv_grad.cpp` (a convolution's weight
+//! gradient alone, `nn::per_sample`) and `src/avg_pool.cpp` (2x2 average pooling, `nn::pool`)
+//! against the wheel's headers, linked to `libtorch_cpu`.
 //!
 //! With a CUDA build of LibTorch it compiles `src/cuda_memory.cpp` (peak device memory from
 //! LibTorch's caching allocator, through c10's headers) and sets `cfg(dpcomp_cuda_memory)`;
@@ -26,6 +27,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/cuda_settings.cpp");
     println!("cargo:rerun-if-changed=src/host_copy.cpp");
     println!("cargo:rerun-if-changed=src/conv_grad.cpp");
+    println!("cargo:rerun-if-changed=src/avg_pool.cpp");
     println!("cargo::rustc-check-cfg=cfg(dpcomp_cuda_memory)");
     let lib_dir = std::env::var("DEP_TCH_LIBTORCH_LIB").expect(
         "torch-sys did not report LibTorch's lib folder (DEP_TCH_LIBTORCH_LIB): build with scripts/setup.sh's environment",
@@ -47,6 +49,7 @@ fn main() {
         .file("src/cuda_settings.cpp")
         .file("src/host_copy.cpp")
         .file("src/conv_grad.cpp")
+        .file("src/avg_pool.cpp")
         .include(&include)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .flag_if_supported("-w")

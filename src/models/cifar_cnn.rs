@@ -15,7 +15,7 @@
 use super::{check_image_shape, wrong_features, Model};
 use crate::data::Features;
 use crate::error::Result;
-use crate::nn::{Conv2d, Conv2dConfig, Ctx, InstanceNorm2d, Linear, LinearConfig};
+use crate::nn::{avg_pool2x2, Conv2d, Conv2dConfig, Ctx, InstanceNorm2d, Linear, LinearConfig};
 use tch::{nn, Device, Tensor};
 
 /// Flattened features after the three blocks: 128 channels x 2 x 2.
@@ -90,11 +90,8 @@ impl Model for CifarCnn {
         check_image_shape("CifarCnn", xs)?;
         let mut xs = xs.shallow_clone();
         for (conv, norm) in &self.blocks {
-            xs = norm
-                .forward(&conv.forward(&xs, ctx)?, ctx)?
-                .relu()
-                .avg_pool2d([2, 2], [2, 2], [0, 0], false, true, None::<i64>)
-                .feature_dropout(0.1, ctx.train);
+            let normed = norm.forward(&conv.forward(&xs, ctx)?, ctx)?.relu();
+            xs = avg_pool2x2(&normed)?.feature_dropout(0.1, ctx.train);
         }
         let xs = xs.flatten(1, -1);
         let xs = self.fc1.forward(&xs, ctx)?.relu().dropout(0.25, ctx.train);

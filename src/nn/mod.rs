@@ -15,6 +15,7 @@ pub mod linear;
 pub mod lstm;
 pub mod norm;
 pub mod per_sample;
+pub mod pool;
 mod recurrent;
 pub mod tape;
 
@@ -26,6 +27,7 @@ pub use linear::{Linear, LinearConfig};
 pub use lstm::Lstm;
 pub use norm::{GroupNorm, InstanceNorm2d, LayerNorm};
 pub use per_sample::{PerSample, PerSampleGradient};
+pub use pool::avg_pool2x2;
 pub(crate) use tape::Record;
 pub use tape::{LayerGradients, Recorded, Tape};
 
