@@ -12,7 +12,7 @@ use dpcomp::nn::Ctx;
 use dpcomp::privacy::engine::Clipping;
 use dpcomp::privacy::grad_sample::{
     clip_and_sum, clipped_sums, patches, per_sample_gradients, per_sample_to_every_output,
-    tape_runs_in_autograd, Activations, BackwardPasses, PerSample,
+    pixel_grams, tape_runs_in_autograd, Activations, BackwardPasses, PerSample,
 };
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
@@ -377,6 +377,32 @@ fn patches_equal_libtorch_im2col() {
             0.0,
             "values for {channels}x{size} k{kernel} s{stride} p{padding}"
         );
+    }
+}
+
+/// The ghost norm's patch Grams from the input's pixel Gram equal the patches' own product, for
+/// stride 1 and 2, padding, odd sizes and a 1x1 kernel, and for an empty batch.
+#[test]
+fn pixel_grams_equal_the_patches_product() {
+    let _serial = common::serial();
+    tch::manual_seed(8);
+    for (batch, channels, size, kernel, stride, padding) in [
+        (3, 64, 6, 3, 1, 0),
+        (2, 16, 8, 3, 1, 1),
+        (2, 8, 8, 3, 2, 1),
+        (2, 8, 7, 1, 2, 0),
+        (2, 4, 9, 5, 1, 2),
+        (0, 4, 6, 3, 1, 1),
+    ] {
+        let x = Tensor::randn([batch, channels, size, size], (Kind::Double, Device::Cpu));
+        let p = patches(&x, kernel, stride, padding).transpose(1, 2);
+        let want = p.bmm(&p.transpose(1, 2));
+        let got = pixel_grams(&x, kernel, stride, padding);
+        let what = format!("{batch}x{channels}x{size} k{kernel} s{stride} p{padding}");
+        assert_eq!(got.size(), want.size(), "shape for {what}");
+        if batch > 0 {
+            assert!(max_rel_diff(&got, &want) < 1e-12, "values for {what}");
+        }
     }
 }
 

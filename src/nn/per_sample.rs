@@ -98,6 +98,69 @@ impl Activations {
         }
     }
 
+    /// Examples `start..start + len` of the Gram matrices A_i A_iᵀ, [len, T, T], for the ghost
+    /// norm; for a convolution from its input's pixels where that is cheaper
+    /// (`grams_from_pixels`), without cutting patches.
+    fn grams(&self, start: i64, len: i64) -> Tensor {
+        match self {
+            Activations::Patches {
+                input,
+                kernel,
+                stride,
+                padding,
+            } if self.grams_from_pixels() => {
+                pixel_grams(&input.narrow(0, start, len), *kernel, *stride, *padding)
+            }
+            _ => {
+                let a = self.rows(start, len);
+                a.bmm(&a.transpose(1, 2))
+            }
+        }
+    }
+
+    /// Whether a convolution's patch Grams are formed from the Gram matrix of its zero-padded
+    /// input's P pixels (`pixel_grams`): P² C multiply-adds an example against T² C k² for the
+    /// patches' own product, and no patches cut. For a stride-1 convolution P is about T, so
+    /// this is about k² times cheaper; for stride 2 (P about 4 T) or a 1x1 kernel it is not.
+    fn grams_from_pixels(&self) -> bool {
+        match self {
+            Activations::Held(_) => false,
+            Activations::Patches {
+                input,
+                kernel,
+                padding,
+                ..
+            } => {
+                let (_, steps, _) = self.dims();
+                let s = input.size();
+                let pixels = (s[2] + 2 * padding) * (s[3] + 2 * padding);
+                pixels * pixels < steps * steps * kernel * kernel
+            }
+        }
+    }
+
+    /// How many examples one chunk of the ghost norm takes: its temporaries (the Grams of both
+    /// sides, and either the patches or the pixels' Gram and its gathered entries) within
+    /// `CHUNK_ELEMENTS`.
+    fn ghost_chunk_len(&self) -> i64 {
+        let (batch, steps, _) = self.dims();
+        let grams = 2 * steps * steps;
+        let per_example = match self {
+            Activations::Patches {
+                input,
+                kernel,
+                padding,
+                ..
+            } if self.grams_from_pixels() => {
+                let s = input.size();
+                let pixels = (s[2] + 2 * padding) * (s[3] + 2 * padding);
+                grams + pixels * pixels + steps * steps * kernel * kernel
+            }
+            _ => return self.chunk_len(grams),
+        };
+        (CHUNK_ELEMENTS / per_example.max(1)).clamp(1, batch.max(1))
+    }
+
     /// Elements the book-keeping holds for this layer anyway (the recorded input).
     fn held_elements(&self) -> i64 {
         match self {
@@ -239,24 +302,27 @@ impl PerSample {
                 let (batch, steps, input) = a.dims();
                 let output = b.size()[2];
                 let sum12 = |x: &Tensor| x.sum_dim_intlist([1, 2].as_slice(), false, x.kind());
-                let per_example = if *ghost {
-                    2 * steps * steps
+                let chunk = if !*ghost {
+                    a.chunk_len(input * output)
+                } else if steps == 1 {
+                    a.chunk_len(0)
                 } else {
-                    input * output
+                    a.ghost_chunk_len()
                 };
-                let parts: Vec<Tensor> = chunks(batch, a.chunk_len(per_example))
+                let parts: Vec<Tensor> = chunks(batch, chunk)
                     .map(|(start, len)| {
-                        let (a, b) = (a.rows(start, len), b.narrow(0, start, len));
+                        let b = b.narrow(0, start, len);
                         if !*ghost {
                             b.transpose(1, 2)
-                                .bmm(&a)
+                                .bmm(&a.rows(start, len))
                                 .flatten(1, -1)
                                 .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
                                 .square()
                         } else if steps == 1 {
+                            let a = a.rows(start, len);
                             sum12(&a.square()) * sum12(&b.square())
                         } else {
-                            sum12(&(a.bmm(&a.transpose(1, 2)) * b.bmm(&b.transpose(1, 2))))
+                            sum12(&(a.grams(start, len) * b.bmm(&b.transpose(1, 2))))
                         }
                     })
                     .collect();
@@ -501,6 +567,43 @@ pub fn patches(input: &Tensor, kernel: i64, stride: i64, padding: i64) -> Tensor
             None,
         )
         .reshape([batch, channels * kernel * kernel, rows * cols])
+}
+
+/// The Gram matrices P_i P_iᵀ [B, T, T] of a convolution's patches P_i [T, C k k] (`patches`),
+/// from its input x [B, C, H, W] without cutting them: with K_i = X_iᵀ X_i the Gram matrix of
+/// the zero-padded input's pixels (X_i [C, P]), (P_i P_iᵀ)[l, m] = Σ_(u,v) K_i[p_l + (u, v),
+/// p_m + (u, v)] over the kernel's k² offsets, p_l the top-left pixel of output position l.
+/// Equal to the patches' product up to rounding (tested); `Activations::grams_from_pixels` says
+/// when it is the cheaper of the two.
+pub fn pixel_grams(input: &Tensor, kernel: i64, stride: i64, padding: i64) -> Tensor {
+    let padded = if padding == 0 {
+        input.shallow_clone()
+    } else {
+        input.constant_pad_nd([padding, padding, padding, padding])
+    };
+    let size = padded.size();
+    let (batch, height, width) = (size[0], size[2], size[3]);
+    let rows = (height - kernel) / stride + 1;
+    let cols = (width - kernel) / stride + 1;
+    let (steps, pixels) = (rows * cols, height * width);
+    let x = padded.flatten(2, 3);
+    let pixel_gram = x.transpose(1, 2).bmm(&x).view([batch, pixels * pixels]);
+    // Indices into the flattened pixel Gram, built on the tensor's device (no upload): entry
+    // (l, m, offset) is (p_l + offset) * P + p_m + offset.
+    let on = (tch::Kind::Int64, input.device());
+    let corners = (Tensor::arange(rows, on).view([-1, 1]) * (stride * width)
+        + Tensor::arange(cols, on).view([1, -1]) * stride)
+        .view([-1]);
+    let offsets = (Tensor::arange(kernel, on).view([-1, 1]) * width
+        + Tensor::arange(kernel, on).view([1, -1]))
+    .view([1, 1, -1]);
+    let index =
+        (corners.view([-1, 1, 1]) + &offsets) * pixels + corners.view([1, -1, 1]) + &offsets;
+    pixel_gram
+        .index_select(1, &index.view([-1]))
+        .view([batch, steps * steps, kernel * kernel])
+        .sum_dim_intlist(2, false, input.kind())
+        .view([batch, steps, steps])
 }
 
 /// Sums over every dimension but 0 and `keep`.

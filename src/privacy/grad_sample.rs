@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use tch::{Device, Kind, Tensor};
 
 pub use crate::nn::per_sample::{
-    ghost_is_cheaper, outer, patches, Activations, PerSample, PerSampleGradient,
+    ghost_is_cheaper, outer, patches, pixel_grams, Activations, PerSample, PerSampleGradient,
     KEEP_INSTANTIATED_FACTOR, MAX_INSTANTIATED, MEMORY_WEIGHT,
 };
 
