@@ -436,3 +436,54 @@ fn an_empty_batch_gives_zero_sums() {
         }
     }
 }
+
+/// A group norm under a private context runs LibTorch's group-norm kernel directly, for its
+/// statistics: its output is the non-private forward's, bit for bit, and its per-sample affine
+/// gradients, formed from those statistics without x̂, equal Σ x̂ b over each channel's
+/// positions (f32, a 3-D and a 4-D input, groups of one and several channels).
+#[test]
+fn group_norm_per_sample_gradients_from_its_statistics() {
+    use dpcomp::nn::GroupNorm;
+    let _serial = common::serial();
+    tch::manual_seed(9);
+    for (shape, groups) in [
+        (vec![3i64, 8, 5, 4], 2i64),
+        (vec![4, 6, 7], 6),
+        (vec![2, 4, 3, 3], 1),
+    ] {
+        let vs = tch::nn::VarStore::new(Device::Cpu);
+        let channels = shape[1];
+        let mut norm = GroupNorm::new(&vs.root(), groups, channels);
+        tch::no_grad(|| {
+            norm.weight
+                .copy_(&(Tensor::rand([channels], (Kind::Float, Device::Cpu)) + 0.5));
+            norm.bias
+                .copy_(&Tensor::randn([channels], (Kind::Float, Device::Cpu)));
+        });
+        let x = Tensor::randn(shape.as_slice(), (Kind::Float, Device::Cpu)) * 3.0 + 1.5;
+        let plain = norm.forward(&x, &mut Ctx::eval()).unwrap();
+        let mut ctx = Ctx::private();
+        let y = norm.forward(&x, &mut ctx).unwrap();
+        assert!(y.equal(&plain), "private forward differs, shape {shape:?}");
+        let b = Tensor::randn(shape.as_slice(), (Kind::Float, Device::Cpu));
+        let loss = (&y * &b).sum(Kind::Float);
+        let recipes = per_sample_gradients(ctx.take_tape().unwrap(), &loss).unwrap();
+        let x_hat = x.group_norm(groups, None::<&Tensor>, None::<&Tensor>, 1e-5, false);
+        let dims: Vec<i64> = (2..shape.len() as i64).collect();
+        let want_w = (&x_hat * &b).sum_dim_intlist(dims.as_slice(), false, Kind::Float);
+        let want_b = b.sum_dim_intlist(dims.as_slice(), false, Kind::Float);
+        for (parameter, recipe) in &recipes {
+            let got = recipe.materialize();
+            let want = if parameter.data_ptr() == norm.weight.data_ptr() {
+                &want_w
+            } else {
+                &want_b
+            };
+            assert!(
+                (&got - want).abs().max().double_value(&[]) < 2e-4,
+                "shape {shape:?}: {got} against {want}"
+            );
+        }
+        assert_eq!(recipes.len(), 2);
+    }
+}

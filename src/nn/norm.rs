@@ -89,10 +89,36 @@ fn normalise(
     ctx: &mut Ctx,
     layer: &dyn Fn() -> String,
 ) -> Result<Tensor> {
-    let ys = normalization
-        .f_apply_affine(xs, Some(weight), Some(bias))
-        .map_err(|e| kernel_error(&layer(), e))?;
-    if let Some(tape) = ctx.tape().filter(|_| weight.requires_grad()) {
+    let recording = ctx.tape().is_some() && weight.requires_grad();
+    let (ys, statistics) = match normalization {
+        // The kernel `group_norm` runs, asked directly so that its per-group statistics come
+        // back for the per-sample gradients (`AffineRecord::statistics`).
+        Normalization::Group { groups } if recording => {
+            let size = xs.size();
+            let (batch, channels) = (size[0], size[1]);
+            let positions = size[2..].iter().product::<i64>();
+            let (ys, mean, rstd) = xs
+                .contiguous()
+                .f_native_group_norm(
+                    Some(weight),
+                    Some(bias),
+                    batch,
+                    channels,
+                    positions,
+                    groups,
+                    EPS,
+                )
+                .map_err(|e| kernel_error(&layer(), e))?;
+            (ys, Some((mean.detach(), rstd.detach())))
+        }
+        _ => (
+            normalization
+                .f_apply_affine(xs, Some(weight), Some(bias))
+                .map_err(|e| kernel_error(&layer(), e))?,
+            None,
+        ),
+    };
+    if let Some(tape) = ctx.tape().filter(|_| recording) {
         let c = if channel_dim < 0 {
             xs.dim() as i64 + channel_dim
         } else {
@@ -104,6 +130,7 @@ fn normalise(
             input: xs.detach(),
             normalization,
             channel_dim: c,
+            statistics,
         };
         tape.push(record, &ys);
     }
@@ -249,18 +276,69 @@ impl LayerNorm {
 
 /// A norm layer's affine map on the tape: y = x̂ w + b with w, b indexed along `channel_dim` of
 /// x̂ = `normalization`(input) (instance, group and layer norms). x̂ is recomputed from the input
-/// when the per-sample gradients are formed, not kept from the forward pass.
+/// when the per-sample gradients are formed, not kept from the forward pass; a group norm keeps
+/// its per-group statistics instead and needs no x̂ at all.
 pub(crate) struct AffineRecord {
     pub weight: Tensor,
     pub bias: Tensor,
     pub input: Tensor,
     pub normalization: Normalization,
     pub channel_dim: i64,
+    /// A group norm's per-(example, group) mean and 1/std from its forward pass, [B, G] each.
+    pub statistics: Option<(Tensor, Tensor)>,
+}
+
+/// Per-sample gradients of a group norm's w and b from the output gradient `grad` [B, C, ...],
+/// the recorded input and the forward pass's per-group `mean` and `rstd` [B, G]
+/// (`AffineRecord::per_sample`).
+fn group_norm_per_sample(
+    record: &AffineRecord,
+    grad: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+    groups: i64,
+) -> LayerGradients {
+    let size = grad.size();
+    let (batch, channels) = (size[0], size[1]);
+    let positions = size[2..].iter().product::<i64>();
+    let dy = grad.reshape([batch, channels, positions]);
+    let x = record.input.reshape([batch, channels, positions]);
+    let dy_sum = dy.sum_dim_intlist(2, false, dy.kind());
+    // A product and a contiguous reduction: on one core 3x faster than a batched dot product
+    // (`bmm` of [BC, 1, P] by [BC, P, 1]) for ResNet-18's first stage (P = 1024), and as fast for
+    // the later ones.
+    let xy_sum = (&dy * &x).sum_dim_intlist(2, false, dy.kind());
+    let per_group = |t: &Tensor| {
+        t.view([batch, groups, 1])
+            .expand([batch, groups, channels / groups], false)
+            .reshape([batch, channels])
+            .to_kind(dy.kind())
+    };
+    let weight_grads = (xy_sum - &dy_sum * per_group(mean)) * per_group(rstd);
+    LayerGradients::of(vec![
+        (record.bias.shallow_clone(), PerSample::Direct(dy_sum)),
+        (
+            record.weight.shallow_clone(),
+            PerSample::Direct(weight_grads),
+        ),
+    ])
 }
 
 impl Recorded for AffineRecord {
     /// g_i(w) = Σ (x̂ ⊙ b)_i and g_i(b) = Σ b_i over every dimension but the channel's.
+    ///
+    /// For a group norm with its statistics μ, r (1/std) of channel c's group: Σ x̂ b =
+    /// r (Σ x b - μ Σ b) over the channel's positions, two reductions of the input and the output
+    /// gradient and no activation-sized temporary: the form LibTorch's group-norm backward
+    /// computes the same sums in (its weight gradient is their sum over examples). On ResNet-18
+    /// (batch 64, one thread) its DP step was 22-33 ms faster than with x̂ recomputed, multiplied
+    /// and reduced, and its peak memory 1.195x the non-private step's instead of 1.245x.
     fn per_sample(&self, grad: &Tensor) -> LayerGradients {
+        if let (Some((mean, rstd)), Normalization::Group { groups }) =
+            (&self.statistics, self.normalization)
+        {
+            return group_norm_per_sample(self, grad, mean, rstd, groups);
+        }
         // x̂ for this layer only, freed with the recipe's temporaries.
         let normalized = tch::no_grad(|| self.normalization.apply(&self.input));
         LayerGradients::of(vec![
