@@ -487,3 +487,43 @@ fn group_norm_per_sample_gradients_from_its_statistics() {
         assert_eq!(recipes.len(), 2);
     }
 }
+
+/// A convolution's instantiated per-sample gradients equal b_iᵀ P_i from its cut patches, both
+/// where they come from a grouped convolution backward (16 or more input channels, stride 1) and
+/// where from the patches (stride 2, a 1x1 stride-2 shortcut, 3 channels), in f64.
+#[test]
+fn instantiated_convolution_gradients_equal_the_patches_product() {
+    use dpcomp::privacy::grad_sample::outer;
+    let _serial = common::serial();
+    tch::manual_seed(10);
+    for (channels, out, size, kernel, stride, padding) in [
+        (16, 8, 9, 3, 2, 1),
+        (16, 8, 10, 3, 2, 0),
+        (16, 8, 8, 3, 1, 1),
+        (16, 8, 9, 1, 2, 0),
+        (3, 8, 9, 3, 2, 1),
+    ] {
+        let batch = 3;
+        let x = Tensor::randn([batch, channels, size, size], (Kind::Double, Device::Cpu));
+        let p = patches(&x, kernel, stride, padding);
+        let steps = p.size()[2];
+        let b = Tensor::randn([batch, steps, out], (Kind::Double, Device::Cpu));
+        let want = b
+            .transpose(1, 2)
+            .bmm(&p.transpose(1, 2))
+            .view([batch, out, channels, kernel, kernel]);
+        let a = Activations::Patches {
+            input: x.shallow_clone(),
+            kernel,
+            stride,
+            padding,
+        };
+        let recipe = outer(a, b.shallow_clone(), vec![out, channels, kernel, kernel]);
+        let what = format!("{channels}->{out} at {size}, k{kernel} s{stride} p{padding}");
+        assert!(
+            matches!(recipe, PerSample::Parts(_)),
+            "{what}: instantiated"
+        );
+        assert!(max_rel_diff(&recipe.materialize(), &want) < 1e-12, "{what}");
+    }
+}
