@@ -527,3 +527,61 @@ fn instantiated_convolution_gradients_equal_the_patches_product() {
         assert!(max_rel_diff(&recipe.materialize(), &want) < 1e-12, "{what}");
     }
 }
+
+/// Instance norm runs as group norm with one channel a group: its output equals LibTorch's
+/// `instance_norm` up to rounding, with and without an affine map, and the affine map's
+/// per-sample gradients (from the forward statistics) equal Σ x̂ b over each channel's positions.
+#[test]
+fn instance_norm_equals_libtorchs_and_its_per_sample_gradients_are_exact() {
+    use dpcomp::nn::InstanceNorm2d;
+    let _serial = common::serial();
+    tch::manual_seed(11);
+    let x = Tensor::randn([3, 4, 5, 6], (Kind::Float, Device::Cpu)) * 2.0 - 0.7;
+    let want = x.instance_norm(
+        None::<&Tensor>,
+        None::<&Tensor>,
+        None::<&Tensor>,
+        None::<&Tensor>,
+        true,
+        0.1,
+        1e-5,
+        false,
+    );
+    let plain = InstanceNorm2d::plain()
+        .forward(&x, &mut Ctx::eval())
+        .unwrap();
+    assert!((&plain - &want).abs().max().double_value(&[]) < 1e-5);
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    let mut norm = InstanceNorm2d::new(&vs.root(), 4);
+    let (weight, bias) = norm.affine.as_mut().unwrap();
+    tch::no_grad(|| {
+        weight.copy_(&Tensor::from_slice(&[0.5f32, 1.5, -1.0, 2.0]));
+        bias.copy_(&Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.0]));
+    });
+    let mut ctx = Ctx::private();
+    let y = norm.forward(&x, &mut ctx).unwrap();
+    let (weight, _) = norm.affine.as_ref().unwrap();
+    let affine_want = &want * weight.view([1, 4, 1, 1])
+        + Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.0]).view([1, 4, 1, 1]);
+    assert!((&y - &affine_want).abs().max().double_value(&[]) < 1e-5);
+    let b = Tensor::randn([3, 4, 5, 6], (Kind::Float, Device::Cpu));
+    let loss = (&y * &b).sum(Kind::Float);
+    let recipes = per_sample_gradients(ctx.take_tape().unwrap(), &loss).unwrap();
+    let want_w = (&want * &b).sum_dim_intlist([2i64, 3].as_slice(), false, Kind::Float);
+    let want_b = b.sum_dim_intlist([2i64, 3].as_slice(), false, Kind::Float);
+    assert_eq!(recipes.len(), 2);
+    for (parameter, recipe) in &recipes {
+        let expected = if parameter.data_ptr() == weight.data_ptr() {
+            &want_w
+        } else {
+            &want_b
+        };
+        assert!(
+            (&recipe.materialize() - expected)
+                .abs()
+                .max()
+                .double_value(&[])
+                < 2e-4
+        );
+    }
+}
