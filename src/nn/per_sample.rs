@@ -125,16 +125,22 @@ impl Activations {
     fn grams_from_pixels(&self) -> bool {
         match self {
             Activations::Held(_) => false,
-            Activations::Patches {
-                input,
-                kernel,
-                padding,
-                ..
-            } => {
+            Activations::Patches { kernel, .. } => {
                 let (_, steps, _) = self.dims();
-                let s = input.size();
-                let pixels = (s[2] + 2 * padding) * (s[3] + 2 * padding);
+                let pixels = self.padded_pixels();
                 pixels * pixels < steps * steps * kernel * kernel
+            }
+        }
+    }
+
+    /// A convolution's pixels per example after zero padding, (H + 2 p) (W + 2 p); 0 for held
+    /// activations.
+    fn padded_pixels(&self) -> i64 {
+        match self {
+            Activations::Held(_) => 0,
+            Activations::Patches { input, padding, .. } => {
+                let s = input.size();
+                (s[2] + 2 * padding) * (s[3] + 2 * padding)
             }
         }
     }
@@ -146,14 +152,8 @@ impl Activations {
         let (batch, steps, _) = self.dims();
         let grams = 2 * steps * steps;
         let per_example = match self {
-            Activations::Patches {
-                input,
-                kernel,
-                padding,
-                ..
-            } if self.grams_from_pixels() => {
-                let s = input.size();
-                let pixels = (s[2] + 2 * padding) * (s[3] + 2 * padding);
+            Activations::Patches { kernel, .. } if self.grams_from_pixels() => {
+                let pixels = self.padded_pixels();
                 grams + pixels * pixels + steps * steps * kernel * kernel
             }
             _ => return self.chunk_len(grams),
@@ -545,16 +545,21 @@ fn weighted_sum_of(g: &Tensor, c: &Tensor) -> Tensor {
         .view(&g.size()[1..])
 }
 
+/// `input` [B, C, H, W] with `padding` zeros on every side of H and W; the input itself when
+/// there are none (LibTorch's `constant_pad_nd` copies its input even with no padding).
+fn zero_padded(input: &Tensor, padding: i64) -> Tensor {
+    if padding == 0 {
+        input.shallow_clone()
+    } else {
+        input.constant_pad_nd([padding, padding, padding, padding])
+    }
+}
+
 /// The convolution's input patches, [B, C k k, L] in `im2col`'s layout (channel, kernel row,
 /// kernel column; output positions row-major): a strided view of the zero-padded input copied
 /// once. LibTorch's `im2col` gives the same values but runs about twice as long on CPU.
 pub fn patches(input: &Tensor, kernel: i64, stride: i64, padding: i64) -> Tensor {
-    // LibTorch's `constant_pad_nd` copies its input even with no padding.
-    let padded = if padding == 0 {
-        input.shallow_clone()
-    } else {
-        input.constant_pad_nd([padding, padding, padding, padding])
-    };
+    let padded = zero_padded(input, padding);
     let size = padded.size();
     let (batch, channels, height, width) = (size[0], size[1], size[2], size[3]);
     let rows = (height - kernel) / stride + 1;
@@ -576,11 +581,7 @@ pub fn patches(input: &Tensor, kernel: i64, stride: i64, padding: i64) -> Tensor
 /// Equal to the patches' product up to rounding (tested); `Activations::grams_from_pixels` says
 /// when it is the cheaper of the two.
 pub fn pixel_grams(input: &Tensor, kernel: i64, stride: i64, padding: i64) -> Tensor {
-    let padded = if padding == 0 {
-        input.shallow_clone()
-    } else {
-        input.constant_pad_nd([padding, padding, padding, padding])
-    };
+    let padded = zero_padded(input, padding);
     let size = padded.size();
     let (batch, height, width) = (size[0], size[2], size[3]);
     let rows = (height - kernel) / stride + 1;
