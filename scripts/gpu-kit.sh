@@ -8,14 +8,17 @@
 #                              device image, see the device tool's KINDS.md), installed offline
 #   gpu-kit/data/              names (all of it), SNLI dev and test, and a CIFAR-10 subset: the
 #                              first TRAIN/5 records of each training file and the first TEST of
-#                              the test file (defaults 8,000 and 2,000), gzipped
+#                              the test file, gzipped: at most 8,000 and 2,000, fewer (4 to 1)
+#                              where the working tree leaves less room
 #   gpu-kit/bert/              MiniLM's config and tokenizer; its weights (91 MB) do not fit
 #   gpu-kit/bert_shapes.json   the weights' names and shapes, from which gpu-check.sh builds a
 #                              randomly initialised MiniLM of the same architecture
 #
-# Why a subset: the device tool carries at most 64 MiB per call, the tracked tree included
-# (22 MB today); the full CIFAR-10 training set is 154 MB. The script refuses a kit that would
-# not fit, and prints what it holds.
+# Why a subset: the device tool carries at most 64 MiB per call, the working tree included
+# (tracked and untracked files git does not ignore: 42 MiB on 2026-12-06, most of it committed
+# grid cells and figures); the full CIFAR-10 training set is 154 MB. Unless --cifar-train and
+# --cifar-test are given, the subset is sized to the room the rest leaves; the script refuses a
+# kit that would not fit, and prints what it holds.
 #
 #   bash scripts/gpu-kit.sh                       # build, strip, download the wheel, pack data
 #   bash scripts/gpu-kit.sh --bin PATH --no-wheels --out DIR   # the test's rehearsal kit
@@ -28,8 +31,8 @@ cd "$root"
 out="gpu-kit"
 bin=""
 wheels=1
-train=8000
-test=2000
+train=""
+test=""
 # What one device call may carry, less a margin for results committed later.
 limit=$((60 * 1024 * 1024))
 while [ $# -gt 0 ]; do
@@ -77,7 +80,24 @@ if [ "$wheels" = 1 ]; then
         -d "$out/wheels" "opacus==1.6.0"
 fi
 
+# What travels besides the kit: tracked files and untracked ones git does not ignore, summed in
+# one pass (`du -c` over `xargs` would total only xargs' last batch).
+tree_bytes() {
+    git ls-files -z --cached --others --exclude-standard \
+        | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}'
+}
 record=3073
+if [ -z "$train" ] || [ -z "$test" ]; then
+    # Room for CIFAR-10 records, counted uncompressed (gzip -1 saves a few per cent of them),
+    # with 1 MiB for the rest of the kit still to come; train:test 4:1, train a multiple of 5.
+    room=$((limit - $(tree_bytes) - $(du -sb "$out" | cut -f1) - 1048576 - 2 * 1048576))
+    fit=$((room / record))
+    [ "$fit" -ge 1250 ] || { echo "gpu-kit.sh: the working tree leaves room for $fit CIFAR-10 images (at least 1,250 needed): ignore or carry less" >&2; exit 1; }
+    [ -n "$train" ] || { train=$((fit * 4 / 5 / 5 * 5)); [ "$train" -le 8000 ] || train=8000; }
+    [ -n "$test" ] || { test=$((fit - train)); [ "$test" -le 2000 ] || test=2000; }
+    [ "$test" -ge 250 ] || { echo "gpu-kit.sh: --cifar-train $train leaves room for $test test images (at least 250 needed)" >&2; exit 1; }
+    log "CIFAR-10 subset sized to the room left: $train training and $test test images"
+fi
 for i in 1 2 3 4 5; do
     head -c $((record * (train / 5))) "$data/cifar-10-batches-bin/data_batch_$i.bin" \
         | gzip -1 > "$out/data/cifar-10-batches-bin/data_batch_$i.bin.gz"
@@ -104,9 +124,9 @@ PY
 printf 'cifar_train=%s\ncifar_test=%s\n' "$train" "$test" > "$out/kit.txt"
 
 kit_bytes=$(du -sb "$out" | cut -f1)
-tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+tracked=$(tree_bytes)
 total=$((kit_bytes + tracked))
-log "$out: $((kit_bytes / 1024)) KiB; with the tracked tree ($((tracked / 1024)) KiB) $((total / 1048576)) MiB of the $((limit / 1048576)) MiB allowed"
+log "$out: $((kit_bytes / 1024)) KiB; with the working tree ($((tracked / 1024)) KiB) $((total / 1048576)) MiB of the $((limit / 1048576)) MiB allowed"
 if [ "$total" -gt "$limit" ]; then
     echo "gpu-kit.sh: kit + tracked tree = $total bytes, over $limit: lower --cifar-train" >&2
     exit 1

@@ -31,7 +31,9 @@ fn gpu_check_rehearsal_on_cpu() {
     let tmp = tempfile::tempdir().unwrap();
     let kit = tmp.path().join("kit");
     let out = tmp.path().join("out");
-    let status = Command::new("bash")
+    // The CIFAR-10 subset is left to the script: sized to the room the working tree leaves under
+    // the device tool's 64 MiB, as on the way to a device.
+    let packed = Command::new("bash")
         .arg(root().join("scripts/gpu-kit.sh"))
         .args([
             "--bin",
@@ -40,12 +42,58 @@ fn gpu_check_rehearsal_on_cpu() {
             "--out",
         ])
         .arg(&kit)
-        .args(["--cifar-train", "1000", "--cifar-test", "500"])
         .env("DPCOMP_DATA", &data)
-        .status()
+        .current_dir(root())
+        .output()
         .unwrap();
-    assert!(status.success(), "gpu-kit.sh failed");
+    let packing = String::from_utf8_lossy(&packed.stderr);
+    assert!(packed.status.success(), "gpu-kit.sh failed:\n{packing}");
     assert!(kit.join("dpcomp.gz").exists() && kit.join("bert_shapes.json").exists());
+    // The working tree it counted is what travels: every tracked file and every untracked one git
+    // does not ignore (an earlier count summed only the last of xargs' batches: 10 of 42 MiB).
+    let counted: u64 = packing
+        .split("with the working tree (")
+        .nth(1)
+        .and_then(|rest| rest.split(" KiB)").next())
+        .and_then(|kib| kib.parse().ok())
+        .unwrap_or_else(|| panic!("no working-tree size in gpu-kit.sh's log:\n{packing}"));
+    let listed = Command::new("git")
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let travelling: u64 = listed
+        .stdout
+        .split(|&b| b == 0)
+        .filter(|name| !name.is_empty())
+        .filter_map(|name| {
+            std::fs::metadata(root().join(String::from_utf8_lossy(name).as_ref())).ok()
+        })
+        .map(|m| m.len())
+        .sum();
+    let expected = travelling / 1024;
+    assert!(
+        counted.abs_diff(expected) <= expected / 100 + 64,
+        "gpu-kit.sh counted {counted} KiB of working tree, git lists {expected} KiB"
+    );
+    let subset = std::fs::read_to_string(kit.join("kit.txt")).unwrap();
+    let images = |key: &str| -> u64 {
+        subset
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} missing from kit.txt: {subset}"))
+    };
+    assert!(
+        images("cifar_train=") >= 1000 && images("cifar_test=") >= 250,
+        "too small a CIFAR-10 subset for the device's trainings: {subset}"
+    );
 
     let output = Command::new("bash")
         .arg(root().join("scripts/gpu-check.sh"))
