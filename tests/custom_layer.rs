@@ -218,3 +218,52 @@ fn a_parameter_missing_from_the_tape_is_refused() {
         "{e}"
     );
 }
+
+/// y = x ⊙ w per feature, recorded with its input: example i's gradient of w is dy_i ⊙ x_i.
+struct ScaleRecord {
+    weight: Tensor,
+    input: Tensor,
+}
+
+impl Recorded for ScaleRecord {
+    fn per_sample(&self, output_grad: &Tensor) -> LayerGradients {
+        let gradients = output_grad * &self.input;
+        LayerGradients::of(vec![(
+            self.weight.shallow_clone(),
+            PerSample::Direct(gradients),
+        )])
+    }
+}
+
+#[test]
+fn a_record_keeps_its_layers_own_output_when_the_output_is_changed_in_place() {
+    // The tape holds where the output's gradient enters the graph, not the output: an in-place
+    // ReLU after the push leaves the record with the layer's own output, so its gradient is
+    // d(Σ relu(y))/dy = 1[y > 0] and example i's gradient of w is 1[y_i > 0] ⊙ x_i (not x_i, the
+    // gradient with respect to the ReLU's output).
+    let weight = Tensor::ones([3], (Kind::Double, Device::Cpu)).set_requires_grad(true);
+    let x = Tensor::from_slice(&[1.0f64, -2.0, 3.0, -1.0, 0.5, -4.0]).view([2, 3]);
+    let mut ctx = Ctx::private();
+    let mut y = &x * &weight;
+    if let Some(tape) = ctx.tape() {
+        tape.push(
+            ScaleRecord {
+                weight: weight.shallow_clone(),
+                input: x.shallow_clone(),
+            },
+            &y,
+        );
+    }
+    let _ = y.relu_();
+    let loss = y.sum(Kind::Double);
+    let params = vec![("scale".to_string(), weight.shallow_clone())];
+    let per_sample = dpcomp::privacy::grad_sample::per_sample_of(&mut ctx, &params, &loss).unwrap();
+    let PerSample::Direct(gradients) = &per_sample[0].1 else {
+        panic!("a direct recipe")
+    };
+    let want = Tensor::from_slice(&[1.0f64, 0.0, 3.0, 0.0, 0.5, 0.0]).view([2, 3]);
+    assert!(
+        gradients.allclose(&want, 0.0, 0.0, false),
+        "{gradients} against {want}"
+    );
+}

@@ -17,13 +17,114 @@ use tch::Tensor;
 use torch_sys::C_tensor;
 
 extern "C" {
-    fn dpcomp_register_grad_hook(
-        tensor: *mut C_tensor,
+    fn dpcomp_gradient_edge(tensor: *mut C_tensor) -> *mut c_void;
+    fn dpcomp_edge_free(edge: *mut c_void);
+    fn dpcomp_register_edge_hook(
+        edge: *mut c_void,
         callback: extern "C" fn(*mut c_void, *mut C_tensor),
         context: *mut c_void,
         drop_context: extern "C" fn(*mut c_void),
     ) -> i32;
-    fn dpcomp_reaches_another(tensors: *const *mut C_tensor, count: i64, reaches: *mut u8) -> i32;
+    fn dpcomp_backward_to_edges(
+        root: *mut C_tensor,
+        edges: *const *mut c_void,
+        count: i64,
+        keep_graph: i32,
+        outputs: *mut *mut C_tensor,
+    ) -> i32;
+    fn dpcomp_edges_reach_another(edges: *const *mut c_void, count: i64, reaches: *mut u8) -> i32;
+}
+
+/// Where a tensor's gradient enters the autograd graph: its node and which of the node's
+/// outputs it is (for a leaf that requires grad, its gradient accumulator). Held instead of the
+/// tensor, it keeps the node alive but not the tensor's memory: the tape holds a recorded
+/// layer's output this way, so that an output autograd does not save (a norm's, which the
+/// following ReLU does not keep) is freed during the forward pass as it would be without DP.
+pub struct GradEdge(*mut c_void);
+
+// SAFETY: the handle owns a C++ struct of two shared pointers (atomic reference counts) that
+// nothing mutates after it is made; autograd nodes are used across threads by LibTorch itself.
+unsafe impl Send for GradEdge {}
+unsafe impl Sync for GradEdge {}
+
+impl GradEdge {
+    /// `tensor`'s edge; off the graph (no hook, no gradient) for a tensor without grad, and, for
+    /// `reaches_another`, for a leaf.
+    pub fn of(tensor: &Tensor) -> Result<GradEdge> {
+        let mut tensor = tensor.shallow_clone();
+        // SAFETY: a valid tensor handle for the call; the result is a new handle this side owns.
+        let edge = unsafe { dpcomp_gradient_edge(tensor.as_mut_ptr()) };
+        if edge.is_null() {
+            return Err(Error::bad_value(
+                "tensor",
+                "LibTorch could not give the tensor's autograd edge",
+            ));
+        }
+        Ok(GradEdge(edge))
+    }
+}
+
+impl Drop for GradEdge {
+    fn drop(&mut self) {
+        // SAFETY: the handle `dpcomp_gradient_edge` made, freed once.
+        unsafe { dpcomp_edge_free(self.0) }
+    }
+}
+
+/// `on_grad` for the tensor `edge` was taken of, without that tensor: the hook is registered on
+/// its autograd node (as `Tensor::register_hook` does for a non-leaf) and lives as long as the
+/// node. An error for an edge off the graph.
+pub fn on_grad_at(
+    edge: &GradEdge,
+    callback: impl FnMut(Tensor) + Send + 'static,
+) -> Result<HookStatus> {
+    let status = HookStatus::default();
+    let slot = Box::new(Slot {
+        callback: Box::new(callback),
+        status: status.clone(),
+    });
+    let context = Box::into_raw(slot) as *mut c_void;
+    // SAFETY: a valid edge handle; the C++ side owns `context` from here and frees it through
+    // `drop_slot` (on failure too).
+    let done = unsafe { dpcomp_register_edge_hook(edge.0, call, context, drop_slot) };
+    if done != 0 {
+        return Err(Error::bad_value(
+            "tensor",
+            "a gradient hook needs a tensor on the autograd graph",
+        ));
+    }
+    Ok(status)
+}
+
+/// The gradients of the scalar `root` at `edges` (undefined where none reaches), from one
+/// backward pass that accumulates nothing into `.grad`: `Tensor::run_backward` for tensors one
+/// no longer holds. An error for an edge without a gradient edge (a tensor without grad).
+pub fn backward_to(root: &Tensor, edges: &[&GradEdge], keep_graph: bool) -> Result<Vec<Tensor>> {
+    let mut root = root.shallow_clone();
+    let handles: Vec<*mut c_void> = edges.iter().map(|e| e.0).collect();
+    let mut outputs: Vec<*mut C_tensor> = vec![std::ptr::null_mut(); edges.len()];
+    // SAFETY: valid handles for the call; on success each output is a new tensor handle this
+    // side owns.
+    let done = unsafe {
+        dpcomp_backward_to_edges(
+            root.as_mut_ptr(),
+            handles.as_ptr(),
+            handles.len() as i64,
+            keep_graph as i32,
+            outputs.as_mut_ptr(),
+        )
+    };
+    if done != 0 {
+        return Err(Error::bad_value(
+            "loss",
+            "LibTorch's backward pass to the recorded outputs failed",
+        ));
+    }
+    // SAFETY: each pointer is a new handle from the call above.
+    Ok(outputs
+        .into_iter()
+        .map(|p| unsafe { Tensor::from_ptr(p) })
+        .collect())
 }
 
 /// What a hook's callback left behind: the message of a panic inside it (a panic must not
@@ -45,7 +146,7 @@ struct Slot {
 }
 
 extern "C" fn call(context: *mut c_void, grad: *mut C_tensor) {
-    // SAFETY: `context` is the `Slot` boxed in `on_grad`, alive until `drop_slot`; `grad` is a
+    // SAFETY: `context` is the `Slot` boxed in `on_grad_at`, alive until `drop_slot`; `grad` is a
     // new tensor handle this side owns.
     let slot = unsafe { &mut *(context as *mut Slot) };
     let grad = unsafe { Tensor::from_ptr(grad) };
@@ -63,40 +164,20 @@ extern "C" fn call(context: *mut c_void, grad: *mut C_tensor) {
 }
 
 extern "C" fn drop_slot(context: *mut c_void) {
-    // SAFETY: called once, by the last owner of the context, with the pointer `on_grad` leaked.
+    // SAFETY: called once, by the last owner of the context, with the pointer `on_grad_at` leaked.
     drop(unsafe { Box::from_raw(context as *mut Slot) });
 }
 
 /// Calls `callback` with `tensor`'s gradient each time a backward pass computes it, for as long
-/// as the tensor's autograd node lives. `tensor` must require grad. The returned status reports
-/// a panic inside the callback.
+/// as the tensor's autograd node lives (`on_grad_at` on the tensor's edge). `tensor` must be on
+/// the graph (a non-leaf that requires grad). The returned status reports a panic inside the
+/// callback.
+#[cfg(test)]
 pub fn on_grad(
     tensor: &Tensor,
     callback: impl FnMut(Tensor) + Send + 'static,
 ) -> Result<HookStatus> {
-    if !tensor.requires_grad() {
-        return Err(Error::bad_value(
-            "tensor",
-            "a gradient hook needs a tensor that requires grad",
-        ));
-    }
-    let status = HookStatus::default();
-    let slot = Box::new(Slot {
-        callback: Box::new(callback),
-        status: status.clone(),
-    });
-    let context = Box::into_raw(slot) as *mut c_void;
-    let mut tensor = tensor.shallow_clone();
-    // SAFETY: a valid tensor handle; the C++ side owns `context` from here and frees it through
-    // `drop_slot` (on failure too).
-    let done = unsafe { dpcomp_register_grad_hook(tensor.as_mut_ptr(), call, context, drop_slot) };
-    if done != 0 {
-        return Err(Error::bad_value(
-            "tensor",
-            "LibTorch refused the gradient hook",
-        ));
-    }
-    Ok(status)
+    on_grad_at(&GradEdge::of(tensor)?, callback)
 }
 
 /// For each tensor on the autograd graph, whether the backward pass from it goes on to another
@@ -104,18 +185,22 @@ pub fn on_grad(
 /// not (the earliest) runs through every other one's node, so their hooks fire, while holding
 /// only the earliest ones' gradients at its end. A tensor off the graph (a leaf, or one without
 /// grad) reaches nothing.
+#[cfg(test)]
 pub fn reaches_another(tensors: &[&Tensor]) -> Result<Vec<bool>> {
-    let mut handles: Vec<Tensor> = tensors.iter().map(|t| t.shallow_clone()).collect();
-    let pointers: Vec<*mut C_tensor> = handles.iter_mut().map(|t| t.as_mut_ptr()).collect();
-    let mut reaches = vec![0u8; tensors.len()];
-    // SAFETY: `pointers` are valid tensor handles kept alive by `handles` for the call; `reaches`
-    // has one byte per tensor.
+    let edges = tensors
+        .iter()
+        .map(|t| GradEdge::of(t))
+        .collect::<Result<Vec<_>>>()?;
+    edges_reach_another(&edges.iter().collect::<Vec<_>>())
+}
+
+/// `reaches_another` for edges (`GradEdge`): the tensors they were taken of need not be held.
+pub fn edges_reach_another(edges: &[&GradEdge]) -> Result<Vec<bool>> {
+    let handles: Vec<*mut c_void> = edges.iter().map(|e| e.0).collect();
+    let mut reaches = vec![0u8; edges.len()];
+    // SAFETY: valid edge handles for the call; `reaches` has one byte per edge.
     let done = unsafe {
-        dpcomp_reaches_another(
-            pointers.as_ptr(),
-            pointers.len() as i64,
-            reaches.as_mut_ptr(),
-        )
+        dpcomp_edges_reach_another(handles.as_ptr(), handles.len() as i64, reaches.as_mut_ptr())
     };
     if done != 0 {
         return Err(Error::bad_value(

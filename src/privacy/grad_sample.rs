@@ -37,11 +37,12 @@
 
 use super::engine::{Clipped, Clipping, StepClipping};
 use crate::error::{Error, Result};
-use crate::nn::grad_hook::{on_grad, reaches_another, HookStatus};
+use crate::nn::grad_hook::GradEdge;
+use crate::nn::grad_hook::{backward_to, edges_reach_another, on_grad_at, HookStatus};
 use crate::nn::{Ctx, LayerGradients, Record, Recorded, Tape};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use tch::{Device, Kind, Tensor};
+use tch::{Kind, Tensor};
 
 pub use crate::nn::per_sample::{
     ghost_is_cheaper, outer, patches, pixel_grams, Activations, PerSample, PerSampleGradient,
@@ -49,12 +50,17 @@ pub use crate::nn::per_sample::{
 };
 
 /// Adds d(root)/d(output) to the gradients of the records in `targets`.
-fn accumulate(grads: &mut [Option<Tensor>], records: &[Record], targets: &[usize], root: &Tensor) {
+fn accumulate(
+    grads: &mut [Option<Tensor>],
+    records: &[Record],
+    targets: &[usize],
+    root: &Tensor,
+) -> Result<()> {
     if targets.is_empty() {
-        return;
+        return Ok(());
     }
-    let outputs: Vec<&Tensor> = targets.iter().map(|&k| &records[k].output).collect();
-    let found = Tensor::run_backward(&[root], &outputs, false, false);
+    let edges: Vec<_> = targets.iter().map(|&k| &records[k].output.edge).collect();
+    let found = backward_to(root, &edges, false)?;
     for (&k, g) in targets.iter().zip(found) {
         if g.defined() {
             grads[k] = Some(match grads[k].take() {
@@ -63,6 +69,7 @@ fn accumulate(grads: &mut [Option<Tensor>], records: &[Record], targets: &[usize
             });
         }
     }
+    Ok(())
 }
 
 /// Every trainable parameter on the tape with the recipe for its per-sample gradients, from one
@@ -90,18 +97,16 @@ pub fn per_sample_to_every_output(
     let mut records = tape.records;
     let mut grads: Vec<Option<Tensor>> = (0..records.len()).map(|_| None).collect();
     let attached: Vec<usize> = (0..records.len())
-        .filter(|&k| records[k].output.requires_grad())
+        .filter(|&k| records[k].output.requires_grad)
         .collect();
-    accumulate(&mut grads, &records, &attached, loss_sum);
+    accumulate(&mut grads, &records, &attached, loss_sum)?;
     let mut out = Vec::new();
     // Last layer first; each record is dropped once its recipe is made, so the layer's output
     // and any input the recipe does not keep are freed as the loop goes (an LSTM's second
     // backward only reaches earlier records, which are still there).
     while let Some(record) = records.pop() {
         let k = records.len();
-        let grad = grads[k]
-            .take()
-            .unwrap_or_else(|| record.output.detach().zeros_like());
+        let grad = grads[k].take().unwrap_or_else(|| record.output.zeros());
         let LayerGradients {
             parameters,
             upstream,
@@ -111,7 +116,7 @@ pub fn per_sample_to_every_output(
             // The layer ran outside autograd: its input's gradient reaches the earlier records
             // through this scalar (an LSTM over an embedding).
             let earlier: Vec<usize> = attached.iter().copied().filter(|&j| j < k).collect();
-            accumulate(&mut grads, &records, &earlier, &root);
+            accumulate(&mut grads, &records, &earlier, &root)?;
         }
     }
     each_parameter_once(out.iter().map(|(p, _)| p))?;
@@ -164,7 +169,7 @@ pub fn per_sample_of(
 pub fn tape_runs_in_autograd(tape: &Tape) -> bool {
     tape.records
         .iter()
-        .all(|r| !r.output.requires_grad() || !r.output.is_leaf())
+        .all(|r| !r.output.requires_grad || !r.output.is_leaf)
 }
 
 /// What the hooks keep of each parameter's per-sample gradients.
@@ -269,32 +274,29 @@ fn in_backward(tape: Tape, loss_sum: &Tensor, keep: Keep, keep_graph: bool) -> R
         upstream: false,
         keep,
     })));
-    let shapes: Vec<(Vec<i64>, Kind, Device)> = outputs
-        .iter()
-        .map(|o| (o.size(), o.kind(), o.device()))
-        .collect();
-    let refs: Vec<&Tensor> = outputs.iter().collect();
-    let reaches = reaches_another(&refs)?;
+    let edges: Vec<&GradEdge> = outputs.iter().map(|o| &o.edge).collect();
+    let reaches = edges_reach_another(&edges)?;
     let mut statuses: Vec<HookStatus> = Vec::new();
-    let mut earliest: Vec<(usize, Tensor)> = Vec::new();
-    for (k, output) in outputs.into_iter().enumerate() {
-        if !output.requires_grad() {
+    let mut earliest: Vec<usize> = Vec::new();
+    for (k, output) in outputs.iter().enumerate() {
+        if !output.requires_grad {
             continue;
         }
         let hook_shared = shared.clone();
-        statuses.push(on_grad(&output, move |grad| hook_shared.take(k, &grad))?);
-        // Only the earliest outputs are kept (as the backward pass's targets); the others live
-        // on in the graph as long as autograd needs them, not longer.
+        statuses.push(on_grad_at(&output.edge, move |grad| {
+            hook_shared.take(k, &grad)
+        })?);
+        // Only the earliest outputs are the backward pass's targets; it runs through the others'
+        // nodes, where their hooks fire.
         if !reaches[k] {
-            earliest.push((k, output));
+            earliest.push(k);
         }
     }
     if !earliest.is_empty() {
-        let targets: Vec<&Tensor> = earliest.iter().map(|(_, o)| o).collect();
-        let found = Tensor::run_backward(&[loss_sum], &targets, keep_graph, false);
-        let ks: Vec<usize> = earliest.into_iter().map(|(k, _)| k).collect();
-        // A hook on a tensor asked for may not run; its gradient is the one returned.
-        for (k, grad) in ks.into_iter().zip(found) {
+        let targets: Vec<&GradEdge> = earliest.iter().map(|&k| &outputs[k].edge).collect();
+        let found = backward_to(loss_sum, &targets, keep_graph)?;
+        // A hook on an output asked for may not run; its gradient is the one returned.
+        for (k, grad) in earliest.into_iter().zip(found) {
             if grad.defined() {
                 shared.take(k, &grad);
             }
@@ -308,9 +310,9 @@ fn in_backward(tape: Tape, loss_sum: &Tensor, keep: Keep, keep_graph: bool) -> R
             ));
         }
     }
-    for (k, (size, kind, device)) in shapes.iter().enumerate() {
+    for (k, output) in outputs.iter().enumerate() {
         if shared.lock().layers[k].is_some() {
-            shared.take(k, &Tensor::zeros(size.as_slice(), (*kind, *device)));
+            shared.take(k, &output.zeros());
         }
     }
     let mut pending = shared.lock();
