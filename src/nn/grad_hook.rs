@@ -4,8 +4,9 @@
 //! computes it and lets that gradient go, instead of holding every layer's at once
 //! (`privacy::grad_sample::squared_norms_in_backward`).
 //!
-//! The hook belongs to the tensor's autograd node: it lives as long as the tensor (or a graph
-//! that holds its node) does, and its callback is dropped with it. On a CUDA tensor autograd
+//! The hook belongs to the tensor's autograd node (`GradEdge`, what the tape holds of a recorded
+//! output instead of the output): it lives as long as that node (the graph, or an edge held)
+//! does, and its callback is dropped with it. On a CUDA tensor autograd
 //! calls it from its device thread while the thread that started the backward pass waits, hence
 //! `Send`.
 

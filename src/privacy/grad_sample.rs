@@ -15,10 +15,11 @@
 //! here against per-example autograd.
 //!
 //! Memory (issue 16). Where every layer runs in autograd, the backward pass asks only for the
-//! gradients of the earliest recorded outputs (`nn::grad_hook::reaches_another`) and a gradient
-//! hook on every recorded output (`nn::grad_hook::on_grad`) forms that layer's recipe (and, for
-//! clipping, its per-sample squared norms) the moment autograd computes the output's gradient;
-//! the record and the gradient go right after unless the recipe keeps them, and autograd frees
+//! gradients of the earliest recorded outputs (`nn::grad_hook::edges_reach_another`) and a
+//! gradient hook on every recorded output's autograd node (`nn::grad_hook::on_grad_at`) forms
+//! that layer's recipe (and, for clipping, its per-sample squared norms) the moment autograd
+//! computes the output's gradient; the record and the gradient go right after unless the recipe
+//! keeps them, and autograd frees
 //! what it saved for the forward pass as the pass goes, as in a non-private step. No weight
 //! gradient is computed. Recipes are computed over chunks of examples
 //! (`nn::per_sample::CHUNK_ELEMENTS`), so no temporary outgrows what the pass just freed. The
@@ -251,7 +252,7 @@ impl SharedPending {
 /// no two layers' output gradients need to live at once, and autograd frees what it saved for
 /// the forward pass as it goes (unless `keep_graph`, which the two-pass clipping needs). The
 /// backward pass asks only for the gradients of the earliest recorded outputs
-/// (`nn::grad_hook::reaches_another`), so no weight gradient is computed and every other
+/// (`nn::grad_hook::edges_reach_another`), so no weight gradient is computed and every other
 /// record's node is passed through; a record no gradient reaches gets zero. Every record's
 /// output must be on the autograd graph (`tape_runs_in_autograd`).
 fn in_backward(tape: Tape, loss_sum: &Tensor, keep: Keep, keep_graph: bool) -> Result<Vec<Found>> {
