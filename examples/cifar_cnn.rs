@@ -22,9 +22,10 @@ pub struct SmallCnn {
 }
 
 impl SmallCnn {
-    pub fn new(seed: i64) -> Result<Self> {
+    /// The network's weights drawn from `seed`, on `device`.
+    pub fn new(seed: i64, device: Device) -> Result<Self> {
         tch::manual_seed(seed);
-        let vs = nn::VarStore::new(Device::Cpu);
+        let vs = nn::VarStore::new(device);
         let root = vs.root();
         let same = Conv2dConfig {
             padding: 1,
@@ -105,7 +106,9 @@ pub fn with_trainer(run_dir: &Path, s: &Settings) -> Result<Outcome> {
     config.privacy.target_epsilon = Some(s.target_epsilon);
     config.privacy.max_grad_norm = 1.0;
     config.set_compressor(&Compressor::dgc(16.0))?;
-    let model = Box::new(SmallCnn::new(s.seed)?);
+    // The model is built where the run trains: `device = "auto"` is CUDA when there is a GPU.
+    let device = config.device.device()?;
+    let model = Box::new(SmallCnn::new(s.seed, device)?);
     let mut trainer = Trainer::builder(run_dir)
         .config(config)
         .model(model, cifar10()?)
@@ -128,7 +131,7 @@ pub fn with_own_loop(s: &Settings) -> Result<Outcome> {
         data.train.truncate(s.train_images),
         data.test.truncate(TEST_IMAGES),
     );
-    let model = SmallCnn::new(s.seed)?;
+    let model = SmallCnn::new(s.seed, Device::Cpu)?;
     let params = model.trainable_variables();
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
     let mut engine = PrivacyEngine::builder()

@@ -12,7 +12,7 @@
 //! use dpcomp::prelude::*;
 //! let mut config = TrainConfig::paper_defaults(dpcomp::Task::Surnames);
 //! config.analysis.grad_error_epochs = vec![0, 10];
-//! let mut trainer = Trainer::new(config, std::path::Path::new("runs/measured"))?;
+//! let mut trainer = Trainer::new(config, "runs/measured")?;
 //! GradientErrorProbe::install(&mut trainer); // reads `[analysis]` from the trainer's settings
 //! trainer.run()?;
 //! # Ok(())

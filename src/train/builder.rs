@@ -11,14 +11,14 @@
 //! ) -> Result<()> {
 //!     let mut config = TrainConfig::own("my-task");
 //!     config.privacy.target_epsilon = Some(3.0); // σ calibrated over the run's epochs
-//!     let mut trainer = Trainer::builder("runs/mine".as_ref())
+//!     let mut trainer = Trainer::builder("runs/mine")
 //!         .config(config)
 //!         .model(make_model(), data())
 //!         .observer(Box::new(dpcomp::train::observer::ProgressBars::default()))
 //!         .build()?;
 //!     trainer.run()?;
 //!     let overrides = TrainOverrides { epochs: Some(20), ..TrainOverrides::default() };
-//!     let mut trainer = Trainer::builder("runs/mine".as_ref())
+//!     let mut trainer = Trainer::builder("runs/mine")
 //!         .resume(overrides)
 //!         .model(make_model(), data())
 //!         .build()?;
@@ -55,10 +55,11 @@ pub struct TrainerBuilder {
 
 impl Trainer {
     /// A trainer whose run folder is `run_dir`; then `config(..)` for a fresh run or
-    /// `resume(..)` to continue the one there, and `build()`.
-    pub fn builder(run_dir: &Path) -> TrainerBuilder {
+    /// `resume(..)` to continue the one there, and `build()`. `run_dir` is any path-like value
+    /// (`&str`, `&Path`, `PathBuf`).
+    pub fn builder(run_dir: impl AsRef<Path>) -> TrainerBuilder {
         TrainerBuilder {
-            run_dir: run_dir.to_path_buf(),
+            run_dir: run_dir.as_ref().to_path_buf(),
             start: None,
             conflicting_start: false,
             own: None,

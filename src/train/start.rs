@@ -66,8 +66,8 @@ pub(super) fn calibrated_sigma(config: &TrainConfig, train_examples: i64) -> Res
 impl Trainer {
     /// A fresh run in `run_dir`, which must not hold another run's checkpoint. Writes
     /// `config.toml` before anything else.
-    pub fn new(config: TrainConfig, run_dir: &Path) -> Result<Self> {
-        Self::start(config, run_dir, None, None, None)
+    pub fn new(config: TrainConfig, run_dir: impl AsRef<Path>) -> Result<Self> {
+        Self::start(config, run_dir.as_ref(), None, None, None)
     }
 
     pub(crate) fn start(
@@ -152,12 +152,12 @@ impl Trainer {
 
     /// Continues the run in `run_dir` from its last checkpoint. `epochs`, when given, replaces
     /// the saved epoch count (to extend a finished run).
-    pub fn resume(run_dir: &Path, epochs: Option<usize>) -> Result<Self> {
+    pub fn resume(run_dir: impl AsRef<Path>, epochs: Option<usize>) -> Result<Self> {
         let changes = TrainOverrides {
             epochs,
             ..TrainOverrides::default()
         };
-        Self::continue_run(run_dir, changes, None, None)
+        Self::continue_run(run_dir.as_ref(), changes, None, None)
     }
 
     pub(crate) fn continue_run(
