@@ -193,6 +193,9 @@ pub fn end_job_on_panic(comm: &Shared) {
 
 /// The MPI job this process belongs to, when an MPI launcher started it (and the `mpi` feature
 /// is built), or one process; with the transport's name ("MPI", "one process").
+///
+/// A build without the `mpi` feature started by a launcher with several processes is an error
+/// naming the feature: each rank would otherwise train alone, W copies of a one-worker run.
 pub fn world() -> Result<(Box<dyn Communicator>, &'static str)> {
     #[cfg(feature = "mpi")]
     if mpi::launched_by_mpi() {
@@ -203,7 +206,31 @@ pub fn world() -> Result<(Box<dyn Communicator>, &'static str)> {
         })?;
         return Ok((Box::new(comm), "MPI"));
     }
+    #[cfg(not(feature = "mpi"))]
+    refuse_a_launch_of_several(|name| std::env::var(name).ok())?;
     Ok((Box::new(SingleProcess), "one process"))
+}
+
+/// Without the `mpi` feature: an error when the launcher variables (`PMI_SIZE`, MPICH and
+/// Slurm; `OMPI_COMM_WORLD_SIZE`, Open MPI) say this process is one of several. `var` reads one
+/// environment variable (a parameter so that a test can hand it a launcher's environment).
+#[cfg_attr(feature = "mpi", allow(dead_code))]
+pub(crate) fn refuse_a_launch_of_several(var: impl Fn(&str) -> Option<String>) -> Result<()> {
+    let read = |name: &str| var(name).and_then(|v| v.trim().parse::<usize>().ok());
+    let size = read("PMI_SIZE").or_else(|| read("OMPI_COMM_WORLD_SIZE"));
+    let rank = read("PMI_RANK").or_else(|| read("OMPI_COMM_WORLD_RANK"));
+    match size {
+        Some(size) if size > 1 => Err(Error::Comm {
+            rank: rank.unwrap_or(0),
+            size,
+            what: format!(
+                "an MPI launcher started {size} processes, but dpcomp was built without its \
+                 `mpi` feature, so each would train alone; build with `features = [\"mpi\"]` \
+                 (the default features include it)"
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// One worker, no transport: every collective returns its input; nothing crosses.
@@ -292,5 +319,34 @@ impl Communicator for Shared {
     }
     fn abort(&mut self, code: i32) {
         self.with(|c| c.abort(code))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuse_a_launch_of_several;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    #[test]
+    fn a_launch_of_several_processes_without_mpi_is_refused_by_the_features_name() {
+        for launcher in [
+            [("PMI_SIZE", "4"), ("PMI_RANK", "2")],
+            [("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_RANK", "2")],
+        ] {
+            let e = refuse_a_launch_of_several(env(&launcher)).unwrap_err().to_string();
+            assert!(e.contains("4 processes") && e.contains("`mpi` feature"), "{e}");
+            assert!(e.contains("rank 2"), "{e}");
+        }
+        // One process, or no launcher: a single-process run, as without MPI.
+        assert!(refuse_a_launch_of_several(env(&[("PMI_SIZE", "1")])).is_ok());
+        assert!(refuse_a_launch_of_several(env(&[])).is_ok());
     }
 }
