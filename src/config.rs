@@ -345,7 +345,7 @@ settings_section! {
         /// The accountant that turns (q, σ, steps) into ε [default: rdp].
         accountant / accountant: AccountantKind = AccountantKind::Rdp, arg(long, value_enum);
         /// Per-sample gradients from the tape in one backward pass (tape, fastest), in two with
-        /// the norms taken inside the first (two-pass, least memory), or from per-example
+        /// the norms taken inside the first (two-pass, no less memory), or from per-example
         /// autograd (oracle) [default: tape].
         grad_sample / grad_sample: GradSampleMode = GradSampleMode::Tape, arg(long, value_enum);
         /// Draw the DP noise from a CSPRNG seeded by the operating system (and the epochs'
@@ -367,7 +367,8 @@ settings_section! {
         /// DP-SGD noise multiplier σ (turns on per-sample clipping and noise; 0 clips only, so
         /// private and non-private runs differ only by the noise).
         noise_multiplier / noise_multiplier: f64, arg(long);
-        /// Stop before a step that would take ε past this.
+        /// Privacy budget ε at δ: without --noise-multiplier, σ is calibrated so that the run's
+        /// epochs spend exactly this; with it, training stops before a step that would pass it.
         target_epsilon / target_epsilon: f64, arg(long);
         /// Adaptive clipping: standard deviation of the noise on the unclipped count, in
         /// examples; must exceed sigma / 2 [default: the expected batch / 20].
@@ -389,11 +390,17 @@ settings_section! {
         rate / rate: f64 = 1.0, arg(long);
         /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
         rank / rank: i64 = 1, arg(long);
-        /// Compressor setting key=value, repeatable. dgc: value_bits (9-32), index_bits
-        /// (32|min), momentum, masking, warmup_epochs, topk (auto|sampled|exact), sample_ratio,
-        /// error_feedback (true|false), residual_decay (0-1). powersgd: shape (square|rows),
-        /// min_rate, epsilon, warm_start, seed, error_feedback, residual_decay. denoise: beta,
-        /// decay, scope (layer|model), value_bits, index_bits, topk, sample_ratio, clip.
+        /// Compressor setting key=value, repeatable; a key the compressor does not read is an
+        /// error. dgc: value_bits (9-32), index_bits (32|min), momentum, masking, warmup_epochs,
+        /// warmup (paper|reference), topk (auto|sampled|exact), sample_ratio, scope
+        /// (layer|model), budget (bits|elements), dense_vectors, error_feedback (true|false),
+        /// residual_decay (0-1). powersgd: shape (square|rows), min_rate, epsilon, warm_start,
+        /// seed, error_feedback, residual_decay. denoise: beta, decay, scope, value_bits,
+        /// index_bits, topk, sample_ratio, clip, budget. fl-rnd: seed, error_feedback. fl-freq:
+        /// chunks. fl-cs: chunks, rows, seed, lambda, iterations, error_feedback. qsgd: levels,
+        /// bucket, encoding (fixed|elias). randomk: seed, unbiased, error_feedback. threshold:
+        /// threshold, value_bits, index_bits, error_feedback. int8: stochastic. The others take
+        /// none.
         options / compressor_options: Vec<String> = Vec::new(),
             arg(long = "compressor-option", value_name = "KEY=VALUE");
         /// With one worker, send every step's message through its bytes as a remote worker's

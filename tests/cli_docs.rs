@@ -178,3 +178,41 @@ fn flags_are_read_as_written() {
     assert_eq!(sections["dpcomp bench"], "--b\n");
     assert_eq!(sections["dpcomp bench dp"], "--c\n");
 }
+
+/// `dpcomp train --help` lists, after each compressor's name, every option key that compressor
+/// accepts (`CompressorKind::keys`, which the parser checks against): a key added to a
+/// compressor without its help fails here.
+#[test]
+fn the_compressor_option_help_names_every_compressors_keys() {
+    use dpcomp::compress::CompressorKind;
+    let help = help(&["train"]);
+    // The --compressor-option paragraph, its wrapped lines joined.
+    let paragraph: String = help
+        .lines()
+        .skip_while(|line| !line.trim_start().starts_with("--compressor-option"))
+        .skip(1)
+        .take_while(|line| !line.trim_start().starts_with("--"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let words: Vec<&str> = paragraph.split_whitespace().collect();
+    for kind in CompressorKind::ALL {
+        let label = format!("{}:", kind.name());
+        let Some(start) = words.iter().position(|w| *w == label) else {
+            assert!(
+                kind.keys().is_empty(),
+                "{kind} takes {:?} but the help does not name it: {paragraph}",
+                kind.keys()
+            );
+            continue;
+        };
+        // Its keys run to the sentence's end (a word ending in '.').
+        let end = start + words[start..].iter().position(|w| w.ends_with('.')).unwrap();
+        let listed: BTreeSet<&str> = words[start + 1..=end]
+            .iter()
+            .filter(|w| !w.starts_with('('))
+            .map(|w| w.trim_end_matches([',', '.']))
+            .collect();
+        let accepted: BTreeSet<&str> = kind.keys().iter().copied().collect();
+        assert_eq!(listed, accepted, "{kind}: the help lists {listed:?}");
+    }
+}
