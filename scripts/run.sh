@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing (scripts/setup.sh), builds the release binary, and trains
 # the Surnames LSTM for 5 epochs with the paper's settings, printing the test accuracy.
-# Extra arguments go to `dpcomp train` (e.g. --epochs 100).
+# Extra arguments go to `dpcomp train` (e.g. --epochs 100) and replace the defaults they name.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -12,5 +12,12 @@ data="${DPCOMP_DATA:-data}"
 if [ ! -d "$data/names" ]; then
     target/release/dpcomp data fetch names --data-dir "$data"
 fi
-out="runs/surnames-$(date +%Y%m%d-%H%M%S)"
-exec target/release/dpcomp train --task surnames --epochs 5 --data-dir "$data" --out "$out" "$@"
+# The job's defaults, each left out when the caller gives that flag itself (clap refuses a flag
+# given twice).
+defaults=()
+given() { local flag="$1"; shift; for a in "$@"; do [[ "$a" == "$flag" || "$a" == "$flag="* ]] && return 0; done; return 1; }
+given --task "$@" || defaults+=(--task surnames)
+given --epochs "$@" || defaults+=(--epochs 5)
+given --data-dir "$@" || defaults+=(--data-dir "$data")
+given --out "$@" || defaults+=(--out "runs/surnames-$(date +%Y%m%d-%H%M%S)")
+exec target/release/dpcomp train "${defaults[@]}" "$@"
