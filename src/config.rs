@@ -357,7 +357,8 @@ settings_section! {
         /// With W data-parallel workers: every worker adds the full noise N(0, σ²C²) to its own
         /// clipped sum, so each worker's message is DP on its own (a worker need not trust the
         /// others); without it each adds N(0, σ²C²/W) and only their sum is private, which
-        /// only the compressors exchanged by summing allow (all but dgc and denoise). The
+        /// only the compressors exchanged by summing allow (identity, powersgd, randomk and the
+        /// fl sketches; the gathered ones, dgc, denoise and the quantisers and casts, need it). The
         /// reported ε is each worker's (at σ); with those the aggregate's, at σ√W, is in the
         /// summary. [default: false]
         local_noise / local_noise: bool = false,

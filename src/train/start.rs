@@ -540,9 +540,14 @@ impl Trainer {
                 // its own, so the released weights would be private only at σ/√W.
                 let kind = config.compression.kind;
                 if !config.privacy.local_noise && !kind.exchanged_by_sum() {
+                    let summed: Vec<&str> = crate::compress::CompressorKind::ALL
+                        .iter()
+                        .filter(|k| k.exchanged_by_sum())
+                        .map(|k| k.name())
+                        .collect();
                     return Err(Error::bad_value(
                         "privacy.local_noise",
-                        format!("false with {workers} workers and the {kind} compressor: its messages are gathered and each worker's is decoded on its own, so the weights depend on every worker's message, not only on their sum; with the noise shared among the workers (σ/√W each) they would be private only at σ/√{workers}. Give every worker the whole noise (local_noise = true, `--local-noise`; ε is then each worker's, as reported), or use a compressor whose exchange sums the workers' messages (identity, powersgd, fl-rnd, fl-freq, fl-cs)"),
+                        format!("false with {workers} workers and the {kind} compressor: its messages are gathered and each worker's is decoded on its own, so the weights depend on every worker's message, not only on their sum; with the noise shared among the workers (σ/√W each) they would be private only at σ/√{workers}. Give every worker the whole noise (local_noise = true, `--local-noise`; ε is then each worker's, as reported), or use a compressor whose exchange sums the workers' messages ({})", summed.join(", ")),
                     ));
                 }
                 engine.share_noise_among(if config.privacy.local_noise {

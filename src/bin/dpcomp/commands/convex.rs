@@ -27,10 +27,12 @@ pub struct ConvexArgs {
     /// Output perturbation without projection (Theorem 7(a), unbounded domain).
     #[arg(long)]
     pub unbounded: bool,
-    /// T (default: Theorem 12's).
+    /// T (default: the paper's for the algorithm: Theorem 12's for gradient perturbation and
+    /// SGD, the same for output perturbation on the ball, Theorem 9's without projection).
     #[arg(long)]
     pub steps: Option<u64>,
-    /// η (default: Theorem 12's).
+    /// η (default: the paper's for the algorithm: Theorem 12's for gradient perturbation and
+    /// SGD, Theorem 10's for output perturbation on the ball, Theorem 9's without projection).
     #[arg(long)]
     pub step_size: Option<f64>,
     #[arg(long, default_value_t = 0)]
