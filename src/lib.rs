@@ -2,9 +2,10 @@
 //!
 //! DP-SGD with per-sample gradients from one backward pass (clipping, calibrated noise, Poisson
 //! sampling, RDP and PLD accountants), gradient compressors that send real byte messages (DGC,
-//! PowerSGD, Denoise, the federated sketches), a `Trainer` that runs the papers' models and
-//! tasks or a model of one's own, data-parallel workers over threads or MPI, federated
-//! learning, and privacy auditing.
+//! PowerSGD, Denoise, the federated sketches, and the families researchers compare against:
+//! QSGD, TernGrad, signSGD, random-k, threshold-v, casts, natural compression), a `Trainer` that
+//! runs the papers' models and tasks or a model of one's own, data-parallel workers over threads
+//! or MPI, federated learning, and privacy auditing.
 //!
 //! Where things live:
 //!
@@ -15,16 +16,20 @@
 //! | [`privacy`] | the [`privacy::engine::PrivacyEngine`] (clip, noise, account), accountants, σ calibration, audits |
 //! | [`compress`] | typed compressor settings ([`compress::Compressor`]), encoders, decoders and their byte messages |
 //! | [`train`] | the [`Trainer`] and its builder, optimisers, the `Updater`, observers |
+//! | [`config`], [`error`] | a run's settings ([`TrainConfig`], its `config.toml`); the library's [`Error`] |
+//! | [`cuda_settings`] | CUDA's math settings (`[cuda]`: TF32, cuDNN benchmark mode) |
 //! | [`comm`] | W workers over threads or MPI |
 //! | [`fl`], [`convex`] | federated learning with compressive sensing; DP-SGD for convex losses |
 //! | [`host`] | every read of a tensor's value to the host, counted (a training step makes none) |
 //! | [`analysis`], [`experiment`], [`grid`] | measurements and the reproduction's experiment runners |
+//! | `plot` (feature `plot`) | figures of runs, grids and analyses (`dpcomp plot`) |
 //!
 //! The papers whose methods dpcomp implements, cited in these docs by author and year:
 //! Lin 2022, "On the Interaction Between Differential Privacy and Gradient Compression in Deep
 //! Learning"; Kerkouche, Ács, Castelluccia and Genevès 2021, "Compression Boosts Differentially
 //! Private Federated Learning"; Wang, Lei, Ying and Zhang 2022, "Differentially Private SGD with
-//! Non-Smooth Losses".
+//! Non-Smooth Losses"; and for the audits, Steinke, Nasr and Jagielski 2023, "Privacy Auditing
+//! with One (1) Training Run".
 //!
 //! [`prelude`] has what a training of one's own needs. Modules hidden in these docs are plumbing
 //! that the `dpcomp` binary and the tests share; they are not part of the API.
