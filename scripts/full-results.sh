@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tables and figures of the paper-scale grids from the committed logs in experiments/runs/
 # (finished cells only; trains nothing, so it is safe while grid workers are running):
-# experiments/results/<name>.full.{csv,md} and experiments/results/<name>-full/*.png (each
+# experiments/results/<name>.full.{csv,md} and experiments/results/<name>-full/*.png and
+# gradient_error.csv (each
 # figure once, as PNG; `dpcomp plot` also draws SVG, which stays in the run folder's figures/,
 # not committed), the ablations beside the grids they vary, then the numbers behind the
 # verdict table (experiments/claims.py).
@@ -19,6 +20,10 @@ for name in surnames_dgc surnames_powersgd surnames_denoise surnames_clipping ci
         "$bin" plot "experiments/runs/$name/full" --out "$figures" --title "$name (full)" >/dev/null
         mkdir -p "experiments/results/$name-full"
         cp "$figures"/*.png "experiments/results/$name-full/"
+        # The gradient-error figures' numbers, where the grid measured them.
+        if [ -f "$figures/gradient_error.csv" ]; then
+            cp "$figures/gradient_error.csv" "experiments/results/$name-full/"
+        fi
     fi
 done
 # Issue 38's ablations, drawn beside the grids whose arms they vary; the three accuracy figures
