@@ -206,7 +206,11 @@ fn the_compressor_option_help_names_every_compressors_keys() {
             continue;
         };
         // Its keys run to the sentence's end (a word ending in '.').
-        let end = start + words[start..].iter().position(|w| w.ends_with('.')).unwrap();
+        let end = start
+            + words[start..]
+                .iter()
+                .position(|w| w.ends_with('.'))
+                .unwrap();
         let listed: BTreeSet<&str> = words[start + 1..=end]
             .iter()
             .filter(|w| !w.starts_with('('))

@@ -341,8 +341,13 @@ mod tests {
             [("PMI_SIZE", "4"), ("PMI_RANK", "2")],
             [("OMPI_COMM_WORLD_SIZE", "4"), ("OMPI_COMM_WORLD_RANK", "2")],
         ] {
-            let e = refuse_a_launch_of_several(env(&launcher)).unwrap_err().to_string();
-            assert!(e.contains("4 processes") && e.contains("`mpi` feature"), "{e}");
+            let e = refuse_a_launch_of_several(env(&launcher))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("4 processes") && e.contains("`mpi` feature"),
+                "{e}"
+            );
             assert!(e.contains("rank 2"), "{e}");
         }
         // One process, or no launcher: a single-process run, as without MPI.
