@@ -19,9 +19,8 @@
 //! gradient hook on every recorded output's autograd node (`nn::grad_hook::on_grad_at`) forms
 //! that layer's recipe (and, for clipping, its per-sample squared norms) the moment autograd
 //! computes the output's gradient; the record and the gradient go right after unless the recipe
-//! keeps them, and autograd frees
-//! what it saved for the forward pass as the pass goes, as in a non-private step. No weight
-//! gradient is computed. Recipes are computed over chunks of examples
+//! keeps them, and autograd frees what it saved for the forward pass as the pass goes, as in a
+//! non-private step. No weight gradient is computed. Recipes are computed over chunks of examples
 //! (`nn::per_sample::CHUNK_ELEMENTS`), so no temporary outgrows what the pass just freed. The
 //! clipped sums are then contracted from the kept recipes (`clipped_sums`,
 //! `BackwardPasses::One`, the default `--grad-sample tape`). The recurrent layers run outside
