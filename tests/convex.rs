@@ -403,7 +403,7 @@ seeds = 3
 fn private_preprocessing_is_charged_to_the_budget_and_train_statistics_are_flagged() {
     use dpcomp::convex::preprocess::{Preprocess, Scaling};
     let _serial = common::serial();
-    let Some(root) = common::require_shared_data() else {
+    let Some(root) = common::require_breast_cancer() else {
         return;
     };
     let (epsilon, delta) = (4.0, 1e-5);

@@ -77,7 +77,7 @@ fn names_errors_name_the_folder_or_file() {
 
 #[test]
 fn cifar10_real_data_has_50000_and_10000_balanced_images() {
-    let Some(root) = require_shared_data() else {
+    let Some(root) = common::require_cifar10() else {
         return;
     };
     let data = cifar::load_cifar10(&root.join("cifar-10-batches-bin"), false).unwrap();
@@ -207,7 +207,7 @@ fn cifar100_tiny_files_in_the_official_layout() {
 
 #[test]
 fn snli_real_data_tokenised_as_cls_a_sep_b_sep() {
-    let Some(root) = require_shared_data() else {
+    let Some(root) = common::require_snli() else {
         return;
     };
     let dir = root.join("snli_1.0");

@@ -11,7 +11,7 @@ mod example;
 #[test]
 fn the_example_learns_privately_and_its_epsilon_is_the_accountants() {
     let _serial = common::serial();
-    let Some(root) = common::require_shared_data() else {
+    let Some(root) = common::require_breast_cancer() else {
         return;
     };
     let csv = root.join("breast_cancer").join("breast_cancer.csv");

@@ -248,7 +248,10 @@ fn client_clipping_and_the_gaussian_mechanism_match_their_definition() {
 fn dpcomp(args: &[&str]) -> serde_json::Value {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"));
     command.args(args);
-    if let Some(data) = common::shared_data() {
+    // The folder with the breast-cancer table (most runs here read it), else the Surnames one.
+    if let Some(data) =
+        common::data_holding(&["breast_cancer/breast_cancer.csv"]).or_else(common::shared_data)
+    {
         command.env("DPCOMP_DATA", data);
     }
     let out = command.output().unwrap();
@@ -264,7 +267,7 @@ fn dpcomp(args: &[&str]) -> serde_json::Value {
 fn private_fl_cs_on_breast_cancer_learns_and_reports_the_accountants_epsilon() {
     // Heavy: run alone rather than fight the other tests for the two cores.
     let _serial = common::serial();
-    let Some(data) = common::require_shared_data() else {
+    let Some(data) = common::require_breast_cancer() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -411,7 +414,7 @@ fn idx_files_with_wrong_counts_are_rejected_with_the_file_name() {
 
 #[test]
 fn fl_experiment_file_runs_writes_its_table_and_figures_and_skips_finished_cells() {
-    let Some(data) = common::require_shared_data() else {
+    let Some(data) = common::require_breast_cancer() else {
         return;
     };
     let _serial = common::serial();
@@ -547,9 +550,13 @@ rounds = 3
 #[test]
 fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
     let _serial = common::serial();
-    let Some(data) = common::require_shared_data() else {
+    let Some(data) = common::require_breast_cancer() else {
         return;
     };
+    if !dpcomp::data::flchain::flchain_file(&data).is_file() {
+        common::skip("data/flchain/flchain.csv not installed (scripts/setup.sh extracts it)");
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let run = |name: &str, dataset: &str, extra: &[&str]| {
         let out = dir.path().join(name);
@@ -645,6 +652,24 @@ fn the_fedavg_cnn_has_the_size_the_papers_cost_implies() {
 /// `--model` picks the network and refuses one that does not fit the dataset.
 #[test]
 fn the_federated_network_is_chosen_by_model() {
+    // The refusal needs no real data: a table of breast cancer's shape (569 rows of 30 features
+    // and a 0/1 label) in a folder of its own, so that it runs on any checkout.
+    let tabular = tempfile::tempdir().unwrap();
+    let folder = tabular.path().join("breast_cancer");
+    std::fs::create_dir(&folder).unwrap();
+    let rows: String = (0..569)
+        .map(|i| {
+            let features: Vec<String> = (0..30)
+                .map(|j| format!("{}", 1 + (i * 7 + j) % 13))
+                .collect();
+            format!("{},{}\n", features.join(","), i % 2)
+        })
+        .collect();
+    std::fs::write(
+        folder.join("breast_cancer.csv"),
+        format!("569,30,malignant,benign\n{rows}"),
+    )
+    .unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
         .args([
             "fl",
@@ -654,7 +679,9 @@ fn the_federated_network_is_chosen_by_model() {
             "fedavg-cnn",
             "--rounds",
             "1",
+            "--data-dir",
         ])
+        .arg(tabular.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -691,7 +718,7 @@ fn the_federated_network_is_chosen_by_model() {
 /// and its test metric and ε are that round's rows of metrics.jsonl.
 #[test]
 fn a_validation_split_chooses_the_round_reported_beside_the_best() {
-    if common::require_shared_data().is_none() {
+    if common::require_breast_cancer().is_none() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -802,7 +829,7 @@ fn a_noiseless_private_federated_run_writes_its_infinite_epsilon_as_inf() {
     use dpcomp::fl::{default_full_clip, read_rows, run_with_canaries, FlPrivacy, FlSettings};
     use dpcomp::privacy::audit::{CanaryAudit, Guesses};
     use dpcomp::privacy::canary::{CanarySettings, Observe};
-    let Some(data_dir) = common::require_shared_data() else {
+    let Some(data_dir) = common::require_breast_cancer() else {
         return;
     };
     // An in-process run seeds LibTorch's global generator: never beside another one.
@@ -882,7 +909,7 @@ fn a_noiseless_private_federated_run_writes_its_infinite_epsilon_as_inf() {
 #[test]
 fn canary_clients_audit_client_level_dp() {
     let _serial = common::serial();
-    if common::require_shared_data().is_none() {
+    if common::require_breast_cancer().is_none() {
         return;
     }
     let audit = |scheme: &str, privacy: &[&str]| {
@@ -962,7 +989,7 @@ fn canary_clients_audit_client_level_dp() {
 /// cells at two noise scales are two settings, not six seeds of one.
 #[test]
 fn fl_tables_summarise_the_seeds_of_a_setting() {
-    let Some(data) = common::require_shared_data() else {
+    let Some(data) = common::require_breast_cancer() else {
         return;
     };
     let _serial = common::serial();
@@ -1049,7 +1076,7 @@ owlqn_iterations = 20
 #[test]
 fn a_stopped_federated_run_continues_exactly_where_it_stopped() {
     use dpcomp::fl::{read_rows, run, run_until, FlSettings};
-    let Some(data_dir) = common::require_shared_data() else {
+    let Some(data_dir) = common::require_breast_cancer() else {
         return;
     };
     let _serial = common::serial();
@@ -1175,7 +1202,7 @@ fn a_stopped_federated_run_continues_exactly_where_it_stopped() {
 #[test]
 fn a_longer_run_begins_with_the_shorter_runs_rounds() {
     use dpcomp::fl::{data::FlData, data::FlDataset, run, FlSettings};
-    let Some(data_dir) = common::require_shared_data() else {
+    let Some(data_dir) = common::require_breast_cancer() else {
         return;
     };
     // LibTorch's generator is global: another test's run would draw from it mid-run.
@@ -1333,7 +1360,7 @@ fn an_interrupted_run_with_a_json_era_config_resumes() {
     use dpcomp::compress::chunked_dct::DctRows;
     use dpcomp::compress::linear_sketch::Scheme;
     use dpcomp::fl::{read_rows, run, run_until, scheme_compression, FlSettings};
-    let Some(data_dir) = common::require_shared_data() else {
+    let Some(data_dir) = common::require_breast_cancer() else {
         return;
     };
     let _serial = common::serial();
@@ -1415,7 +1442,7 @@ fn an_interrupted_run_with_a_json_era_config_resumes() {
 /// deprecation warning; mixed with their replacements they are refused.
 #[test]
 fn federated_runs_are_bit_identical_to_the_older_vocabulary() {
-    let Some(data) = common::require_shared_data() else {
+    let Some(data) = common::require_breast_cancer() else {
         return;
     };
     let _serial = common::serial();

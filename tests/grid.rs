@@ -488,7 +488,7 @@ fn full_profiles_run_three_seeds_and_only_selects_one() {
 #[test]
 fn full_profiles_estimate_the_papers_bandwidths() {
     let _serial = common::serial();
-    let Some(data) = common::require_shared_data() else {
+    let Some(data) = common::require_cifar10() else {
         return;
     };
     let experiments = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments");

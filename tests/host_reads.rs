@@ -217,7 +217,7 @@ fn surnames_steps_read_nothing_to_the_host() {
 
 #[test]
 fn cifar10_steps_read_nothing_to_the_host() {
-    let Some(data) = require_shared_data() else {
+    let Some(data) = common::require_cifar10() else {
         return;
     };
     no_reads_in_any_step(Task::Cifar10, (&data, 240, 8), &VARIANTS, 20);
@@ -228,7 +228,7 @@ fn cifar10_steps_read_nothing_to_the_host() {
 /// seconds a step on the CPU).
 #[test]
 fn snli_bert_steps_read_nothing_to_the_host() {
-    let Some(data) = require_shared_data() else {
+    let Some(data) = common::require_snli() else {
         return;
     };
     let variants = only(&["dp identity", "dp physical batches", "dp two-pass adam"]);
@@ -257,7 +257,7 @@ fn the_sampled_top_k_counts_its_reads() {
         TopK::Sampled { ratio: 0.01 }
     );
     assert_eq!(TopK::DEFAULT.on(tch::Device::Cuda(0)), TopK::Exact);
-    let Some(data) = require_shared_data() else {
+    let Some(data) = common::require_cifar10() else {
         return;
     };
     for options in [&["topk=sampled"][..], &[]] {

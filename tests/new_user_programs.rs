@@ -26,7 +26,8 @@ fn own_layers_per_sample_gradients_equal_per_example_autograd() {
 #[test]
 fn the_cnn_trains_to_its_target_epsilon_through_the_trainer_and_through_its_own_loop() {
     let _serial = common::serial();
-    if common::require_shared_data().is_none() {
+    // The example reads CIFAR-10 from the folder dpcomp resolves ($DPCOMP_DATA, else data/).
+    if !common::require_in_default_data("cifar-10-batches-bin", "CIFAR-10") {
         return;
     }
     let settings = cifar_cnn::Settings {

@@ -110,7 +110,7 @@ fn a_run_folder_has_one_writer_and_stale_locks_are_taken_over() {
         "{}",
         stderr(&out)
     );
-    if let Some(root) = require_shared_data() {
+    if let Some(root) = common::require_breast_cancer() {
         let out = dpcomp(&[
             "fl",
             "--dataset",
@@ -503,7 +503,7 @@ fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
             stderr(&out)
         );
     }
-    let Some(root) = require_shared_data() else {
+    let Some(root) = common::require_breast_cancer() else {
         return;
     };
     let data = root.display().to_string();
@@ -773,17 +773,22 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
         let err = BertConfig::from_file(&path).expect_err("a broken config was accepted");
         assert!(err.to_string().contains(expected), "{err}");
     }
+    // A sequence length beyond the position table, refused by the SNLI loader (which needs
+    // SNLI's folder, not shipped).
+    if let Some(snli_root) = common::require_snli() {
+        let positions = original["max_position_embeddings"].as_u64().unwrap() as usize;
+        let config_path = source.join("config.json");
+        let limits = BertConfig::from_file(&config_path)
+            .unwrap()
+            .encoder_limits(&config_path);
+        let err =
+            dpcomp::data::snli::load(&snli_root.join("snli_1.0"), &source, positions + 1, &limits)
+                .expect_err("a sequence length beyond the position table was accepted");
+        assert!(err.to_string().starts_with("data.max_seq_len:"), "{err}");
+    }
     let Some(root) = require_shared_data() else {
         return;
     };
-    let positions = original["max_position_embeddings"].as_u64().unwrap() as usize;
-    let config_path = source.join("config.json");
-    let limits = BertConfig::from_file(&config_path)
-        .unwrap()
-        .encoder_limits(&config_path);
-    let err = dpcomp::data::snli::load(&root.join("snli_1.0"), &source, positions + 1, &limits)
-        .expect_err("a sequence length beyond the position table was accepted");
-    assert!(err.to_string().starts_with("data.max_seq_len:"), "{err}");
 
     // A run folder whose config.toml says batch_size = 0: eval and resume refuse it.
     let run = one_epoch_run(&root, work.path());
@@ -805,7 +810,7 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
 /// folder is searched too), and a folder found nowhere is named with every place looked.
 #[test]
 fn the_default_bert_folder_is_found_from_anywhere() {
-    let Some(root) = require_shared_data() else {
+    let Some(root) = common::require_snli() else {
         return;
     };
     let root = std::fs::canonicalize(root).unwrap();

@@ -242,7 +242,7 @@ fn killed_cli_run_resumes_to_the_same_result() {
 #[test]
 fn cifar10_cnn_learns_on_a_subset() {
     let _serial = common::serial();
-    let Some(root) = require_shared_data() else {
+    let Some(root) = common::require_cifar10() else {
         return;
     };
     let mut c = TrainConfig::paper_defaults(Task::Cifar10);
@@ -458,7 +458,7 @@ fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
 #[test]
 fn snli_bert_trains_only_its_last_layer_end_to_end() {
     let _serial = common::serial();
-    let Some(root) = require_shared_data() else {
+    let Some(root) = common::require_snli() else {
         return;
     };
     let mut c = TrainConfig::paper_defaults(Task::Snli);

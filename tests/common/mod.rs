@@ -3,25 +3,92 @@
 
 use std::path::PathBuf;
 
-/// The data folder as dpcomp resolves it, $DPCOMP_DATA else the crate's `data/` (which
-/// `scripts/setup.sh` sets on the project's machines); `None` when it has no `names/` (the
-/// real-data tests then say so and check nothing else: CI always has the data).
-pub fn shared_data() -> Option<PathBuf> {
-    let candidates = [
+/// The data folders a test may read, in order: $DPCOMP_DATA (which `scripts/setup.sh` sets on
+/// the project's machines, where every data set is), then the crate's `data/` (the Surnames data
+/// it ships, and what `scripts/setup.sh` installs there: breast cancer, flchain).
+fn data_folders() -> Vec<PathBuf> {
+    [
         std::env::var_os("DPCOMP_DATA").map(PathBuf::from),
         Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|p| p.join("names").is_dir())
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
-/// Real data is required on CI; locally a missing folder skips with a message.
+/// The first data folder (`data_folders`) that has every one of `entries` (a data set's folder
+/// or file, relative to the data folder).
+pub fn data_holding(entries: &[&str]) -> Option<PathBuf> {
+    data_folders()
+        .into_iter()
+        .find(|p| entries.iter().all(|e| p.join(e).exists()))
+}
+
+/// The data folder with the Surnames data, `names/`: the repository ships it in `data/names`,
+/// so this is `None` only in a checkout that lost it.
+pub fn shared_data() -> Option<PathBuf> {
+    data_holding(&["names"])
+}
+
+/// The Surnames data, which every checkout has (`data/names`); a skip otherwise.
 pub fn require_shared_data() -> Option<PathBuf> {
-    let found = shared_data();
+    require_data(
+        &["names"],
+        "no data folder with names/ (the repository ships data/names; see data/README.md)",
+    )
+}
+
+/// A data folder with the Surnames data and the breast-cancer table, which `scripts/setup.sh`
+/// extracts from the scikit-learn wheel into `data/breast_cancer/`; a skip where it has not run.
+pub fn require_breast_cancer() -> Option<PathBuf> {
+    require_data(
+        &["names", "breast_cancer/breast_cancer.csv"],
+        "no breast_cancer/breast_cancer.csv in the data folder (scripts/setup.sh extracts it from the scikit-learn wheel)",
+    )
+}
+
+/// A data folder with the Surnames data and CIFAR-10 (`cifar-10-batches-bin/`, 184 MB, not
+/// shipped: `dpcomp data fetch cifar10`, or `DPCOMP_DATA` naming a folder that has it); a skip
+/// on a fresh clone.
+pub fn require_cifar10() -> Option<PathBuf> {
+    require_data(
+        &["names", "cifar-10-batches-bin"],
+        "CIFAR-10 (cifar-10-batches-bin/) is not in the data folder: a large download, not shipped (dpcomp data fetch cifar10, or set DPCOMP_DATA)",
+    )
+}
+
+/// A data folder with the Surnames data and SNLI (`snli_1.0/`, not shipped: `dpcomp data fetch
+/// snli`, or `DPCOMP_DATA`); a skip on a fresh clone.
+pub fn require_snli() -> Option<PathBuf> {
+    require_data(
+        &["names", "snli_1.0"],
+        "SNLI (snli_1.0/) is not in the data folder: a large download, not shipped (dpcomp data fetch snli, or set DPCOMP_DATA)",
+    )
+}
+
+/// Whether the folder dpcomp reads by default (`dpcomp::data::data_dir(None)` from the crate's
+/// folder: $DPCOMP_DATA, else `data/`) has `entry`, for tests of code that resolves the data
+/// folder itself; a skip naming `what` otherwise.
+pub fn require_in_default_data(entry: &str, what: &str) -> bool {
+    let folder = std::env::var_os("DPCOMP_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data"));
+    let found = folder.join(entry).exists();
+    if !found {
+        skip(&format!(
+            "{what} ({entry}) is not in the data folder {}: not shipped (set DPCOMP_DATA, see data/README.md)",
+            folder.display()
+        ));
+    }
+    found
+}
+
+/// The first data folder with every one of `entries`; else a skip with `reason` (a failure on
+/// CI, which has every data set).
+pub fn require_data(entries: &[&str], reason: &str) -> Option<PathBuf> {
+    let found = data_holding(entries);
     if found.is_none() {
-        skip("no data folder with names/ (set DPCOMP_DATA, see data/README.md)");
+        skip(reason);
     }
     found
 }
