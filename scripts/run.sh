@@ -9,6 +9,8 @@ cd "$root"
 source scripts/setup.sh
 # shellcheck disable=SC2086 # the features are several words
 cargo build --release --quiet $DPCOMP_CARGO_FEATURES
+# Where cargo put it (CARGO_TARGET_DIR, else target/).
+dpcomp="${CARGO_TARGET_DIR:-target}/release/dpcomp"
 # The Surnames data ship with the repository in data/names/, so the job downloads nothing: it
 # reads $DPCOMP_DATA when that folder has names/, else the checkout's data/.
 data="${DPCOMP_DATA:-data}"
@@ -24,4 +26,4 @@ given --task "$@" || defaults+=(--task surnames)
 given --epochs "$@" || defaults+=(--epochs 5)
 given --data-dir "$@" || defaults+=(--data-dir "$data")
 given --out "$@" || defaults+=(--out "runs/surnames-$(date +%Y%m%d-%H%M%S)")
-exec target/release/dpcomp train "${defaults[@]}" "$@"
+exec "$dpcomp" train "${defaults[@]}" "$@"

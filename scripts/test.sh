@@ -15,4 +15,4 @@ RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --quiet $DPCOMP_CARGO_F
 # A crate of one's own on the lean core (`default-features = false`), run without LD_LIBRARY_PATH:
 # it exits non-zero unless its private training reaches its accuracy and ε (issue 36).
 cargo build --release -p dpcomp-dependent-check
-env -u LD_LIBRARY_PATH target/release/dpcomp-dependent-check
+env -u LD_LIBRARY_PATH "${CARGO_TARGET_DIR:-target}/release/dpcomp-dependent-check"
