@@ -62,8 +62,8 @@ fn the_main_job_trains_on_the_shipped_names_with_no_data_folder_set() {
         Some(root.join("data").as_path())
     );
 
-    // It learned: the majority class of the test split (Russian) is the accuracy of a constant
-    // guess; one epoch on 8,000 names beats it by far.
+    // It learned: the majority class of the test split (Russian, about 47%) is the accuracy of
+    // a constant guess; one epoch on 8,000 names beats it by far (67.96% measured, 2026-12-07).
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     let accuracy = summary["last_test_accuracy"]
@@ -74,12 +74,13 @@ fn the_main_job_trains_on_the_shipped_names_with_no_data_folder_set() {
     let counts = Vec::<i64>::try_from(&counts).unwrap();
     let majority = *counts.iter().max().unwrap() as f64 / test.len() as f64;
     assert!(
-        accuracy > MIN_ACCURACY,
+        accuracy > MIN_ACCURACY && accuracy > majority + 0.1,
         "test accuracy {accuracy} after one epoch (majority class {majority})"
     );
 }
 
 /// The training names the epoch takes: half the training split, to keep the test short.
 const LIMIT_TRAIN: &str = "8000";
-/// Measured: see the test; chance (a constant guess of the majority class) is 47%.
-const MIN_ACCURACY: f64 = 0.55;
+/// 67.96% measured (`dpcomp train --task surnames --epochs 1 --limit-train 8000`, seed 0,
+/// 2026-12-07); a constant guess of the majority class scores about 47%.
+const MIN_ACCURACY: f64 = 0.6;
