@@ -726,6 +726,7 @@ impl TrainConfig {
     /// Checks every setting and their combinations before anything is written or trained;
     /// each error names the dotted field (`privacy.delta`) and what it takes.
     pub fn validate(&self) -> Result<()> {
+        self.check_paths()?;
         // Every integer setting must fit the signed 64 bits TOML holds (`config.toml` is written
         // before the first step), and the tensors' i64 sizes.
         let (d, o, p, a) = (&self.data, &self.optimizer, &self.privacy, &self.analysis);
@@ -1030,9 +1031,31 @@ impl TrainConfig {
         out
     }
 
+    /// The paths among the settings must be valid UTF-8, as `config.toml` (TOML text) can hold
+    /// nothing else: an error naming the setting otherwise, before a run writes anything.
+    pub fn check_paths(&self) -> Result<()> {
+        let paths = [
+            ("data.data_dir", self.data.data_dir.as_deref()),
+            ("model.bert_dir", Some(self.model.bert_dir.as_path())),
+        ];
+        for (field, path) in paths {
+            if let Some(path) = path.filter(|p| p.to_str().is_none()) {
+                return Err(Error::bad_value(
+                    field,
+                    format!(
+                        "{}: not valid UTF-8; a run records its folders in config.toml, which holds text only: rename the folder or link to it from a UTF-8 path",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The settings as a run's `config.toml` writes them: every section, every setting.
+    /// Settings that passed `validate` (`check_paths`: UTF-8 paths) always serialise.
     pub fn to_toml(&self) -> String {
-        toml::to_string(self).expect("TrainConfig always serialises")
+        toml::to_string(self).expect("validated settings serialise (check_paths)")
     }
 
     /// Reads a run's `config.toml`: the sections, or the flat file of a run made before them

@@ -4,9 +4,13 @@
 //! dpcomp writes there (`RUN_FILES`), and a fresh start marks it with `MARKER`. A fresh start
 //! is accepted in a folder that does not exist, an empty one, or a dpcomp run folder that holds
 //! no checkpoint (an earlier start killed in its first epoch, or a grid cell committed before it
-//! finished): that run's logs are dpcomp's own and are started afresh. Any other folder, such as
-//! one holding a `config.toml` of the user's, is refused before anything is written, naming what
-//! it holds; and a start that fails removes only what it wrote itself.
+//! finished): that run's logs are dpcomp's own and are started afresh. A folder without the
+//! marker (a run of a version that wrote none, or a committed grid cell) counts as a dpcomp run
+//! folder only when every file in it reads as what dpcomp writes under that name
+//! (`is_dpcomp_file`: the settings as dpcomp's settings, the logs as dpcomp's rows, a checkpoint
+//! folder sealed by dpcomp's manifest): a file name alone is no evidence. Any other folder, such
+//! as one holding a `config.toml` or `summary.json` of the user's, is refused before anything
+//! is written, naming what it holds; and a start that fails removes only what it wrote itself.
 
 use crate::error::{Error, Result};
 use std::io::Write;
@@ -34,8 +38,8 @@ pub const RUN_FILES: [&str; 13] = [
     "checkpoint.old",
 ];
 
-/// Names only a dpcomp run writes: a folder holding one of them (and nothing foreign) is a run
-/// folder of an earlier version that wrote no marker.
+/// Names that show a folder holds a run (with or without the marker): a folder of run files
+/// holding none of these (a lone `config.toml`) is not taken for a run.
 const RUN_EVIDENCE: [&str; 6] = [
     MARKER,
     "metrics.jsonl",
@@ -44,6 +48,138 @@ const RUN_EVIDENCE: [&str; 6] = [
     "checkpoint.old",
     "audit.json",
 ];
+
+/// The header of `upstream.csv` and of `traffic.csv`, as dpcomp writes them (up to the columns
+/// every version wrote).
+const UPSTREAM_HEADER: &str = "step,epoch,upstream_bits";
+const TRAFFIC_HEADER: &str = "step,rank,sent_bytes,received_bytes";
+
+/// Whether `text` is the `audit.json` of a federated run (`privacy::audit::CanaryAudit`, which
+/// is written, never read back): its two auditors' outcomes beside the accounted ε.
+fn is_federated_audit(text: &str) -> std::result::Result<(), String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let outcome = |key: &str| value.get(key).and_then(|o| o.get("epsilon_lower_bound"));
+    let complete = ["accounted_epsilon", "max_bound", "flagged"]
+        .iter()
+        .all(|key| value.get(key).is_some())
+        && outcome("every_step").is_some()
+        && outcome("final_weights").is_some();
+    match complete {
+        true => Ok(()),
+        false => Err("not a federated audit's fields".to_string()),
+    }
+}
+
+/// Whether the file or folder `name` in a folder without the marker is what dpcomp writes under
+/// that name: `Ok(())`, or why not (shown in the refusal). Only such files may be replaced or
+/// removed by a fresh start, `clear` or a checkpoint's save.
+fn is_dpcomp_file(dir: &Path, name: &str) -> std::result::Result<(), String> {
+    let path = dir.join(name);
+    if name == crate::run_lock::LOCK_FILE {
+        // A lock file left by a killed run: empty, or its owner's line (`run_lock`).
+        let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
+        return match text.is_empty() || text.starts_with("pid ") {
+            true => Ok(()),
+            false => Err("not a dpcomp lock file".to_string()),
+        };
+    }
+    if matches!(name, "checkpoint" | "checkpoint.old" | "checkpoint.tmp") {
+        if !path.is_dir() {
+            return Err("not a checkpoint folder".to_string());
+        }
+        return crate::train::checkpoint::verify(&path)
+            .map_err(|e| format!("not a dpcomp checkpoint ({e})"));
+    }
+    if !path.is_file() {
+        return Err("not a file".to_string());
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("unreadable ({e})"))?;
+    let rows = || text.lines().filter(|l| !l.trim().is_empty());
+    // Every row parses as one of `T`; the last may be cut short by a kill or a full disk.
+    fn all_rows<'a, T: serde::de::DeserializeOwned>(
+        rows: impl Iterator<Item = &'a str>,
+    ) -> std::result::Result<usize, String> {
+        let rows: Vec<&str> = rows.collect();
+        for (i, row) in rows.iter().enumerate() {
+            if let Err(e) = serde_json::from_str::<T>(row) {
+                if i + 1 < rows.len() || i == 0 {
+                    return Err(format!("line {}: {e}", i + 1));
+                }
+            }
+        }
+        Ok(rows.len())
+    }
+    // Either of a training run's and a federated run's form of the file.
+    let either = |what: &str,
+                  train: std::result::Result<(), String>,
+                  fl: std::result::Result<(), String>| {
+        train
+            .or(fl)
+            .map_err(|e| format!("not a dpcomp {what} ({e})"))
+    };
+    match name {
+        "config.toml" => {
+            let train = crate::config::TrainConfig::from_toml_file(&path)
+                .map(drop)
+                .map_err(|e| e.to_string());
+            let fl = toml::from_str::<crate::fl::FlSettings>(&text)
+                .map(drop)
+                .map_err(|e| e.to_string());
+            either("settings file", train, fl)
+        }
+        "config.json" => crate::fl::config_file::from_json(&text)
+            .map(drop)
+            .map_err(|e| format!("not a dpcomp settings file ({e})")),
+        "summary.json" => either(
+            "summary",
+            serde_json::from_str::<crate::train::metrics::Summary>(&text)
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            serde_json::from_str::<crate::fl::FlSummary>(&text)
+                .map(drop)
+                .map_err(|e| e.to_string()),
+        ),
+        "audit.json" => either(
+            "audit report",
+            serde_json::from_str::<crate::train::audit::AuditReport>(&text)
+                .map(drop)
+                .map_err(|e| e.to_string()),
+            is_federated_audit(&text),
+        ),
+        "metrics.jsonl" => {
+            let train = all_rows::<crate::train::metrics::EpochMetrics>(rows());
+            let fl = all_rows::<crate::fl::RoundMetrics>(rows());
+            match (train, fl) {
+                (Ok(0), _) | (_, Ok(0)) => Err("empty: not a dpcomp log".to_string()),
+                (Ok(_), _) | (_, Ok(_)) => Ok(()),
+                (Err(e), _) => Err(format!("not a dpcomp metrics log ({e})")),
+            }
+        }
+        "grad_error.jsonl" => {
+            match all_rows::<crate::analysis::gradient_error::GradientErrorRecord>(rows()) {
+                Ok(0) => Err("empty: not a dpcomp log".to_string()),
+                Ok(_) => Ok(()),
+                Err(e) => Err(format!("not a dpcomp gradient-error log ({e})")),
+            }
+        }
+        "upstream.csv" | "traffic.csv" => {
+            let header = if name == "upstream.csv" {
+                UPSTREAM_HEADER
+            } else {
+                TRAFFIC_HEADER
+            };
+            match text.lines().next() {
+                Some(first) if first.starts_with(header) => Ok(()),
+                _ => Err(format!(
+                    "not a dpcomp log (expected the header {header},...)"
+                )),
+            }
+        }
+        // The marker itself, and the temporary files of a killed `replace`, are only dpcomp's
+        // in a folder it marked.
+        _ => Err("written by dpcomp only in a folder it marked".to_string()),
+    }
+}
 
 /// Whether `name` is one dpcomp's runs write: one of `RUN_FILES`, or the temporary file a
 /// `replace` of one of them left when it was killed.
@@ -127,7 +263,18 @@ pub fn check_fresh(dir: &Path) -> Result<bool> {
         return Ok(false);
     }
     let evidence = names.iter().any(|n| RUN_EVIDENCE.contains(&n.as_str()));
-    if foreign.is_empty() && evidence {
+    // Without the marker, each file must read as dpcomp's own: the first that does not says
+    // why the folder is refused.
+    let not_ours = if foreign.is_empty() && evidence && !names.iter().any(|n| n == MARKER) {
+        names.iter().find_map(|n| {
+            is_dpcomp_file(dir, n)
+                .err()
+                .map(|why| format!("; {n}: {why}"))
+        })
+    } else {
+        None
+    };
+    if foreign.is_empty() && evidence && not_ours.is_none() {
         return Ok(true);
     }
     let shown: Vec<&str> = if foreign.is_empty() {
@@ -143,9 +290,10 @@ pub fn check_fresh(dir: &Path) -> Result<bool> {
     Err(Error::bad_value(
         "run_dir",
         format!(
-            "{}: not empty and not a dpcomp run folder (it holds {}{more}); a fresh run never overwrites or deletes files it did not write: choose a new or empty folder",
+            "{}: not empty and not a dpcomp run folder (it holds {}{more}{}); a fresh run never overwrites or deletes files it did not write: choose a new or empty folder",
             dir.display(),
-            shown.join(", ")
+            shown.join(", "),
+            not_ours.unwrap_or_default()
         ),
     ))
 }
@@ -171,18 +319,25 @@ impl FreshStart {
         };
         let marker = dir.join(MARKER);
         if !marker.exists() {
-            std::fs::write(
+            start.created.push(marker.clone());
+            let written = std::fs::write(
                 &marker,
                 "a dpcomp run folder: dpcomp writes and replaces only its own files here\n",
-            )
-            .map_err(|e| Error::io(&marker, e))?;
-            start.created.push(marker);
+            );
+            if let Err(e) = written {
+                // A full disk: the half-written marker goes with the rest of the start.
+                start.undo();
+                return Err(Error::io(&marker, e));
+            }
         }
         for name in stale {
             debug_assert!(RUN_FILES.contains(name), "{name} is not a run file");
             let path = dir.join(name);
             if path.is_file() {
-                std::fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+                if let Err(e) = std::fs::remove_file(&path) {
+                    start.undo();
+                    return Err(Error::io(&path, e));
+                }
             }
         }
         Ok(start)
@@ -270,8 +425,9 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\n");
         append_line(&path, "row").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "new\nrow\n");
-        // A killed replace's temporary file does not make the folder foreign.
+        // A killed replace's temporary file does not make a marked run folder foreign.
         std::fs::write(dir.path().join(".metrics.jsonl.tmp"), "half").unwrap();
+        std::fs::write(dir.path().join(MARKER), "").unwrap();
         assert!(check_fresh(dir.path()).unwrap());
     }
 
@@ -282,12 +438,53 @@ mod tests {
         assert!(!check_fresh(dir.path()).unwrap());
         std::fs::write(dir.path().join("config.toml"), "").unwrap();
         std::fs::write(dir.path().join("metrics.jsonl"), "").unwrap();
+        // Without the marker, files that do not read as dpcomp's are not taken for a run.
+        let error = check_fresh(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("not a dpcomp run folder"), "{error}");
+        std::fs::write(dir.path().join(MARKER), "").unwrap();
         assert!(check_fresh(dir.path()).unwrap());
+        std::fs::remove_file(dir.path().join(MARKER)).unwrap();
         let start = FreshStart::claim(dir.path(), false, &["metrics.jsonl"]).unwrap();
         assert!(dir.path().join(MARKER).exists());
         assert!(!dir.path().join("metrics.jsonl").exists());
         start.undo();
         assert!(!dir.path().join(MARKER).exists());
         assert!(dir.path().join("config.toml").exists());
+    }
+
+    #[test]
+    fn files_named_as_dpcomp_names_them_are_not_taken_for_a_run() {
+        let cases: [&[(&str, &str)]; 4] = [
+            &[
+                ("config.toml", "title = \"my own settings\"\n"),
+                ("summary.json", "{\"acc\": 0.93}"),
+            ],
+            &[("checkpoint/model.pt", "weights")],
+            &[
+                ("config.json", "{\"lr\": 0.1}"),
+                ("metrics.jsonl", "{\"loss\": 1.0}\n"),
+            ],
+            &[
+                ("metrics.jsonl", "{\"loss\": 1.0}\n"),
+                ("checkpoint/pytorch_model.bin", "weights"),
+            ],
+        ];
+        for files in cases {
+            let dir = tempfile::tempdir().unwrap();
+            for (name, text) in files {
+                let path = dir.path().join(name);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, text).unwrap();
+            }
+            let error = check_fresh(dir.path()).unwrap_err().to_string();
+            assert!(error.contains("not a dpcomp run folder"), "{error}");
+            assert!(clear(dir.path()).is_err());
+            for (name, text) in files {
+                assert_eq!(
+                    std::fs::read_to_string(dir.path().join(name)).unwrap(),
+                    *text
+                );
+            }
+        }
     }
 }

@@ -23,8 +23,38 @@ pub struct RunLock {
 }
 
 impl RunLock {
-    /// Creates `run_dir` if needed and locks it, or says which process holds it.
+    /// Creates `run_dir` if needed and locks it, or says which process holds it. A lock that
+    /// cannot be taken (a full disk) leaves nothing it created: not its lock file, not the
+    /// folders it made.
     pub fn acquire(run_dir: &Path) -> Result<RunLock> {
+        // The outermost folder this call creates, removed (with what it made inside) on failure.
+        let first_made = run_dir
+            .ancestors()
+            .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+            .last()
+            .map(Path::to_path_buf);
+        let had_lock = run_dir.join(LOCK_FILE).exists();
+        let locked = Self::lock(run_dir);
+        if let Err(e) = &locked {
+            if !matches!(e, Error::RunInUse { .. }) {
+                if !had_lock {
+                    let _ = std::fs::remove_file(run_dir.join(LOCK_FILE));
+                }
+                if let Some(top) = &first_made {
+                    // Empty folders only, innermost first.
+                    for dir in run_dir.ancestors() {
+                        let _ = std::fs::remove_dir(dir);
+                        if dir == top.as_path() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        locked
+    }
+
+    fn lock(run_dir: &Path) -> Result<RunLock> {
         std::fs::create_dir_all(run_dir).map_err(|e| Error::io(run_dir, e))?;
         let path = run_dir.join(LOCK_FILE);
         // A lock file can be removed by its owner between our open and our lock; then we hold a

@@ -769,15 +769,27 @@ fn run_rounds(
     let mut rows: Vec<RoundMetrics> = Vec::new();
     if let Some(dir) = out {
         let metrics = dir.join("metrics.jsonl");
-        if rounds_done == 0 {
+        let fresh = if rounds_done == 0 {
             // An earlier start's logs, and the settings file of the version before config.toml.
-            crate::run_folder::FreshStart::claim(
+            Some(crate::run_folder::FreshStart::claim(
                 dir,
                 created,
                 &["metrics.jsonl", config_file::LEGACY_CONFIG_FILE],
-            )?;
+            )?)
+        } else {
+            None
+        };
+        let had_config = dir.join(config_file::CONFIG_FILE).exists();
+        if let Err(e) = config_file::write(dir, settings) {
+            // A start that cannot write its settings (a full disk) leaves what it found.
+            if let Some(mut fresh) = fresh {
+                if !had_config {
+                    fresh.wrote(config_file::CONFIG_FILE);
+                }
+                fresh.undo();
+            }
+            return Err(e);
         }
-        config_file::write(dir, settings)?;
         if rounds_done > 0 {
             // Rows after the checkpoint (a run killed between its metrics and its save, or a
             // row half-written when the disk filled up) are dropped: those rounds run again.

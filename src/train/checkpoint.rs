@@ -51,6 +51,12 @@ pub struct TrainState {
     /// changed, every label rotated) is refused. Absent in checkpoints made before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<String>,
+    /// The epoch after which the checkpoint's weights, optimiser and compressor state were
+    /// saved, when it is earlier than `epochs_done`: a run whose loss diverged keeps its last
+    /// finite weights (`save_keeping_weights`) while its progress and accountant count every
+    /// step taken. Absent when the weights are `epochs_done`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_epoch: Option<usize>,
 }
 
 /// `run_dir/checkpoint`, where a run's last complete checkpoint lives (`find` also accepts the
@@ -134,9 +140,15 @@ pub fn save_folder(run_dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> R
     let tmp = run_dir.join("checkpoint.tmp");
     let old = run_dir.join("checkpoint.old");
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
-    write(&tmp)?;
-    write_manifest(&tmp)?;
+    let written = std::fs::create_dir_all(&tmp)
+        .map_err(|e| Error::io(&tmp, e))
+        .and_then(|()| write(&tmp))
+        .and_then(|()| write_manifest(&tmp));
+    if let Err(e) = written {
+        // A save cut short (a full disk) frees what it wrote; the previous checkpoint stays.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
     let _ = std::fs::remove_dir_all(&old);
     if dir.exists() {
         std::fs::rename(&dir, &old).map_err(|e| Error::io(&dir, e))?;
@@ -144,6 +156,30 @@ pub fn save_folder(run_dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> R
     std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&tmp, e))?;
     let _ = std::fs::remove_dir_all(&old);
     Ok(())
+}
+
+/// Saves `state` as the run's checkpoint while keeping the weights, optimiser and compressor
+/// state of the checkpoint already in `run_dir` (checked against its manifest first): what a
+/// run whose loss diverged saves, so that its last finite model is not replaced by a NaN one.
+/// `weights_epoch` records the kept checkpoint's epoch. An error when `run_dir` holds
+/// no checkpoint, or one that fails its manifest.
+pub(crate) fn save_keeping_weights(run_dir: &Path, state: &TrainState) -> Result<()> {
+    let kept = open(run_dir)?;
+    let names = checkpoint_files(&kept)?;
+    let before = read_state(&kept)?;
+    let state = TrainState {
+        // What goes with the kept weights: their epoch, and adaptive clipping's radius then.
+        weights_epoch: Some(before.weights_epoch.unwrap_or(before.epochs_done)),
+        clip_radius: before.clip_radius,
+        ..state.clone()
+    };
+    save_folder(run_dir, |tmp| {
+        for name in names.iter().filter(|n| n.as_str() != "state.json") {
+            let (from, to) = (kept.join(name), tmp.join(name));
+            std::fs::copy(&from, &to).map_err(|e| Error::io(&to, e))?;
+        }
+        write_json(&tmp.join("state.json"), &state)
+    })
 }
 
 /// Removes every checkpoint folder of the run (a finished federated run keeps none).

@@ -333,14 +333,41 @@ impl Trainer {
         }
         self.history.push(m);
         if diverged {
-            // Every later epoch would train a NaN model: stop, and say where.
+            // Every later epoch would train a NaN model: stop, and say where and which weights
+            // the checkpoint keeps. The last finite ones are the previous epoch's checkpoint
+            // (every epoch that ended saved one); a run that diverged in its first epoch has
+            // none, and keeps no checkpoint rather than a NaN model.
+            let kept = if epoch > 0 {
+                format!(
+                    "the checkpoint keeps the weights after epoch {epoch}, the last finite ones"
+                )
+            } else {
+                "no checkpoint is kept, as no epoch ended with finite weights".to_string()
+            };
             self.state.stopped = Some(format!(
-                "{DIVERGED}: non-finite training loss in epoch {} (step {})",
+                "{DIVERGED}: non-finite training loss in epoch {} (step {}); {kept}",
                 epoch + 1,
                 self.state.steps_done
             ));
         }
         self.between_epochs()?;
+        if diverged {
+            // The state (every step taken, the accountant that spent them, the stop) is saved
+            // with the previous checkpoint's weights, so that ε counts the diverged epoch's
+            // steps and `eval` and `resume` read a finite model. No gather of compressor state
+            // happens on any worker: all of them see the same non-finite loss.
+            if epoch > 0 && self.writes() {
+                checkpoint::save_keeping_weights(
+                    &self.run_dir,
+                    &TrainState {
+                        accountant: self.accountant().cloned(),
+                        workers: (self.workers() > 1).then_some(self.workers()),
+                        ..self.state.clone()
+                    },
+                )?;
+            }
+            return Ok(());
+        }
         self.save_checkpoint()?;
         Ok(())
     }
@@ -438,6 +465,7 @@ impl Trainer {
                 accountant: self.accountant().cloned(),
                 clip_radius: self.privacy.as_ref().and_then(PrivacyEngine::clip_radius),
                 workers: (workers > 1).then_some(workers),
+                weights_epoch: None,
                 ..self.state.clone()
             },
         )

@@ -23,7 +23,7 @@ impl log::Log for StderrLogger {
                 log::Level::Warn => "warning",
                 _ => "note",
             };
-            let args: Vec<String> = std::env::args().collect();
+            let args = process_args();
             let text = errors::render_message(&record.args().to_string(), &args);
             eprintln!("{prefix}: {text}");
         }
@@ -34,6 +34,14 @@ impl log::Log for StderrLogger {
 
 static LOGGER: StderrLogger = StderrLogger;
 
+/// The process's arguments as text for naming flags in messages; an argument that is not UTF-8
+/// (a path) is shown lossily rather than panicking while an error about it is reported.
+fn process_args() -> Vec<String> {
+    std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
 fn main() {
     dpcomp::allocator::keep_freed_memory();
     if log::set_logger(&LOGGER).is_ok() {
@@ -41,7 +49,7 @@ fn main() {
     }
     let cli = cli::Cli::parse();
     if let Err(e) = cli::run(cli) {
-        let args: Vec<String> = std::env::args().collect();
+        let args = process_args();
         eprintln!("error: {}", errors::render(&e, &args));
         std::process::exit(1);
     }
