@@ -1,7 +1,9 @@
 //! A CNN of one's own on a subset of CIFAR-10, trained privately to a target ε with DGC, twice:
 //! through dpcomp's `Trainer` (which calibrates σ, samples, clips, noises, compresses, accounts,
 //! checkpoints and resumes) and through a loop of one's own (the engine, the updater and Poisson
-//! batches, each a few lines). Both spend the same ε with the same σ.
+//! batches, each a few lines). Both sample as Opacus's `make_private` does for a data loader of
+//! batch size B over N images, q = 1 / ⌈N / B⌉ (the builder's `batch_size`), so both calibrate
+//! the same σ for the same ε and spend it alike.
 //!
 //! ```text
 //! cargo run --release --example cifar_cnn -- [trainer|loop] [train images 6400] [epochs 5] [epsilon 8]
@@ -139,7 +141,7 @@ pub fn with_own_loop(s: &Settings) -> Result<Outcome> {
         .delta(1e-5)
         .epochs(s.epochs as u64)
         .dataset_size(train.len() as u64)
-        .expected_batch_size(BATCH as f64)
+        .batch_size(BATCH as u64) // q = 1 / ⌈N / B⌉, as the Trainer's optimizer.batch_size
         .max_grad_norm(1.0)
         .build(&params)?;
     let mut updater =

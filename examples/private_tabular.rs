@@ -157,11 +157,12 @@ pub fn train(path: &Path, target_epsilon: f64, epochs: usize, seed: i64) -> Resu
         .delta(delta)
         .epochs(epochs as u64)
         .dataset_size(n as u64)
-        .expected_batch_size(64.0)
+        .batch_size(64)
         .max_grad_norm(1.0)
         .build(&params)?;
-    // Poisson batches of expected size 64: q = 64 / n, ⌈n / 64⌉ steps an epoch (the builder's).
-    let (q, steps_per_epoch) = (engine.sample_rate(), (n as usize).div_ceil(64));
+    // Poisson batches for a batch size of 64: ⌈n / 64⌉ steps an epoch at q = 1 / ⌈n / 64⌉, as the
+    // Trainer samples (and Opacus for a data loader of batch size 64).
+    let (q, steps_per_epoch) = (engine.sample_rate(), engine.steps_per_epoch() as usize);
     let mut sgd = Sgd::new(0.5, 0.9);
     for _ in 0..epochs {
         for index in poisson_batches(n, q, steps_per_epoch) {

@@ -55,7 +55,7 @@
 //!     .noise_multiplier(1.5)
 //!     .max_grad_norm(1.0)
 //!     .dataset_size(1000)
-//!     .expected_batch_size(40.0)
+//!     .batch_size(40) // q = 1 / ⌈1000 / 40⌉ = 0.04, 25 steps an epoch
 //!     .epochs(90)
 //!     .delta(1e-5)
 //!     .build(&params)?;
@@ -149,7 +149,9 @@ pub mod prelude {
         LayerGradients, LayerNorm, Linear, LinearConfig, Lstm, MultiheadAttention, PerSample,
         PerSampleGradient, Recorded,
     };
-    pub use crate::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
+    pub use crate::privacy::engine::{
+        AdaptiveClipping, Clipped, Clipping, LossReduction, PrivacyEngine,
+    };
     pub use crate::privacy::grad_sample::per_sample_of;
     pub use crate::privacy::noise::NoiseSource;
     pub use crate::train::adam::Adam;

@@ -6,21 +6,30 @@
 //!
 //! ```
 //! use dpcomp::prelude::*;
-//! // 10 epochs over 60,000 examples at an expected batch of 256, ε = 3 at δ = 1e-5.
+//! // 10 epochs over 60,000 examples in batches of 256, ε = 3 at δ = 1e-5.
 //! let engine = PrivacyEngine::builder()
 //!     .target_epsilon(3.0)
 //!     .delta(1e-5)
 //!     .epochs(10)
 //!     .dataset_size(60_000)
-//!     .expected_batch_size(256.0)
+//!     .batch_size(256)
 //!     .max_grad_norm(1.0)
 //!     .build(&[tch::Tensor::zeros([4], (tch::Kind::Float, tch::Device::Cpu))])?;
 //! assert_eq!(engine.steps_left(), Some(2350)); // 10 x ⌈60,000 / 256⌉
+//! assert_eq!(engine.sample_rate(), 1.0 / 235.0); // the Trainer's q for the same settings
 //! assert!(engine.noise_multiplier() > 0.5 && engine.noise_multiplier() < 1.5);
 //! # Ok::<(), dpcomp::error::Error>(())
 //! ```
+//!
+//! Sampling. `dataset_size(N).batch_size(B)` samples as the `Trainer` does for
+//! `optimizer.batch_size` B, and as Opacus's `make_private` does for a data loader of batch size
+//! B: ⌈N / B⌉ steps an epoch at q = 1 / ⌈N / B⌉ (Opacus's `1 / len(data_loader)`), dividing by
+//! E\[B\] = qN, so the same N and B give the same q, and the same σ for a target ε, in both.
+//! `expected_batch_size(E)` instead sets q = E / N exactly; the two agree exactly when B divides
+//! N (q = 1/⌈N/B⌉ is otherwise slightly below B / N: 60,000 and 256 give 1/235 against 1/234.375).
 
 use super::calibrate::noise_multiplier_for;
+use super::engine::LossReduction;
 use super::engine::{Clipping, PrivacyEngine};
 use super::noise::NoiseSource;
 use super::AccountantKind;
@@ -28,8 +37,9 @@ use crate::error::{Error, Result};
 
 /// The settings of a `PrivacyEngine`; every one has a name, and the required ones are refused
 /// by `build` with the setting named when missing. Required: the noise (`noise_multiplier` or
-/// `target_epsilon`), `delta`, the sampling (two of `sample_rate`, `dataset_size`,
-/// `expected_batch_size`) and the clipping (`max_grad_norm` or `clipping`). A `target_epsilon`
+/// `target_epsilon`), `delta`, the sampling (`dataset_size` with `batch_size`, or two of
+/// `sample_rate`, `dataset_size`, `expected_batch_size`) and the clipping (`max_grad_norm` or
+/// `clipping`). Optional: `accountant`, `noise_source`, `loss_reduction`. A `target_epsilon`
 /// also needs the length of the training (`epochs` or `steps`), which then is the step budget.
 #[derive(Default)]
 pub struct PrivacyEngineBuilder {
@@ -40,10 +50,12 @@ pub struct PrivacyEngineBuilder {
     sample_rate: Option<f64>,
     dataset_size: Option<u64>,
     expected_batch_size: Option<f64>,
+    batch_size: Option<u64>,
     epochs: Option<u64>,
     steps: Option<u64>,
     clipping: Option<Clipping>,
     noise_source: Option<NoiseSource>,
+    loss_reduction: LossReduction,
 }
 
 impl PrivacyEngineBuilder {
@@ -89,6 +101,23 @@ impl PrivacyEngineBuilder {
     /// which would leak who was sampled).
     pub fn expected_batch_size(mut self, examples: f64) -> Self {
         self.expected_batch_size = Some(examples);
+        self
+    }
+
+    /// B, the batch size of a data loader (with `dataset_size` N, instead of
+    /// `expected_batch_size`): q = 1 / ⌈N / B⌉ and E\[B\] = qN, the `Trainer`'s rule for its
+    /// `optimizer.batch_size` and Opacus's for a data loader (module docs). A B larger than N is
+    /// refused.
+    pub fn batch_size(mut self, examples: u64) -> Self {
+        self.batch_size = Some(examples);
+        self
+    }
+
+    /// How the loss handed to `per_sample_of` was reduced over the batch: `LossReduction::Sum`
+    /// (the default) or `LossReduction::Mean` (Opacus's `loss_reduction="mean"`), which `clip`
+    /// undoes by multiplying each per-sample gradient by the batch's size before clipping.
+    pub fn loss_reduction(mut self, reduction: LossReduction) -> Self {
+        self.loss_reduction = reduction;
         self
     }
 
@@ -138,6 +167,12 @@ impl PrivacyEngineBuilder {
             AccountantKind::Pld => super::pld::validate_pld_delta(delta)?,
         }
         let (sample_rate, expected_batch) = self.sampling()?;
+        if let Some(n) = self
+            .dataset_size
+            .filter(|&n| n > 0 && delta >= 1.0 / n as f64)
+        {
+            log::warn!("{}", weak_delta(delta, n));
+        }
         let budget = self.budget(sample_rate)?;
         let sigma = match (self.noise_multiplier, self.target_epsilon) {
             (Some(sigma), None) => sigma,
@@ -172,11 +207,34 @@ impl PrivacyEngineBuilder {
         let noise = self.noise_source.unwrap_or(NoiseSource::Seeded);
         let mut engine = PrivacyEngine::new(sigma, sample_rate, clipping, noise, parameters.len())?;
         engine.set_reporting(self.accountant, delta, expected_batch, budget);
+        engine.set_loss_reduction(self.loss_reduction);
         Ok(engine)
     }
 
-    /// q and E[B] from the two of (q, N, E[B]) given (all three must agree).
+    /// q and E[B]: from N and a batch size B (`BatchSampling`), or from the two of (q, N, E[B])
+    /// given (all three must agree).
     fn sampling(&self) -> Result<(f64, f64)> {
+        if let Some(b) = self.batch_size {
+            let n = match (self.dataset_size, self.sample_rate, self.expected_batch_size) {
+                (Some(n), None, None) => n,
+                _ => {
+                    return Err(Error::bad_value(
+                        "batch_size",
+                        format!("{b}: give it with dataset_size alone (q = 1 / ceil(dataset_size / batch_size)), not with sample_rate or expected_batch_size"),
+                    ))
+                }
+            };
+            let sampling = BatchSampling::new(n, b)?;
+            return Ok((sampling.sample_rate, sampling.expected_batch));
+        }
+        if let (Some(n), Some(b)) = (self.dataset_size, self.expected_batch_size) {
+            if self.sample_rate.is_none() && b > n as f64 {
+                return Err(Error::bad_value(
+                    "expected_batch_size",
+                    format!("{b}: larger than dataset_size {n}; a batch samples each example with probability expected_batch_size / dataset_size, which cannot exceed 1"),
+                ));
+            }
+        }
         let n = self.dataset_size.map(|n| n as f64);
         let (q, batch) = match (self.sample_rate, n, self.expected_batch_size) {
             (Some(q), Some(n), None) => (q, q * n),
@@ -235,6 +293,47 @@ impl PrivacyEngineBuilder {
             }
             (None, None) => Ok(None),
         }
+    }
+}
+
+/// The warning for a δ of at least 1/N: a mechanism that publishes one example in the clear
+/// meets (0, 1/N)-DP, so such a δ promises little.
+pub(crate) fn weak_delta(delta: f64, examples: u64) -> String {
+    format!(
+        "delta {delta} is at least 1 / {examples} (1 / the number of examples): an (epsilon, delta) guarantee with delta >= 1/N allows publishing an example in the clear; choose delta well below 1/N (1e-5 for N up to about 100,000)"
+    )
+}
+
+/// An epoch of Poisson sampling for a batch size B over N examples: the one rule of the
+/// `Trainer` (for `optimizer.batch_size`) and of the builder's `batch_size`, Opacus's
+/// `make_private` for a data loader: ⌈N / B⌉ steps at q = 1 / ⌈N / B⌉, dividing by E\[B\] = qN.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct BatchSampling {
+    /// ⌈N / B⌉.
+    pub steps_per_epoch: u64,
+    /// 1 / ⌈N / B⌉.
+    pub sample_rate: f64,
+    /// N / ⌈N / B⌉.
+    pub expected_batch: f64,
+}
+
+impl BatchSampling {
+    /// The sampling of `examples` N in batches of `batch_size` B; a B of 0 or above N is refused
+    /// (`batch_size`, naming both: q would exceed 1 and Poisson sampling could not give a
+    /// batch that large).
+    pub(crate) fn new(examples: u64, batch_size: u64) -> Result<Self> {
+        if batch_size == 0 || batch_size > examples {
+            return Err(Error::bad_value(
+                "batch_size",
+                format!("{batch_size}: expected 1 to the data set's size, {examples} examples (a batch samples each example with probability 1 / ceil(examples / batch_size), at most 1)"),
+            ));
+        }
+        let steps = examples.div_ceil(batch_size);
+        Ok(BatchSampling {
+            steps_per_epoch: steps,
+            sample_rate: 1.0 / steps as f64,
+            expected_batch: examples as f64 / steps as f64,
+        })
     }
 }
 

@@ -54,6 +54,48 @@ pub enum Clipping {
     Adaptive(AdaptiveClipping),
 }
 
+/// How the loss handed to `per_sample_of` combines a batch's per-example losses: Opacus's
+/// `loss_reduction`. The reduction changes what the per-sample gradients of that loss are, not
+/// what is clipped: under `Mean` each example's gradient of the mean, g_i / B, is multiplied by
+/// the batch's B before clipping (Opacus's `GradSampleModule` multiplies the backpropagated
+/// gradients by the batch's size for `loss_reduction="mean"`), so both reductions clip the
+/// same per-example gradients g_i at the same radius, report the same norms, and `privatize`
+/// returns the same update: the noised clipped sum divided by the expected batch E\[B\] (what
+/// Opacus's optimiser returns under `"mean"`; under `"sum"` Opacus leaves the noised sum
+/// undivided, an update E\[B\] times larger).
+///
+/// ```
+/// use dpcomp::prelude::*;
+/// let params = [tch::Tensor::zeros([2], (tch::Kind::Float, tch::Device::Cpu))];
+/// let engine = PrivacyEngine::builder()
+///     .noise_multiplier(1.0).delta(1e-5).dataset_size(1_000).batch_size(32).max_grad_norm(1.0)
+///     .loss_reduction(LossReduction::Mean) // the loss is `Reduction::Mean` of the batch's losses
+///     .build(&params)?;
+/// assert_eq!(engine.loss_reduction(), LossReduction::Mean);
+/// # Ok::<(), dpcomp::error::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LossReduction {
+    /// Σ_i loss_i (the default, as dpcomp's guides write their losses): the per-sample
+    /// gradients are the examples' own.
+    #[default]
+    Sum,
+    /// (1 / B) Σ_i loss_i over the B examples of the batch the loss was computed on (a physical
+    /// batch, when a logical batch is clipped in chunks): `clip` multiplies each per-sample
+    /// gradient by that B before clipping.
+    Mean,
+}
+
+impl LossReduction {
+    /// "sum" or "mean", Opacus's names.
+    pub fn label(&self) -> &'static str {
+        match self {
+            LossReduction::Sum => "sum",
+            LossReduction::Mean => "mean",
+        }
+    }
+}
+
 /// Andrew et al. 2021's quantile-tracking radius: its current value and how it moves.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdaptiveClipping {
@@ -286,11 +328,35 @@ impl<'a> StepClipping<'a> {
         per_sample: &[(Tensor, PerSample)],
         squared: &[Tensor],
     ) -> Clipped {
+        self.clip_scaled(per_sample, squared, None)
+    }
+
+    /// `clip` of per-sample gradients given as 1 / `scale` of the examples' own (the gradients
+    /// of a mean loss, `LossReduction::Mean`, with `scale` the batch's B): each is multiplied by
+    /// `scale` before clipping, so the norms, factors and sums are those of the examples' own
+    /// gradients.
+    pub(crate) fn clip_scaled(
+        &self,
+        per_sample: &[(Tensor, PerSample)],
+        squared: &[Tensor],
+        scale: Option<f64>,
+    ) -> Clipped {
+        let scaled: Vec<Tensor>;
+        let squared = match scale {
+            Some(b) => {
+                scaled = squared.iter().map(|s| s * (b * b)).collect();
+                &scaled[..]
+            }
+            None => squared,
+        };
         let (factors, norms) = self.factors(squared);
         let sums = per_sample
             .iter()
             .zip(&factors)
-            .map(|((_, r), c)| r.weighted_sum(c))
+            .map(|((_, r), c)| match scale {
+                Some(b) => r.weighted_sum(&(c * b)),
+                None => r.weighted_sum(c),
+            })
             .collect();
         let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0)
             .any_dim(0, false);
@@ -436,6 +502,8 @@ pub struct PrivacyEngine {
     expected_batch: f64,
     /// How many steps the engine may take (`None`: no limit set).
     step_budget: Option<u64>,
+    /// How the losses `clip`'s per-sample gradients come from were reduced.
+    loss_reduction: LossReduction,
 }
 
 impl PrivacyEngine {
@@ -502,6 +570,7 @@ impl PrivacyEngine {
             delta: f64::NAN,
             expected_batch: f64::NAN,
             step_budget: None,
+            loss_reduction: LossReduction::Sum,
         })
     }
 
@@ -517,6 +586,18 @@ impl PrivacyEngine {
         self.delta = delta;
         self.expected_batch = expected_batch;
         self.step_budget = step_budget;
+    }
+
+    /// How the loss whose per-sample gradients `clip` takes was reduced (the builder's
+    /// `loss_reduction`).
+    pub(super) fn set_loss_reduction(&mut self, reduction: LossReduction) {
+        self.loss_reduction = reduction;
+    }
+
+    /// How the loss whose per-sample gradients `clip` takes was reduced over the batch: `Sum`
+    /// (the default) or `Mean` (see `LossReduction`).
+    pub fn loss_reduction(&self) -> LossReduction {
+        self.loss_reduction
     }
 
     /// Data-parallel training over `workers` ranks whose noised clipped sums are added (issue
@@ -691,9 +772,20 @@ impl PrivacyEngine {
 
     /// Clips `per_sample` (in the order of the parameters) and sums each parameter's clipped
     /// gradients. A logical batch in several chunks is clipped chunk by chunk and its sums added
-    /// before `privatize`.
+    /// before `privatize`. Under `LossReduction::Mean` the per-sample gradients are those of the
+    /// batch's mean loss, and each is multiplied by the batch's B (the rows of its recipes)
+    /// before clipping, so the result is the same as for the summed loss.
     pub fn clip(&self, per_sample: &[(Tensor, PerSample)]) -> Clipped {
-        self.clipping().clip(per_sample)
+        match self.loss_reduction {
+            LossReduction::Sum => self.clipping().clip(per_sample),
+            LossReduction::Mean => {
+                let squared: Vec<Tensor> =
+                    per_sample.iter().map(|(_, r)| r.squared_norms()).collect();
+                let examples = squared.first().map_or(0, |s| s.size()[0]);
+                self.clipping()
+                    .clip_scaled(per_sample, &squared, Some(examples as f64))
+            }
+        }
     }
 
     /// Clips one example's whole update, a single tensor of any shape (a federated client's
@@ -704,7 +796,7 @@ impl PrivacyEngine {
         let finite = update.isfinite().all();
         let safe = update.where_self(&finite, &update.zeros_like());
         let direct = PerSample::Direct(safe.unsqueeze(0));
-        let mut clipped = self.clip(&[(safe, direct)]);
+        let mut clipped = self.clipping().clip(&[(safe, direct)]);
         clipped.norms = update.norm().reshape([1]).to_kind(clipped.norms.kind());
         clipped.clipped += finite.logical_not().to_kind(Kind::Int64);
         clipped

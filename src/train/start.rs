@@ -13,17 +13,18 @@ use super::{checkpoint, distributed, metrics, DataEdit, OwnTask, Trainer, RESUME
 use crate::comm::Communicator;
 use crate::config::{ClippingMode, OptimizerKind, TaskName, TrainConfig, TrainOverrides};
 use crate::error::{Error, Result, SettingConflict};
+use crate::privacy::builder::BatchSampling;
 use crate::privacy::engine::{AdaptiveClipping, Clipping, PrivacyEngine};
 use crate::privacy::noise::NoiseSource;
 use crate::run_lock::RunLock;
 use crate::tasks;
 use std::path::Path;
 
-/// ceil(examples / batch size): the steps of one epoch, and 1 / q under DP (one formula for the
-/// trainer's loop and the privacy engine's q).
+/// ceil(examples / batch size): the steps of one epoch, and 1 / q under DP: the privacy engine
+/// builder's rule for `batch_size` (`privacy::builder::BatchSampling`), which the trainer's
+/// engine is built with.
 pub(super) fn steps_per_epoch_of(examples: i64, batch_size: usize) -> i64 {
-    let batch = batch_size as i64;
-    (examples + batch - 1) / batch
+    (examples.max(0) as u64).div_ceil(batch_size.max(1) as u64) as i64
 }
 
 /// σ for a run given `privacy.target_epsilon` and no `privacy.noise_multiplier`: the smallest
@@ -471,6 +472,15 @@ impl Trainer {
                 config.optimizer.adam_eps,
             )),
         };
+        if config.private() {
+            // Poisson sampling at q = 1 / ceil(N / B) cannot give a batch above N: refused, as
+            // the engine builder refuses it, rather than trained silently at q = 1.
+            BatchSampling::new(data.train.len() as u64, config.optimizer.batch_size as u64)
+                .map_err(|e| match e {
+                    Error::BadValue { what, .. } => Error::bad_value("optimizer.batch_size", what),
+                    other => other,
+                })?;
+        }
         if let Some(sigma) = calibrated_sigma(&config, data.train.len())? {
             config.privacy.noise_multiplier = Some(sigma);
             config.validate()?;
@@ -503,11 +513,11 @@ impl Trainer {
                         })
                     }
                 };
-                let q = 1.0 / steps_per_epoch as f64;
+                // q = 1 / ceil(N / B) and E[B] = qN, the builder's `batch_size` rule.
                 let engine = PrivacyEngine::builder()
                     .noise_multiplier(sigma)
-                    .sample_rate(q)
-                    .expected_batch_size(data.train.len() as f64 / steps_per_epoch as f64)
+                    .dataset_size(data.train.len() as u64)
+                    .batch_size(config.optimizer.batch_size as u64)
                     .delta(config.privacy.delta)
                     .accountant(config.privacy.accountant)
                     .clipping(clipping)
