@@ -23,7 +23,7 @@ fn gpu_check_rehearsal_on_cpu() {
     // The kit packs a CIFAR-10 subset and SNLI, which are not shipped.
     let Some(data) = common::require_data(
         &["names", "cifar-10-batches-bin", "snli_1.0"],
-        "CIFAR-10 and SNLI are not in the data folder: large downloads, not shipped (dpcomp data fetch cifar10 snli, or set DPCOMP_DATA)",
+        "CIFAR-10 and SNLI are not in the data folder: large downloads, not shipped (dpcomp data fetch cifar10, dpcomp data fetch snli, or set DPCOMP_DATA)",
     ) else {
         return;
     };
