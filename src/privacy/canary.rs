@@ -175,18 +175,33 @@ impl GradientCanaries {
 
     /// Each canary's norm after `clipping` (per-layer clipping cuts a Dirac canary to its
     /// layer's radius): √(Σ_l f_l² ||g_l||²) with the engine's own factors.
+    ///
+    /// A Dirac canary's gradient is C (as f32) at one coordinate: its squared norm in the
+    /// parameter holding that coordinate is C², 0 in the others, taken without forming the
+    /// m x P rows (memory O(m + P), not O(m P)). Dense canaries square their rows.
     fn norms_after(&self, clipping: &Clipping) -> Tensor {
         let all: Vec<i64> = (0..self.settings.canaries as i64).collect();
-        let squared: Vec<Tensor> = self
-            .rows(&all, Device::Cpu)
-            .iter()
-            .map(|r| {
-                r.to_kind(Kind::Double)
-                    .square()
-                    .flatten(1, -1)
-                    .sum_dim_intlist(1, false, Kind::Double)
-            })
-            .collect();
+        let squared: Vec<Tensor> = match &self.directions {
+            Directions::Dirac(coordinates) => {
+                let value = self.norm as f32 as f64;
+                let mut squared = vec![vec![0f64; coordinates.len()]; self.numels.len()];
+                for (i, &c) in coordinates.iter().enumerate() {
+                    let (layer, _) = self.locate(c);
+                    squared[layer][i] = value * value;
+                }
+                squared.iter().map(|s| Tensor::from_slice(s)).collect()
+            }
+            Directions::Dense(_) => self
+                .rows(&all, Device::Cpu)
+                .iter()
+                .map(|r| {
+                    r.to_kind(Kind::Double)
+                        .square()
+                        .flatten(1, -1)
+                        .sum_dim_intlist(1, false, Kind::Double)
+                })
+                .collect(),
+        };
         let (factors, _) = clipping.factors(&squared);
         let mut total = Tensor::zeros([all.len() as i64], (Kind::Double, Device::Cpu));
         for (f, s) in factors.iter().zip(&squared) {
@@ -195,7 +210,59 @@ impl GradientCanaries {
         total.sqrt()
     }
 
-    /// The gradients C u_i of the canaries `which`, split per parameter: [k, ...shape] each.
+    /// The parameter holding flat coordinate `c`, and `c`'s index inside it.
+    fn locate(&self, c: i64) -> (usize, i64) {
+        let mut offset = 0;
+        for (layer, &n) in self.numels.iter().enumerate() {
+            if c < offset + n {
+                return (layer, c - offset);
+            }
+            offset += n;
+        }
+        unreachable!("a Dirac coordinate lies inside the parameters")
+    }
+
+    /// The per-sample gradients of the canaries `which` as the engine clips them, one entry
+    /// per parameter: dense canaries as their rows [k, ...shape]; Dirac canaries as
+    /// `DiracRows`, which never form the k x P rows.
+    fn per_sample(&self, which: &[i64], params: &[Tensor]) -> Vec<(Tensor, PerSample)> {
+        let device = params.first().map_or(Device::Cpu, Tensor::device);
+        match &self.directions {
+            Directions::Dense(_) => params
+                .iter()
+                .zip(self.rows(which, device))
+                .map(|(p, rows)| (p.shallow_clone(), PerSample::Direct(rows.to_kind(p.kind()))))
+                .collect(),
+            Directions::Dirac(coordinates) => {
+                let mut owners = vec![Vec::new(); params.len()];
+                let mut local = vec![Vec::new(); params.len()];
+                for (row, &i) in which.iter().enumerate() {
+                    let (layer, at) = self.locate(coordinates[i as usize]);
+                    owners[layer].push(row as i64);
+                    local[layer].push(at);
+                }
+                params
+                    .iter()
+                    .zip(owners.into_iter().zip(local))
+                    .map(|(p, (owners, local))| {
+                        let rows = DiracRows {
+                            rows: which.len() as i64,
+                            owners: crate::host::upload(&Tensor::from_slice(&owners), device),
+                            local: crate::host::upload(&Tensor::from_slice(&local), device),
+                            value: self.norm as f32,
+                            shape: p.size(),
+                            kind: p.kind(),
+                            device,
+                        };
+                        (p.shallow_clone(), PerSample::Custom(Box::new(rows)))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The gradients C u_i of the canaries `which`, split per parameter: [k, ...shape] each
+    /// (k x P values: dense canaries, and one Dirac canary's gradient at a time).
     fn rows(&self, which: &[i64], device: Device) -> Vec<Tensor> {
         let k = which.len() as i64;
         match &self.directions {
@@ -264,13 +331,7 @@ impl GradientCanaries {
         if sampled.is_empty() {
             return;
         }
-        let device = params.first().map_or(Device::Cpu, Tensor::device);
-        let per_sample: Vec<(Tensor, PerSample)> = params
-            .iter()
-            .zip(self.rows(&sampled, device))
-            .map(|(p, rows)| (p.shallow_clone(), PerSample::Direct(rows.to_kind(p.kind()))))
-            .collect();
-        logical.add(clipping.into().clip(&per_sample));
+        logical.add(clipping.into().clip(&self.per_sample(&sampled, params)));
     }
 
     /// Canary `i`'s gradient C u_i over the parameters concatenated in order, \[P\] on `device`
@@ -375,5 +436,236 @@ pub struct CanaryScores {
     pub samples: u64,
 }
 
-/// Dense canaries keep [m, P] floats: at most this many (2 GiB of f32).
+/// Dense canaries keep [m, P] floats: at most this many (2 GiB of f32). Dirac canaries keep
+/// one coordinate each and have no such limit (memory O(m + P)).
 pub const DENSE_LIMIT: i64 = 1 << 29;
+
+/// The per-sample gradients of k Dirac canaries in one parameter: row r is `value` (C) at
+/// local coordinate `local[j]` for `owners[j] = r`, zero elsewhere (and all zero for a canary
+/// whose coordinate lies in another parameter). Its norms and weighted sum are computed from
+/// those coordinates alone, with the arithmetic `PerSample::Direct` applies to the dense rows
+/// (an f32 norm of each row, then c_r C at each canary's coordinate), so the clipped sum is
+/// the one the dense rows give, value for value, in O(k + P) memory rather than O(k P).
+struct DiracRows {
+    /// k, the canaries.
+    rows: i64,
+    /// The rows whose coordinate lies in this parameter, [j] i64.
+    owners: Tensor,
+    /// Their coordinates inside the flattened parameter, [j] i64.
+    local: Tensor,
+    value: f32,
+    shape: Vec<i64>,
+    kind: Kind,
+    device: Device,
+}
+
+impl crate::nn::PerSampleGradient for DiracRows {
+    fn squared_norms(&self) -> Tensor {
+        // Each row's one value (0 for the canaries of other parameters), normed as a row.
+        let values = Tensor::zeros([self.rows, 1], (self.kind, self.device)).index_fill(
+            0,
+            &self.owners,
+            self.value as f64,
+        );
+        values
+            .norm_scalaropt_dim(2.0, [1i64].as_slice(), false)
+            .square()
+    }
+
+    fn weighted_sum(&self, c: &Tensor) -> Tensor {
+        let numel: i64 = self.shape.iter().product();
+        let weighted = c.to_kind(self.kind).index_select(0, &self.owners) * self.value as f64;
+        Tensor::zeros([numel], (self.kind, self.device))
+            .index_copy(0, &self.local, &weighted)
+            .view(self.shape.as_slice())
+    }
+
+    fn materialize(&self) -> Tensor {
+        let numel: i64 = self.shape.iter().product();
+        let flat = &self.owners * numel + &self.local;
+        let mut full = vec![self.rows];
+        full.extend(&self.shape);
+        Tensor::zeros([self.rows * numel], (self.kind, self.device))
+            .index_fill(0, &flat, self.value as f64)
+            .view(full.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three parameters of 12, 4 and 12 values (28 coordinates).
+    fn params() -> Vec<Tensor> {
+        [vec![3i64, 4], vec![4], vec![2, 3, 2]]
+            .iter()
+            .enumerate()
+            .map(|(l, shape)| {
+                let n: i64 = shape.iter().product();
+                (Tensor::arange(n, (Kind::Float, Device::Cpu)) * 0.1 + l as f64)
+                    .view(shape.as_slice())
+            })
+            .collect()
+    }
+
+    fn dirac(m: usize, params: &[Tensor], clipping: &Clipping, norm: f64) -> GradientCanaries {
+        let settings = CanarySettings {
+            canaries: m,
+            dense: false,
+            observe: Observe::EveryStep,
+            seed: 7,
+        };
+        GradientCanaries::new(settings, params, clipping, norm, 0.5, (0.1, 0.0)).unwrap()
+    }
+
+    /// The oracle: Dirac canaries `which` as dense rows, [k, ...shape] f32 per parameter, C at
+    /// the canary's coordinate (what the audit formed before it gathered coordinates).
+    fn dense_rows(c: &GradientCanaries, which: &[i64]) -> Vec<Tensor> {
+        let Directions::Dirac(coordinates) = &c.directions else {
+            panic!("Dirac canaries")
+        };
+        let k = which.len() as i64;
+        let mut offset = 0;
+        c.numels
+            .iter()
+            .zip(&c.shapes)
+            .map(|(&n, shape)| {
+                let mut values = vec![0f32; (k * n) as usize];
+                for (row, &i) in which.iter().enumerate() {
+                    let x = coordinates[i as usize];
+                    if (offset..offset + n).contains(&x) {
+                        values[row * n as usize + (x - offset) as usize] = c.norm as f32;
+                    }
+                }
+                offset += n;
+                let mut full = vec![k];
+                full.extend(shape);
+                Tensor::from_slice(&values).reshape(full.as_slice())
+            })
+            .collect()
+    }
+
+    /// The oracle of `norms_after`: the dense rows squared in f64, clipped by the engine's
+    /// factors.
+    fn dense_norms_after(c: &GradientCanaries, clipping: &Clipping) -> Tensor {
+        let all: Vec<i64> = (0..c.settings.canaries as i64).collect();
+        let squared: Vec<Tensor> = dense_rows(c, &all)
+            .iter()
+            .map(|r| {
+                r.to_kind(Kind::Double)
+                    .square()
+                    .flatten(1, -1)
+                    .sum_dim_intlist(1, false, Kind::Double)
+            })
+            .collect();
+        let (factors, _) = clipping.factors(&squared);
+        let mut total = Tensor::zeros([all.len() as i64], (Kind::Double, Device::Cpu));
+        for (f, s) in factors.iter().zip(&squared) {
+            total += f.square() * s;
+        }
+        total.sqrt()
+    }
+
+    fn clippings() -> Vec<Clipping> {
+        vec![
+            Clipping::Flat { max_norm: 0.7 },
+            Clipping::Flat { max_norm: 5.0 },
+            Clipping::Flat {
+                max_norm: f64::INFINITY,
+            },
+            Clipping::PerLayer {
+                max_norms: vec![0.3, 2.5, 0.05],
+            },
+        ]
+    }
+
+    #[test]
+    fn dirac_norms_after_clipping_equal_the_dense_rows_bit_for_bit() {
+        let params = params();
+        for clipping in clippings() {
+            for norm in [2.0, 0.1, 1.0 / 3.0] {
+                let c = dirac(20, &params, &clipping, norm);
+                let want = dense_norms_after(&c, &clipping);
+                assert!(
+                    crate::host::equal(&c.clipped_norms, &want),
+                    "{clipping:?} C {norm}: {:?} against {:?}",
+                    crate::host::to_vec_f64(&c.clipped_norms),
+                    crate::host::to_vec_f64(&want)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn dirac_clipped_sums_equal_the_dense_rows_bit_for_bit() {
+        let params = params();
+        for clipping in clippings() {
+            for norm in [2.0, 0.1, 1.0 / 3.0] {
+                let c = dirac(20, &params, &clipping, norm);
+                for which in [
+                    (0..20).collect::<Vec<i64>>(),
+                    vec![3],
+                    vec![0, 5, 11, 19],
+                    vec![19, 2, 7],
+                ] {
+                    let got = clipping.clip(&c.per_sample(&which, &params));
+                    let dense: Vec<(Tensor, PerSample)> = params
+                        .iter()
+                        .zip(dense_rows(&c, &which))
+                        .map(|(p, r)| (p.shallow_clone(), PerSample::Direct(r)))
+                        .collect();
+                    let want = clipping.clip(&dense);
+                    for (g, w) in got.sums.iter().zip(&want.sums) {
+                        assert_eq!(g.size(), w.size());
+                        assert!(crate::host::equal(g, w), "{clipping:?} C {norm} {which:?}");
+                    }
+                    assert!(crate::host::equal(&got.norms, &want.norms));
+                    assert!(crate::host::equal(&got.clipped, &want.clipped));
+                    // The rows themselves, for the oracles that materialise them.
+                    for ((_, r), w) in c
+                        .per_sample(&which, &params)
+                        .iter()
+                        .zip(dense_rows(&c, &which))
+                    {
+                        assert!(crate::host::equal(&r.materialize(), &w));
+                    }
+                }
+            }
+        }
+    }
+
+    /// 100,000 Dirac canaries over a million parameters: the dense rows would hold 10^11
+    /// floats; gathered coordinates take a few megabytes, and every sampled canary lands at
+    /// its coordinate clipped to the radius.
+    #[test]
+    fn many_dirac_canaries_over_many_parameters_form_no_dense_rows() {
+        let params = vec![
+            Tensor::zeros([600, 1000], (Kind::Float, Device::Cpu)),
+            Tensor::zeros([400_000], (Kind::Float, Device::Cpu)),
+        ];
+        let clipping = Clipping::Flat { max_norm: 1.0 };
+        let m = 100_000;
+        let c = dirac(m, &params, &clipping, 2.0);
+        let norms = crate::host::to_vec_f64(&c.clipped_norms).unwrap();
+        assert!(
+            norms.iter().all(|&n| (n - 1.0).abs() < 1e-5),
+            "{:?}",
+            &norms[..3]
+        );
+        let all: Vec<i64> = (0..m as i64).collect();
+        let clipped = clipping.clip(&c.per_sample(&all, &params));
+        let total: f64 = clipped
+            .sums
+            .iter()
+            .map(|s| crate::host::f64_scalar(&s.sum(Kind::Double)))
+            .sum();
+        assert!((total - m as f64).abs() < 1.0, "{total}");
+        let nonzero: i64 = clipped
+            .sums
+            .iter()
+            .map(|s| crate::host::i64_scalar(&s.ne(0.0).sum(Kind::Int64)))
+            .sum();
+        assert_eq!(nonzero, m as i64);
+        assert_eq!(crate::host::i64_scalar(&clipped.clipped), m as i64);
+    }
+}
