@@ -293,15 +293,27 @@ impl FlSettings {
                 "expected at least one round and one local step",
             ));
         }
-        if self.seed > i64::MAX as u64 {
-            return Err(Error::bad_value(
-                "seed",
-                format!(
-                    "{}: expected at most {} (config.toml holds signed 64-bit integers)",
-                    self.seed,
-                    i64::MAX
-                ),
-            ));
+        // Every integer setting must fit the signed 64 bits TOML holds (the run folder's
+        // settings are written before the first round) and the tensors' i64 sizes.
+        let integers = [
+            ("seed", self.seed),
+            ("clients", self.clients as u64),
+            ("rounds", self.rounds as u64),
+            ("local.steps", self.local.steps as u64),
+            ("local.batch", self.local.batch as u64),
+            ("patience", self.patience as u64),
+            ("eval_examples", self.eval_examples as u64),
+        ];
+        for (field, value) in integers {
+            if value > i64::MAX as u64 {
+                return Err(Error::bad_value(
+                    field,
+                    format!(
+                        "{value}: expected at most {} (2^63 - 1: config.toml holds signed 64-bit integers)",
+                        i64::MAX
+                    ),
+                ));
+            }
         }
         self.validate_compression()?;
         if let Some(p) = &self.privacy {
@@ -312,6 +324,33 @@ impl FlSettings {
                 ));
             }
             crate::privacy::validate(self.fraction, p.noise_multiplier, self.rounds as u64)?;
+            // The server divides the noised sum by the expected number of clients q N: below
+            // one client a round, the noise on the averaged update (σ S / (q N)) exceeds a whole
+            // client's clipped update, and most rounds would average noise alone.
+            let expected = self.fraction * self.clients as f64;
+            if expected < 1.0 {
+                // Tiny numbers in scientific notation (1e-300, not 300 digits).
+                let short = |x: f64| match x {
+                    x if x >= 1e-4 => format!("{x}"),
+                    x => format!("{x:e}"),
+                };
+                let expected = match expected {
+                    e if e >= 1e-3 => format!("{e:.3}"),
+                    e => format!("{e:.3e}"),
+                };
+                return Err(Error::bad_value(
+                    "fraction",
+                    format!(
+                        "{}: with {} clients a round expects {} clients (fraction x clients); \
+                         client-level DP needs at least one (fraction >= 1 / clients = {}), as \
+                         the noise on the average grows as 1 / (fraction x clients)",
+                        short(self.fraction),
+                        self.clients,
+                        expected,
+                        short(1.0 / self.clients as f64)
+                    ),
+                ));
+            }
             crate::privacy::validate_delta(p.delta)?;
             // The PLD accountant's floor, checked before the first round instead of at its ε.
             if p.accountant == AccountantKind::Pld && p.delta < crate::privacy::pld::MIN_PLD_DELTA {
@@ -725,7 +764,9 @@ fn run_rounds(
     });
     let eval_count = match settings.eval_examples {
         0 => data.test_y.size()[0],
-        k => (k as i64).min(data.test_y.size()[0]),
+        k => i64::try_from(k)
+            .unwrap_or(i64::MAX)
+            .min(data.test_y.size()[0]),
     };
     let (test_x, test_y) = (
         data.test_x.narrow(0, 0, eval_count),

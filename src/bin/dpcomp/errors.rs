@@ -11,6 +11,7 @@ use std::collections::HashMap;
 const FIELD_TO_ARGUMENT: &[(&str, &str)] = &[
     ("local.learning_rate", "local_lr"),
     ("local.steps", "local_steps"),
+    ("local.batch", "local_batch"),
     ("server_learning_rate", "server_lr"),
     ("privacy.clip", "clip"),
     ("partition", "non_iid"),
