@@ -261,6 +261,24 @@ pub fn model_step(row: &CommRow, compute: f64, workers: usize, link: Link) -> f6
 /// Runs the benchmark: one `mpiexec -n W` job per W (W = 1 too, in this process when it is not
 /// under MPI), then prints the measured table and the link model.
 pub fn comm_bench(args: CommBenchArgs) -> Result<()> {
+    for (flag, counts) in [
+        ("workers", &args.workers),
+        ("model_workers", &args.model_workers),
+    ] {
+        if counts.is_empty() || counts.contains(&0) {
+            return Err(Error::bad_value(
+                flag,
+                format!(
+                    "{}: expected worker counts of at least 1, comma-separated",
+                    counts
+                        .iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            ));
+        }
+    }
     if args.worker {
         let (world, _) = crate::comm::world()?;
         let shared = Shared::new(world);

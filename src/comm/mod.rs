@@ -216,9 +216,7 @@ pub fn world() -> Result<(Box<dyn Communicator>, &'static str)> {
 /// environment variable (a parameter so that a test can hand it a launcher's environment).
 #[cfg_attr(feature = "mpi", allow(dead_code))]
 pub(crate) fn refuse_a_launch_of_several(var: impl Fn(&str) -> Option<String>) -> Result<()> {
-    let read = |name: &str| var(name).and_then(|v| v.trim().parse::<usize>().ok());
-    let size = read("PMI_SIZE").or_else(|| read("OMPI_COMM_WORLD_SIZE"));
-    let rank = read("PMI_RANK").or_else(|| read("OMPI_COMM_WORLD_RANK"));
+    let (size, rank) = launcher_size_and_rank(var);
     match size {
         Some(size) if size > 1 => Err(Error::Comm {
             rank: rank.unwrap_or(0),
@@ -232,6 +230,30 @@ pub(crate) fn refuse_a_launch_of_several(var: impl Fn(&str) -> Option<String>) -
         _ => Ok(()),
     }
 }
+
+/// (size, rank) of the job an MPI launcher started this process in, from its variables
+/// (`PMI_SIZE` / `PMI_RANK`, MPICH and Slurm; `OMPI_COMM_WORLD_SIZE` / `OMPI_COMM_WORLD_RANK`,
+/// Open MPI), read by `var`; `None` where they are absent.
+fn launcher_size_and_rank(var: impl Fn(&str) -> Option<String>) -> (Option<usize>, Option<usize>) {
+    let read = |name: &str| var(name).and_then(|v| v.trim().parse::<usize>().ok());
+    let size = read("PMI_SIZE").or_else(|| read("OMPI_COMM_WORLD_SIZE"));
+    let rank = read("PMI_RANK").or_else(|| read("OMPI_COMM_WORLD_RANK"));
+    (size, rank)
+}
+
+/// How many processes an MPI launcher (`mpiexec`, `srun`) started this one among, from its
+/// environment as `world` reads it without the `mpi` feature; `None` outside a launcher. For a
+/// command that runs its workers as threads of one process and must not run once per rank.
+pub fn launched_processes() -> Option<usize> {
+    launcher_size_and_rank(|name| std::env::var(name).ok()).0
+}
+
+/// The most workers run as threads of one process (`ThreadGroup`: `dpcomp train
+/// --thread-workers`, `dpcomp check-comm --threads`). Each is an OS thread with a replica of
+/// the model and LibTorch's pool of its own, one computing at a time: W threads take about W
+/// times one worker's memory and time, and near a thousand the process runs out of threads
+/// (libgomp cannot create them). A job of more workers runs as MPI ranks under `mpiexec`.
+pub const MAX_THREAD_WORKERS: usize = 256;
 
 /// One worker, no transport: every collective returns its input; nothing crosses.
 #[derive(Debug, Default)]

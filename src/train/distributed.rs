@@ -251,8 +251,14 @@ pub fn train_in_threads(
     run_dir: &Path,
     progress: bool,
 ) -> Result<Vec<super::metrics::Summary>> {
-    if workers == 0 {
-        return Err(Error::bad_value("workers", "0: expected at least one"));
+    if !(1..=crate::comm::MAX_THREAD_WORKERS).contains(&workers) {
+        return Err(Error::bad_value(
+            "workers",
+            format!(
+                "{workers}: expected 1 to {} thread workers (more run as MPI ranks under mpiexec)",
+                crate::comm::MAX_THREAD_WORKERS
+            ),
+        ));
     }
     let run_dir = run_dir.to_path_buf();
     let results = crate::comm::ThreadGroup::run(workers, move |comm| {

@@ -8,11 +8,12 @@ use dpcomp::comm::{Communicator, ThreadGroup};
 
 #[derive(Debug, clap::Args)]
 pub struct CheckCommArgs {
-    /// W workers as W threads of this process (no MPI); without it, the MPI job this process
-    /// belongs to (under mpiexec), or one process.
+    /// W workers as W threads of this process (no MPI; W 1 to 256); without it, the MPI job
+    /// this process belongs to (under mpiexec), or one process. Refused under a launcher of
+    /// several processes, which would each run a check of their own.
     #[arg(long)]
     pub threads: Option<usize>,
-    /// f32 values in the all-reduce.
+    /// f32 values in the all-reduce (0 to 268,435,456, 1 GiB a worker).
     #[arg(long, default_value_t = 1 << 20)]
     pub elements: usize,
     #[arg(long)]
@@ -42,10 +43,24 @@ fn report(size: usize, transport: &str, rows: &[CheckRow], json: bool) -> Result
     Ok(())
 }
 
+/// The most values `--elements` takes: 2^28 f32, 1 GiB a worker (each holds its own).
+pub const MAX_ELEMENTS: usize = 1 << 28;
+
 pub fn run(args: CheckCommArgs) -> Result<()> {
+    if args.elements > MAX_ELEMENTS {
+        bail!(
+            "--elements {}: expected 0 to {MAX_ELEMENTS} f32 values (1 GiB a worker)",
+            args.elements
+        );
+    }
     if let Some(size) = args.threads {
-        if size == 0 {
-            bail!("--threads 0: expected at least one worker");
+        super::check_thread_workers("--threads", size)?;
+        if let Some(processes) = dpcomp::comm::launched_processes().filter(|&p| p > 1) {
+            bail!(
+                "--threads {size}: an MPI launcher started {processes} processes, which would \
+                 each check {size} threads of their own; run `dpcomp check-comm --threads W` \
+                 as one process, or `mpiexec -n W dpcomp check-comm` without --threads"
+            );
         }
         let elements = args.elements;
         let handles: Vec<_> = ThreadGroup::ranks(size)

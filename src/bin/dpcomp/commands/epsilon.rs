@@ -57,7 +57,11 @@ pub fn run(args: EpsilonArgs) -> Result<()> {
     // σ 0: ε is ∞ at every RDP order, so there is no optimal order (RDP gives NaN for it).
     let alpha = alpha.filter(|a| a.is_finite());
     let order = alpha.map_or(String::new(), |a| format!(" (optimal RDP order {a})"));
-    if let Some(p) = pld_interval.filter(|p| p.coarsened()) {
+    if let Some(reason) = pld_interval.and_then(|p| p.fallback) {
+        eprintln!(
+            "note: epsilon is the RDP accountant's bound, not the PLD composition's: {reason}"
+        );
+    } else if let Some(p) = pld_interval.filter(|p| p.coarsened()) {
         eprintln!(
             "note: PLD grid spacing {:.3e} instead of {:e} to stay within {} points \
              (small sigma or many steps); the bound is valid but looser",
@@ -75,21 +79,25 @@ pub fn run(args: EpsilonArgs) -> Result<()> {
         println!(
             "{}",
             serde_json::json!({"epsilon": epsilon_json, "alpha": alpha, "noise_multiplier": sigma,
-                "accountant": args.accountant, "pld_interval": pld_interval.map(|p| p.interval)})
+                "accountant": args.accountant, "pld_interval": pld_interval.map(|p| p.interval),
+                "pld_fallback": pld_interval.and_then(|p| p.fallback).map(|r| r.to_string())})
         );
     } else if epsilon.is_infinite() {
         println!(
             "epsilon inf at delta {}: noise multiplier {sigma} adds no noise, so the steps are \
              not private",
-            args.delta
+            super::delta_text(args.delta)
         );
     } else if args.target_epsilon.is_some() {
         println!(
             "noise multiplier {sigma:.6} gives epsilon {epsilon:.4}{order} at delta {}",
-            args.delta
+            super::delta_text(args.delta)
         );
     } else {
-        println!("epsilon {epsilon:.4}{order} at delta {}", args.delta);
+        println!(
+            "epsilon {epsilon:.4}{order} at delta {}",
+            super::delta_text(args.delta)
+        );
     }
     Ok(())
 }

@@ -20,3 +20,25 @@ use dpcomp::comm::Communicator;
 pub fn world() -> anyhow::Result<(Box<dyn Communicator>, &'static str)> {
     Ok(dpcomp::comm::world()?)
 }
+
+/// `flag`'s W workers as threads of this process: 1 to `comm::MAX_THREAD_WORKERS`.
+pub fn check_thread_workers(flag: &str, workers: usize) -> anyhow::Result<()> {
+    let max = dpcomp::comm::MAX_THREAD_WORKERS;
+    if !(1..=max).contains(&workers) {
+        anyhow::bail!(
+            "{flag} {workers}: expected 1 to {max} workers as threads of one process (each \
+             holds its own replica and thread pool); run more as MPI ranks under mpiexec"
+        );
+    }
+    Ok(())
+}
+
+/// δ as a command prints it: the shortest decimal that reads back as the same number, in
+/// scientific notation below 1e-6 (1e-300 rather than three hundred digits).
+pub fn delta_text(delta: f64) -> String {
+    if delta != 0.0 && delta.abs() < 1e-6 {
+        format!("{delta:e}")
+    } else {
+        format!("{delta}")
+    }
+}

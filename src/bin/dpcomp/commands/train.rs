@@ -26,8 +26,10 @@ pub struct TrainArgs {
     #[arg(long)]
     pub quiet: bool,
     /// Train with W data-parallel workers as W threads of this process (one computes at a
-    /// time): what `mpiexec -n W dpcomp train ...` computes, without MPI. Under an MPI launcher
-    /// the workers are the job's ranks and this flag is not needed.
+    /// time): what `mpiexec -n W dpcomp train ...` computes, without MPI. W is 1 to 256: each
+    /// thread holds its own model replica and LibTorch thread pool, so W threads take W times
+    /// the memory and time of one (more workers run as MPI ranks). Under an MPI launcher the
+    /// workers are the job's ranks and this flag is not needed.
     #[arg(long, value_name = "W")]
     pub thread_workers: Option<usize>,
     #[command(flatten)]
@@ -36,6 +38,7 @@ pub struct TrainArgs {
 
 pub fn run(args: TrainArgs) -> Result<()> {
     if let Some(workers) = args.thread_workers {
+        super::check_thread_workers("--thread-workers", workers)?;
         return run_in_threads(args, workers);
     }
     let (world, _) = super::world()?;
@@ -93,7 +96,7 @@ fn run_in_threads(args: TrainArgs, workers: usize) -> Result<()> {
     if let Some(e) = summary.epsilon {
         println!(
             "epsilon {e:.4} at delta {}",
-            summary.delta.unwrap_or(f64::NAN)
+            super::delta_text(summary.delta.unwrap_or(f64::NAN))
         );
     }
     if let Some(e) = summary.aggregate_epsilon {
@@ -169,7 +172,7 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
                 c.epochs,
                 trainer.steps_per_epoch(),
                 1.0 / trainer.steps_per_epoch() as f64,
-                c.privacy.delta,
+                super::delta_text(c.privacy.delta),
                 c.privacy.accountant
             );
         }
@@ -195,7 +198,7 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
         };
         println!(
             "epsilon {e:.4} at delta {}, {} noise{caveat}",
-            trainer.config().privacy.delta,
+            super::delta_text(trainer.config().privacy.delta),
             trainer.noise_label().unwrap_or_default()
         );
     }
