@@ -149,7 +149,8 @@ pub fn breast_cancer(data_dir: &Path, scaling: &Scaling) -> Result<Tabular> {
 }
 
 /// The table named by `spec` (`--data`, a grid's `data`): `breast_cancer`, `csv:PATH` or
-/// `synthetic:N:D` (N >= 10 rows of D features, seed 0; `scaling` does not apply to it).
+/// `synthetic:N:D` (10 <= N <= `MAX_SYNTHETIC_ROWS` rows of D features, N D at most
+/// `MAX_SYNTHETIC_VALUES`, seed 0; `scaling` does not apply to it).
 pub fn named(spec: &str, data_dir: Option<&Path>, scaling: &Scaling) -> Result<Tabular> {
     if spec == "breast_cancer" {
         return breast_cancer(&data_dir_or_default(data_dir), scaling);
@@ -161,16 +162,31 @@ pub fn named(spec: &str, data_dir: Option<&Path>, scaling: &Scaling) -> Result<T
         let parts: Vec<&str> = rest.split(':').collect();
         if let [n, d] = parts.as_slice() {
             if let (Ok(n), Ok(d)) = (n.parse::<usize>(), d.parse::<i64>()) {
-                if n >= 10 && d >= 1 {
-                    return synthetic(n, d, 4.0, 0);
-                }
+                return synthetic(n, d, 4.0, 0);
             }
         }
     }
     Err(Error::bad_value(
         "data",
-        format!("{spec:?}: expected breast_cancer, csv:PATH or synthetic:N:D (N >= 10)"),
+        format!(
+            "{spec:?}: expected breast_cancer, csv:PATH or synthetic:N:D ({})",
+            synthetic_range()
+        ),
     ))
+}
+
+/// The most rows `synthetic` draws (the convex algorithms' default T is n², so far fewer are
+/// practical).
+pub const MAX_SYNTHETIC_ROWS: usize = 1_000_000;
+
+/// The most values (rows x features) `synthetic` holds: 80 MB as f64, in each of the few
+/// copies the split keeps.
+pub const MAX_SYNTHETIC_VALUES: u64 = 10_000_000;
+
+fn synthetic_range() -> String {
+    format!(
+        "10 <= N <= {MAX_SYNTHETIC_ROWS} rows of D >= 1 features, N x D <= {MAX_SYNTHETIC_VALUES}"
+    )
 }
 
 /// `--data-dir`, else $DPCOMP_DATA, else data/ (as the other datasets).
@@ -191,6 +207,16 @@ pub fn data_dir_or_default(data_dir: Option<&Path>) -> std::path::PathBuf {
 /// |w*| 4 and d 1000 a point is kept with probability about 1e-15): the draws stop after
 /// 200 n + 100,000 attempts with an error naming the dimension, instead of running forever.
 pub fn synthetic(n: usize, d: i64, scale: f64, seed: u64) -> Result<Tabular> {
+    let values = (n as u64).checked_mul(d.max(0) as u64);
+    if !(10..=MAX_SYNTHETIC_ROWS).contains(&n)
+        || d < 1
+        || values.is_none_or(|v| v > MAX_SYNTHETIC_VALUES)
+    {
+        return Err(Error::bad_value(
+            "data",
+            format!("synthetic:{n}:{d}: expected {}", synthetic_range()),
+        ));
+    }
     // Rows need margin |<x, w*>| >= 1 with |x| <= 1: none exist unless |w*| > 1 (the rejection
     // loop below would never end).
     if !(scale > 1.0 && scale.is_finite()) {

@@ -139,6 +139,51 @@ impl GradientPrivacyProblem {
     }
 }
 
+impl GradientPrivacyProblem {
+    /// Whether some β of the search grid is feasible (what `calibrate` needs).
+    pub fn has_feasible_beta(&self) -> bool {
+        self.check().is_ok() && beta_grid().into_iter().any(|b| self.feasible(b))
+    }
+
+    /// The smallest ε above this problem's, at most `up_to`, for which a β is feasible at the
+    /// same n, T and δ, rounded up to three significant digits (what to ask for when
+    /// `calibrate` finds none); `None` when there is none up to `up_to`. Scans ε upwards by
+    /// factors of 10^(1/40), then bisects between the last infeasible and first feasible ε.
+    pub fn smallest_feasible_epsilon(&self, up_to: f64) -> Option<f64> {
+        let at = |epsilon: f64| GradientPrivacyProblem { epsilon, ..*self };
+        if !(self.epsilon > 0.0 && self.epsilon.is_finite()) {
+            return None;
+        }
+        let step = 10f64.powf(1.0 / 40.0);
+        let (mut low, mut high) = (self.epsilon, self.epsilon);
+        while !at(high).has_feasible_beta() {
+            low = high;
+            high *= step;
+            if high > up_to {
+                return None;
+            }
+        }
+        if high == self.epsilon {
+            return Some(high);
+        }
+        for _ in 0..40 {
+            let mid = 0.5 * (low + high);
+            if at(mid).has_feasible_beta() {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        let scale = 10f64.powf(high.log10().floor() - 2.0);
+        let rounded = (high / scale).ceil() * scale;
+        Some(if at(rounded).has_feasible_beta() {
+            rounded
+        } else {
+            high
+        })
+    }
+}
+
 /// β candidates: 2000 log-spaced in [1e-8, 1e-2] and 1000 linear in (0.01, 1).
 fn beta_grid() -> Vec<f64> {
     let log: Vec<f64> = (0..2000)

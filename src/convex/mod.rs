@@ -253,6 +253,30 @@ pub fn run(data: &Tabular, settings: &ConvexSettings) -> Result<ConvexReport> {
     Ok(run_seeds(data, settings, &[settings.seed])?.remove(0))
 }
 
+/// What to change when Theorem 11 has no feasible β for `problem` (the training's ε, which is
+/// the total ε divided by `total_per_training`, the rest going to the preprocessing): the
+/// smallest total `epsilon` that has one at the same n, T and δ, and the accountant's
+/// calibration, which has a σ at every ε.
+fn feasible_epsilon_hint(problem: &GradientPrivacyProblem, total_per_training: f64) -> String {
+    let accountant = "or `calibration` accountant (σ from the RDP accountant, at any epsilon)";
+    match problem.smallest_feasible_epsilon(1e4) {
+        Some(training) => {
+            // Three significant digits, rounded up.
+            let total = training * total_per_training;
+            let decimals = (2.0 - total.log10().floor()).max(0.0) as i32;
+            let scale = 10f64.powi(decimals);
+            let shown = ((total * scale).ceil() / scale, decimals as usize);
+            format!(
+                "give `epsilon` {:.*} or more (the smallest with a feasible beta at this n, T and delta), {accountant}",
+                shown.1, shown.0
+            )
+        }
+        None => format!(
+            "no epsilon up to 1e4 has a feasible beta at this n, T and delta: give fewer `steps` {accountant}"
+        ),
+    }
+}
+
 /// Trains and evaluates one model per seed, the seeds' SGD runs side by side
 /// (`sgd::average_iterates`); the calibration and the reference solve are shared.
 pub fn run_seeds(
@@ -365,13 +389,23 @@ pub fn run_seeds(
         match settings.calibration {
             Calibration::Theorem11 => {
                 let c = problem.calibrate().map_err(|e| match e {
-                    Error::BadValue { field, what } if preprocess_epsilon > 0.0 => Error::BadValue {
-                        field,
-                        what: format!(
-                            "{what} (the training's share: the preprocessing spent epsilon {preprocess_epsilon} of {})",
-                            settings.epsilon
-                        ),
-                    },
+                    Error::BadValue { field, what } if field == "epsilon" => {
+                        let share = if preprocess_epsilon > 0.0 {
+                            format!(
+                                " (the training's share: the preprocessing spent epsilon {preprocess_epsilon} of {})",
+                                settings.epsilon
+                            )
+                        } else {
+                            String::new()
+                        };
+                        Error::BadValue {
+                            field,
+                            what: format!(
+                                "{what}{share}; {}",
+                                feasible_epsilon_hint(&problem, settings.epsilon / epsilon)
+                            ),
+                        }
+                    }
                     e => e,
                 })?;
                 (Some(c.sigma), Some(c.beta), Some(c.lambda))
@@ -430,6 +464,20 @@ pub fn run_seeds(
             }
         })
         .collect();
+    // A step size too large for the loss sends SGD to infinity: NaN weights would otherwise be
+    // reported as a model (accuracy 0, risk NaN).
+    for w in &models {
+        let finite = crate::host::bool_scalar(&w.isfinite().all()).unwrap_or(false);
+        if !finite {
+            return Err(Error::bad_value(
+                "step_size",
+                format!(
+                    "{step_size:e}: the weights are not finite after {steps} steps (SGD diverged); \
+                     expected a smaller step size (the paper's for this data and algorithm is {paper_eta:.4e})"
+                ),
+            ));
+        }
+    }
     let (_, reference_risk) = sgd::empirical_minimiser(
         loss,
         &data.x_train,

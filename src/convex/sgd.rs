@@ -35,7 +35,8 @@ pub fn average_iterate(loss: Loss, x: &Tensor, y: &Tensor, settings: &SgdSetting
 
 /// SGD for several seeds at once, one row of a [S, d] weight matrix per seed (each seed's index
 /// and noise draws come from its own generator, in the same order as a single run, so row s
-/// equals `average_iterate` with seed s). Returns the average iterates, [S, d].
+/// equals `average_iterate` with seed s). Returns the average iterates, [S, d]; a row is NaN
+/// where an iterate's norm overflowed f64 (a step size far too large), never a silent 0.
 pub fn average_iterates(
     loss: Loss,
     x: &Tensor,
@@ -77,7 +78,11 @@ pub fn average_iterates(
         w = &w - g * settings.step_size;
         if let Some(r) = settings.radius {
             let norms = w.norm_scalaropt_dim(2.0, [1i64].as_slice(), true);
-            w = &w * (r / norms.clamp_min(1e-300)).clamp_max(1.0);
+            let factor = (r / norms.clamp_min(1e-300)).clamp_max(1.0);
+            // A norm that overflowed (a step size too large for f64) would scale the iterate
+            // to 0 and pass for a model: it becomes NaN instead, which the caller refuses.
+            let factor = factor.where_self(&norms.isfinite(), &factor.full_like(f64::NAN));
+            w = &w * factor;
         }
     }
     sum / settings.steps.max(1) as f64
