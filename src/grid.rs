@@ -235,6 +235,8 @@ impl Experiment {
                 .collect();
         }
         let mut cells = Vec::new();
+        // Names already taken (a set: a grid of a million cells checks each in O(1)).
+        let mut names = std::collections::HashSet::new();
         for values in combos {
             let keep = only.iter().all(|(axis, wanted)| {
                 values
@@ -268,7 +270,7 @@ impl Experiment {
             })?;
             path_component(&name)
                 .map_err(|what| Error::bad_value(format!("{} cell {name:?}", self.name), what))?;
-            if cells.iter().any(|c: &Cell| c.name == name) {
+            if !names.insert(name.clone()) {
                 return Err(Error::bad_value(
                     format!("{} profile {profile}", self.name),
                     format!("cell {name} appears twice (a value repeated on an axis?): each cell must be distinct"),
@@ -631,13 +633,25 @@ pub fn mean_sd(values: &[f64]) -> (f64, Option<f64>) {
 
 /// What each cell will upload (`train::upload::estimate`), loading each task's data and model once.
 pub fn upload_estimates(cells: &[Cell]) -> Vec<Result<crate::train::upload::Upload>> {
-    let mut known: Vec<(String, i64, Vec<Vec<i64>>)> = Vec::new();
+    use std::collections::HashMap;
+    // The data and model of each task (and data subset), loaded once; and each estimate, made
+    // once for the settings it depends on: cells that differ in a seed or another setting the
+    // upload does not depend on share it (a grid of a million cells encodes a few updates).
+    let mut known: HashMap<String, (i64, Vec<Vec<i64>>)> = HashMap::new();
+    let mut estimated: HashMap<String, crate::train::upload::Upload> = HashMap::new();
     cells
         .iter()
         .map(|cell| {
             let c = &cell.config;
             let key = format!("{}|{:?}|{:?}", c.task, c.data.limit_train, c.data.data_dir);
-            if !known.iter().any(|(k, _, _)| *k == key) {
+            let settings = format!(
+                "{key}|{:?}|{}|{}",
+                c.compression, c.optimizer.batch_size, c.epochs
+            );
+            if let Some(upload) = estimated.get(&settings) {
+                return Ok(*upload);
+            }
+            if !known.contains_key(&key) {
                 let data = crate::tasks::load_data(c)?;
                 let model = crate::tasks::build_model(
                     c.task.builtin()?,
@@ -650,10 +664,12 @@ pub fn upload_estimates(cells: &[Cell]) -> Vec<Result<crate::train::upload::Uplo
                     .iter()
                     .map(|(_, t)| t.size())
                     .collect();
-                known.push((key.clone(), data.train.len(), shapes));
+                known.insert(key.clone(), (data.train.len(), shapes));
             }
-            let (_, n, shapes) = known.iter().find(|(k, _, _)| *k == key).expect("added");
-            crate::train::upload::estimate(c, *n, shapes)
+            let (n, shapes) = &known[&key];
+            let upload = crate::train::upload::estimate(c, *n, shapes)?;
+            estimated.insert(settings, upload);
+            Ok(upload)
         })
         .collect()
 }

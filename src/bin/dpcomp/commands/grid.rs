@@ -23,7 +23,8 @@ pub struct GridArgs {
     /// a profile other than cpu).
     #[arg(long)]
     pub results_dir: Option<PathBuf>,
-    /// List the cells and their state without running anything.
+    /// List the cells, their state and estimated upload without running anything (one line a
+    /// cell; a reader that stops early, such as `| head`, ends the list quietly).
     #[arg(long)]
     pub list: bool,
     /// Write the results table of the finished cells (and copy it to --results-dir) without
@@ -36,10 +37,19 @@ pub fn run(args: GridArgs) -> Result<()> {
     let experiment = ExperimentFile::open(&args.experiment)?;
     let only = dpcomp::grid::parse_only(&args.only)?;
     if args.list {
-        for cell in experiment.list(&args.profile, &only, &args.runs)? {
-            println!("{}  {}  {}", cell.name, cell.state, cell.details);
-        }
-        return Ok(());
+        // Buffered (a million cells are a million lines), and a reader that stops early
+        // (`| head`) ends the listing rather than a panic on the broken pipe.
+        use std::io::Write;
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        let written = experiment
+            .list(&args.profile, &only, &args.runs)?
+            .iter()
+            .try_for_each(|cell| writeln!(out, "{}  {}  {}", cell.name, cell.state, cell.details))
+            .and_then(|()| out.flush());
+        return match written {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            other => other.context("writing the list of cells"),
+        };
     }
     let outcome = if args.tables_only {
         experiment.write_tables(&args.profile, &args.runs)?
