@@ -12,12 +12,19 @@ use tch::{Kind, Tensor};
 
 const PIXELS: usize = 3 * 32 * 32;
 
-/// Per-channel mean and standard deviation of each training set's pixels in [0, 1], which the
-/// loaders' `ImageTransform` normalises with.
-const CIFAR10_MEAN: [f64; 3] = [0.4914, 0.4822, 0.4465];
-const CIFAR10_STD: [f64; 3] = [0.2470, 0.2435, 0.2616];
-const CIFAR100_MEAN: [f64; 3] = [0.5071, 0.4865, 0.4409];
-const CIFAR100_STD: [f64; 3] = [0.2673, 0.2564, 0.2762];
+/// The per-channel (red, green, blue) mean of CIFAR-10's 50,000 training images' pixels in
+/// [0, 1], which the loader's `ImageTransform` subtracts before dividing by [`CIFAR10_STD`]:
+/// the values to normalise with when a model trained here is used elsewhere (torchvision's
+/// `transforms.Normalize(CIFAR10_MEAN, CIFAR10_STD)` after `ToTensor()`).
+pub const CIFAR10_MEAN: [f64; 3] = [0.4914, 0.4822, 0.4465];
+/// The per-channel standard deviation of CIFAR-10's training pixels in [0, 1] (see
+/// [`CIFAR10_MEAN`]).
+pub const CIFAR10_STD: [f64; 3] = [0.2470, 0.2435, 0.2616];
+/// The per-channel mean of CIFAR-100's 50,000 training images' pixels in [0, 1], as
+/// [`CIFAR10_MEAN`] is CIFAR-10's.
+pub const CIFAR100_MEAN: [f64; 3] = [0.5071, 0.4865, 0.4409];
+/// The per-channel standard deviation of CIFAR-100's training pixels in [0, 1].
+pub const CIFAR100_STD: [f64; 3] = [0.2673, 0.2564, 0.2762];
 
 /// Which label of a CIFAR-100 record to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,7 +46,13 @@ fn read_records(
 ) -> Result<(Tensor, Tensor)> {
     let bytes = read_file(path)?;
     let record = label_bytes + PIXELS;
-    if bytes.is_empty() || bytes.len() % record != 0 {
+    if bytes.is_empty() {
+        return Err(Error::bad_file(
+            path,
+            format!("the file is empty (0 bytes): expected {record}-byte records ({label_bytes} label byte(s) and a 32x32 colour image each); download it again"),
+        ));
+    }
+    if bytes.len() % record != 0 {
         return Err(Error::bad_file(
             path,
             format!(

@@ -94,12 +94,14 @@ pub fn audit_training(
     settings: &AuditSettings,
     progress: bool,
 ) -> Result<AuditReport> {
-    let Some(sigma) = config.privacy.noise_multiplier else {
+    // σ given, or calibrated from the target ε over the run's epochs as a training run does
+    // (`Trainer::new`), so that the audit checks the run `train` would make.
+    if config.privacy.noise_multiplier.is_none() && config.privacy.target_epsilon.is_none() {
         return Err(Error::bad_value(
-            "noise_multiplier",
-            "not set: an audit checks a private run (give --noise-multiplier; 0 audits the clipping alone)",
+            "privacy.noise_multiplier",
+            "not set: an audit checks a private run (give `privacy.noise_multiplier`, 0 to audit the clipping alone, or `privacy.target_epsilon` to calibrate it)",
         ));
-    };
+    }
     let m = settings.canaries.canaries;
     if settings.guesses.total() == 0 || settings.guesses.total() > m {
         return Err(Error::bad_value(
@@ -132,6 +134,11 @@ pub fn audit_training(
             (trainer, canaries)
         }
     };
+    let sigma = trainer
+        .config
+        .privacy
+        .noise_multiplier
+        .expect("a private run's σ is given or calibrated at its start");
     if progress {
         trainer.observe(super::observer::progress_bars()?);
     }

@@ -69,6 +69,15 @@ pub fn run(args: AuditArgs) -> Result<()> {
             args.confidence
         );
     }
+    // An audit trains a fresh run with canaries drawn before it starts: it cannot continue
+    // another run (the trainer's own refusal would suggest resuming it, which audit does not).
+    if dpcomp::train::checkpoint::find(&out).is_some() {
+        anyhow::bail!(
+            "--out {}: already holds a run (it has a checkpoint); an audit trains a fresh run \
+             with its canaries and cannot continue one: choose another run folder",
+            out.display()
+        );
+    }
     if args.canaries == 0 {
         anyhow::bail!("--canaries 0: expected at least one canary (an audit guesses about them)");
     }
