@@ -37,10 +37,33 @@ use tch::{Device, TchError, Tensor};
 
 thread_local! {
     static READS: Cell<u64> = const { Cell::new(0) };
+    /// Inside `one_transfer`: the reads are of host memory the transfer brought over, counted
+    /// once by it.
+    static IN_TRANSFER: Cell<bool> = const { Cell::new(false) };
 }
 
 fn count() {
-    READS.with(|r| r.set(r.get() + 1));
+    if !IN_TRANSFER.with(Cell::get) {
+        READS.with(|r| r.set(r.get() + 1));
+    }
+}
+
+/// Runs `f`, one transfer of a data-parallel exchange to the transport (`comm::staging`): the
+/// message's tensors (or an all-reduced vector) brought to host memory with one wait for the
+/// device, then read there as the transport needs them (MPI, and the thread transport that is
+/// its in-process reference, move bytes in host memory). Counted as one read, the wait: the
+/// reads inside `f` are of host memory (on a GPU, the staging's pinned buffers after the
+/// wait), which neither copy from the device nor wait for it, as `cpu_i64_scalar`'s.
+pub fn one_transfer<R>(f: impl FnOnce() -> R) -> R {
+    struct Leave(bool);
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            IN_TRANSFER.with(|t| t.set(self.0));
+        }
+    }
+    count();
+    let _leave = Leave(IN_TRANSFER.with(|t| t.replace(true)));
+    f()
 }
 
 /// Host reads (and data-dependent ops) made on this thread so far.

@@ -45,6 +45,8 @@ impl Observer for StepReads {
 /// counted them; checks that the run's own count (`host_reads_per_step` in its metrics) is
 /// their mean.
 fn reads_per_step(config: TrainConfig) -> Vec<u64> {
+    // The trainer seeds LibTorch's generator: no other test of this file draws meanwhile.
+    let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let per_step = Rc::new(RefCell::new(Vec::new()));
     let observer = StepReads {
@@ -407,4 +409,61 @@ fn every_read_in_the_library_goes_through_the_host_module() {
         "tensor values read outside dpcomp::host:\n{}",
         offending.join("\n")
     );
+}
+
+/// W = 2 data-parallel workers as threads of one process (`comm::ThreadGroup`, what
+/// `--thread-workers 2` runs), each thread counted on its own: the step reads nothing but the
+/// exchange's transfers to the transport, one per collective however many tensors a message
+/// has (`host::one_transfer`: the transport moves bytes in host memory, MPI's as the thread
+/// transport that is its reference, so the message comes to the host with one wait): one for a
+/// dense all-reduce, one for DGC's gathered message (before: one per tensor of the message, 14
+/// on the Surnames LSTM), two for PowerSGD's P and Q.
+#[test]
+fn two_thread_workers_read_only_their_exchanges_transfers() {
+    let Some(data) = require_shared_data() else {
+        return;
+    };
+    let mut failures = Vec::new();
+    for ((label, change), transfers) in only(&["dp identity", "dp dgc exact", "dp powersgd"])
+        .into_iter()
+        .zip([1u64, 1, 2])
+    {
+        let mut c = base(Task::Surnames, &data, 240, 8);
+        change(&mut c);
+        c.privacy.local_noise = true; // DGC's messages are gathered: each carries all the noise
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().to_path_buf();
+        // Both ranks seed LibTorch's generator and must build the same weights.
+        let _serial = common::serial();
+        let per_rank = dpcomp::comm::ThreadGroup::run(2, move |comm| {
+            let per_step = Rc::new(RefCell::new(Vec::new()));
+            let observer = StepReads {
+                per_step: per_step.clone(),
+                last: 0,
+            };
+            let mut trainer = Trainer::builder(&run)
+                .config(c.clone())
+                .communicator(Box::new(comm))
+                .observer(Box::new(observer))
+                .build()
+                .unwrap();
+            trainer.run().unwrap();
+            let steps = per_step.borrow().clone();
+            steps
+        })
+        .unwrap();
+        for (rank, reads) in per_rank.iter().enumerate() {
+            assert!(
+                reads.len() >= 20,
+                "{label} rank {rank}: {} steps",
+                reads.len()
+            );
+            if reads.iter().any(|&r| r != transfers) {
+                failures.push(format!(
+                    "{label}, rank {rank} of 2: expected {transfers} host read(s) a step, its transfers to the transport; counted {reads:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -128,6 +128,12 @@ impl HostStaging {
         view
     }
 
+    /// The bytes of `message` (`Message::to_bytes`) made from host memory: one transfer
+    /// (`host::one_transfer`, one counted read), however many tensors the message has.
+    pub fn message_bytes(&mut self, message: &Message) -> Result<Vec<u8>> {
+        host::one_transfer(|| self.message_to_host(message).to_bytes())
+    }
+
     /// `message` with every tensor in host memory: all copies queued first, then one wait. The
     /// result's tensors are views of this staging's buffers, valid until its next call: make
     /// the bytes (`Message::to_bytes`) and drop it.
@@ -158,7 +164,16 @@ impl HostStaging {
     /// `flat` (f32, one dimension, on any device) summed over the ranks of `comm`, back on
     /// `flat`'s device: through the buffer of its length, summed in place, returned by a
     /// non-blocking copy (on the CPU a tensor of its own, never the buffer).
+    /// One transfer (`host::one_transfer`): one counted read on every device.
     pub fn all_reduce(&mut self, comm: &mut dyn Communicator, flat: &Tensor) -> Result<Tensor> {
+        host::one_transfer(|| self.all_reduce_in_host_memory(comm, flat))
+    }
+
+    fn all_reduce_in_host_memory(
+        &mut self,
+        comm: &mut dyn Communicator,
+        flat: &Tensor,
+    ) -> Result<Tensor> {
         let device = flat.device();
         let flat = flat.to_kind(Kind::Float).reshape([-1]);
         let numel = flat.numel();

@@ -139,8 +139,9 @@ impl Exchange {
             });
         }
         let message = encoder.encode(grads);
-        // MPI sends host memory: every tensor's copy is queued, the host waits once.
-        let bytes = self.staging.message_to_host(&message).to_bytes()?;
+        // MPI sends host memory: every tensor's copy is queued, the host waits once, and that
+        // one transfer is the step's one counted read (`host::one_transfer`).
+        let bytes = self.staging.message_bytes(&message)?;
         let encode_seconds = started.elapsed().as_secs_f64();
         let at = Instant::now();
         let gathered = self.comm.all_gather(&bytes)?;
