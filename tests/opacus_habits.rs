@@ -402,3 +402,47 @@ fn a_delta_of_one_over_n_or_more_is_warned_about() {
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(w[0].contains("1 / 40"), "{w:?}");
 }
+
+/// A model built from `tch::nn::Linear` (which records nothing on the tape) is refused, and the
+/// refusal names dpcomp's `Linear`, the layer to build it from instead.
+#[test]
+fn a_tch_linear_is_refused_naming_dpcomps_linear() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let layer = nn::linear(vs.root() / "fc", 3, 2, Default::default());
+    let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    let mut ctx = Ctx::private();
+    let xs = Tensor::ones([4, 3], (Kind::Float, Device::Cpu));
+    let loss = nn::Module::forward(&layer, &xs).sum(Kind::Float);
+    let e = per_sample_of(&mut ctx, &params, &loss)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("escape clipping") && e.contains("dpcomp::nn::Linear"),
+        "{e}"
+    );
+}
+
+/// The CIFAR normalisation constants are public, for using a model trained here elsewhere.
+#[test]
+fn the_cifar_normalisation_constants_are_public() {
+    use dpcomp::data::cifar::{CIFAR100_MEAN, CIFAR100_STD, CIFAR10_MEAN, CIFAR10_STD};
+    assert_eq!(CIFAR10_MEAN, [0.4914, 0.4822, 0.4465]);
+    assert_eq!(CIFAR10_STD, [0.2470, 0.2435, 0.2616]);
+    assert_eq!((CIFAR100_MEAN[0], CIFAR100_STD[0]), (0.5071, 0.2673));
+}
+
+/// `Dataset::truncated` borrows: the subset and the whole set side by side.
+#[test]
+fn a_data_set_is_truncated_without_giving_it_up() {
+    let rows = Tensor::arange(12, (Kind::Float, Device::Cpu)).view([6, 2]);
+    let whole = Dataset::new(
+        Features::Rows(rows),
+        Tensor::zeros([6], (Kind::Int64, Device::Cpu)),
+        None,
+    );
+    let subset = whole.truncated(4);
+    assert_eq!((subset.len(), whole.len()), (4, 6));
+    assert_eq!(whole.truncated(10).len(), 6);
+    assert_eq!(whole.truncate(2).len(), 2);
+}

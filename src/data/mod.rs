@@ -328,17 +328,34 @@ impl Dataset {
     }
 
     /// The first `n` examples (for `--limit-train`); all of them when `n` exceeds the size.
+    /// Consumes the data set (no copy when it is kept whole); `truncated` leaves it as it is.
     pub fn truncate(self, n: i64) -> Dataset {
         if n >= self.len() {
             return self;
         }
+        self.truncated(n)
+    }
+
+    /// The first `n` examples (all of them when `n` exceeds the size) as a data set of their
+    /// own, leaving this one as it is: a subset for a quick run beside the whole set.
+    ///
+    /// ```
+    /// use dpcomp::prelude::*;
+    /// let rows = tch::Tensor::arange(10, (tch::Kind::Float, tch::Device::Cpu)).view([5, 2]);
+    /// let labels = tch::Tensor::from_slice(&[0i64, 1, 0, 1, 1]);
+    /// let whole = Dataset::new(Features::Rows(rows), labels, None);
+    /// let subset = whole.truncated(3);
+    /// assert_eq!((subset.len(), whole.len()), (3, 5));
+    /// ```
+    pub fn truncated(&self, n: i64) -> Dataset {
+        let n = n.min(self.len());
         let index = Tensor::arange(n, (Kind::Int64, Device::Cpu));
         let host_widths = self.host_widths.as_ref().map(|w| w.narrow(0, 0, n));
         let batch_index = index.to_device(self.device());
         Dataset {
             features: self.features.select_trimmed(&batch_index, None),
             labels: self.labels.narrow(0, 0, n),
-            image_transform: self.image_transform,
+            image_transform: self.image_transform.clone(),
             host_widths,
         }
     }

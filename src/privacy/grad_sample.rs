@@ -440,7 +440,7 @@ fn in_parameter_order<T>(
             by_ptr.remove(&(p.data_ptr() as usize)).ok_or_else(|| {
                 Error::bad_value(
                     "model",
-                    format!("trainable parameter {name} is not on the per-sample tape: it would escape clipping"),
+                    format!("trainable parameter {name} is not on the per-sample tape: it would escape clipping (build every trainable layer from dpcomp's layers, e.g. dpcomp::nn::Linear rather than tch::nn::Linear, which record what per-sample gradients need in a private forward pass, or from a layer of one's own that implements nn::Recorded)"),
                 )
             })
         })
