@@ -131,7 +131,7 @@ impl GradientPrivacyProblem {
             None => Err(Error::bad_value(
                 "epsilon",
                 format!(
-                    "no feasible beta in (0, 1) for n {}, T {}, epsilon {}, delta {}: Theorem 11's conditions (32)-(33) fail everywhere (raise epsilon, n or delta)",
+                    "no feasible beta in (0, 1) for n {}, T {}, epsilon {}, delta {:e}: Theorem 11's conditions (32)-(33) fail everywhere (raise epsilon, n or delta)",
                     self.examples, self.steps, self.epsilon, self.delta
                 ),
             )),

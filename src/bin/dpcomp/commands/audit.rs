@@ -12,10 +12,12 @@ pub struct AuditArgs {
     /// TOML file with any of the training settings below (flags override it).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Run folder (default runs/audit-<task>); audit.json is written there.
+    /// Run folder (default runs/audit-<task>); audit.json is written there. An audit trains a
+    /// fresh run: a folder that already holds one is refused.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// m, the canaries (each included with probability 1/2).
+    /// m, the canaries (each included with probability 1/2); white-box Dirac canaries up to
+    /// the model's parameter count, dense ones up to 2^29 floats in all (m x parameters).
     #[arg(long, default_value_t = 1000)]
     pub canaries: usize,
     /// Gradient canaries added to the clipped sum (the default).

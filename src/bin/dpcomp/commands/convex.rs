@@ -6,7 +6,8 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 pub struct ConvexArgs {
     /// breast_cancer (breast_cancer/breast_cancer.csv in the data folder), csv:PATH (features...,
-    /// label 0/1 or -1/+1), or synthetic:N:D (separable with margin, hinge optimum 0 known).
+    /// label 0/1 or -1/+1), or synthetic:N:D (separable with margin, hinge optimum 0 known;
+    /// 10 <= N <= 1,000,000 rows, N x D <= 10,000,000 values).
     #[arg(long, default_value = "breast_cancer")]
     pub data: String,
     /// hinge, qhinge:Q (1 < Q <= 2), logistic or least_squares.

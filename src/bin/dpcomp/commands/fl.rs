@@ -80,7 +80,8 @@ pub struct FlArgs {
     /// N (default: 1000 for Fashion-MNIST, 50 for breast cancer).
     #[arg(long)]
     pub clients: Option<usize>,
-    /// C, the probability that a client takes part in a round.
+    /// C, the probability that a client takes part in a round (with --dp at least 1 / N: one
+    /// expected client a round).
     #[arg(long)]
     pub fraction: Option<f64>,
     /// T_gd, local steps a round.
