@@ -85,9 +85,9 @@ impl Trainer {
         if own.is_none() {
             let data = crate::data::data_dir(config.data.data_dir.as_deref());
             config.data.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
-        }
             // The folder resolved from $DPCOMP_DATA is recorded too: it must be UTF-8 as well.
             config.check_paths()?;
+        }
         if comm.as_ref().is_some_and(|c| c.rank() > 0) {
             // Rank 0 alone touches the run folder.
             return Self::build(config, run_dir, None, own, edit, comm)
@@ -190,9 +190,9 @@ impl Trainer {
         let saved = TrainConfig::from_toml_file(&config_path)?;
         let mut config = saved.clone();
         overrides.apply(&mut config);
-        let conflicts: Vec<SettingConflict> = saved
         // A path given now (`data.data_dir`) is compared and written as TOML text.
         config.check_paths()?;
+        let conflicts: Vec<SettingConflict> = saved
             .differences(&config)
             .into_iter()
             .filter(|(field, _, _)| !RESUME_MAY_CHANGE.contains(&field.as_str()))
@@ -211,12 +211,12 @@ impl Trainer {
         }
         config.validate()?;
         let dir = checkpoint::open(run_dir)?;
-        let state = checkpoint::read_state(&dir)?;
         if writes {
             // A save cut short (a kill, a full disk) is of no use: free its space before this
             // resume rewrites the logs.
             let _ = std::fs::remove_dir_all(run_dir.join("checkpoint.tmp"));
         }
+        let state = checkpoint::read_state(&dir)?;
         if config.epochs < state.epochs_done {
             return Err(Error::bad_value(
                 "epochs",
