@@ -659,3 +659,130 @@ fn the_accountant_history_round_trips_through_json_exactly() {
         "1/n and σ not restored exactly for n in {off:?}"
     );
 }
+
+/// The largest ε with δ(ε) > `delta` on a decreasing privacy curve, at any scale (the curve's
+/// ε may be 10^17): doubling, then bisection to 1e-9 relative. A lower bound on the curve's ε.
+fn lower_epsilon_of_curve(delta_of: impl Fn(f64) -> f64, delta: f64) -> f64 {
+    if delta_of(0.0) <= delta {
+        return 0.0;
+    }
+    let mut hi = 1.0;
+    while delta_of(hi) > delta {
+        hi *= 2.0;
+    }
+    let mut lo = 0.0;
+    while hi - lo > 1e-9 * hi.max(1.0) {
+        let mid = 0.5 * (lo + hi);
+        if delta_of(mid) > delta {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// ε the PLD accountant must never report less than: the exact ε of the first step alone (in
+/// both directions, from the closed-form hockey-stick divergence), and at q = 1 the exact ε of
+/// all T steps (one Gaussian mechanism with μ = √T / σ).
+fn exact_lower_bound(q: f64, sigma: f64, steps: u64, delta: f64) -> f64 {
+    use dpcomp::privacy::pld::{one_step_delta, Adjacency};
+    let first_step = |e: f64| {
+        one_step_delta(q, sigma, Adjacency::Remove, e).max(one_step_delta(
+            q,
+            sigma,
+            Adjacency::Add,
+            e,
+        ))
+    };
+    let mut bound = lower_epsilon_of_curve(first_step, delta);
+    if q == 1.0 {
+        let mu = (steps as f64).sqrt() / sigma;
+        let gaussian = |e: f64| {
+            log_normal_sf(e / mu - mu / 2.0).exp() - (e + log_normal_sf(e / mu + mu / 2.0)).exp()
+        };
+        bound = bound.max(lower_epsilon_of_curve(gaussian, delta));
+    }
+    bound
+}
+
+/// The PLD accountant reported ε 0 (or orders of magnitude too little) for a noised run at tiny
+/// σ or huge T: q 0.25, σ 1e-9, 12 steps gave 0.0000 (RDP 6e18); q 0.01 and q 1 at σ 1 and 10^12
+/// steps gave 0; σ 1e-4 and 1,000 steps gave 7,940 (RDP 5.5e10); σ 1e-7 and one step 2.7e7
+/// (exact 5e13). Now ε is never below the exact ε of the first step (or of all steps, at q 1)
+/// nor above RDP, and where the composition cannot be trusted it says so (`fallback`).
+#[test]
+fn pld_is_never_below_the_truth_at_tiny_sigma_or_huge_step_counts() {
+    use dpcomp::privacy::pld::{epsilon_detailed, RdpFallback};
+    let block = |q: f64, sigma: f64, steps: u64| dpcomp::privacy::history::StepBlock {
+        noise_multiplier: sigma,
+        sample_rate: q,
+        steps,
+    };
+    let cases: [(f64, f64, u64, f64); 7] = [
+        (0.25, 1e-9, 12, 8e-5),
+        (0.01, 1.0, 1_000_000_000_000, 1e-5),
+        (1.0, 1.0, 1_000_000_000_000, 1e-5),
+        (0.01, 1e-4, 1_000, 1e-5),
+        (0.25, 1e-4, 1_000, 1e-5),
+        (1.0, 1e-7, 1, 1e-5),
+        (0.01, 1.0, u64::MAX, 1e-5),
+    ];
+    for (q, sigma, steps, delta) in cases {
+        let pld = epsilon_detailed(&[block(q, sigma, steps)], delta).unwrap();
+        let rdp = epsilon_for(sigma, q, steps, delta).unwrap();
+        let exact = exact_lower_bound(q, sigma, steps, delta);
+        assert!(
+            pld.epsilon >= exact && pld.epsilon <= rdp * (1.0 + 1e-12),
+            "q {q} σ {sigma:e} T {steps} δ {delta:e}: PLD {pld:?}, exact lower bound {exact}, RDP {rdp}"
+        );
+        if steps > dpcomp::privacy::pld::MAX_PLD_STEPS {
+            assert_eq!(pld.fallback, Some(RdpFallback::TooManySteps), "{pld:?}");
+            assert_eq!(pld.epsilon, rdp);
+        }
+    }
+    // The first case by hand: one step in four includes the example, and it then moves the
+    // output by 10^9 standard deviations, so ε is about 1 / (2σ²) = 5e17.
+    let first = epsilon_detailed(&[block(0.25, 1e-9, 12)], 8e-5).unwrap();
+    assert!(first.epsilon > 4e17, "{first:?}");
+}
+
+/// A property over the whole input space the accountant accepts, far beyond the fuzz of the
+/// ordinary range: q in [1e-6, 1], σ in [1e-9, 1e3], T in [1, 10^13], δ in [1e-20, 0.1]
+/// (log-uniform, fixed seed). PLD never reports less than the exact ε of the first step (of all
+/// steps at q 1) and never more than RDP.
+#[test]
+fn pld_lies_between_the_exact_first_step_and_rdp_everywhere() {
+    use dpcomp::privacy::pld::{epsilon_detailed, MIN_PLD_DELTA};
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(54);
+    let log_uniform = |rng: &mut rand::rngs::StdRng, lo: f64, hi: f64| {
+        (rng.random_range(lo.ln()..=hi.ln())).exp()
+    };
+    for i in 0..40 {
+        let q = if i % 4 == 0 {
+            1.0
+        } else {
+            log_uniform(&mut rng, 1e-6, 1.0)
+        };
+        let sigma = log_uniform(&mut rng, 1e-9, 1e3);
+        let steps = log_uniform(&mut rng, 1.0, 1e13).round() as u64;
+        let delta = log_uniform(&mut rng, MIN_PLD_DELTA, 0.1);
+        let block = dpcomp::privacy::history::StepBlock {
+            noise_multiplier: sigma,
+            sample_rate: q,
+            steps,
+        };
+        let pld = epsilon_detailed(&[block], delta).unwrap();
+        let rdp = epsilon_for(sigma, q, steps, delta).unwrap();
+        let exact = exact_lower_bound(q, sigma, steps, delta);
+        eprintln!(
+            "q {q:.3e} σ {sigma:.3e} T {steps} δ {delta:.1e}: PLD {:.6e} ({:?}), exact ≥ {exact:.6e}, RDP {rdp:.6e}",
+            pld.epsilon, pld.fallback
+        );
+        assert!(
+            pld.epsilon >= exact && pld.epsilon <= rdp * (1.0 + 1e-12),
+            "q {q} σ {sigma:e} T {steps} δ {delta:e}: PLD {pld:?}, exact lower bound {exact}, RDP {rdp}"
+        );
+    }
+}

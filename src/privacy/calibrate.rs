@@ -3,9 +3,14 @@
 //! returned σ gives ε <= target).
 
 use super::accountant::Accountant;
+use super::history::StepBlock;
+use super::pld;
 use super::AccountantKind;
 use super::{validate, validate_delta};
 use crate::error::{Error, Result};
+
+/// The largest σ calibration tries: a target ε that needs more noise is refused.
+pub const MAX_NOISE_MULTIPLIER: f64 = 1e6;
 
 /// ε of `steps` steps at (σ, q) and δ with the RDP accountant (Opacus's).
 pub fn epsilon_for(noise_multiplier: f64, sample_rate: f64, steps: u64, delta: f64) -> Result<f64> {
@@ -31,7 +36,9 @@ pub fn epsilon_with(
     Ok(accountant.epsilon(kind, delta)?.0)
 }
 
-/// Smallest σ (to 1e-6 relative for RDP, 1e-4 for the slower PLD) with ε(σ) <= target.
+/// Smallest σ (to 1e-6 relative for RDP, 1e-4 for PLD) with ε(σ) <= target. PLD calibration
+/// starts from RDP's σ and searches on a coarse grid before the default one
+/// (`pld_noise_multiplier`).
 pub fn noise_multiplier_for(
     kind: AccountantKind,
     target_epsilon: f64,
@@ -50,25 +57,122 @@ pub fn noise_multiplier_for(
             format!("{target_epsilon}: expected a positive, finite epsilon"),
         ));
     }
-    let eps = |sigma: f64| epsilon_with(kind, sigma, sample_rate, steps, delta);
-    let mut high = 1.0;
-    while eps(high)? > target_epsilon {
-        high *= 2.0;
-        if high > 1e6 {
-            return Err(Error::bad_value(
-                "target_epsilon",
-                format!("{target_epsilon}: not reachable with any sigma below 1e6"),
-            ));
+    // RDP first: it is cheap, and its σ is a valid start for PLD (the PLD accountant never
+    // reports more than RDP, so RDP's σ meets the target under PLD too).
+    let rdp = |sigma: f64| epsilon_with(AccountantKind::Rdp, sigma, sample_rate, steps, delta);
+    let rdp_sigma = match bracket_and_bisect(rdp, target_epsilon, 1e-6) {
+        Ok(sigma) => sigma,
+        Err(e) if kind == AccountantKind::Rdp => return Err(e),
+        Err(_) => MAX_NOISE_MULTIPLIER,
+    };
+    match kind {
+        AccountantKind::Rdp => Ok(rdp_sigma),
+        AccountantKind::Pld => pld_noise_multiplier(
+            target_epsilon,
+            StepBlock {
+                noise_multiplier: rdp_sigma,
+                sample_rate,
+                steps,
+            },
+            delta,
+        ),
+    }
+}
+
+/// The grid spacing of PLD calibration's search (ten times `pld::DEFAULT_INTERVAL`, ten times
+/// cheaper): an upper bound like the fine grid's, only looser.
+const SEARCH_INTERVAL: f64 = 10.0 * pld::DEFAULT_INTERVAL;
+
+/// PLD calibration: a bisection on the coarse `SEARCH_INTERVAL` grid from RDP's σ (`start`)
+/// down to 1e-3 relative, then on the default grid, below the coarse answer (the fine grid's ε
+/// is the smaller, so its σ is too), to 1e-4 relative. Every σ it returns was evaluated on
+/// the default grid, checked against its bounds (`pld::epsilon_detailed`), at or below the
+/// target.
+fn pld_noise_multiplier(target_epsilon: f64, start: StepBlock, delta: f64) -> Result<f64> {
+    let epsilon = |sigma: f64, interval: f64| -> Result<f64> {
+        let block = StepBlock {
+            noise_multiplier: sigma,
+            ..start
+        };
+        Ok(pld::epsilon_on_grid(&[block], delta, interval)?.epsilon)
+    };
+    let mut high = start.noise_multiplier;
+    if epsilon(high, pld::DEFAULT_INTERVAL)? > target_epsilon {
+        return Err(Error::bad_value(
+            "target_epsilon",
+            format!("{target_epsilon}: not reachable with any sigma up to {high:e}"),
+        ));
+    }
+    // Coarse: ε(high) <= target holds on the coarse grid only where it is reachable there.
+    if epsilon(high, SEARCH_INTERVAL)? <= target_epsilon {
+        let mut low = 0.5 * high;
+        while epsilon(low, SEARCH_INTERVAL)? <= target_epsilon && low > 1e-12 {
+            (high, low) = (low, 0.5 * low);
+        }
+        high = bisect(
+            |s| epsilon(s, SEARCH_INTERVAL),
+            target_epsilon,
+            low,
+            high,
+            1e-3,
+        )?;
+    }
+    // Fine: a bracket below the coarse answer, widened until its low end misses the target.
+    let mut width = 0.005;
+    let mut low = high * (1.0 - width);
+    while epsilon(low, pld::DEFAULT_INTERVAL)? <= target_epsilon {
+        high = low;
+        width = (2.0 * width).min(0.5);
+        low = high * (1.0 - width);
+        if low < 1e-12 {
+            return Ok(high);
         }
     }
-    let precision = match kind {
-        AccountantKind::Rdp => 1e-6,
-        AccountantKind::Pld => 1e-4,
-    };
-    let mut low = 0.0;
+    bisect(
+        |s| epsilon(s, pld::DEFAULT_INTERVAL),
+        target_epsilon,
+        low,
+        high,
+        1e-4,
+    )
+}
+
+/// The smallest σ found with ε(σ) <= target, to `precision` relative, doubling from 1 up to
+/// `MAX_NOISE_MULTIPLIER` for the upper end.
+fn bracket_and_bisect(
+    epsilon: impl Fn(f64) -> Result<f64>,
+    target_epsilon: f64,
+    precision: f64,
+) -> Result<f64> {
+    let mut high = 1.0;
+    while epsilon(high)? > target_epsilon {
+        if high >= MAX_NOISE_MULTIPLIER {
+            return Err(Error::bad_value(
+                "target_epsilon",
+                format!(
+                    "{target_epsilon}: not reachable with any sigma up to \
+                     {MAX_NOISE_MULTIPLIER:e} (epsilon {:.4} there)",
+                    epsilon(high)?
+                ),
+            ));
+        }
+        high = (2.0 * high).min(MAX_NOISE_MULTIPLIER);
+    }
+    bisect(epsilon, target_epsilon, 0.0, high, precision)
+}
+
+/// Bisection on σ between `low` (ε above the target, or 0) and `high` (ε at or below it) to
+/// `precision` relative; returns the upper end, whose ε meets the target.
+fn bisect(
+    epsilon: impl Fn(f64) -> Result<f64>,
+    target_epsilon: f64,
+    mut low: f64,
+    mut high: f64,
+    precision: f64,
+) -> Result<f64> {
     while high - low > precision * high {
         let mid = 0.5 * (low + high);
-        if eps(mid)? > target_epsilon {
+        if epsilon(mid)? > target_epsilon {
             low = mid;
         } else {
             high = mid;

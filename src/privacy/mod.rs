@@ -11,6 +11,7 @@ pub mod grad_sample;
 pub mod history;
 pub mod noise;
 pub mod pld;
+pub mod pld_bounds;
 pub mod rdp;
 
 use crate::error::{Error, Result};

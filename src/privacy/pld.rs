@@ -34,6 +34,7 @@
 //! spread); `epsilon_detailed` returns the spacing used so callers can say when it was coarsened.
 
 use super::history::StepBlock;
+use super::pld_bounds;
 use super::rdp::log_erfc;
 use super::{validate, validate_delta};
 use crate::error::{Error, Result};
@@ -54,10 +55,15 @@ const TAIL_FRACTION: f64 = 1e-6;
 /// against the exact Gaussian and one-step values and against RDP to that δ. Below it the
 /// accountant refuses (use RDP, which has no such floor).
 pub const MIN_PLD_DELTA: f64 = 1e-20;
-/// Tilts tried when choosing the Chernoff-optimal λ: 1e-3 to 1e3 in steps of 1.25 (λ + 1 is the
-/// RDP order, so this covers Opacus's orders 1.1 to 63 and beyond). Off by a factor 1.25 the
+/// Tilts tried when choosing the Chernoff-optimal λ: 1e-9 to 1e3 in steps of 1.25 (λ + 1 is the
+/// RDP order, so this covers Opacus's orders 1.1 to 63 and beyond; long runs of small σ need
+/// λ far below 1e-3: at q 1, σ 0.0134, 429,147 steps the optimum is about 8e-5, and a tilt of
+/// 1e-3 moved the mass e^{-1000} away from ε, where it underflowed). Off by a factor 1.25 the
 /// tilted mass still sits within a few standard deviations of ε.
-const TILT_RANGE: (f64, f64, f64) = (1e-3, 1e3, 1.25);
+const TILT_RANGE: (f64, f64, f64) = (1e-9, 1e3, 1.25);
+/// The smallest tilted mass, relative to the largest, that `DiscretePld::resolves` counts as
+/// mass: ten thousand times the FFT's relative rounding of about 1e-16.
+const RESOLVED_FRACTION: f64 = 1e-12;
 /// Largest FFT length a composition may use (2^22 points: about 200 MB at peak in f64 and
 /// complex buffers, measured). Grids that would need more are coarsened (see the module docs).
 pub const MAX_FFT_LEN: usize = 1 << 22;
@@ -350,6 +356,11 @@ impl DiscretePld {
         self.fft_len(self.composed_window(steps, tail))
     }
 
+    /// FFT length of a composition on `window` (from `composed_window`).
+    pub fn window_len(&self, window: (i64, i64)) -> usize {
+        self.fft_len(window)
+    }
+
     fn fft_len(&self, (k_lo, k_hi): (i64, i64)) -> usize {
         let width = (k_hi - k_lo + 1) as usize;
         (width.max(self.pmf.len()) * 2).next_power_of_two()
@@ -359,9 +370,15 @@ impl DiscretePld {
     /// the pmf in the same tilt as `self`; `tail` is the untilted mass the window may drop on
     /// each side, moved to infinite loss.
     pub fn compose(&self, steps: u64, tail: f64) -> DiscretePld {
+        self.compose_on(steps, tail, self.composed_window(steps, tail))
+    }
+
+    /// `compose` on a window already computed by `composed_window(steps, tail)` (it costs a
+    /// few dozen moment generating functions over the pmf, so it is computed once).
+    pub fn compose_on(&self, steps: u64, tail: f64, window: (i64, i64)) -> DiscretePld {
         let t = steps as f64;
         let h = self.interval;
-        let (k_lo, k_hi) = self.composed_window(steps, tail);
+        let (k_lo, k_hi) = window;
         let width = (k_hi - k_lo + 1) as usize;
         let n = self.fft_len((k_lo, k_hi));
         assert!(
@@ -420,41 +437,142 @@ impl DiscretePld {
         }
     }
 
-    /// δ(ε) = Σ_y p(y) (1 − e^{ε − y})₊ + p(∞), with the untilted mass
-    /// p(y) = pmf(y) exp(log_scale − tilt y) formed in logs (it is far below f64's smallest
-    /// normal number where the tilted pmf is not).
+    /// The untilted mass at grid point i: pmf(y) exp(log_scale − tilt y), formed in logs (it is
+    /// far below f64's smallest normal number where the tilted pmf is not).
+    fn mass(&self, i: usize, y: f64) -> f64 {
+        let p = self.pmf[i];
+        if p <= 0.0 {
+            0.0
+        } else if self.tilt == 0.0 && self.log_scale == 0.0 {
+            p
+        } else {
+            (p.ln() + self.log_scale - self.tilt * y).exp()
+        }
+    }
+
+    fn loss_at(&self, i: usize) -> f64 {
+        (self.k_lo + i as i64) as f64 * self.interval
+    }
+
+    /// Whether δ near `epsilon` was read from masses above the FFT's rounding: where the
+    /// tilted pmf holds mass above ε at all (above `RESOLVED_FRACTION` of its largest value),
+    /// it must hold such mass within 5 / λ of ε (two grid points at least), since δ(ε) is made
+    /// of the untilted masses just above ε, the tilted ones times e^{−λy}. A tilt that put the
+    /// bulk of the mass far above ε leaves zeros or rounding noise there, and the ε read from
+    /// them is far too small (q 1, σ 0.0134, 429,147 steps with λ 1e-3: 6.6e4 below the exact
+    /// value).
+    pub fn resolves(&self, epsilon: f64) -> bool {
+        if !epsilon.is_finite() || epsilon <= 0.0 {
+            return true;
+        }
+        let largest = self.pmf.iter().copied().fold(0.0f64, f64::max);
+        let floor = RESOLVED_FRACTION * largest;
+        let reach = if self.tilt > 0.0 {
+            epsilon + (5.0 / self.tilt).max(2.0 * self.interval)
+        } else {
+            f64::INFINITY
+        };
+        let (mut near, mut beyond) = (false, false);
+        for (i, &p) in self.pmf.iter().enumerate() {
+            let y = self.loss_at(i);
+            if y > epsilon && p > floor {
+                if y <= reach {
+                    near = true;
+                } else {
+                    beyond = true;
+                }
+            }
+        }
+        near || !beyond
+    }
+
+    /// δ(ε) = Σ_y p(y) (1 − e^{ε − y})₊ + p(∞), term by term over the untilted masses.
     pub fn delta(&self, epsilon: f64) -> f64 {
         let mut delta = self.infinity;
-        for (i, &p) in self.pmf.iter().enumerate() {
-            let y = (self.k_lo + i as i64) as f64 * self.interval;
-            if y > epsilon && p > 0.0 {
-                let mass = if self.tilt == 0.0 && self.log_scale == 0.0 {
-                    p
-                } else {
-                    (p.ln() + self.log_scale - self.tilt * y).exp()
-                };
-                delta += mass * -(epsilon - y).exp_m1();
+        for i in 0..self.pmf.len() {
+            let y = self.loss_at(i);
+            if y > epsilon {
+                delta += self.mass(i, y) * -(epsilon - y).exp_m1();
             }
         }
         delta
     }
 
-    /// The smallest ε >= 0 (to 1e-7, relative above 1) with δ(ε) <= `delta`; ∞ if even the largest finite loss
-    /// leaves more than δ.
+    /// The smallest ε >= 0 with δ(ε) <= `delta`; ∞ if even the largest finite loss leaves more
+    /// than δ.
+    ///
+    /// Between two grid points y_i < ε <= y_{i+1} the points above ε are fixed, so
+    /// δ(ε) = p(∞) + S_i − e^{ε − y_i} U_i with S_i = Σ_{j>i} p_j and
+    /// U_i = Σ_{j>i} p_j e^{y_i − y_j}, both summed from the top down in one pass
+    /// (U_i = e^{−h} (U_{i+1} + p_{i+1})). That pass finds the cell where δ crosses `delta`,
+    /// and there ε = y_i + log((p(∞) + S_i − δ) / U_i). The answer is then checked term by
+    /// term, and where rounding put it a hair low, bisection inside the cell moves it up: the
+    /// ε returned always has δ(ε) <= `delta` by the term-by-term sum.
     pub fn epsilon(&self, delta: f64) -> f64 {
         if self.infinity > delta {
             return f64::INFINITY;
         }
-        let mut hi = (self.k_lo + self.pmf.len() as i64) as f64 * self.interval;
-        if self.delta(hi) > delta {
+        let top = (self.k_lo + self.pmf.len() as i64) as f64 * self.interval;
+        if self.delta(top) > delta {
             return f64::INFINITY;
         }
-        let mut lo = 0.0;
         if self.delta(0.0) <= delta {
             return 0.0;
         }
-        // Relative tolerance: at ε in the thousands an absolute 1e-7 is below f64 resolution.
-        while hi - lo > 1e-7 * hi.max(1.0) {
+        let decay = (-self.interval).exp();
+        let n = self.pmf.len();
+        // (lower end of the cell, its upper end, the solution in it); the lowest cell starts at
+        // 0 when every grid point is above it.
+        let (mut s, mut u) = (0.0f64, 0.0f64);
+        let mut found = None;
+        for i in (0..n).rev() {
+            let y = self.loss_at(i);
+            if self.infinity + s - u > delta {
+                let upper = self.loss_at(i + 1);
+                let solved = y + ((self.infinity + s - delta) / u).ln();
+                found = Some((y.max(0.0), upper, solved));
+                break;
+            }
+            let m = self.mass(i, y);
+            s += m;
+            u = decay * (u + m);
+            if y <= 0.0 {
+                break;
+            }
+        }
+        let (lower, upper, solved) = match found {
+            Some(cell) => cell,
+            // δ at every grid point >= 0 is at most `delta` but δ(0) is not: the cell is
+            // (0, y_0] with every point above ε, where ε = log((p(∞) + S − δ) / B),
+            // B = Σ_j p_j e^{−y_j}.
+            None => {
+                let y0 = self.loss_at(0).max(0.0);
+                let (mut a, mut b) = (0.0, 0.0);
+                for i in 0..n {
+                    let y = self.loss_at(i);
+                    let m = self.mass(i, y);
+                    a += m;
+                    b += m * (y0 - y).exp();
+                }
+                (0.0, y0, y0 + ((self.infinity + a - delta) / b).ln())
+            }
+        };
+        let candidate = if solved.is_finite() {
+            solved.clamp(lower, upper)
+        } else {
+            upper
+        };
+        if self.delta(candidate) <= delta {
+            return candidate;
+        }
+        // Rounding: bisect between the candidate and the first point known to satisfy δ.
+        let mut lo = candidate;
+        let mut hi = if self.delta(upper) <= delta {
+            upper
+        } else {
+            top
+        };
+        while hi - lo > 1e-9 * hi.max(1.0) {
             let mid = 0.5 * (lo + hi);
             if self.delta(mid) > delta {
                 lo = mid;
@@ -482,14 +600,18 @@ pub fn epsilon_for_blocks(blocks: &[StepBlock], delta: f64) -> Result<f64> {
     Ok(epsilon_detailed(blocks, delta)?.epsilon)
 }
 
-/// ε and the grid spacing it was computed at (`DEFAULT_INTERVAL` unless the loss range needed
-/// a coarser grid to fit `MAX_FFT_LEN`; a coarser grid gives a looser, still valid, bound).
+/// ε and how it was obtained: the grid spacing of the PLD composition (`DEFAULT_INTERVAL`
+/// unless the loss range needed a coarser grid to fit `MAX_FFT_LEN`; a coarser grid gives a
+/// looser, still valid, bound), and whether the RDP bound replaced the PLD answer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PldEpsilon {
     /// ε at the δ asked for, an upper bound.
     pub epsilon: f64,
-    /// h, the loss grid spacing ε was computed at.
+    /// h, the loss grid spacing the PLD composition used (`DEFAULT_INTERVAL` when it did not
+    /// run).
     pub interval: f64,
+    /// `Some` when `epsilon` is the RDP bound instead of the PLD answer, and why.
+    pub fallback: Option<RdpFallback>,
 }
 
 impl PldEpsilon {
@@ -499,6 +621,45 @@ impl PldEpsilon {
         self.interval > DEFAULT_INTERVAL
     }
 }
+
+/// Why the PLD accountant reported the RDP bound (an upper bound at every input) instead of
+/// its own composition. In none of these cases is a PLD number below the RDP one reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdpFallback {
+    /// A block has more than `MAX_PLD_STEPS` steps: the FFT composition's rounding error grows
+    /// with the number of compositions and is not shown to stay negligible past it.
+    TooManySteps,
+    /// No grid spacing fits the composition in `MAX_FFT_LEN` points.
+    NoGridFits,
+    /// The composition's numerics lost the mass that makes δ: its tilted pmf held no mass near
+    /// ε (`DiscretePld::resolves`), or its answer was not finite, or it fell below a lower
+    /// bound on the true ε (`pld_bounds::lower_bound`).
+    LostPrecision,
+    /// The composition's answer was above the RDP bound (a coarsened grid): both are upper
+    /// bounds, and the smaller one is reported.
+    RdpTighter,
+}
+
+impl std::fmt::Display for RdpFallback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RdpFallback::TooManySteps => {
+                "more steps than the PLD composition is validated for (10^7 a block)"
+            }
+            RdpFallback::NoGridFits => "the loss range does not fit the PLD grid",
+            RdpFallback::LostPrecision => {
+                "the PLD composition lost precision (too little mass near its answer, or an \
+                 answer below a lower bound on the true epsilon)"
+            }
+            RdpFallback::RdpTighter => "the RDP bound is tighter here (a coarsened PLD grid)",
+        })
+    }
+}
+
+/// Most steps one block may have for the PLD composition to run; longer histories get the RDP
+/// bound (`RdpFallback::TooManySteps`). `tests/accountant.rs` checks the composition against
+/// RDP and the lower bounds up to here.
+pub const MAX_PLD_STEPS: u64 = 10_000_000;
 
 /// Checks δ for the PLD accountant: 0 < δ < 1 and at least `MIN_PLD_DELTA`, below which its
 /// truncations are not shown to stay negligible (the error names the RDP accountant, which
@@ -535,6 +696,8 @@ fn chernoff_tilt(steps: &[(DiscretePld, u64)], delta: f64) -> f64 {
             .sum();
         (total - delta.ln()) / lambda
     };
+    // A scan in factors of 4, then in factors of `factor` around its best: the bound is
+    // unimodal in λ (a convex log-mgf over λ), and each try costs one pass over the pmf.
     let (mut best, mut best_bound) = (low, f64::INFINITY);
     let mut lambda = low;
     while lambda <= high {
@@ -542,40 +705,91 @@ fn chernoff_tilt(steps: &[(DiscretePld, u64)], delta: f64) -> f64 {
         if b < best_bound {
             (best, best_bound) = (lambda, b);
         }
-        lambda *= factor;
+        lambda *= 4.0;
+    }
+    let coarse = best;
+    for power in [-6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6] {
+        let lambda = coarse * factor.powi(power);
+        if (low..=high).contains(&lambda) {
+            let b = bound(lambda);
+            if b < best_bound {
+                (best, best_bound) = (lambda, b);
+            }
+        }
     }
     best
 }
 
-/// ε of a history of step blocks, on the finest grid (1e-4 doubled as often as needed) whose
-/// composition fits `MAX_FFT_LEN` points.
+/// ε of a history of step blocks: the PLD composition on the finest grid (1e-4 doubled as often
+/// as needed) that fits `MAX_FFT_LEN` points, checked against the bounds of `pld_bounds`.
+/// Where the composition cannot run or its answer fails a check, ε is the RDP bound and
+/// `fallback` says why; the result is never below the smaller of the two upper bounds.
 pub fn epsilon_detailed(blocks: &[StepBlock], delta: f64) -> Result<PldEpsilon> {
+    epsilon_on_grid(blocks, delta, DEFAULT_INTERVAL)
+}
+
+/// `epsilon_detailed` with the grid spacing starting at `interval` instead of
+/// `DEFAULT_INTERVAL`. Connect-the-dots on a coarser grid is still an upper bound, only a
+/// looser one: calibration searches σ on a coarse grid, ten times cheaper, before it refines
+/// on the default one.
+pub fn epsilon_on_grid(blocks: &[StepBlock], delta: f64, interval: f64) -> Result<PldEpsilon> {
     validate_pld_delta(delta)?;
+    if !(interval > 0.0 && interval.is_finite()) {
+        return Err(Error::bad_value(
+            "interval",
+            format!("{interval}: expected a positive, finite grid spacing"),
+        ));
+    }
     for b in blocks {
         validate(b.sample_rate, b.noise_multiplier, b.steps)?;
     }
     if blocks.iter().any(|b| b.noise_multiplier == 0.0) {
         return Ok(PldEpsilon {
             epsilon: f64::INFINITY,
-            interval: DEFAULT_INTERVAL,
+            interval,
+            fallback: None,
         });
     }
-    let mut interval = DEFAULT_INTERVAL;
+    let rdp = pld_bounds::rdp_upper_bound(blocks, delta);
+    let with_rdp = |interval: f64, reason: RdpFallback| PldEpsilon {
+        epsilon: rdp,
+        interval,
+        fallback: Some(reason),
+    };
+    if blocks.iter().any(|b| b.steps > MAX_PLD_STEPS) {
+        return Ok(with_rdp(interval, RdpFallback::TooManySteps));
+    }
+    let Some((pld, interval)) = composed_epsilon(blocks, delta, interval) else {
+        return Ok(with_rdp(interval, RdpFallback::NoGridFits));
+    };
+    let lower = pld_bounds::lower_bound(blocks, delta);
+    // The lower bound is found to 1e-9 relative (a bisection); a pessimistic composition is at
+    // or above the truth, so an answer below it is a numerical failure.
+    if !(pld.is_finite() || rdp.is_infinite()) || pld < lower - 1e-9 * lower.max(1.0) {
+        return Ok(with_rdp(interval, RdpFallback::LostPrecision));
+    }
+    if pld > rdp {
+        return Ok(with_rdp(interval, RdpFallback::RdpTighter));
+    }
+    Ok(PldEpsilon {
+        epsilon: pld,
+        interval,
+        fallback: None,
+    })
+}
+
+/// The PLD composition's ε and the grid spacing it used, or `None` when no spacing fits.
+fn composed_epsilon(blocks: &[StepBlock], delta: f64, interval: f64) -> Option<(f64, f64)> {
+    let mut interval = interval;
     // Each failed try names the factor by which the grid was too fine, so this converges in a
     // few tries; 64 doublings take the spacing from 1e-4 past any f64 loss range.
     for _ in 0..64 {
         match epsilon_at(blocks, delta, interval) {
-            Ok(epsilon) => return Ok(PldEpsilon { epsilon, interval }),
+            Ok(epsilon) => return Some((epsilon, interval)),
             Err(too_fine) => interval *= too_fine.next_power_of_two() as f64,
         }
     }
-    Err(Error::bad_value(
-        "accountant",
-        format!(
-            "no grid spacing up to {interval:e} fits the composition of {blocks:?} in \
-             {MAX_FFT_LEN} points; use the `accountant` rdp"
-        ),
-    ))
+    None
 }
 
 /// ε at one grid spacing, or Err(factor) when the grid would need about `factor` times more than
@@ -611,21 +825,22 @@ fn epsilon_at(blocks: &[StepBlock], delta: f64, interval: f64) -> std::result::R
                 .iter()
                 .map(|(step, t)| {
                     let step = step.tilted(lambda);
-                    let len = step.compose_len(*t, tail);
-                    (step, *t, len)
+                    let window = step.composed_window(*t, tail);
+                    let len = step.window_len(window);
+                    (step, *t, window, len)
                 })
                 .collect::<Vec<_>>();
-            if tilted.iter().all(|(_, _, len)| *len <= MAX_FFT_LEN) {
+            if tilted.iter().all(|(_, _, _, len)| *len <= MAX_FFT_LEN) {
                 break;
             }
         }
         let mut composed: Option<DiscretePld> = None;
         let mut total = 0usize;
-        for (step, t, len) in &tilted {
+        for (step, t, window, len) in &tilted {
             if *len > MAX_FFT_LEN {
                 return Err(len.div_ceil(MAX_FFT_LEN));
             }
-            let block = step.compose(*t, tail);
+            let block = step.compose_on(*t, tail, *window);
             total += block.pmf.len();
             if 2 * total > MAX_FFT_LEN {
                 return Err((2 * total).div_ceil(MAX_FFT_LEN));
@@ -635,7 +850,13 @@ fn epsilon_at(blocks: &[StepBlock], delta: f64, interval: f64) -> std::result::R
                 Some(c) => c.convolve(&block),
             });
         }
-        epsilon = epsilon.max(composed.map_or(0.0, |c| c.epsilon(delta)));
+        let Some(composed) = composed else { continue };
+        let answer = composed.epsilon(delta);
+        if !composed.resolves(answer) {
+            // NaN: the caller reports the RDP bound (`RdpFallback::LostPrecision`).
+            return Ok(f64::NAN);
+        }
+        epsilon = epsilon.max(answer);
     }
     Ok(epsilon)
 }
