@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn dpcomp(args: &[&str]) -> Output {
@@ -187,5 +187,112 @@ fn black_box_audit_refuses_white_box_flags() {
         refused(&out, expected);
         refused(&out, "--black-box");
         assert!(!out_dir.exists(), "{flags:?}: nothing is written");
+    }
+}
+
+/// A finished one-epoch DP run in `work/name`, to resume or evaluate.
+fn trained_run(data: &Path, work: &Path, name: &str) -> PathBuf {
+    let run_dir = work.join(name);
+    let out = run(&train_args(data, &run_dir, &["--noise-multiplier", "1"]));
+    succeeded(&out);
+    run_dir
+}
+
+/// Replaces the line `key = ...` of `run/config.toml`.
+fn edit_config(run_dir: &Path, key: &str, value: &str) {
+    let path = run_dir.join("config.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let prefix = format!("{key} = ");
+    assert!(text.lines().any(|l| l.starts_with(&prefix)), "{text}");
+    let edited: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.starts_with(&prefix) {
+                format!("{key} = {value}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(&path, edited.join("\n") + "\n").unwrap();
+}
+
+fn resume(run_dir: &Path, epochs: &str) -> Output {
+    dpcomp(&[
+        "train",
+        "--out",
+        &run_dir.display().to_string(),
+        "--resume",
+        "--epochs",
+        epochs,
+        "--quiet",
+    ])
+}
+
+/// `delta` or `sampling` edited in config.toml between a kill and `--resume` was accepted
+/// (config.toml is outside the checkpoint's manifest): the checkpoint records the settings it
+/// was saved with, and the resume is refused naming config.toml and the field, leaving the
+/// run as it was. An unedited run resumes, and so does a checkpoint without the record.
+#[test]
+fn resume_refuses_a_config_toml_edited_since_the_checkpoint() {
+    let Some(data) = common::require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let base = trained_run(&data, work.path(), "base");
+    for (key, value, expected) in [
+        (
+            "delta",
+            "0.5",
+            "privacy.delta: the checkpoint was saved with 0.00008, config.toml now has 0.5",
+        ),
+        (
+            "sampling",
+            "\"shuffle\"",
+            "privacy.sampling: the checkpoint was saved with \"poisson\", config.toml now has \"shuffle\"",
+        ),
+    ] {
+        let run_dir = work.path().join(key);
+        copy_dir(&base, &run_dir);
+        edit_config(&run_dir, key, value);
+        let metrics = std::fs::read(run_dir.join("metrics.jsonl")).unwrap();
+        let state = std::fs::read(run_dir.join("checkpoint/state.json")).unwrap();
+        let out = resume(&run_dir, "2");
+        refused(&out, "config.toml: edited since the checkpoint was saved");
+        refused(&out, expected);
+        assert_eq!(std::fs::read(run_dir.join("metrics.jsonl")).unwrap(), metrics);
+        assert_eq!(
+            std::fs::read(run_dir.join("checkpoint/state.json")).unwrap(),
+            state
+        );
+    }
+    // Unedited: resumes, twice (the second checkpoint records the resumed run's settings).
+    let plain = work.path().join("plain");
+    copy_dir(&base, &plain);
+    succeeded(&resume(&plain, "2"));
+    succeeded(&resume(&plain, "3"));
+    // A checkpoint made before the record: no check, as before.
+    let old = work.path().join("old");
+    copy_dir(&base, &old);
+    let dir = dpcomp::train::checkpoint::find(&old).unwrap();
+    let path = dir.join("state.json");
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(state.as_object_mut().unwrap().remove("settings").is_some());
+    std::fs::write(&path, serde_json::to_string_pretty(&state).unwrap()).unwrap();
+    dpcomp::train::checkpoint::write_manifest(&dir).unwrap();
+    succeeded(&resume(&old, "2"));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
     }
 }

@@ -57,6 +57,45 @@ pub struct TrainState {
     /// step taken. Absent when the weights are `epochs_done`'s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weights_epoch: Option<usize>,
+    /// The run's settings when the checkpoint was saved (`settings_record`: `config.toml`'s
+    /// text without the settings a resume may change): a `config.toml` edited since (its δ,
+    /// its sampling, anything that changes ε or the training) is refused on resume, as a
+    /// setting given anew is. Absent in checkpoints made before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings: Option<String>,
+}
+
+/// The settings a checkpoint records (`TrainState::settings`): `config`'s TOML text with the
+/// settings a resume may change (`train::RESUME_MAY_CHANGE`: epochs, data folder, device) at
+/// fixed values, so that every worker's and every resume's record of one run is the same.
+pub fn settings_record(config: &crate::config::TrainConfig) -> String {
+    let mut fixed = config.clone();
+    fixed.epochs = 0;
+    fixed.data.data_dir = None;
+    fixed.device = Default::default();
+    fixed.to_toml()
+}
+
+/// The settings among `RESUME_MAY_CHANGE`'s complement that differ between a checkpoint's
+/// record (`TrainState::settings`) and `config`, as (dotted field, recorded, now): empty when
+/// they agree or when the checkpoint has no record. An error when the record does not parse.
+pub fn settings_edited(
+    state: &TrainState,
+    config: &crate::config::TrainConfig,
+    state_path: &Path,
+) -> Result<Vec<(String, String, String)>> {
+    let Some(text) = &state.settings else {
+        return Ok(Vec::new());
+    };
+    let table: toml::Table =
+        toml::from_str(text).map_err(|e| Error::bad_file(state_path, format!("settings: {e}")))?;
+    let recorded =
+        crate::config::TrainConfig::from_table(table, &state_path.display().to_string())?;
+    Ok(recorded
+        .differences(config)
+        .into_iter()
+        .filter(|(field, _, _)| !super::RESUME_MAY_CHANGE.contains(&field.as_str()))
+        .collect())
 }
 
 /// `run_dir/checkpoint`, where a run's last complete checkpoint lives (`find` also accepts the

@@ -362,6 +362,7 @@ impl Trainer {
                     &TrainState {
                         accountant: self.accountant().cloned(),
                         workers: (self.workers() > 1).then_some(self.workers()),
+                        settings: Some(checkpoint::settings_record(&self.config)),
                         ..self.state.clone()
                     },
                 )?;
@@ -466,6 +467,7 @@ impl Trainer {
                 clip_radius: self.privacy.as_ref().and_then(PrivacyEngine::clip_radius),
                 workers: (workers > 1).then_some(workers),
                 weights_epoch: None,
+                settings: Some(checkpoint::settings_record(&self.config)),
                 ..self.state.clone()
             },
         )

@@ -217,6 +217,25 @@ impl Trainer {
             let _ = std::fs::remove_dir_all(run_dir.join("checkpoint.tmp"));
         }
         let state = checkpoint::read_state(&dir)?;
+        // config.toml is not sealed by the checkpoint's manifest: an edit made to it since the
+        // checkpoint was saved (δ, the sampling) would change ε or the training unseen.
+        let edited = checkpoint::settings_edited(&state, &saved, &dir.join("state.json"))?;
+        if !edited.is_empty() {
+            let fields: Vec<String> = edited
+                .iter()
+                .map(|(field, recorded, now)| {
+                    format!("{field}: the checkpoint was saved with {recorded}, config.toml now has {now}")
+                })
+                .collect();
+            return Err(Error::bad_file(
+                &config_path,
+                format!(
+                    "edited since the checkpoint was saved ({}); only {} may change on resume: restore config.toml's values, or start a new run with the new settings",
+                    fields.join("; "),
+                    RESUME_MAY_CHANGE.join(", ")
+                ),
+            ));
+        }
         if config.epochs < state.epochs_done {
             return Err(Error::bad_value(
                 "epochs",
