@@ -20,6 +20,10 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Exit 1 (an error, not a panic's 101 or clap's 2) with `expected` in the message.
 #[track_caller]
 fn refused(out: &Output, expected: &str) {
@@ -295,4 +299,47 @@ fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(entry.path(), target).unwrap();
         }
     }
+}
+
+/// `eval --data-dir` on a names folder whose files were rotated (every label wrong) reported
+/// 0% with exit 0: refused like `--resume`, by the checkpoint's data fingerprint.
+#[test]
+fn eval_on_other_data_is_refused() {
+    let Some(root) = common::require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let data = work.path().join("data");
+    std::fs::create_dir_all(data.join("names")).unwrap();
+    let mut files: Vec<_> = std::fs::read_dir(root.join("names"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for f in &files {
+        std::fs::copy(f, data.join("names").join(f.file_name().unwrap())).unwrap();
+    }
+    let run_dir = trained_run(&data, work.path(), "run");
+    let checkpoint = run_dir.display().to_string();
+    succeeded(&dpcomp(&["eval", "--checkpoint", &checkpoint]));
+    // Rotate the files' contents: each language's names now sit under the next language.
+    let rotated = work.path().join("rotated");
+    std::fs::create_dir_all(rotated.join("names")).unwrap();
+    for (i, f) in files.iter().enumerate() {
+        let text = std::fs::read(&files[(i + 1) % files.len()]).unwrap();
+        std::fs::write(rotated.join("names").join(f.file_name().unwrap()), text).unwrap();
+    }
+    let rotated_text = rotated.display().to_string();
+    let out = dpcomp(&[
+        "eval",
+        "--checkpoint",
+        &checkpoint,
+        "--data-dir",
+        &rotated_text,
+    ]);
+    refused(
+        &out,
+        &format!("--data-dir {rotated_text}: holds another test split than {checkpoint}"),
+    );
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
 }

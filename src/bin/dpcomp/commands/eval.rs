@@ -14,7 +14,8 @@ pub struct EvalArgs {
     pub checkpoint: PathBuf,
     #[arg(long, value_enum)]
     pub device: Option<DeviceChoice>,
-    /// Data folder (default: the run's, else $DPCOMP_DATA, else data/).
+    /// Data folder (default: the run's, else $DPCOMP_DATA, else data/); its test split must be
+    /// the one the run evaluated on (the checkpoint's data fingerprint), as for --resume.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     #[arg(long)]
@@ -43,6 +44,11 @@ pub fn run(args: EvalArgs) -> Result<()> {
     if let Some(d) = args.device {
         config.device = d;
     }
+    let data_flag = if args.data_dir.is_some() {
+        "--data-dir"
+    } else {
+        "the data folder"
+    };
     if args.data_dir.is_some() {
         config.data.data_dir = args.data_dir;
     }
@@ -51,6 +57,29 @@ pub fn run(args: EvalArgs) -> Result<()> {
         .validate()
         .with_context(|| format!("{}", run_dir.join("config.toml").display()))?;
     let (device, data, model) = tasks::prepare(&config)?;
+    // The test split the run evaluated on, as `--resume` checks it (`state.json`'s data
+    // fingerprint): a data folder whose files changed would measure the model on other
+    // examples or labels. Only the test split is compared: it is all eval reads (an audit's
+    // black-box canaries edit the training split). A checkpoint made before fingerprints were
+    // recorded is not checked.
+    let state = checkpoint::read_state(&ckpt)?;
+    if let Some(saved) = state.data.as_deref() {
+        let now = train::distributed::data_fingerprint(&data);
+        let test = |print: &str| print.split_once("; test: ").map(|(_, t)| t.to_string());
+        if let (Some(saved_test), Some(now_test)) = (test(saved), test(&now)) {
+            if saved_test != now_test {
+                anyhow::bail!(
+                    "{data_flag} {}: holds another test split than {} was trained and evaluated \
+                     on (the checkpoint's: {saved_test}; now: {now_test}); evaluate with the \
+                     run's data (eval measures a checkpoint on the data its run used, as \
+                     `train --resume` checks; copy the run's data back, or point --data-dir at \
+                     it)",
+                    dpcomp::data::data_dir(config.data.data_dir.as_deref()).display(),
+                    run_dir.display()
+                );
+            }
+        }
+    }
     checkpoint::load_weights(model.var_store(), &ckpt.join("model.safetensors"))?;
     let (loss, accuracy) = train::evaluate(
         model.as_ref(),
