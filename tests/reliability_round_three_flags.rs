@@ -343,3 +343,56 @@ fn eval_on_other_data_is_refused() {
     );
     assert!(stdout(&out).is_empty(), "{}", stdout(&out));
 }
+
+/// `audit --sampling shuffle` printed and wrote its accounted ε without the caveat that the
+/// accountant assumes Poisson sampling: audit.json's `sampling` and the printed line carry it,
+/// as summary.json and `train`'s line do.
+#[test]
+fn shuffled_audit_reports_its_epsilon_as_an_approximation() {
+    let Some(data) = common::require_shared_data() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let out_dir = work.path().join("audit");
+    let out = dpcomp(&[
+        "audit",
+        "--task",
+        "surnames",
+        "--limit-train",
+        "100",
+        "--limit-test",
+        "20",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--noise-multiplier",
+        "1",
+        "--sampling",
+        "shuffle",
+        "--canaries",
+        "10",
+        "--data-dir",
+        &data.display().to_string(),
+        "--out",
+        &out_dir.display().to_string(),
+    ]);
+    succeeded(&out);
+    let line = stdout(&out);
+    assert!(
+        line.contains(
+            "(shuffled batches: the accountant assumes Poisson sampling, so this ε is an approximation)"
+        ),
+        "{line}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("audit.json")).unwrap())
+            .unwrap();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        report["sampling"].as_str(),
+        Some("shuffle (approximation: the accountant assumes Poisson sampling)")
+    );
+    assert_eq!(report["sampling"], summary["sampling"]);
+}

@@ -68,6 +68,11 @@ pub struct AuditReport {
     /// ε of the run by its accountant at `outcome.delta` (∞ at σ 0, written "inf").
     #[serde(with = "crate::json_floats::epsilon_f64")]
     pub accounted_epsilon: f64,
+    /// How the run drew its batches, as in `summary.json`: "poisson", or "shuffle
+    /// (approximation: ...)" when `accounted_epsilon` assumes Poisson sampling the run did
+    /// not use (absent from reports written before it was recorded).
+    #[serde(default)]
+    pub sampling: Option<String>,
     /// The audit of `observe` (black box: of the final model).
     pub outcome: AuditOutcome,
     /// White box: both observations of the same run (`outcome` is one of them).
@@ -211,6 +216,7 @@ pub fn audit_training(
         sample_rate: trainer.sample_rate(),
         steps: trainer.state.steps_done,
         accounted_epsilon,
+        sampling: summary.sampling.clone(),
         max_bound: audit_power(m, settings.guesses, delta, settings.beta)?,
         canary_samples: samples,
         test_accuracy: summary.last_test_accuracy,

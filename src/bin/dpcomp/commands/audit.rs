@@ -118,13 +118,21 @@ pub fn run(args: AuditArgs) -> Result<()> {
         },
         beta: 1.0 - args.confidence,
     };
+    let settings_sampling = config.privacy.sampling;
     let report = audit_training(config, &out, &settings, !args.quiet)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         let o = &report.outcome;
+        // The same caveat as `train`'s line: the accountants assume Poisson sampling.
+        let caveat = match settings_sampling {
+            dpcomp::config::Sampling::Shuffle => {
+                " (shuffled batches: the accountant assumes Poisson sampling, so this ε is an approximation)"
+            }
+            dpcomp::config::Sampling::Poisson => "",
+        };
         println!(
-            "{} {} sigma {} ({} steps at q {:.5}): accounted epsilon {:.4}, audited lower bound {:.4} at {:.0}% confidence (delta {:e}; {} of {} guesses right about {} canaries, {} included; at most {:.3} with every guess right){}; test accuracy {:.2}%",
+            "{} {} sigma {} ({} steps at q {:.5}): accounted epsilon {:.4}{caveat}, audited lower bound {:.4} at {:.0}% confidence (delta {:e}; {} of {} guesses right about {} canaries, {} included; at most {:.3} with every guess right){}; test accuracy {:.2}%",
             report.task,
             report.compressor,
             report.noise_multiplier,
