@@ -61,7 +61,11 @@ fn the_epsilon_command_says_when_the_rdp_bound_replaces_the_pld_composition() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let epsilon = v["epsilon"].as_f64().unwrap();
     assert!(epsilon > 4e17, "{v}");
@@ -107,7 +111,11 @@ fn a_target_epsilon_stops_a_run_of_any_length_under_the_tight_accountant() {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
     let epsilon = summary["epsilon"].as_f64().unwrap();
@@ -127,5 +135,8 @@ fn a_target_epsilon_stops_a_run_of_any_length_under_the_tight_accountant() {
     let mut a = Accountant::default();
     a.step(1.0, q, steps).unwrap();
     let pld = a.epsilon(AccountantKind::Pld, 8e-5).unwrap().0;
-    assert!((pld - epsilon).abs() < 1e-9 && pld <= 5.0, "{pld} vs {epsilon}");
+    assert!(
+        (pld - epsilon).abs() < 1e-9 && pld <= 5.0,
+        "{pld} vs {epsilon}"
+    );
 }

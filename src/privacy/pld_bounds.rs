@@ -154,7 +154,9 @@ pub fn rdp_upper_bound(blocks: &[StepBlock], delta: f64) -> f64 {
         .map(|&alpha| {
             blocks
                 .iter()
-                .map(|b| b.steps as f64 * rdp::rdp_one_step(b.sample_rate, b.noise_multiplier, alpha))
+                .map(|b| {
+                    b.steps as f64 * rdp::rdp_one_step(b.sample_rate, b.noise_multiplier, alpha)
+                })
                 .sum()
         })
         .collect();
