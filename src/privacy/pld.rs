@@ -113,7 +113,7 @@ fn normal_sf(z: f64) -> f64 {
 
 /// L(x) = log(1 − q + q exp((2x − 1) / (2σ²))) without overflow (the exponent reaches the
 /// thousands for small σ): log-sum-exp of log(1 − q) and log q + (2x − 1) / (2σ²).
-fn remove_loss(q: f64, sigma: f64, x: f64) -> f64 {
+pub(crate) fn remove_loss(q: f64, sigma: f64, x: f64) -> f64 {
     log_add_exp(
         (1.0 - q).ln(),
         q.ln() + (2.0 * x - 1.0) / (2.0 * sigma * sigma),

@@ -19,7 +19,7 @@
 //! bounds and the smaller one holds.
 
 use super::history::StepBlock;
-use super::pld::{one_step_delta, Adjacency};
+use super::pld::{one_step_delta, remove_loss, Adjacency};
 use super::rdp;
 
 /// Standard deviations of each Gaussian the moment quadrature covers (the mass beyond,
@@ -29,17 +29,6 @@ const QUADRATURE_Z: f64 = 12.0;
 /// deviations: the loss's steepest bend, about σ wide in these units, is resolved for σ ≥ 0.01,
 /// and for smaller σ the loss is linear over the range).
 const QUADRATURE_POINTS: usize = 12_001;
-
-/// L(x) = log(1 − q + q exp((2x − 1) / (2σ²))), the "remove" direction's privacy loss at x.
-fn remove_loss(q: f64, sigma: f64, x: f64) -> f64 {
-    let a = (1.0 - q).ln();
-    let b = q.ln() + (2.0 * x - 1.0) / (2.0 * sigma * sigma);
-    let (hi, lo) = if a > b { (a, b) } else { (b, a) };
-    if lo == f64::NEG_INFINITY {
-        return hi;
-    }
-    hi + (lo - hi).exp().ln_1p()
-}
 
 /// E[f(μ + σZ)] for Z ~ N(0, 1), by the trapezoid rule on a uniform grid (which converges
 /// faster than any power of the spacing for smooth integrands under a Gaussian weight).
