@@ -66,6 +66,12 @@ fn the_main_job_trains_on_the_shipped_names_with_no_data_folder_set() {
     // a constant guess; one epoch on 8,000 names beats it by far (67.96% measured, 2026-12-07).
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    // The thread count it trained with is recorded: LibTorch's default in the same environment.
+    assert_eq!(
+        summary["threads"].as_i64(),
+        Some(i64::from(tch::get_num_threads())),
+        "{summary}"
+    );
     let accuracy = summary["last_test_accuracy"]
         .as_f64()
         .unwrap_or_else(|| panic!("no last_test_accuracy in {summary}"));

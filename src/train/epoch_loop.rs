@@ -435,6 +435,7 @@ impl Trainer {
             upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
             workers: (self.workers() > 1).then_some(self.workers()),
             aggregate_epsilon: self.aggregate_epsilon()?,
+            threads: usize::try_from(tch::get_num_threads()).ok(),
         })
     }
 

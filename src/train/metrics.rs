@@ -131,6 +131,10 @@ pub struct Summary {
         with = "epsilon_json"
     )]
     pub aggregate_epsilon: Option<f64>,
+    /// LibTorch's intra-op threads in this process when the run ended (`OMP_NUM_THREADS`, or
+    /// one per core LibTorch sees); absent in summaries written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
 }
 
 /// Mean of the last `min(10, n)` test accuracies.

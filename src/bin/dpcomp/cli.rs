@@ -22,6 +22,10 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Train a task's model; writes config.toml, metrics.jsonl, checkpoints and summary.json.
+    ///
+    /// LibTorch uses one intra-op thread per core it sees; where processes share the cores (grid
+    /// workers, MPI ranks, a loaded machine) give each its share with OMP_NUM_THREADS=N set before
+    /// dpcomp starts. summary.json records the thread count the run used (`threads`).
     Train(Box<train::TrainArgs>),
     /// Train once with canaries and audit the run: the accounted epsilon beside an empirical
     /// lower bound (Steinke, Nasr and Jagielski 2023); writes audit.json in the run folder.
