@@ -14,7 +14,10 @@
 //! the true one, so every δ(ε) computed from it is an upper bound. T steps compose by convolving
 //! the pmf T times (one FFT, an elementwise power, one inverse FFT) on a window chosen by
 //! Chernoff bounds; the mass the window can miss is added to the infinite-loss mass.
-//! δ(ε) = Σ_y p(y) (1 − e^{ε − y})₊ + p(∞), and ε(δ) is found by bisection.
+//! δ(ε) = Σ_y p(y) (1 − e^{ε − y})₊ + p(∞), and ε(δ) is solved in the grid cell where δ crosses
+//! (`DiscretePld::epsilon`). Every answer is checked against bounds computed without the FFT
+//! before it is reported, and replaced by the RDP bound where it fails them
+//! (`pld_bounds`, `RdpFallback`).
 //!
 //! Small δ (issue 35): the FFT's rounding error is about 1e-16 of the largest mass, and
 //! dp_accounting's fixed truncation moves 2e-15 to infinite loss, so an untilted composition
