@@ -519,30 +519,14 @@ mod tests {
     }
 
     /// The oracle: Dirac canaries `which` as dense rows, [k, ...shape] f32 per parameter, C at
-    /// the canary's coordinate (what the audit formed before it gathered coordinates).
+    /// the canary's coordinate: `rows`, what the audit formed before it gathered coordinates
+    /// (still the path of one canary's `flat_gradient`).
     fn dense_rows(c: &GradientCanaries, which: &[i64]) -> Vec<Tensor> {
-        let Directions::Dirac(coordinates) = &c.directions else {
-            panic!("Dirac canaries")
-        };
-        let k = which.len() as i64;
-        let mut offset = 0;
-        c.numels
-            .iter()
-            .zip(&c.shapes)
-            .map(|(&n, shape)| {
-                let mut values = vec![0f32; (k * n) as usize];
-                for (row, &i) in which.iter().enumerate() {
-                    let x = coordinates[i as usize];
-                    if (offset..offset + n).contains(&x) {
-                        values[row * n as usize + (x - offset) as usize] = c.norm as f32;
-                    }
-                }
-                offset += n;
-                let mut full = vec![k];
-                full.extend(shape);
-                Tensor::from_slice(&values).reshape(full.as_slice())
-            })
-            .collect()
+        assert!(
+            matches!(c.directions, Directions::Dirac(_)),
+            "Dirac canaries"
+        );
+        c.rows(which, Device::Cpu)
     }
 
     /// The oracle of `norms_after`: the dense rows squared in f64, clipped by the engine's
