@@ -36,14 +36,14 @@ impl SmallCnn {
         let convs = [
             (
                 Conv2d::new(&(&root / "conv1"), 3, 16, 3, same)?,
-                GroupNorm::new(&(&root / "norm1"), 4, 16),
+                GroupNorm::new(&(&root / "norm1"), 4, 16)?,
             ),
             (
                 Conv2d::new(&(&root / "conv2"), 16, 32, 3, same)?,
-                GroupNorm::new(&(&root / "norm2"), 4, 32),
+                GroupNorm::new(&(&root / "norm2"), 4, 32)?,
             ),
         ];
-        let head = Linear::new(&(&root / "head"), 32 * 8 * 8, 10, LinearConfig::default());
+        let head = Linear::new(&(&root / "head"), 32 * 8 * 8, 10, LinearConfig::default())?;
         Ok(SmallCnn { vs, convs, head })
     }
 }

@@ -158,15 +158,15 @@ pub struct Net {
 }
 
 impl Net {
-    pub fn new(inputs: i64, hidden: i64, classes: i64) -> Self {
+    pub fn new(inputs: i64, hidden: i64, classes: i64) -> Result<Self> {
         let vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
-        Net {
-            first: Linear::new(&(&root / "first"), inputs, hidden, LinearConfig::default()),
+        Ok(Net {
+            first: Linear::new(&(&root / "first"), inputs, hidden, LinearConfig::default())?,
             act: PRelu::new(&(&root / "act"), hidden),
             last: LowRankLinear::new(&(&root / "last"), hidden, classes, 2),
             vs,
-        }
+        })
     }
 
     pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
@@ -189,7 +189,7 @@ pub struct Agreement {
 /// `batch` random examples through `Net`, both ways.
 pub fn check(batch: i64, seed: i64) -> Result<Agreement> {
     tch::manual_seed(seed);
-    let net = Net::new(6, 8, 3);
+    let net = Net::new(6, 8, 3)?;
     let xs = Tensor::randn([batch, 6], (Kind::Float, Device::Cpu));
     let labels = Tensor::randint(3, [batch], (Kind::Int64, Device::Cpu));
     let loss_of = |logits: &Tensor, labels: &Tensor| {

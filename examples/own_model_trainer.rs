@@ -22,12 +22,12 @@ pub struct SequenceClassifier {
 }
 
 impl SequenceClassifier {
-    pub fn new(seed: i64) -> Self {
+    pub fn new(seed: i64) -> Result<Self> {
         tch::manual_seed(seed);
         let vs = nn::VarStore::new(Device::Cpu);
-        let gru = Gru::new(&(vs.root() / "gru"), FEATURES, 16);
-        let head = Linear::new(&(vs.root() / "head"), 16, 2, LinearConfig::default());
-        SequenceClassifier { vs, gru, head }
+        let gru = Gru::new(&(vs.root() / "gru"), FEATURES, 16)?;
+        let head = Linear::new(&(vs.root() / "head"), 16, 2, LinearConfig::default())?;
+        Ok(SequenceClassifier { vs, gru, head })
     }
 }
 
@@ -85,7 +85,7 @@ pub fn config(epochs: usize) -> TrainConfig {
 
 /// Trains (or continues) the run in `run_dir` to `epochs` epochs.
 pub fn train(run_dir: &Path, epochs: usize, progress: bool) -> Result<Summary> {
-    let model = Box::new(SequenceClassifier::new(0));
+    let model = Box::new(SequenceClassifier::new(0)?);
     let mut trainer = if run_dir.join("config.toml").exists() {
         let more = TrainOverrides {
             epochs: Some(epochs),

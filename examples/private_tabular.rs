@@ -73,18 +73,18 @@ pub struct Net {
 }
 
 impl Net {
-    pub fn new(inputs: i64, hidden: i64, classes: i64) -> Self {
+    pub fn new(inputs: i64, hidden: i64, classes: i64) -> Result<Self> {
         let vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
-        let first = Linear::new(&(&root / "first"), inputs, hidden, LinearConfig::default());
+        let first = Linear::new(&(&root / "first"), inputs, hidden, LinearConfig::default())?;
         let scale = FeatureScale::new(&(&root / "scale"), hidden);
-        let last = Linear::new(&(&root / "last"), hidden, classes, LinearConfig::default());
-        Net {
+        let last = Linear::new(&(&root / "last"), hidden, classes, LinearConfig::default())?;
+        Ok(Net {
             vs,
             first,
             scale,
             last,
-        }
+        })
     }
 
     pub fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
@@ -148,7 +148,7 @@ pub fn train(path: &Path, target_epsilon: f64, epochs: usize, seed: i64) -> Resu
     tch::manual_seed(seed);
     let (x, y, x_test, y_test) = read_table(path)?;
     let (n, delta) = (x.size()[0], 1e-5);
-    let net = Net::new(x.size()[1], 16, 2);
+    let net = Net::new(x.size()[1], 16, 2)?;
     let mut params: Vec<(String, Tensor)> = net.vs.variables().into_iter().collect();
     params.sort_by(|a, b| a.0.cmp(&b.0));
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();

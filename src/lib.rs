@@ -47,7 +47,7 @@
 //! let x = Tensor::randn([1000, 4], (Kind::Float, Device::Cpu));
 //! let y = x.select(1, 0).gt(0.0).to_kind(Kind::Int64); // the label is the first feature's sign
 //! let vs = nn::VarStore::new(Device::Cpu);
-//! let model = Linear::new(&(vs.root() / "linear"), 4, 2, LinearConfig::default());
+//! let model = Linear::new(&(vs.root() / "linear"), 4, 2, LinearConfig::default())?;
 //! let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
 //! let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
 //!

@@ -150,9 +150,9 @@ pub fn build_model(
     bert_dir: &Path,
 ) -> Result<Box<dyn Model>> {
     Ok(match task {
-        Task::Surnames => Box::new(SurnamesLstm::new(device, classes)),
-        Task::Cifar10 => Box::new(CifarCnn::new(device, classes)),
-        Task::Cifar100 => Box::new(ResNet18::new(device, classes)),
+        Task::Surnames => Box::new(SurnamesLstm::new(device, classes)?),
+        Task::Cifar10 => Box::new(CifarCnn::new(device, classes)?),
+        Task::Cifar100 => Box::new(ResNet18::new(device, classes)?),
         Task::Snli => Box::new(BertClassifier::from_pretrained(bert_dir, device, classes)?),
     })
 }

@@ -107,9 +107,9 @@ impl Net {
         let mut vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
         let (first, scale, last) = (
-            Linear::new(&(&root / "first"), 6, 8, LinearConfig::default()),
+            Linear::new(&(&root / "first"), 6, 8, LinearConfig::default()).unwrap(),
             FeatureScale::new(&(&root / "scale"), 8),
-            Linear::new(&(&root / "last"), 8, 3, LinearConfig::default()),
+            Linear::new(&(&root / "last"), 8, 3, LinearConfig::default()).unwrap(),
         );
         vs.double();
         Net {

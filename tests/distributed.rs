@@ -41,8 +41,8 @@ impl Mlp {
     fn new(seed: i64) -> Mlp {
         tch::manual_seed(seed);
         let vs = nn::VarStore::new(Device::Cpu);
-        let hidden = Linear::new(&(vs.root() / "hidden"), 6, 5, LinearConfig::default());
-        let out = Linear::new(&(vs.root() / "out"), 5, 3, LinearConfig::default());
+        let hidden = Linear::new(&(vs.root() / "hidden"), 6, 5, LinearConfig::default()).unwrap();
+        let out = Linear::new(&(vs.root() / "out"), 5, 3, LinearConfig::default()).unwrap();
         Mlp { vs, hidden, out }
     }
 }
@@ -582,7 +582,7 @@ fn train_gru(
     let dir = run_dir.to_path_buf();
     let resume = dir.join("config.toml").exists();
     let results = ThreadGroup::run(workers, move |comm| {
-        let model = Box::new(example::SequenceClassifier::new(0));
+        let model = Box::new(example::SequenceClassifier::new(0).unwrap());
         let mut data = example::data();
         data.train = data.train.truncate(2000);
         let comm: Box<dyn Communicator> = Box::new(comm);
@@ -770,7 +770,7 @@ fn workers_that_disagree_fail_together() {
         let run = dir.path().join(what);
         let results = ThreadGroup::run(2, move |comm| {
             let rank = comm.rank();
-            let model = Box::new(example::SequenceClassifier::new(0));
+            let model = Box::new(example::SequenceClassifier::new(0).unwrap());
             let mut data = example::data();
             let mut config = example::config(1);
             config.privacy.local_noise = true; // DGC's messages are gathered
@@ -806,7 +806,7 @@ fn local_noise_gives_every_worker_the_whole_sigma() {
     for local in [false, true] {
         let run = dir.path().join(format!("local-{local}"));
         let results = ThreadGroup::run(2, move |comm| {
-            let model = Box::new(example::SequenceClassifier::new(0));
+            let model = Box::new(example::SequenceClassifier::new(0).unwrap());
             let mut data = example::data();
             data.train = data.train.truncate(1000);
             let mut config = example::config(1);
@@ -862,7 +862,7 @@ fn gathered_compressors_need_the_whole_noise_on_every_worker() {
     for local in [false, true] {
         let run = dir.path().join(format!("dgc-local-{local}"));
         let results = ThreadGroup::run(2, move |comm| {
-            let model = Box::new(example::SequenceClassifier::new(0));
+            let model = Box::new(example::SequenceClassifier::new(0).unwrap());
             let mut data = example::data();
             data.train = data.train.truncate(500);
             let mut config = example::config(1);

@@ -34,7 +34,7 @@ fn tiny_names() -> Dataset {
 
 fn model(seed: i64) -> SurnamesLstm {
     tch::manual_seed(seed);
-    let m = SurnamesLstm::new(Device::Cpu, 3);
+    let m = SurnamesLstm::new(Device::Cpu, 3).unwrap();
     common::to_double(m.var_store());
     m
 }
@@ -310,7 +310,7 @@ fn two_pass_step_equals_the_one_pass_step_on_the_cnn() {
     let index = Tensor::arange(6, (Kind::Int64, Device::Cpu));
     let build = || {
         tch::manual_seed(22);
-        let m = dpcomp::models::CifarCnn::new(Device::Cpu, 10);
+        let m = dpcomp::models::CifarCnn::new(Device::Cpu, 10).unwrap();
         common::to_double(m.var_store());
         m
     };

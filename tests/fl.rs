@@ -635,7 +635,7 @@ fn dgc_and_powersgd_federated_runs_learn_and_send_their_measured_bytes() {
 #[test]
 fn the_fedavg_cnn_has_the_size_the_papers_cost_implies() {
     let _serial = common::serial();
-    let model = dpcomp::fl::model::FlModel::fedavg_cnn(Device::Cpu);
+    let model = dpcomp::fl::model::FlModel::fedavg_cnn(Device::Cpu).unwrap();
     let n = model.parameter_count();
     assert_eq!(n, 1_663_370);
     let logits = model
@@ -645,7 +645,9 @@ fn the_fedavg_cnn_has_the_size_the_papers_cost_implies() {
     let megabytes = 1.0 * n as f64 * 32.0 * 25.0 * (2.0 / 15.0) / 8.0 / 1e6;
     assert!((megabytes - 22.18).abs() < 0.005, "{megabytes} MB");
     // The LeNet of the earlier runs is 277 times smaller.
-    let lenet = dpcomp::fl::model::FlModel::fashion_cnn(Device::Cpu).parameter_count();
+    let lenet = dpcomp::fl::model::FlModel::fashion_cnn(Device::Cpu)
+        .unwrap()
+        .parameter_count();
     assert_eq!(lenet, 5_994);
 }
 

@@ -220,7 +220,7 @@ fn run(model: &dyn Model, features: Features, labels: Tensor) -> bool {
 fn surnames_lstm_embedding_and_linear() {
     let _serial = common::serial();
     tch::manual_seed(1);
-    let model = SurnamesLstm::new(Device::Cpu, 18);
+    let model = SurnamesLstm::new(Device::Cpu, 18).unwrap();
     common::to_double(model.var_store());
     let ids = Tensor::randint_low(1, 256, [4, 7], (Kind::Int64, Device::Cpu));
     // Repeated ids inside one name exercise the embedding's ghost norm.
@@ -238,7 +238,7 @@ fn surnames_lstm_embedding_and_linear() {
 fn cifar_cnn_conv_instance_norm_and_linear() {
     let _serial = common::serial();
     tch::manual_seed(2);
-    let model = CifarCnn::new(Device::Cpu, 10);
+    let model = CifarCnn::new(Device::Cpu, 10).unwrap();
     common::to_double(model.var_store());
     let xs = Tensor::randn([3, 3, 32, 32], (Kind::Double, Device::Cpu));
     assert!(run(
@@ -252,7 +252,7 @@ fn cifar_cnn_conv_instance_norm_and_linear() {
 fn resnet18_group_norm_and_strided_convolutions() {
     let _serial = common::serial();
     tch::manual_seed(3);
-    let model = ResNet18::new(Device::Cpu, 100);
+    let model = ResNet18::new(Device::Cpu, 100).unwrap();
     common::to_double(model.var_store());
     let xs = Tensor::randn([2, 3, 32, 32], (Kind::Double, Device::Cpu));
     assert!(run(
@@ -271,7 +271,7 @@ fn bert_last_layer_sequence_linear_layer_norm_pooler() {
             "intermediate_size": 40, "max_position_embeddings": 20}"#,
     )
     .unwrap();
-    let model = BertClassifier::new(Device::Cpu, config, 3);
+    let model = BertClassifier::new(Device::Cpu, config, 3).unwrap();
     common::to_double(model.var_store());
     let ids = Tensor::randint_low(1, 60, [3, 6], (Kind::Int64, Device::Cpu));
     let token_types =
@@ -411,7 +411,7 @@ fn pixel_grams_equal_the_patches_product() {
 fn an_empty_batch_gives_zero_sums() {
     let _serial = common::serial();
     tch::manual_seed(6);
-    let model = CifarCnn::new(Device::Cpu, 10);
+    let model = CifarCnn::new(Device::Cpu, 10).unwrap();
     for passes in [BackwardPasses::One, BackwardPasses::Two] {
         let mut ctx = Ctx::private().without_dropout();
         let xs = Tensor::zeros([0, 3, 32, 32], (Kind::Float, Device::Cpu));
@@ -453,7 +453,7 @@ fn group_norm_per_sample_gradients_from_its_statistics() {
     ] {
         let vs = tch::nn::VarStore::new(Device::Cpu);
         let channels = shape[1];
-        let mut norm = GroupNorm::new(&vs.root(), groups, channels);
+        let mut norm = GroupNorm::new(&vs.root(), groups, channels).unwrap();
         tch::no_grad(|| {
             norm.weight
                 .copy_(&(Tensor::rand([channels], (Kind::Float, Device::Cpu)) + 0.5));
@@ -552,7 +552,7 @@ fn instance_norm_equals_libtorchs_and_its_per_sample_gradients_are_exact() {
         .unwrap();
     assert!((&plain - &want).abs().max().double_value(&[]) < 1e-5);
     let vs = tch::nn::VarStore::new(Device::Cpu);
-    let mut norm = InstanceNorm2d::new(&vs.root(), 4);
+    let mut norm = InstanceNorm2d::new(&vs.root(), 4).unwrap();
     let (weight, bias) = norm.affine.as_mut().unwrap();
     tch::no_grad(|| {
         weight.copy_(&Tensor::from_slice(&[0.5f32, 1.5, -1.0, 2.0]));

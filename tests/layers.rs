@@ -33,9 +33,9 @@ impl GruNet {
         let mut vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
         let (first, gru, last) = (
-            Linear::new(&(&root / "first"), 5, 6, LinearConfig::default()),
-            Gru::new(&(&root / "gru"), 6, 7),
-            Linear::new(&(&root / "last"), 7, 3, LinearConfig::default()),
+            Linear::new(&(&root / "first"), 5, 6, LinearConfig::default()).unwrap(),
+            Gru::new(&(&root / "gru"), 6, 7).unwrap(),
+            Linear::new(&(&root / "last"), 7, 3, LinearConfig::default()).unwrap(),
         );
         vs.double();
         GruNet {
@@ -78,13 +78,13 @@ impl AttentionNet {
         tch::manual_seed(seed);
         let mut vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
-        let first = Linear::new(&(&root / "first"), 5, 8, LinearConfig::default());
+        let first = Linear::new(&(&root / "first"), 5, 8, LinearConfig::default()).unwrap();
         let config = AttentionConfig {
             heads: 2,
             dropout: 0.0,
         };
         let attention = MultiheadAttention::new(&(&root / "attention"), 8, config).unwrap();
-        let last = Linear::new(&(&root / "last"), 8, 3, LinearConfig::default());
+        let last = Linear::new(&(&root / "last"), 8, 3, LinearConfig::default()).unwrap();
         vs.double();
         AttentionNet {
             vs,

@@ -26,7 +26,7 @@ fn zero(model: &SurnamesLstm) {
 fn manual_bptt_equals_autograd_for_every_parameter() {
     let _serial = common::serial();
     tch::manual_seed(21);
-    let model = SurnamesLstm::new(Device::Cpu, 18);
+    let model = SurnamesLstm::new(Device::Cpu, 18).unwrap();
     common::to_double(model.var_store());
     let ids = Tensor::randint_low(1, 256, [5, 9], (Kind::Int64, Device::Cpu));
     let lengths = Tensor::from_slice(&[9i64, 1, 4, 7, 9]);
@@ -70,7 +70,7 @@ fn manual_bptt_accumulates_like_autograd() {
     let _serial = common::serial();
     // Two backward passes without zeroing add up, as `.backward()` does.
     tch::manual_seed(4);
-    let model = SurnamesLstm::new(Device::Cpu, 18);
+    let model = SurnamesLstm::new(Device::Cpu, 18).unwrap();
     common::to_double(model.var_store());
     let features = Features::Tokens {
         ids: Tensor::randint_low(1, 256, [3, 4], (Kind::Int64, Device::Cpu)),

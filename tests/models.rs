@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 fn surnames_lstm_has_118034_parameters_and_reads_last_real_step() {
     let _serial = common::serial();
     tch::manual_seed(0);
-    let model = SurnamesLstm::new(Device::Cpu, 18);
+    let model = SurnamesLstm::new(Device::Cpu, 18).unwrap();
     assert_eq!(model.parameter_count(), 118_034);
     assert_eq!(model.trainable_parameter_count(), 118_034);
     let ids = Tensor::randint_low(97, 123, [4, 7], (Kind::Int64, Device::Cpu));
@@ -50,7 +50,7 @@ fn surnames_lstm_has_118034_parameters_and_reads_last_real_step() {
 #[test]
 fn cifar_cnn_has_the_papers_361290_parameters() {
     let _serial = common::serial();
-    let model = CifarCnn::new(Device::Cpu, 10);
+    let model = CifarCnn::new(Device::Cpu, 10).unwrap();
     assert_eq!(model.parameter_count(), 361_290);
     assert_eq!(model.trainable_parameter_count(), 361_290);
     // The paper's uncompressed CIFAR-10 bandwidth: 64 bits per element, 391 steps x 100 epochs.
@@ -73,7 +73,7 @@ fn cifar_cnn_has_the_papers_361290_parameters() {
 #[test]
 fn resnet18_groupnorm_with_2x2_pool() {
     let _serial = common::serial();
-    let model = ResNet18::new(Device::Cpu, 100);
+    let model = ResNet18::new(Device::Cpu, 100).unwrap();
     // 11,168,832 in the residual trunk + 2048 * 100 + 100 in the classifier.
     assert_eq!(model.parameter_count(), 11_373_732);
     assert_eq!(model.classifier.weight.size(), vec![100, 2048]);
@@ -98,7 +98,7 @@ fn tiny_bert_config() -> BertConfig {
 #[test]
 fn bert_trains_only_last_layer_pooler_and_classifier() {
     let _serial = common::serial();
-    let model = BertClassifier::new(Device::Cpu, tiny_bert_config(), 3);
+    let model = BertClassifier::new(Device::Cpu, tiny_bert_config(), 3).unwrap();
     let trainable: Vec<String> = model
         .trainable_variables()
         .into_iter()
@@ -158,7 +158,7 @@ fn inputs_a_model_cannot_read_are_errors_not_panics() {
         lengths: Tensor::from_slice(lengths),
     };
 
-    let lstm = SurnamesLstm::new(Device::Cpu, 18);
+    let lstm = SurnamesLstm::new(Device::Cpu, 18).unwrap();
     let err = message(lstm.forward(&images(&[2, 3, 32, 32]), &mut Ctx::eval()));
     assert!(
         err.contains("SurnamesLstm input: given images, expected token sequences"),
@@ -192,7 +192,7 @@ fn inputs_a_model_cannot_read_are_errors_not_panics() {
     lstm.check_features(&tokens(&[65, 66, 66, 0], &[2, 1]))
         .unwrap();
 
-    let cnn = CifarCnn::new(Device::Cpu, 10);
+    let cnn = CifarCnn::new(Device::Cpu, 10).unwrap();
     let err = message(cnn.forward(&images(&[2, 3, 28, 28]), &mut Ctx::eval()));
     assert!(
         err.contains("images of shape [2, 3, 28, 28], expected [batch, 3, 32, 32]"),
@@ -203,11 +203,11 @@ fn inputs_a_model_cannot_read_are_errors_not_panics() {
         err.contains("CifarCnn input: given token sequences, expected images"),
         "{err}"
     );
-    let resnet = ResNet18::new(Device::Cpu, 100);
+    let resnet = ResNet18::new(Device::Cpu, 100).unwrap();
     let err = message(resnet.forward(&images(&[2, 1, 32, 32]), &mut Ctx::eval()));
     assert!(err.contains("ResNet18 input"), "{err}");
 
-    let bert = BertClassifier::new(Device::Cpu, tiny_bert_config(), 3);
+    let bert = BertClassifier::new(Device::Cpu, tiny_bert_config(), 3).unwrap();
     let pair = |ids: Tensor, types: Tensor| Features::TextPair {
         attention_mask: ids.ones_like(),
         ids,

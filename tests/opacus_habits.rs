@@ -22,8 +22,8 @@ impl Mlp {
         tch::manual_seed(seed);
         let vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
-        let hidden = Linear::new(&(&root / "hidden"), 5, 7, LinearConfig::default());
-        let out = Linear::new(&(&root / "out"), 7, 3, LinearConfig::default());
+        let hidden = Linear::new(&(&root / "hidden"), 5, 7, LinearConfig::default()).unwrap();
+        let out = Linear::new(&(&root / "out"), 7, 3, LinearConfig::default()).unwrap();
         Mlp { vs, hidden, out }
     }
 

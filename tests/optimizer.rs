@@ -104,8 +104,8 @@ fn dp_adam_applies_adam_to_the_noised_clipped_mean() {
     let mut vs = nn::VarStore::new(Device::Cpu);
     let root = vs.root();
     let (first, last) = (
-        Linear::new(&(&root / "first"), 4, 6, LinearConfig::default()),
-        Linear::new(&(&root / "last"), 6, 3, LinearConfig::default()),
+        Linear::new(&(&root / "first"), 4, 6, LinearConfig::default()).unwrap(),
+        Linear::new(&(&root / "last"), 6, 3, LinearConfig::default()).unwrap(),
     );
     vs.double();
     let model = Mlp { vs, first, last };

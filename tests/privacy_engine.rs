@@ -29,8 +29,8 @@ impl Mlp {
         tch::manual_seed(8);
         let mut vs = nn::VarStore::new(Device::Cpu);
         let root = vs.root();
-        let first = Linear::new(&(&root / "first"), 5, 7, LinearConfig::default());
-        let last = Linear::new(&(&root / "last"), 7, 3, LinearConfig::default());
+        let first = Linear::new(&(&root / "first"), 5, 7, LinearConfig::default()).unwrap();
+        let last = Linear::new(&(&root / "last"), 7, 3, LinearConfig::default()).unwrap();
         vs.double();
         Mlp { vs, first, last }
     }

@@ -539,18 +539,18 @@ fn a_layer_given_an_input_it_cannot_take_is_an_error_naming_it() {
     let vs = nn::VarStore::new(Device::Cpu);
     let root = vs.root();
     let float = |shape: &[i64]| Tensor::zeros(shape, (Kind::Float, Device::Cpu));
-    let linear = Linear::new(&(&root / "linear"), 5, 3, LinearConfig::default());
+    let linear = Linear::new(&(&root / "linear"), 5, 3, LinearConfig::default()).unwrap();
     let conv_config = Conv2dConfig {
         padding: 1,
         ..Default::default()
     };
     let conv = Conv2d::new(&(&root / "conv"), 3, 4, 5, conv_config).unwrap();
-    let embedding = Embedding::new(&(&root / "embedding"), 10, 4);
-    let lstm = Lstm::new(&(&root / "lstm"), 4, 6);
-    let gru = Gru::new(&(&root / "gru"), 4, 6);
-    let layer_norm = LayerNorm::new(&(&root / "layer_norm"), 4, 1e-5);
-    let group_norm = GroupNorm::new(&(&root / "group_norm"), 2, 4);
-    let instance_norm = InstanceNorm2d::new(&(&root / "instance_norm"), 4);
+    let embedding = Embedding::new(&(&root / "embedding"), 10, 4).unwrap();
+    let lstm = Lstm::new(&(&root / "lstm"), 4, 6).unwrap();
+    let gru = Gru::new(&(&root / "gru"), 4, 6).unwrap();
+    let layer_norm = LayerNorm::new(&(&root / "layer_norm"), 4, 1e-5).unwrap();
+    let group_norm = GroupNorm::new(&(&root / "group_norm"), 2, 4).unwrap();
+    let instance_norm = InstanceNorm2d::new(&(&root / "instance_norm"), 4).unwrap();
     let attention_config = AttentionConfig {
         heads: 2,
         ..Default::default()
@@ -659,7 +659,7 @@ fn a_layer_given_an_input_it_cannot_take_is_an_error_naming_it() {
         }
     }
     let vs = nn::VarStore::new(Device::Cpu);
-    let layer = Linear::new(&vs.root(), 6, 2, LinearConfig::default());
+    let layer = Linear::new(&vs.root(), 6, 2, LinearConfig::default()).unwrap();
     let model = Rows { vs, layer };
     let rows = dpcomp::data::Features::Rows(float(&[4, 5]));
     let error = dpcomp::models::Model::forward(&model, &rows, &mut Ctx::private())

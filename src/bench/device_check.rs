@@ -113,7 +113,7 @@ fn per_sample_checks(device: Device, bert_dir: Option<&std::path::Path>) -> Resu
     let _ = ids.get(0).narrow(0, 0, 3).fill_(65);
     cases.push((
         "surnames_lstm",
-        Box::new(SurnamesLstm::new(device, 18)),
+        Box::new(SurnamesLstm::new(device, 18)?),
         Features::Tokens {
             ids,
             lengths: Tensor::from_slice(&[7i64, 2, 5, 7]),
@@ -121,7 +121,7 @@ fn per_sample_checks(device: Device, bert_dir: Option<&std::path::Path>) -> Resu
         Tensor::from_slice(&[0i64, 17, 4, 4]),
     ));
     tch::manual_seed(2);
-    let model = CifarCnn::new(device, 10);
+    let model = CifarCnn::new(device, 10)?;
     cases.push((
         "cifar10_cnn",
         Box::new(model),
@@ -129,7 +129,7 @@ fn per_sample_checks(device: Device, bert_dir: Option<&std::path::Path>) -> Resu
         Tensor::from_slice(&[1i64, 9, 1]),
     ));
     tch::manual_seed(3);
-    let model = ResNet18::new(device, 100);
+    let model = ResNet18::new(device, 100)?;
     cases.push((
         "cifar100_resnet18",
         Box::new(model),
@@ -142,7 +142,7 @@ fn per_sample_checks(device: Device, bert_dir: Option<&std::path::Path>) -> Resu
             "intermediate_size": 40, "max_position_embeddings": 20}"#,
     )
     .expect("a valid BERT configuration literal");
-    let model = BertClassifier::new(device, config, 3);
+    let model = BertClassifier::new(device, config, 3)?;
     cases.push((
         "bert_small",
         Box::new(model),
@@ -335,7 +335,7 @@ fn compare(a: &Tensor, b: &Tensor) -> (i64, f64) {
 
 fn compressor_checks(device: Device) -> Result<Vec<Check>> {
     // The CIFAR-10 CNN's shapes: large enough layers for DGC's sampled threshold.
-    let shapes: Vec<Vec<i64>> = CifarCnn::new(Device::Cpu, 10)
+    let shapes: Vec<Vec<i64>> = CifarCnn::new(Device::Cpu, 10)?
         .trainable_variables()
         .iter()
         .map(|(_, p)| p.size())

@@ -94,7 +94,7 @@ pub fn fl_bench(args: FlBenchArgs) -> Result<()> {
     let mut speed = Vec::new();
     for &n in &args.sizes {
         let hidden = ((n - 10) / (784 + 1 + 10)).max(1);
-        let mut model = FlModel::mlp(784, hidden, 10, device);
+        let mut model = FlModel::mlp(784, hidden, 10, device)?;
         let global = model.flat();
         let examples = (args.clients * args.batch * args.local_steps) as i64;
         let x = Tensor::randn([examples, 784], (Kind::Float, device));

@@ -177,7 +177,7 @@ fn bench_model(
             let config = BertConfig::from_file(&bert_dir.join("config.json"))?;
             let vocab = config.vocab_size;
             (
-                Box::new(BertClassifier::new(device, config, classes(task))),
+                Box::new(BertClassifier::new(device, config, classes(task))?),
                 vocab,
             )
         }

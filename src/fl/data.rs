@@ -145,10 +145,10 @@ impl FlData {
     pub fn model(&self, net: Option<FlNet>, device: Device) -> Result<FlModel> {
         let net = net.unwrap_or(Self::default_net(self.dataset));
         match (self.dataset, net) {
-            (FlDataset::FashionMnist, FlNet::Lenet) => Ok(FlModel::fashion_cnn(device)),
-            (FlDataset::FashionMnist, FlNet::FedavgCnn) => Ok(FlModel::fedavg_cnn(device)),
+            (FlDataset::FashionMnist, FlNet::Lenet) => FlModel::fashion_cnn(device),
+            (FlDataset::FashionMnist, FlNet::FedavgCnn) => FlModel::fedavg_cnn(device),
             (FlDataset::BreastCancer | FlDataset::Flchain, FlNet::Mlp) => {
-                Ok(FlModel::mlp(self.train_x.size()[1], 32, 2, device))
+                FlModel::mlp(self.train_x.size()[1], 32, 2, device)
             }
             (dataset, net) => Err(Error::bad_value(
                 "model",

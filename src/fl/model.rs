@@ -83,7 +83,8 @@ impl FlNet {
 
 impl FlModel {
     /// McMahan et al.'s FedAvg CNN for 28x28 images (module docs: 1,663,370 parameters).
-    pub fn fedavg_cnn(device: Device) -> FlModel {
+    /// Its sizes are constants; the `Result` is the layer constructors'.
+    pub fn fedavg_cnn(device: Device) -> Result<FlModel> {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let net = Net::FedavgCnn {
@@ -96,8 +97,7 @@ impl FlModel {
                     padding: 2,
                     ..Default::default()
                 },
-            )
-            .expect("constant geometry"),
+            )?,
             conv2: Conv2d::new(
                 &(&root / "conv2"),
                 32,
@@ -107,30 +107,34 @@ impl FlModel {
                     padding: 2,
                     ..Default::default()
                 },
-            )
-            .expect("constant geometry"),
-            fc1: Linear::new(&(&root / "fc1"), 7 * 7 * 64, 512, LinearConfig::default()),
-            fc2: Linear::new(&(&root / "fc2"), 512, 10, LinearConfig::default()),
+            )?,
+            fc1: Linear::new(&(&root / "fc1"), 7 * 7 * 64, 512, LinearConfig::default())?,
+            fc2: Linear::new(&(&root / "fc2"), 512, 10, LinearConfig::default())?,
         };
-        FlModel { vs, net }
+        Ok(FlModel { vs, net })
     }
 
-    /// The Fashion-MNIST CNN (inputs [B, 1, 28, 28]).
-    pub fn fashion_cnn(device: Device) -> FlModel {
+    /// The Fashion-MNIST CNN (inputs [B, 1, 28, 28]). Its sizes are constants; the `Result` is
+    /// the layer constructors'.
+    pub fn fashion_cnn(device: Device) -> Result<FlModel> {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let net = Net::Cnn {
-            conv1: Conv2d::new(&(&root / "conv1"), 1, 8, 5, Conv2dConfig::default())
-                .expect("constant geometry"),
-            conv2: Conv2d::new(&(&root / "conv2"), 8, 16, 5, Conv2dConfig::default())
-                .expect("constant geometry"),
-            fc: Linear::new(&(&root / "fc"), 256, 10, LinearConfig::default()),
+            conv1: Conv2d::new(&(&root / "conv1"), 1, 8, 5, Conv2dConfig::default())?,
+            conv2: Conv2d::new(&(&root / "conv2"), 8, 16, 5, Conv2dConfig::default())?,
+            fc: Linear::new(&(&root / "fc"), 256, 10, LinearConfig::default())?,
         };
-        FlModel { vs, net }
+        Ok(FlModel { vs, net })
     }
 
     /// An MLP `inputs`→`hidden`→`classes` (logistic regression when `hidden` is 0).
-    pub fn mlp(inputs: i64, hidden: i64, classes: i64, device: Device) -> FlModel {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) naming the layer's argument when
+    /// `inputs` or `classes` is below 1 (`Linear in_dim: 0, expected at least 1`); a negative
+    /// `hidden` counts as 0.
+    pub fn mlp(inputs: i64, hidden: i64, classes: i64, device: Device) -> Result<FlModel> {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let (hidden_layer, width) = if hidden > 0 {
@@ -140,20 +144,20 @@ impl FlModel {
                     inputs,
                     hidden,
                     LinearConfig::default(),
-                )),
+                )?),
                 hidden,
             )
         } else {
             (None, inputs)
         };
-        let out = Linear::new(&(&root / "out"), width, classes, LinearConfig::default());
-        FlModel {
+        let out = Linear::new(&(&root / "out"), width, classes, LinearConfig::default())?;
+        Ok(FlModel {
             vs,
             net: Net::Mlp {
                 hidden: hidden_layer,
                 out,
             },
-        }
+        })
     }
 
     /// Logits [B, classes]; an input of another shape than the network reads is an error.

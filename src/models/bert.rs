@@ -181,29 +181,28 @@ pub struct BertClassifier {
 }
 
 impl EncoderLayer {
-    fn new(p: &nn::Path, c: &BertConfig) -> Self {
+    fn new(p: &nn::Path, c: &BertConfig) -> Result<Self> {
         let (h, i, eps) = (c.hidden_size, c.intermediate_size, c.layer_norm_eps);
         let attn = p / "attention";
         let linear = |p: &nn::Path, i, o| Linear::new(p, i, o, LinearConfig::default());
-        EncoderLayer {
+        Ok(EncoderLayer {
             attention: MultiheadAttention::from_projections(
                 [
-                    linear(&(&attn / "self" / "query"), h, h),
-                    linear(&(&attn / "self" / "key"), h, h),
-                    linear(&(&attn / "self" / "value"), h, h),
-                    linear(&(&attn / "output" / "dense"), h, h),
+                    linear(&(&attn / "self" / "query"), h, h)?,
+                    linear(&(&attn / "self" / "key"), h, h)?,
+                    linear(&(&attn / "self" / "value"), h, h)?,
+                    linear(&(&attn / "output" / "dense"), h, h)?,
                 ],
                 AttentionConfig {
                     heads: c.num_attention_heads,
                     dropout: c.attention_probs_dropout_prob,
                 },
-            )
-            .expect("BertConfig::from_file checks the heads and the dropout"),
-            attention_norm: LayerNorm::new(&(&attn / "output" / "LayerNorm"), h, eps),
-            intermediate: linear(&(p / "intermediate" / "dense"), h, i),
-            output: linear(&(p / "output" / "dense"), i, h),
-            output_norm: LayerNorm::new(&(p / "output" / "LayerNorm"), h, eps),
-        }
+            )?,
+            attention_norm: LayerNorm::new(&(&attn / "output" / "LayerNorm"), h, eps)?,
+            intermediate: linear(&(p / "intermediate" / "dense"), h, i)?,
+            output: linear(&(p / "output" / "dense"), i, h)?,
+            output_norm: LayerNorm::new(&(p / "output" / "LayerNorm"), h, eps)?,
+        })
     }
 
     /// Post-norm transformer layer. `mask`: bool [B, 1, 1, T], true where a key may be attended.
@@ -222,34 +221,48 @@ impl EncoderLayer {
 
 impl BertClassifier {
     /// The architecture with freshly initialised weights (tests and shape checks).
-    pub fn new(device: Device, config: BertConfig, classes: i64) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`] when `classes` is below 1, or when a width in `config` (vocabulary,
+    /// hidden, intermediate, positions, token types) is below 1, its `layer_norm_eps` is not a
+    /// finite number above 0, its heads do not divide `hidden_size` or its attention dropout is
+    /// not in [0, 1): each error names the layer and the argument ([`BertConfig::from_file`]
+    /// refuses such a file first, naming its field).
+    pub fn new(device: Device, config: BertConfig, classes: i64) -> Result<Self> {
+        if classes < 1 {
+            return Err(Error::bad_value(
+                "BertClassifier classes",
+                format!("{classes}, expected at least 1"),
+            ));
+        }
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let c = &config;
         let e = &root / "embeddings";
         let embeddings = Embeddings {
-            word: Embedding::new(&(&e / "word_embeddings"), c.vocab_size, c.hidden_size),
+            word: Embedding::new(&(&e / "word_embeddings"), c.vocab_size, c.hidden_size)?,
             position: Embedding::new(
                 &(&e / "position_embeddings"),
                 c.max_position_embeddings,
                 c.hidden_size,
-            ),
+            )?,
             token_type: Embedding::new(
                 &(&e / "token_type_embeddings"),
                 c.type_vocab_size,
                 c.hidden_size,
-            ),
-            norm: LayerNorm::new(&(&e / "LayerNorm"), c.hidden_size, c.layer_norm_eps),
+            )?,
+            norm: LayerNorm::new(&(&e / "LayerNorm"), c.hidden_size, c.layer_norm_eps)?,
         };
         let layers = (0..c.num_hidden_layers)
             .map(|i| EncoderLayer::new(&(&root / "encoder" / "layer" / i), c))
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let pooler = Linear::new(
             &(&root / "pooler" / "dense"),
             c.hidden_size,
             c.hidden_size,
             LinearConfig::default(),
-        );
+        )?;
         let head = &root / "classifier";
         let classifier = Linear {
             weight: head.randn(
@@ -269,14 +282,14 @@ impl BertClassifier {
             classifier,
         };
         model.freeze_all_but_last_layer();
-        model
+        Ok(model)
     }
 
     /// Reads `config.json` and `model.safetensors` from `dir`; the classifier head stays freshly
     /// initialised. Every encoder, embedding and pooler tensor must be in the file with its shape.
     pub fn from_pretrained(dir: &Path, device: Device, classes: i64) -> Result<Self> {
         let config = BertConfig::from_file(&dir.join("config.json"))?;
-        let model = BertClassifier::new(device, config, classes);
+        let model = BertClassifier::new(device, config, classes)?;
         model.load_encoder(&dir.join("model.safetensors"))?;
         Ok(model)
     }

@@ -38,18 +38,23 @@ impl CifarCnn {
     /// A freshly initialised CNN (PyTorch's default initialisations) on `device` for `classes`
     /// classes ([`PARAMETERS`] for 10).
     ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) when `classes` is below 1 (the last
+    /// layer's `Linear out_dim`).
+    ///
     /// ```
     /// use dpcomp::data::Features;
     /// use dpcomp::models::{cifar_cnn, CifarCnn, Model};
     /// use dpcomp::nn::Ctx;
     /// use tch::{Device, Kind, Tensor};
-    /// let model = CifarCnn::new(Device::Cpu, 10);
+    /// let model = CifarCnn::new(Device::Cpu, 10)?;
     /// assert_eq!(model.trainable_parameter_count(), cifar_cnn::PARAMETERS);
     /// let images = Features::Images(Tensor::zeros([2, 3, 32, 32], (Kind::Float, Device::Cpu)));
     /// assert_eq!(model.forward(&images, &mut Ctx::eval())?.size(), [2, 10]);
     /// # Ok::<(), dpcomp::Error>(())
     /// ```
-    pub fn new(device: Device, classes: i64) -> Self {
+    pub fn new(device: Device, classes: i64) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let mut blocks = Vec::new();
@@ -63,22 +68,21 @@ impl CifarCnn {
                     out_channels,
                     3,
                     Conv2dConfig::default(),
-                )
-                .expect("constant geometry"),
+                )?,
                 InstanceNorm2d::plain(),
             ));
             in_channels = out_channels;
         }
-        let fc1 = Linear::new(&(&root / "fc1"), FEATURES, 256, LinearConfig::default());
-        let fc2 = Linear::new(&(&root / "fc2"), 256, 512, LinearConfig::default());
-        let fc3 = Linear::new(&(&root / "fc3"), 512, classes, LinearConfig::default());
-        CifarCnn {
+        let fc1 = Linear::new(&(&root / "fc1"), FEATURES, 256, LinearConfig::default())?;
+        let fc2 = Linear::new(&(&root / "fc2"), 256, 512, LinearConfig::default())?;
+        let fc3 = Linear::new(&(&root / "fc3"), 512, classes, LinearConfig::default())?;
+        Ok(CifarCnn {
             vs,
             blocks,
             fc1,
             fc2,
             fc3,
-        }
+        })
     }
 }
 

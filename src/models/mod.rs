@@ -43,7 +43,7 @@ pub use surnames_lstm::SurnamesLstm;
 /// }
 ///
 /// let vs = nn::VarStore::new(Device::Cpu);
-/// let linear = Linear::new(&(vs.root() / "linear"), 4, 2, LinearConfig::default());
+/// let linear = Linear::new(&(vs.root() / "linear"), 4, 2, LinearConfig::default())?;
 /// let model = Logistic { vs, linear };
 /// let rows = Features::Rows(Tensor::ones([3, 4], (Kind::Float, Device::Cpu)));
 /// assert_eq!(model.forward(&rows, &mut Ctx::eval())?.size(), [3, 2]);

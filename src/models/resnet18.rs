@@ -22,9 +22,9 @@ struct BasicBlock {
 }
 
 impl BasicBlock {
-    fn new(p: &nn::Path, in_c: i64, out_c: i64, stride: i64) -> Self {
-        let shortcut = (stride != 1 || in_c != out_c).then(|| {
-            (
+    fn new(p: &nn::Path, in_c: i64, out_c: i64, stride: i64) -> Result<Self> {
+        let shortcut = if stride != 1 || in_c != out_c {
+            Some((
                 Conv2d::new(
                     &(p / "shortcut_conv"),
                     in_c,
@@ -35,12 +35,13 @@ impl BasicBlock {
                         bias: false,
                         ..Default::default()
                     },
-                )
-                .expect("constant geometry"),
-                GroupNorm::new(&(p / "shortcut_norm"), GROUPS.min(out_c), out_c),
-            )
-        });
-        BasicBlock {
+                )?,
+                GroupNorm::new(&(p / "shortcut_norm"), GROUPS.min(out_c), out_c)?,
+            ))
+        } else {
+            None
+        };
+        Ok(BasicBlock {
             conv1: Conv2d::new(
                 &(p / "conv1"),
                 in_c,
@@ -51,9 +52,8 @@ impl BasicBlock {
                     padding: 1,
                     bias: false,
                 },
-            )
-            .expect("constant geometry"),
-            norm1: GroupNorm::new(&(p / "norm1"), GROUPS.min(out_c), out_c),
+            )?,
+            norm1: GroupNorm::new(&(p / "norm1"), GROUPS.min(out_c), out_c)?,
             conv2: Conv2d::new(
                 &(p / "conv2"),
                 out_c,
@@ -64,11 +64,10 @@ impl BasicBlock {
                     bias: false,
                     ..Default::default()
                 },
-            )
-            .expect("constant geometry"),
-            norm2: GroupNorm::new(&(p / "norm2"), GROUPS.min(out_c), out_c),
+            )?,
+            norm2: GroupNorm::new(&(p / "norm2"), GROUPS.min(out_c), out_c)?,
             shortcut,
-        }
+        })
     }
 
     fn forward(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
@@ -99,7 +98,12 @@ pub struct ResNet18 {
 impl ResNet18 {
     /// A freshly initialised ResNet-18 (PyTorch's default initialisations, GroupNorm weights 1
     /// and biases 0) on `device` for `classes` classes (11,373,732 parameters for 100).
-    pub fn new(device: Device, classes: i64) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) when `classes` is below 1 (the
+    /// classifier's `Linear out_dim`).
+    pub fn new(device: Device, classes: i64) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
         let stem = Conv2d::new(
@@ -112,9 +116,8 @@ impl ResNet18 {
                 bias: false,
                 ..Default::default()
             },
-        )
-        .expect("constant geometry");
-        let stem_norm = GroupNorm::new(&(&root / "stem_norm"), GROUPS, 64);
+        )?;
+        let stem_norm = GroupNorm::new(&(&root / "stem_norm"), GROUPS, 64)?;
         let mut blocks = Vec::new();
         let mut in_c = 64;
         for (stage, (out_c, stride)) in [(64, 1), (128, 2), (256, 2), (512, 2)]
@@ -128,7 +131,7 @@ impl ResNet18 {
                     in_c,
                     out_c,
                     if b == 0 { stride } else { 1 },
-                ));
+                )?);
                 in_c = out_c;
             }
         }
@@ -137,14 +140,14 @@ impl ResNet18 {
             512 * 2 * 2,
             classes,
             LinearConfig::default(),
-        );
-        ResNet18 {
+        )?;
+        Ok(ResNet18 {
             vs,
             stem,
             stem_norm,
             blocks,
             classifier,
-        }
+        })
     }
 }
 

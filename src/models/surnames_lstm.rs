@@ -25,23 +25,28 @@ pub struct SurnamesLstm {
 impl SurnamesLstm {
     /// A freshly initialised model (PyTorch's default initialisations) on `device` for
     /// `classes` classes (118,034 parameters for the 18 nationalities).
-    pub fn new(device: Device, classes: i64) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) when `classes` is below 1 (the
+    /// classifier's `Linear out_dim`).
+    pub fn new(device: Device, classes: i64) -> Result<Self> {
         let vs = nn::VarStore::new(device);
         let root = vs.root();
-        let embedding = Embedding::new(&(&root / "embedding"), VOCAB, EMBEDDING);
-        let lstm = Lstm::new(&(&root / "lstm"), EMBEDDING, HIDDEN);
+        let embedding = Embedding::new(&(&root / "embedding"), VOCAB, EMBEDDING)?;
+        let lstm = Lstm::new(&(&root / "lstm"), EMBEDDING, HIDDEN)?;
         let classifier = Linear::new(
             &(&root / "classifier"),
             HIDDEN,
             classes,
             LinearConfig::default(),
-        );
-        SurnamesLstm {
+        )?;
+        Ok(SurnamesLstm {
             vs,
             embedding,
             lstm,
             classifier,
-        }
+        })
     }
 }
 

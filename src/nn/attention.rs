@@ -49,6 +49,12 @@ pub struct MultiheadAttention {
 impl MultiheadAttention {
     /// Four `dim x dim` projections with biases under `query`, `key`, `value`, `output`.
     ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`] when `dim` is below 1 (`Linear in_dim: 0, expected at least 1`, from
+    /// the projections) or, as [`from_projections`](Self::from_projections), when the heads do
+    /// not divide `dim` or the dropout is not in [0, 1).
+    ///
     /// ```
     /// use dpcomp::nn::{AttentionConfig, Ctx, MultiheadAttention};
     /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
@@ -62,10 +68,10 @@ impl MultiheadAttention {
         let linear = |name: &str| Linear::new(&(p / name), dim, dim, LinearConfig::default());
         Self::from_projections(
             [
-                linear("query"),
-                linear("key"),
-                linear("value"),
-                linear("output"),
+                linear("query")?,
+                linear("key")?,
+                linear("value")?,
+                linear("output")?,
             ],
             config,
         )

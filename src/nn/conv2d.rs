@@ -1,10 +1,10 @@
 //! 2-D convolution with square kernels, stride and zero padding.
 
-use super::input::{expect_dim, kernel_error, wrong_shape};
+use super::input::{at_least, expect_dim, kernel_error, wrong_shape};
 use super::per_sample::{outer, Activations, PerSample};
 use super::tape::{LayerGradients, Recorded};
 use super::{uniform_init, Ctx};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use tch::{nn, Tensor};
 
 /// A convolution's settings besides its channels and kernel size (tch-rs's `ConvConfig`).
@@ -45,7 +45,13 @@ pub struct Conv2d {
 
 impl Conv2d {
     /// A `kernel x kernel` convolution from `in_channels` to `out_channels` under `p`, weights and
-    /// bias U(±1/√fan_in) (PyTorch's default). A stride below 1 or a negative padding is an error.
+    /// bias U(±1/√fan_in) (PyTorch's default).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) naming the argument (`Conv2d stride:
+    /// 0, expected at least 1`) when `in_channels`, `out_channels`, `kernel` or the stride is
+    /// below 1 or the padding is negative.
     ///
     /// ```
     /// use dpcomp::nn::{Conv2d, Conv2dConfig, Ctx};
@@ -63,20 +69,16 @@ impl Conv2d {
         kernel: i64,
         config: Conv2dConfig,
     ) -> Result<Self> {
-        for (name, value, low) in [
-            ("in_channels", in_channels, 1),
-            ("out_channels", out_channels, 1),
-            ("kernel", kernel, 1),
-            ("stride", config.stride, 1),
-            ("padding", config.padding, 0),
-        ] {
-            if value < low {
-                return Err(Error::bad_value(
-                    format!("Conv2d {name}"),
-                    format!("{value}, expected at least {low}"),
-                ));
-            }
-        }
+        at_least(
+            "Conv2d",
+            [
+                ("in_channels", in_channels, 1),
+                ("out_channels", out_channels, 1),
+                ("kernel", kernel, 1),
+                ("stride", config.stride, 1),
+                ("padding", config.padding, 0),
+            ],
+        )?;
         let fan_in = in_channels * kernel * kernel;
         let weight = p.var(
             "weight",

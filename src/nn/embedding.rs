@@ -1,6 +1,6 @@
 //! Lookup table: ids [..] -> rows of `weight` [num, dim].
 
-use super::input::{kernel_error, wrong_shape};
+use super::input::{at_least, kernel_error, wrong_shape};
 use super::per_sample::PerSample;
 use super::tape::{LayerGradients, Recorded};
 use super::Ctx;
@@ -16,8 +16,26 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    /// N(0, 1) initialisation, PyTorch's default for `nn.Embedding`.
-    pub fn new(p: &nn::Path, num: i64, dim: i64) -> Self {
+    /// A table of `num` rows of width `dim` under `p`, N(0, 1) initialisation (PyTorch's
+    /// default for `nn.Embedding`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) naming the argument (`Embedding num:
+    /// 0, expected at least 1`) when `num` or `dim` is below 1.
+    ///
+    /// ```
+    /// use dpcomp::nn::{Ctx, Embedding};
+    /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    /// let table = Embedding::new(&vs.root(), 10, 4)?;
+    /// let ids = tch::Tensor::from_slice(&[1i64, 7, 3]).view([1, 3]);
+    /// assert_eq!(table.forward(&ids, &mut Ctx::eval())?.size(), [1, 3, 4]);
+    /// let error = Embedding::new(&(vs.root() / "empty"), 0, 4).unwrap_err();
+    /// assert_eq!(error.to_string(), "Embedding num: 0, expected at least 1");
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn new(p: &nn::Path, num: i64, dim: i64) -> Result<Self> {
+        at_least("Embedding", [("num", num, 1), ("dim", dim, 1)])?;
         let weight = p.var(
             "weight",
             &[num, dim],
@@ -26,7 +44,7 @@ impl Embedding {
                 stdev: 1.0,
             },
         );
-        Embedding { weight }
+        Ok(Embedding { weight })
     }
 
     /// ids [B, *] of an integer kind -> [B, *, dim]. Ids must lie in [0, num): their values are

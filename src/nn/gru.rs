@@ -12,7 +12,7 @@
 //! known from the forward pass, so the backward loop is one multiply and one matrix product per
 //! step. `tests/layers.rs` checks it against autograd and the forward pass against PyTorch's GRU.
 
-use super::input::expect_dim;
+use super::input::{at_least, expect_dim};
 use super::per_sample::{outer, Activations, PerSample};
 use super::recurrent::{hand_to_autograd, shift_in_zero, stack_steps};
 use super::tape::{LayerGradients, Recorded};
@@ -58,16 +58,23 @@ impl GruCache {
 }
 
 impl Gru {
-    /// U(-1/sqrt(hidden), 1/sqrt(hidden)) for every parameter, PyTorch's `nn.GRU` default.
-    pub fn new(p: &nn::Path, input: i64, hidden: i64) -> Self {
+    /// A one-layer GRU from `input` features to a hidden state of width `hidden` under
+    /// `p`, U(-1/sqrt(hidden), 1/sqrt(hidden)) for every parameter, PyTorch's `nn.GRU` default.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) naming the argument (`Gru hidden:
+    /// 0, expected at least 1`) when `input` or `hidden` is below 1.
+    pub fn new(p: &nn::Path, input: i64, hidden: i64) -> Result<Self> {
+        at_least("Gru", [("input", input, 1), ("hidden", hidden, 1)])?;
         let init = uniform_init(hidden);
-        Gru {
+        Ok(Gru {
             w_ih: p.var("w_ih", &[3 * hidden, input], init),
             w_hh: p.var("w_hh", &[3 * hidden, hidden], init),
             b_ih: p.var("b_ih", &[3 * hidden], init),
             b_hh: p.var("b_hh", &[3 * hidden], init),
             hidden,
-        }
+        })
     }
 
     /// xs: [B, T, input] (batch first). Returns every hidden state, [B, T, hidden], from a zero

@@ -50,3 +50,22 @@ pub(crate) fn kernel_error(layer: &str, error: TchError) -> Error {
     let first_line = message.lines().next().unwrap_or("").trim();
     Error::bad_value(format!("{layer} input"), first_line.to_string())
 }
+
+/// Each `(argument, value, low)` of a `layer`'s constructor is at least `low`; otherwise an
+/// [`Error::BadValue`] on `"{layer} {argument}"` saying the value and the bound (the
+/// constructors' size checks: a layer of 0 or negative width is an error, not a panic in
+/// LibTorch or an empty tensor).
+pub(crate) fn at_least<const N: usize>(
+    layer: &str,
+    arguments: [(&str, i64, i64); N],
+) -> Result<()> {
+    for (argument, value, low) in arguments {
+        if value < low {
+            return Err(Error::bad_value(
+                format!("{layer} {argument}"),
+                format!("{value}, expected at least {low}"),
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,6 +1,6 @@
 //! Fully connected layer y = x W^T + b, for 2-D inputs [B, in] and sequences [B, T, in].
 
-use super::input::{expect_dim, kernel_error};
+use super::input::{at_least, expect_dim, kernel_error};
 use super::per_sample::{outer, Activations, PerSample};
 use super::tape::{LayerGradients, Recorded};
 use super::{uniform_init, Ctx};
@@ -33,22 +33,32 @@ pub struct Linear {
 impl Linear {
     /// W [out_dim, in_dim] and b \[out_dim\] under `p`, both U(±1/√in_dim) (PyTorch's default).
     ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) naming the argument (`Linear in_dim:
+    /// 0, expected at least 1`) when `in_dim` or `out_dim` is below 1; no parameter is created
+    /// under `p` then.
+    ///
     /// ```
     /// use dpcomp::nn::{Ctx, Linear, LinearConfig};
     /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    /// let layer = Linear::new(&vs.root(), 5, 3, LinearConfig::default());
+    /// let layer = Linear::new(&vs.root(), 5, 3, LinearConfig::default())?;
     /// let ys = layer.forward(&tch::Tensor::ones([4, 5], (tch::Kind::Float, tch::Device::Cpu)), &mut Ctx::eval())?;
     /// assert_eq!(ys.size(), [4, 3]);
     /// // An input of another width is an error naming the layer, not a panic.
     /// assert!(layer.forward(&tch::Tensor::ones([4, 7], (tch::Kind::Float, tch::Device::Cpu)), &mut Ctx::eval()).is_err());
+    /// // So is a layer of no width.
+    /// let error = Linear::new(&(vs.root() / "empty"), 5, 0, LinearConfig::default()).unwrap_err();
+    /// assert_eq!(error.to_string(), "Linear out_dim: 0, expected at least 1");
     /// # Ok::<(), dpcomp::error::Error>(())
     /// ```
-    pub fn new(p: &nn::Path, in_dim: i64, out_dim: i64, config: LinearConfig) -> Self {
+    pub fn new(p: &nn::Path, in_dim: i64, out_dim: i64, config: LinearConfig) -> Result<Self> {
+        at_least("Linear", [("in_dim", in_dim, 1), ("out_dim", out_dim, 1)])?;
         let weight = p.var("weight", &[out_dim, in_dim], uniform_init(in_dim));
         let bias = config
             .bias
             .then(|| p.var("bias", &[out_dim], uniform_init(in_dim)));
-        Linear { weight, bias }
+        Ok(Linear { weight, bias })
     }
 
     /// xs [B, *, in_dim] -> [B, *, out_dim]. Another last dimension is an error.

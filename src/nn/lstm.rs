@@ -12,7 +12,7 @@
 //! fused tensor operations each and then forms every weight gradient as one contraction over all
 //! time steps. `tests/lstm.rs` checks it against autograd through `forward_autograd`.
 
-use super::input::expect_dim;
+use super::input::{at_least, expect_dim};
 use super::per_sample::{outer, Activations, PerSample};
 use super::recurrent::{hand_to_autograd, shift_in_zero, stack_steps};
 use super::tape::{LayerGradients, Recorded};
@@ -60,16 +60,23 @@ impl LstmCache {
 }
 
 impl Lstm {
-    /// U(-1/sqrt(hidden), 1/sqrt(hidden)) for every parameter, PyTorch's `nn.LSTM` default.
-    pub fn new(p: &nn::Path, input: i64, hidden: i64) -> Self {
+    /// A one-layer LSTM from `input` features to a hidden state of width `hidden` under
+    /// `p`, U(-1/sqrt(hidden), 1/sqrt(hidden)) for every parameter, PyTorch's `nn.LSTM` default.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`](crate::error::Error::BadValue) naming the argument (`Lstm hidden:
+    /// 0, expected at least 1`) when `input` or `hidden` is below 1.
+    pub fn new(p: &nn::Path, input: i64, hidden: i64) -> Result<Self> {
+        at_least("Lstm", [("input", input, 1), ("hidden", hidden, 1)])?;
         let init = uniform_init(hidden);
-        Lstm {
+        Ok(Lstm {
             w_ih: p.var("w_ih", &[4 * hidden, input], init),
             w_hh: p.var("w_hh", &[4 * hidden, hidden], init),
             b_ih: p.var("b_ih", &[4 * hidden], init),
             b_hh: p.var("b_hh", &[4 * hidden], init),
             hidden,
-        }
+        })
     }
 
     /// xs: [B, T, input] (batch first). Returns every hidden state, [B, T, hidden], from a zero

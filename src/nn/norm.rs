@@ -5,11 +5,11 @@
 //! (`Ctx::private`) the layer's input is recorded, and `privacy::grad_sample` recomputes x̂ from
 //! it when it forms the per-sample gradients of the affine parameters.
 
-use super::input::{expect_dim, kernel_error, wrong_shape};
+use super::input::{at_least, expect_dim, kernel_error, wrong_shape};
 use super::per_sample::{sum_except, PerSample};
 use super::tape::{LayerGradients, Recorded};
 use super::Ctx;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use tch::{nn, Tensor};
 
 const EPS: f64 = 1e-5;
@@ -152,10 +152,27 @@ pub struct InstanceNorm2d {
 impl InstanceNorm2d {
     /// With a per-channel affine map: weight `[channels]` at 1 and bias `[channels]` at 0,
     /// under `p`.
-    pub fn new(p: &nn::Path, channels: i64) -> Self {
-        InstanceNorm2d {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`] naming the argument (`InstanceNorm2d channels: 0, expected at least
+    /// 1`) when `channels` is below 1.
+    ///
+    /// ```
+    /// use dpcomp::nn::{Ctx, InstanceNorm2d};
+    /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    /// let norm = InstanceNorm2d::new(&vs.root(), 3)?;
+    /// let xs = tch::Tensor::randn([2, 3, 4, 4], (tch::Kind::Float, tch::Device::Cpu));
+    /// assert_eq!(norm.forward(&xs, &mut Ctx::eval())?.size(), [2, 3, 4, 4]);
+    /// let error = InstanceNorm2d::new(&(vs.root() / "empty"), 0).unwrap_err();
+    /// assert_eq!(error.to_string(), "InstanceNorm2d channels: 0, expected at least 1");
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn new(p: &nn::Path, channels: i64) -> Result<Self> {
+        at_least("InstanceNorm2d", [("channels", channels, 1)])?;
+        Ok(InstanceNorm2d {
             affine: Some(affine(p, channels)),
-        }
+        })
     }
 
     /// Without parameters: nothing to record, per-sample by construction.
@@ -205,24 +222,43 @@ impl GroupNorm {
     /// `groups` groups over `channels` channels (ε 1e-5), weight at 1 and bias at 0 under `p`
     /// (PyTorch's `nn.GroupNorm`).
     ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`] naming the argument when `groups` or `channels` is below 1
+    /// (`GroupNorm channels: 0, expected at least 1`) or `groups` does not divide `channels`
+    /// (`GroupNorm groups: 3, expected a divisor of channels 8`).
+    ///
     /// ```
     /// use dpcomp::nn::{Ctx, GroupNorm};
     /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    /// let norm = GroupNorm::new(&vs.root(), 2, 8);
+    /// let norm = GroupNorm::new(&vs.root(), 2, 8)?;
     /// let xs = tch::Tensor::randn([4, 8, 5, 5], (tch::Kind::Float, tch::Device::Cpu));
     /// let ys = norm.forward(&xs, &mut Ctx::eval())?;
     /// // Each example's group of 4 channels has mean 0 after the (identity) affine map.
     /// let group_mean = ys.narrow(1, 0, 4).mean_dim([1i64, 2, 3].as_slice(), false, tch::Kind::Float);
     /// assert!(group_mean.abs().max().double_value(&[]) < 1e-5);
+    /// // Groups that do not divide the channels are an error naming them.
+    /// let error = GroupNorm::new(&(vs.root() / "uneven"), 3, 8).unwrap_err();
+    /// assert_eq!(error.to_string(), "GroupNorm groups: 3, expected a divisor of channels 8");
     /// # Ok::<(), dpcomp::error::Error>(())
     /// ```
-    pub fn new(p: &nn::Path, groups: i64, channels: i64) -> Self {
+    pub fn new(p: &nn::Path, groups: i64, channels: i64) -> Result<Self> {
+        at_least(
+            "GroupNorm",
+            [("groups", groups, 1), ("channels", channels, 1)],
+        )?;
+        if channels % groups != 0 {
+            return Err(Error::bad_value(
+                "GroupNorm groups",
+                format!("{groups}, expected a divisor of channels {channels}"),
+            ));
+        }
         let (weight, bias) = affine(p, channels);
-        GroupNorm {
+        Ok(GroupNorm {
             weight,
             bias,
             groups,
-        }
+        })
     }
 
     /// xs [B, channels, ..].
@@ -255,14 +291,38 @@ pub struct LayerNorm {
 impl LayerNorm {
     /// Over a last dimension of width `dim` with variance offset `eps`, weight at 1 and bias at
     /// 0 under `p` (PyTorch's `nn.LayerNorm(dim, eps)`).
-    pub fn new(p: &nn::Path, dim: i64, eps: f64) -> Self {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::BadValue`] naming the argument when `dim` is below 1 (`LayerNorm dim: 0,
+    /// expected at least 1`) or `eps` is not a finite number above 0 (`LayerNorm eps: 0,
+    /// expected a finite number above 0`).
+    ///
+    /// ```
+    /// use dpcomp::nn::{Ctx, LayerNorm};
+    /// let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    /// let norm = LayerNorm::new(&vs.root(), 6, 1e-12)?;
+    /// let xs = tch::Tensor::randn([2, 5, 6], (tch::Kind::Float, tch::Device::Cpu));
+    /// assert_eq!(norm.forward(&xs, &mut Ctx::eval())?.size(), [2, 5, 6]);
+    /// let error = LayerNorm::new(&(vs.root() / "no_eps"), 6, 0.0).unwrap_err();
+    /// assert_eq!(error.to_string(), "LayerNorm eps: 0, expected a finite number above 0");
+    /// # Ok::<(), dpcomp::error::Error>(())
+    /// ```
+    pub fn new(p: &nn::Path, dim: i64, eps: f64) -> Result<Self> {
+        at_least("LayerNorm", [("dim", dim, 1)])?;
+        if !(eps.is_finite() && eps > 0.0) {
+            return Err(Error::bad_value(
+                "LayerNorm eps",
+                format!("{eps}, expected a finite number above 0"),
+            ));
+        }
         let (weight, bias) = affine(p, dim);
-        LayerNorm {
+        Ok(LayerNorm {
             weight,
             bias,
             dim,
             eps,
-        }
+        })
     }
 
     /// xs [.., dim].

@@ -108,7 +108,7 @@ pub use crate::data::DataEdit;
 ///
 /// tch::manual_seed(0);
 /// let vs = nn::VarStore::new(Device::Cpu);
-/// let linear = Linear::new(&(vs.root() / "linear"), 4, 2, LinearConfig::default());
+/// let linear = Linear::new(&(vs.root() / "linear"), 4, 2, LinearConfig::default())?;
 /// let data = TaskData {
 ///     train: rows(1000),
 ///     test: rows(500),

@@ -12,7 +12,7 @@ fn main() -> Result<()> {
     let x = Tensor::randn([n, dim], (Kind::Float, Device::Cpu))
         + (y.to_kind(Kind::Float) - 0.5).unsqueeze(1);
     let vs = nn::VarStore::new(Device::Cpu);
-    let linear = Linear::new(&(vs.root() / "linear"), dim, 2, LinearConfig::default());
+    let linear = Linear::new(&(vs.root() / "linear"), dim, 2, LinearConfig::default())?;
     let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
 
