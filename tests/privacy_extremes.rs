@@ -40,40 +40,61 @@ fn calibration_searches_sigma_up_to_a_million() {
     );
 }
 
-/// `dpcomp epsilon --accountant pld` at σ 1e-9: ε is no longer 0.0000 and the note says the RDP
-/// bound was used and why.
+/// `dpcomp epsilon --accountant pld` with more steps than the composition is validated for
+/// (q 0.01, σ 1, 10^12 steps): ε is the RDP bound, about 9.2e7 (it was 0.0000), and the note
+/// says so and why.
 #[test]
 fn the_epsilon_command_says_when_the_rdp_bound_replaces_the_pld_composition() {
+    let (v, stderr) = epsilon_json(&["0.01", "1", "1000000000000", "1e-5"]);
+    let epsilon = v["epsilon"].as_f64().unwrap();
+    assert!(epsilon > 9e7 && epsilon < 1e8, "{v}");
+    assert!(
+        stderr.contains("epsilon is the RDP accountant's bound")
+            && stderr.contains("more steps than the PLD composition is validated for"),
+        "{stderr}"
+    );
+}
+
+/// `dpcomp epsilon --accountant pld` at q 0.25, σ 1e-9, 12 steps, δ 8e-5 (it printed 0.0000):
+/// every sampled step then reveals the example, with loss 1/(2σ²) = 5e17, and at least 9 of 12
+/// steps sample it with probability 4e-4 > δ, so the true ε is about 9 · 5e17 = 4.5e18. The
+/// answer is at least that and at most the RDP bound (6.6e18), on a grid coarsened to fit,
+/// which the note says.
+#[test]
+fn the_epsilon_command_at_a_negligible_noise_is_at_least_the_loss_of_nine_sampled_steps() {
+    let (v, stderr) = epsilon_json(&["0.25", "1e-9", "12", "8e-5"]);
+    let epsilon = v["epsilon"].as_f64().unwrap();
+    assert!((4.4e18..=6.6e18).contains(&epsilon), "{v}");
+    assert!(
+        stderr.contains("the bound is valid but looser")
+            || stderr.contains("epsilon is the RDP accountant's bound"),
+        "{stderr}"
+    );
+}
+
+/// `dpcomp epsilon --accountant pld --json` at (q, σ, steps, δ): the JSON and the stderr notes.
+fn epsilon_json(args: &[&str; 4]) -> (serde_json::Value, String) {
+    let [q, sigma, steps, delta] = args;
     let out = Command::new(env!("CARGO_BIN_EXE_dpcomp"))
         .args([
             "epsilon",
             "--accountant",
             "pld",
             "--sample-rate",
-            "0.25",
+            q,
             "--noise-multiplier",
-            "1e-9",
+            sigma,
             "--steps",
-            "12",
+            steps,
             "--delta",
-            "8e-5",
+            delta,
             "--json",
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let epsilon = v["epsilon"].as_f64().unwrap();
-    assert!(epsilon > 4e17, "{v}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("epsilon is the RDP accountant's bound"),
-        "{stderr}"
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    (serde_json::from_slice(&out.stdout).unwrap(), stderr)
 }
 
 /// `train --noise-multiplier 1 --target-epsilon 5 --accountant pld --epochs 250000000000`: the

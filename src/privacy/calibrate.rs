@@ -83,11 +83,11 @@ pub fn noise_multiplier_for(
 /// cheaper): an upper bound like the fine grid's, only looser.
 const SEARCH_INTERVAL: f64 = 10.0 * pld::DEFAULT_INTERVAL;
 
-/// PLD calibration: a root search on the coarse `SEARCH_INTERVAL` grid from RDP's σ (`start`)
-/// down to 1e-3 relative, then on the default grid, below the coarse answer (the fine grid's ε
-/// is the smaller, so its σ is too), to 1e-4 relative (`regula_falsi`). Every σ it returns was evaluated on
-/// the default grid, checked against its bounds (`pld::epsilon_detailed`), at or below the
-/// target.
+/// PLD calibration: a descent on the coarse `SEARCH_INTERVAL` grid from RDP's σ (`start`) to
+/// 1e-3 relative, then on the default grid from the coarse answer (the fine grid's ε is the
+/// smaller, so its σ is too) to 1e-4 relative, reusing the coarse slope (`descend`). Every σ it
+/// returns was evaluated on the default grid, checked against its bounds
+/// (`pld::epsilon_detailed`), at or below the target.
 fn pld_noise_multiplier(target_epsilon: f64, start: StepBlock, delta: f64) -> Result<f64> {
     let epsilon = |sigma: f64, interval: f64| -> Result<f64> {
         let block = StepBlock {
@@ -96,7 +96,7 @@ fn pld_noise_multiplier(target_epsilon: f64, start: StepBlock, delta: f64) -> Re
         };
         Ok(pld::epsilon_on_grid(&[block], delta, interval)?.epsilon)
     };
-    let mut high = start.noise_multiplier;
+    let high = start.noise_multiplier;
     // The PLD accountant never reports more than RDP, so where RDP's σ met the target its PLD ε
     // is at most RDP's; where RDP could not reach it (σ at the search's end), PLD is asked.
     let rdp_at_start = super::pld_bounds::rdp_upper_bound(&[start], delta);
@@ -113,54 +113,116 @@ fn pld_noise_multiplier(target_epsilon: f64, start: StepBlock, delta: f64) -> Re
     }
     // Coarse: ε(high) <= target holds on the coarse grid only where it is reachable there.
     let coarse = |s: f64| epsilon(s, SEARCH_INTERVAL);
-    let mut at_high = coarse(high)?;
-    if at_high <= target_epsilon {
-        let (mut low, mut at_low) = (0.5 * high, coarse(0.5 * high)?);
-        while at_low <= target_epsilon && low > 1e-12 {
-            (high, at_high) = (low, at_low);
-            low *= 0.5;
-            at_low = coarse(low)?;
-        }
-        if at_low > target_epsilon {
-            high = regula_falsi(coarse, target_epsilon, (low, at_low), (high, at_high), 1e-3)?;
-        }
+    let mut found = Descent {
+        sigma: high,
+        epsilon: coarse(high)?,
+        slope: None,
+    };
+    if found.epsilon <= target_epsilon {
+        found = descend(coarse, target_epsilon, found, 1e-3)?;
     }
-    // Fine: a bracket below the coarse answer, widened until its low end misses the target.
-    // The fine grid's ε is at most the coarse one's; should a check of the fine answer have put
-    // it above (`pld::RdpFallback`), the search starts again from RDP's σ, whose fine ε was
-    // evaluated above.
+    // Fine: from the coarse answer, whose fine ε is at most its coarse one. Should a check of
+    // the fine answer have put it above (`pld::RdpFallback`), the descent starts again from
+    // RDP's σ, whose ε was evaluated above.
     let fine = |s: f64| epsilon(s, pld::DEFAULT_INTERVAL);
-    let mut at_high = fine(high)?;
-    if at_high > target_epsilon {
-        (high, at_high) = (start.noise_multiplier, at_start);
-    }
-    let mut width = 0.005;
-    let mut low = high * (1.0 - width);
-    let mut at_low = fine(low)?;
-    while at_low <= target_epsilon {
-        (high, at_high) = (low, at_low);
-        width = (2.0 * width).min(0.5);
-        low = high * (1.0 - width);
-        if low < 1e-12 {
-            return Ok(high);
+    let at_found = fine(found.sigma)?;
+    let from = if at_found <= target_epsilon {
+        Descent {
+            epsilon: at_found,
+            ..found
         }
-        at_low = fine(low)?;
+    } else {
+        Descent {
+            sigma: start.noise_multiplier,
+            epsilon: at_start,
+            slope: None,
+        }
+    };
+    Ok(descend(fine, target_epsilon, from, 1e-4)?.sigma)
+}
+
+/// A σ whose ε was evaluated at or below the target, and the log-log slope d log ε / d log σ
+/// where it is known.
+#[derive(Debug, Clone, Copy)]
+struct Descent {
+    sigma: f64,
+    epsilon: f64,
+    slope: Option<f64>,
+}
+
+/// From `from` (ε at or below the target) down to the smallest σ with ε(σ) <= target, to
+/// `precision`: done when ε is within `precision` of the target or the bracket is `precision`
+/// of σ wide. Secant steps on log ε against log σ (nearly a line: ε falls about as σ^-2.5 to
+/// σ^-3 in the cases of `benches/calibration_vs_opacus.py`) aim just below the target, starting
+/// from `from.slope` (the coarse grid's, in the fine search) or a slope of −3; a step that
+/// overshoots brackets the root, and `regula_falsi` finishes. With the coarse slope the fine
+/// search usually ends after one evaluation.
+fn descend(
+    epsilon: impl Fn(f64) -> Result<f64>,
+    target_epsilon: f64,
+    from: Descent,
+    precision: f64,
+) -> Result<Descent> {
+    let aim = target_epsilon * (1.0 - precision / 2.0);
+    let log_slope = |a: &Descent, b_sigma: f64, b_epsilon: f64| {
+        (b_epsilon.ln() - a.epsilon.ln()) / (b_sigma.ln() - a.sigma.ln())
+    };
+    let mut at = from;
+    for _ in 0..8 {
+        if at.epsilon >= target_epsilon * (1.0 - precision) {
+            return Ok(at);
+        }
+        let slope = match at.slope {
+            Some(slope) if slope < 0.0 && slope.is_finite() => slope,
+            _ => -3.0,
+        };
+        let guess = at.sigma * ((aim.ln() - at.epsilon.max(f64::MIN_POSITIVE).ln()) / slope).exp();
+        // At least a quarter of the precision below σ and at most halving it per step.
+        let next = guess.clamp(0.5 * at.sigma, at.sigma * (1.0 - precision / 4.0));
+        let at_next = epsilon(next)?;
+        if at_next > target_epsilon {
+            return regula_falsi(epsilon, target_epsilon, (next, at_next), at, precision);
+        }
+        at = Descent {
+            sigma: next,
+            epsilon: at_next,
+            slope: Some(log_slope(&at, next, at_next)),
+        };
+        if next < 1e-12 {
+            return Ok(at);
+        }
     }
-    regula_falsi(fine, target_epsilon, (low, at_low), (high, at_high), 1e-4)
+    // Not converging by secant steps: halve σ until it misses the target, then bracket.
+    loop {
+        let next = 0.5 * at.sigma;
+        if next < 1e-12 {
+            return Ok(at);
+        }
+        let at_next = epsilon(next)?;
+        if at_next > target_epsilon {
+            return regula_falsi(epsilon, target_epsilon, (next, at_next), at, precision);
+        }
+        at = Descent {
+            sigma: next,
+            epsilon: at_next,
+            slope: Some(log_slope(&at, next, at_next)),
+        };
+    }
 }
 
 /// The root of ε(σ) = target between `low` (ε above the target) and `high` (ε at or below it),
 /// each given with its ε, by the Illinois variant of regula falsi (ε is smooth in σ, so this takes
 /// a few evaluations where bisection takes a dozen). Stops when the bracket is `precision` of
 /// σ wide or ε(high) is within `precision` of the target; returns `high`, whose ε meets the
-/// target (it was evaluated).
+/// target (it was evaluated), with the bracket's slope.
 fn regula_falsi(
     epsilon: impl Fn(f64) -> Result<f64>,
     target_epsilon: f64,
-    (mut low, at_low): (f64, f64),
-    (mut high, mut at_high): (f64, f64),
+    (mut low, mut at_low): (f64, f64),
+    high: Descent,
     precision: f64,
-) -> Result<f64> {
+) -> Result<Descent> {
+    let (mut high, mut at_high) = (high.sigma, high.epsilon);
     // The values the interpolation uses: Illinois halves the one at the end kept twice.
     let (mut f_low, mut f_high) = (at_low - target_epsilon, at_high - target_epsilon);
     let mut kept_low = 0u32;
@@ -175,7 +237,7 @@ fn regula_falsi(
         }
         let at_mid = epsilon(mid)?;
         if at_mid > target_epsilon {
-            (low, f_low) = (mid, at_mid - target_epsilon);
+            (low, at_low, f_low) = (mid, at_mid, at_mid - target_epsilon);
             kept_high += 1;
             kept_low = 0;
             if kept_high > 1 {
@@ -190,7 +252,11 @@ fn regula_falsi(
             }
         }
     }
-    Ok(high)
+    Ok(Descent {
+        sigma: high,
+        epsilon: at_high,
+        slope: Some((at_high.ln() - at_low.ln()) / (high.ln() - low.ln())),
+    })
 }
 
 /// The smallest σ found with ε(σ) <= target, to `precision` relative, doubling from 1 up to

@@ -12,8 +12,10 @@
 //!
 //! Pessimistic discretisation ("connect the dots", see `one_step`): the discrete PLD dominates
 //! the true one, so every δ(ε) computed from it is an upper bound. T steps compose by convolving
-//! the pmf T times (one FFT, an elementwise power, one inverse FFT) on a window chosen by
-//! Chernoff bounds; the mass the window can miss is added to the infinite-loss mass.
+//! the pmf T times (one FFT, an elementwise power by repeated squaring, one inverse FFT),
+//! read on a window chosen by Chernoff bounds (`DiscretePld::composed_window`); the mass the
+//! window can miss is added to the infinite-loss mass. Each step keeps as much of its
+//! Gaussians' tails as the composition needs (`truncation_z`).
 //! δ(ε) = Σ_y p(y) (1 − e^{ε − y})₊ + p(∞), and ε(δ) is solved in the grid cell where δ crosses
 //! (`DiscretePld::epsilon`). Every answer is checked against bounds computed without the FFT
 //! before it is reported, and replaced by the RDP bound where it fails them
@@ -50,19 +52,21 @@ pub const DEFAULT_INTERVAL: f64 = 1e-4;
 /// distribution, whose mass is 1).
 const TAIL_MASS: f64 = 1e-15;
 /// For small δ the untilted mass each truncation may drop is `TAIL_FRACTION` δ instead of
-/// `TAIL_MASS` (it goes to infinite loss, so it changes δ by at most 2e-6 of itself).
+/// `TAIL_MASS` (the steps' truncations and the window's two sides, each moved up in loss or to
+/// infinite loss, change δ by at most 3e-6 of itself).
 const TAIL_FRACTION: f64 = 1e-6;
-/// Smallest δ the PLD accountant answers. Each step keeps `Z_TAIL` = 12 standard deviations and
-/// sends the rest (Φ(−12) ≈ 2e-33 a step) to infinite loss, which 10^7 steps keep below
-/// `TAIL_FRACTION` δ down to δ = 1e-20; `tests/accountant.rs` checks the tilted composition
+/// Smallest δ the PLD accountant answers. Each step keeps at most `Z_TAIL` = 12 standard
+/// deviations and sends the rest (Φ(−12) ≈ 2e-33 a step) to infinite loss, which 10^7 steps
+/// keep below `TAIL_FRACTION` δ down to δ = 1e-20; `tests/accountant.rs` checks the tilted composition
 /// against the exact Gaussian and one-step values and against RDP to that δ. Below it the
 /// accountant refuses (use RDP, which has no such floor).
 pub const MIN_PLD_DELTA: f64 = 1e-20;
-/// Tilts tried when choosing the Chernoff-optimal λ: 1e-9 to 1e3 in steps of 1.25 (λ + 1 is the
-/// RDP order, so this covers Opacus's orders 1.1 to 63 and beyond; long runs of small σ need
-/// λ far below 1e-3: at q 1, σ 0.0134, 429,147 steps the optimum is about 8e-5, and a tilt of
-/// 1e-3 moved the mass e^{-1000} away from ε, where it underflowed). Off by a factor 1.25 the
-/// tilted mass still sits within a few standard deviations of ε.
+/// Tilts searched when choosing the Chernoff-optimal λ: 1e-9 to 1e3, to a factor 1.25
+/// (`minimise_over_lambda`; λ + 1 is the RDP order, so this covers Opacus's orders 1.1 to 63
+/// and beyond; long runs of small σ need λ far below 1e-3: at q 1, σ 0.0134, 429,147 steps
+/// the optimum is about 8e-5, and a tilt of 1e-3 moved the mass e^{-1000} away from ε, where
+/// it underflowed). Off by a factor 1.25 the tilted mass still sits within a few standard
+/// deviations of ε.
 const TILT_RANGE: (f64, f64, f64) = (1e-9, 1e3, 1.25);
 /// The smallest tilted mass, relative to the largest, that `DiscretePld::resolves` counts as
 /// mass: ten thousand times the FFT's relative rounding of about 1e-16.
@@ -70,9 +74,10 @@ const RESOLVED_FRACTION: f64 = 1e-12;
 /// Largest FFT length a composition may use (2^22 points: about 200 MB at peak in f64 and
 /// complex buffers, measured). Grids that would need more are coarsened (see the module docs).
 pub const MAX_FFT_LEN: usize = 1 << 22;
-/// Standard deviations of the Gaussian kept on each side of a step's loss range; Φ(−12) is about
-/// 2e-33, so even 10^7 steps leave far less than the smallest δ (1e-12) to the tails, and what
-/// lies beyond goes pessimistically to the lowest point or to infinite loss.
+/// Most standard deviations of the Gaussian kept on each side of a step's loss range
+/// (`truncation_z` keeps fewer where the composition's tail budget allows); Φ(−12) is about
+/// 2e-33, so even 10^7 steps leave far less than the smallest δ to the tails, and what lies
+/// beyond goes pessimistically to the lowest point or to infinite loss.
 const Z_TAIL: f64 = 12.0;
 
 fn normal_cdf(z: f64) -> f64 {
@@ -187,7 +192,18 @@ pub fn one_step_delta(q: f64, sigma: f64, adjacency: Adjacency, epsilon: f64) ->
 /// p_{i+1} = (d_i − e^{−h} d_{i+1}) / (1 − e^{−h}) (d_m = 0), which never forms e^{y} (it
 /// overflows for the losses in the thousands that small σ gives).
 pub fn one_step(q: f64, sigma: f64, adjacency: Adjacency, interval: f64) -> DiscretePld {
-    let (y_lo, y_hi) = one_step_range(q, sigma, adjacency);
+    one_step_truncated(q, sigma, adjacency, interval, Z_TAIL)
+}
+
+/// `one_step` keeping `z` standard deviations of each Gaussian (`one_step_range`).
+pub fn one_step_truncated(
+    q: f64,
+    sigma: f64,
+    adjacency: Adjacency,
+    interval: f64,
+    z: f64,
+) -> DiscretePld {
+    let (y_lo, y_hi) = one_step_range(q, sigma, adjacency, z);
     let k_lo = (y_lo / interval).floor() as i64 - 1;
     let k_hi = (y_hi / interval).ceil() as i64 + 1;
     let ys: Vec<f64> = (k_lo..=k_hi).map(|k| k as f64 * interval).collect();
@@ -221,24 +237,48 @@ pub fn one_step(q: f64, sigma: f64, adjacency: Adjacency, interval: f64) -> Disc
     }
 }
 
-/// The loss values one step's discretisation covers: x within `Z_TAIL` standard deviations of
+/// The loss values one step's discretisation covers: x within `z` standard deviations of
 /// both Gaussians, so the range is finite for every q in (0, 1] (at q = 1 the loss is itself
 /// Gaussian and unbounded). Mass below the range goes to its lowest point and mass above it to
 /// infinite loss, both pessimistic.
-pub fn one_step_range(q: f64, sigma: f64, adjacency: Adjacency) -> (f64, f64) {
+pub fn one_step_range(q: f64, sigma: f64, adjacency: Adjacency, z: f64) -> (f64, f64) {
     let loss = |x: f64| remove_loss(q, sigma, x);
     match adjacency {
         // x ~ (1−q) N(0, σ²) + q N(1, σ²): x in [−zσ, 1 + zσ], L increasing.
-        Adjacency::Remove => (loss(-Z_TAIL * sigma), loss(1.0 + Z_TAIL * sigma)),
+        Adjacency::Remove => (loss(-z * sigma), loss(1.0 + z * sigma)),
         // x ~ N(0, σ²): −L(x) decreasing, so x = zσ gives the lowest and x = −zσ the highest.
-        Adjacency::Add => (-loss(Z_TAIL * sigma), -loss(-Z_TAIL * sigma)),
+        Adjacency::Add => (-loss(z * sigma), -loss(-z * sigma)),
     }
 }
 
-/// Number of grid points of one step's discretisation at `interval`.
-fn one_step_points(q: f64, sigma: f64, adjacency: Adjacency, interval: f64) -> f64 {
-    let (lo, hi) = one_step_range(q, sigma, adjacency);
+/// Number of grid points of one step's discretisation at `interval`, keeping `z` standard
+/// deviations.
+fn one_step_points(q: f64, sigma: f64, adjacency: Adjacency, interval: f64, z: f64) -> f64 {
+    let (lo, hi) = one_step_range(q, sigma, adjacency, z);
     (hi - lo) / interval + 3.0
+}
+
+/// Standard deviations each step of a `steps`-step composition keeps (`one_step_range`) so that
+/// what its truncation moves, Φ(−z) of each Gaussian a step, is at most `tail` over all the
+/// steps: the z with T Φ(−z) <= `tail`, at most `Z_TAIL`. Moved mass changes δ by at most its
+/// own amount (it goes up in loss or to infinity, so δ only grows). For T 250 and `tail` 1e-15
+/// this keeps 8.6 standard deviations, whose loss range is about two thirds of `Z_TAIL`'s.
+pub fn truncation_z(steps: u64, tail: f64) -> f64 {
+    let per_step = tail / steps.max(1) as f64;
+    if normal_sf(Z_TAIL) >= per_step {
+        return Z_TAIL;
+    }
+    // Φ(−z) decreases in z: bisection between 0 and Z_TAIL to 1e-6.
+    let (mut low, mut high) = (0.0f64, Z_TAIL);
+    while high - low > 1e-6 {
+        let mid = 0.5 * (low + high);
+        if normal_sf(mid) > per_step {
+            low = mid;
+        } else {
+            high = mid;
+        }
+    }
+    high
 }
 
 /// log Σ exp(log p + λ y) over (y, log p) pairs, by log-sum-exp.
@@ -252,6 +292,150 @@ fn log_mgf_of(points: &[(f64, f64)], lambda: f64) -> f64 {
         .map(|&(y, log_p)| (log_p + lambda * y - max).exp())
         .sum();
     max + sum.ln()
+}
+
+/// Where a T-fold composition is read, and the length of the circular FFT that computes it
+/// (`DiscretePld::composed_window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Grid index of the lowest loss read.
+    pub k_lo: i64,
+    /// Grid index of the highest loss read; the untilted mass above it goes to infinite loss.
+    pub k_hi: i64,
+    /// Length of the FFT (above `MAX_FFT_LEN` when the grid is too fine to fit).
+    pub fft_len: usize,
+}
+
+/// The orders λ the Chernoff bounds of a composition's window are minimised over.
+const CHERNOFF_RANGE: (f64, f64) = (1e-9, 1e4);
+
+/// The minimum over λ in [low, high] of a function that is quasi-convex in λ (it decreases,
+/// then increases), found to within a factor `tolerance` of the minimising λ: a scan by factors
+/// of 2 from `start` in the direction of descent brackets it, then golden-section search on
+/// log λ narrows the bracket. Returns (λ, f(λ)) of the best λ evaluated; NaN counts as +∞.
+///
+/// Both uses have that shape: a Chernoff bound (T K(λ) + c) / λ with K a log-mgf (convex,
+/// K(0) = 0) and c > 0 has derivative (T (λ K'(λ) − K(λ)) − c) / λ², whose numerator grows
+/// with λ (its derivative is T λ K''(λ) >= 0), so it changes sign at most once.
+fn minimise_over_lambda(
+    f: impl Fn(f64) -> f64,
+    start: f64,
+    (low, high): (f64, f64),
+    tolerance: f64,
+) -> (f64, f64) {
+    let (u_min, u_max) = (low.ln(), high.ln());
+    let mut best = (f64::NAN, f64::INFINITY);
+    let mut at = |u: f64| {
+        let lambda = u.exp();
+        let value = f(lambda);
+        let value = if value.is_nan() { f64::INFINITY } else { value };
+        if value < best.1 || best.0.is_nan() {
+            best = (lambda, value);
+        }
+        value
+    };
+    let step = std::f64::consts::LN_2;
+    let start = if start.is_finite() && start > 0.0 {
+        start.clamp(low, high).ln()
+    } else {
+        0.0f64.clamp(u_min, u_max)
+    };
+    let at_start = at(start);
+    // Bracket [a, b] around the minimum: walk downhill by factors of 2 until f rises.
+    let up = (start + step).min(u_max);
+    let at_up = at(up);
+    let (mut a, mut b) = if at_up < at_start {
+        let (mut previous, mut current, mut at_current) = (start, up, at_up);
+        loop {
+            let next = (current + step).min(u_max);
+            if next <= current {
+                break (previous, current);
+            }
+            let at_next = at(next);
+            if at_next >= at_current {
+                break (previous, next);
+            }
+            (previous, current, at_current) = (current, next, at_next);
+        }
+    } else {
+        let (mut previous, mut current, mut at_current) = (up, start, at_start);
+        loop {
+            let next = (current - step).max(u_min);
+            if next >= current {
+                break (current, previous);
+            }
+            let at_next = at(next);
+            if at_next >= at_current {
+                break (next, previous);
+            }
+            (previous, current, at_current) = (current, next, at_next);
+        }
+    };
+    // Golden-section search on [a, b].
+    let ratio = (5f64.sqrt() - 1.0) / 2.0;
+    let mut c = b - ratio * (b - a);
+    let mut d = a + ratio * (b - a);
+    let (mut at_c, mut at_d) = (at(c), at(d));
+    while b - a > tolerance.ln() {
+        if at_c <= at_d {
+            (b, d, at_d) = (d, c, at_c);
+            c = b - ratio * (b - a);
+            at_c = at(c);
+        } else {
+            (a, c, at_c) = (c, d, at_d);
+            d = a + ratio * (b - a);
+            at_d = at(d);
+        }
+    }
+    best
+}
+
+/// Raises each complex number of `values` (interleaved re, im) to the power `exponent` by
+/// repeated squaring: about 2 log2(T) complex products, each with a relative rounding of about
+/// 1e-16, where exp(T log z) (LibTorch's complex pow) costs a logarithm, an exponential and a
+/// sine and cosine per value and rounds the phase T θ to about T · 1e-16.
+fn power_by_squaring(values: &mut [f64], exponent: u64) {
+    for z in values.chunks_exact_mut(2) {
+        let (mut base_re, mut base_im) = (z[0], z[1]);
+        let (mut re, mut im) = (1.0f64, 0.0f64);
+        let mut e = exponent;
+        while e > 0 {
+            if e & 1 == 1 {
+                (re, im) = (re * base_re - im * base_im, re * base_im + im * base_re);
+            }
+            e >>= 1;
+            if e > 0 {
+                (base_re, base_im) = (
+                    base_re * base_re - base_im * base_im,
+                    2.0 * base_re * base_im,
+                );
+            }
+        }
+        z[0] = re;
+        z[1] = im;
+    }
+}
+
+/// The smallest even n >= `len` whose only prime factors are 2, 3 and 5, which FFT libraries
+/// transform about as fast as a power of two.
+fn next_fast_len(len: usize) -> usize {
+    let len = len.max(2);
+    let mut best = len.next_power_of_two();
+    let mut p5 = 1usize;
+    while p5 < best {
+        let mut p35 = p5;
+        while p35 < best {
+            // The smallest p35 · 2^k >= len with k >= 1.
+            let mut n = 2 * p35;
+            while n < len {
+                n *= 2;
+            }
+            best = best.min(n);
+            p35 *= 3;
+        }
+        p5 *= 5;
+    }
+    best
 }
 
 impl DiscretePld {
@@ -313,87 +497,117 @@ impl DiscretePld {
         }
     }
 
-    /// Chernoff bounds (in loss units) on the T-fold sum of a distribution with log-mgf
-    /// `log_mgf`: above the first at most `tail` lies, and below the second
-    /// (P(S >= s) <= exp(T log M(λ) − λ s)).
-    fn chernoff_bounds(&self, steps: u64, tail: f64, log_mgf: impl Fn(f64) -> f64) -> (f64, f64) {
+    /// The Chernoff bound (in loss units) on one tail of the T-fold sum of a distribution with
+    /// log-mgf `log_mgf`: above `sign` = 1's bound, or below the negative of `sign` = −1's,
+    /// lies at most `tail` (P(±S >= s) <= exp(T log M(±λ) − λ s)), minimised over λ
+    /// (`minimise_over_lambda`; any λ gives a valid bound, the search only tightens it). The
+    /// search starts at the Gaussian optimum λ* = sqrt(2 log(1/tail) / (T Var)).
+    fn chernoff_bound(
+        &self,
+        steps: u64,
+        tail: f64,
+        sign: f64,
+        log_mgf: impl Fn(f64) -> f64,
+    ) -> f64 {
         let t = steps as f64;
-        // Fixed orders, and orders around the Gaussian optimum λ* = sqrt(2 log(1/tail) / (T Var))
-        // (for T in the millions λ* is far below the fixed ones, whose windows would then be
-        // orders of magnitude too wide).
-        let mut lambdas = vec![0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0];
         let variance = self.finite_variance();
-        if variance > 0.0 {
-            let optimum = (2.0 * -tail.ln() / (t * variance)).sqrt();
-            lambdas.extend([0.25, 0.5, 1.0, 2.0, 4.0].iter().map(|f| f * optimum));
-        }
-        let bound = |sign: f64| {
-            lambdas
-                .iter()
-                .map(|&l| (t * log_mgf(sign * l) - tail.ln()) / l)
-                .fold(f64::INFINITY, f64::min)
+        let start = if variance > 0.0 {
+            (2.0 * -tail.ln() / (t * variance)).sqrt()
+        } else {
+            1.0
         };
-        (bound(1.0), -bound(-1.0))
+        let bound = |l: f64| (t * log_mgf(sign * l) - tail.ln()) / l;
+        let (_, best) = minimise_over_lambda(bound, start, CHERNOFF_RANGE, 1.5);
+        sign * best
     }
 
-    /// The window [k_lo, k_hi] (in grid units) of the T-fold composition: outside it lies at most
-    /// `tail` of the untilted mass on each side (this goes to infinite loss), and at most
-    /// `TAIL_MASS` of the tilted mass (which the circular FFT may alias into the window).
-    pub fn composed_window(&self, steps: u64, tail: f64) -> (i64, i64) {
+    /// Where the T-fold composition is read and how long its FFT is.
+    ///
+    /// - Read: [k_lo, k_hi] in grid units. Above k_hi lies at most `tail` of the untilted mass
+    ///   (it goes to infinite loss). Below k_lo lies at most `tail` too, unless `read_from` is
+    ///   given: then the window starts one grid point below `read_from`, since what lies below
+    ///   a loss no ε asks about changes no δ (ε >= 0, so a single block's composition is read
+    ///   from 0).
+    /// - FFT length n: the circular convolution adds the mass k ± n, k ± 2n, ... to the value
+    ///   at k (extra mass: δ only grows). n reaches from k_lo past the tilted mass's own upper
+    ///   tail and from k_hi below its lower tail, where at most `TAIL_MASS` of it lies, so what
+    ///   folds into the window is below the FFT's rounding relative to the tilted masses δ is
+    ///   read from. n is the smallest even 5-smooth length that holds that and the step's pmf.
+    pub fn composed_window(&self, steps: u64, tail: f64, read_from: Option<f64>) -> Window {
         let t = steps as f64;
         let h = self.interval;
         let points = self.log_masses();
-        let (hi, lo) = self.chernoff_bounds(steps, TAIL_MASS, |l| log_mgf_of(&points, l));
+        let tilted = |l: f64| log_mgf_of(&points, l);
         // log E[exp(ν Y)] of the untilted distribution's finite part.
         let untilted = |nu: f64| self.log_scale + log_mgf_of(&points, nu - self.tilt);
-        let (untilted_hi, untilted_lo) = self.chernoff_bounds(steps, tail, untilted);
         let min_k = self.k_lo as f64 * t;
         let max_k = (self.k_lo + self.pmf.len() as i64 - 1) as f64 * t;
-        let k_hi = (hi.max(untilted_hi) / h).ceil().min(max_k).max(min_k);
-        let k_lo = (lo.min(untilted_lo) / h).floor().max(min_k).min(k_hi);
-        (k_lo as i64, k_hi as i64)
+        let grid_up = |y: f64| (y / h).ceil().clamp(min_k, max_k);
+        let grid_down = |y: f64| (y / h).floor().clamp(min_k, max_k);
+        let k_hi = grid_up(self.chernoff_bound(steps, tail, 1.0, untilted));
+        // Below `read_from` nothing is read, so its tail bound is not needed (a window that
+        // starts lower than the mass does only costs length).
+        let lowest = match read_from {
+            Some(y) => y - h,
+            None => self.chernoff_bound(steps, tail, -1.0, untilted),
+        };
+        let k_lo = grid_down(lowest).min(k_hi);
+        let tilted_hi = grid_up(self.chernoff_bound(steps, TAIL_MASS, 1.0, tilted));
+        let mut reach = (tilted_hi - k_lo).max(k_hi - k_lo);
+        // The lower tail folds into the window only if n is shorter than k_hi minus the
+        // support's lowest point; its bound is needed only then.
+        if k_hi - min_k > reach {
+            let tilted_lo = grid_down(self.chernoff_bound(steps, TAIL_MASS, -1.0, tilted));
+            reach = reach.max(k_hi - tilted_lo);
+        }
+        let reach = reach + 1.0;
+        let needed = reach.max(self.pmf.len() as f64);
+        let fft_len = if needed > MAX_FFT_LEN as f64 {
+            // Past the cap: reported as such, never allocated (`epsilon_at` coarsens the grid).
+            needed.min(usize::MAX as f64 / 2.0) as usize
+        } else {
+            next_fast_len(needed as usize)
+        };
+        Window {
+            k_lo: k_lo as i64,
+            k_hi: k_hi as i64,
+            fft_len,
+        }
     }
 
-    /// FFT length `compose(steps, tail)` would use.
-    pub fn compose_len(&self, steps: u64, tail: f64) -> usize {
-        self.fft_len(self.composed_window(steps, tail))
-    }
-
-    /// FFT length of a composition on `window` (from `composed_window`).
-    pub fn window_len(&self, window: (i64, i64)) -> usize {
-        self.fft_len(window)
-    }
-
-    fn fft_len(&self, (k_lo, k_hi): (i64, i64)) -> usize {
-        let width = (k_hi - k_lo + 1) as usize;
-        (width.max(self.pmf.len()) * 2).next_power_of_two()
-    }
-
-    /// The T-fold composition (at most `MAX_FFT_LEN` points: check `compose_len` first), with
-    /// the pmf in the same tilt as `self`; `tail` is the untilted mass the window may drop on
-    /// each side, moved to infinite loss.
+    /// The T-fold composition read on the whole untilted window (at most `MAX_FFT_LEN` points:
+    /// check `composed_window(..).fft_len` first), with the pmf in the same tilt as `self`;
+    /// `tail` is the untilted mass the window may drop on each side, moved to infinite loss.
     pub fn compose(&self, steps: u64, tail: f64) -> DiscretePld {
-        self.compose_on(steps, tail, self.composed_window(steps, tail))
+        self.compose_on(steps, tail, self.composed_window(steps, tail, None))
     }
 
-    /// `compose` on a window already computed by `composed_window(steps, tail)` (it costs a
+    /// `compose` on a window already computed by `composed_window(steps, tail, ..)` (it costs a
     /// few dozen moment generating functions over the pmf, so it is computed once).
-    pub fn compose_on(&self, steps: u64, tail: f64, window: (i64, i64)) -> DiscretePld {
+    pub fn compose_on(&self, steps: u64, tail: f64, window: Window) -> DiscretePld {
         let t = steps as f64;
         let h = self.interval;
-        let (k_lo, k_hi) = window;
+        let Window {
+            k_lo,
+            k_hi,
+            fft_len,
+        } = window;
         let width = (k_hi - k_lo + 1) as usize;
-        let n = self.fft_len((k_lo, k_hi));
         assert!(
-            n <= MAX_FFT_LEN,
-            "PLD composition of {n} points exceeds MAX_FFT_LEN: coarsen the interval"
+            fft_len <= MAX_FFT_LEN && fft_len >= self.pmf.len() && fft_len >= width,
+            "PLD composition of {fft_len} points: outside 1..=MAX_FFT_LEN or shorter than its pmf"
         );
-        let n = n as i64;
+        let n = fft_len as i64;
         // Circular convolution: entry j of the per-step pmf sits at index j; the composed value
         // T k_lo + j sits at index j mod n.
         let pmf = Tensor::from_slice(&self.pmf);
-        let spectrum = pmf.fft_rfft(n, 0, "backward");
-        let composed = spectrum.pow_tensor_scalar(t).fft_irfft(n, 0, "backward");
+        let spectrum = pmf.fft_rfft(n, 0, "backward").view_as_real().reshape([-1]);
+        let mut spectrum: Vec<f64> = crate::host::to_vec_f64(&spectrum).expect("f64 tensor");
+        power_by_squaring(&mut spectrum, steps);
+        let composed = Tensor::from_slice(&spectrum)
+            .view([-1, 2])
+            .view_as_complex()
+            .fft_irfft(n, 0, "backward");
         let composed: Vec<f64> =
             crate::host::to_vec_f64(&composed.to_kind(Kind::Double)).expect("f64 tensor");
         let offset = self.k_lo * steps as i64;
@@ -699,28 +913,14 @@ fn chernoff_tilt(steps: &[(DiscretePld, u64)], delta: f64) -> f64 {
             .sum();
         (total - delta.ln()) / lambda
     };
-    // A scan in factors of 4, then in factors of `factor` around its best: the bound is
-    // unimodal in λ (a convex log-mgf over λ), and each try costs one pass over the pmf.
-    let (mut best, mut best_bound) = (low, f64::INFINITY);
-    let mut lambda = low;
-    while lambda <= high {
-        let b = bound(lambda);
-        if b < best_bound {
-            (best, best_bound) = (lambda, b);
-        }
-        lambda *= 4.0;
-    }
-    let coarse = best;
-    for power in [-6, -5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 6] {
-        let lambda = coarse * factor.powi(power);
-        if (low..=high).contains(&lambda) {
-            let b = bound(lambda);
-            if b < best_bound {
-                (best, best_bound) = (lambda, b);
-            }
-        }
-    }
-    best
+    // Start at the Gaussian optimum sqrt(2 log(1/δ) / Σ T Var) (the bound is quasi-convex in λ,
+    // see `minimise_over_lambda`; each try costs one pass over each pmf).
+    let variance: f64 = steps
+        .iter()
+        .map(|(s, t)| *t as f64 * s.finite_variance())
+        .sum();
+    let start = (2.0 * -delta.ln() / variance).sqrt();
+    minimise_over_lambda(bound, start, (low, high), factor).0
 }
 
 /// ε of a history of step blocks: the PLD composition on the finest grid (1e-4 doubled as often
@@ -800,9 +1000,14 @@ fn composed_epsilon(blocks: &[StepBlock], delta: f64, interval: f64) -> Option<(
 fn epsilon_at(blocks: &[StepBlock], delta: f64, interval: f64) -> std::result::Result<f64, usize> {
     let cap = MAX_FFT_LEN as f64;
     let mut epsilon = 0.0f64;
+    // The untilted mass a truncation may drop: dp_accounting's 1e-15, or a millionth of a
+    // smaller δ (see the module docs).
+    let tail = TAIL_MASS.min(TAIL_FRACTION * delta);
     for adjacency in [Adjacency::Remove, Adjacency::Add] {
+        let z_of = |b: &StepBlock| truncation_z(b.steps, tail);
         for b in blocks {
-            let points = one_step_points(b.sample_rate, b.noise_multiplier, adjacency, interval);
+            let (q, sigma) = (b.sample_rate, b.noise_multiplier);
+            let points = one_step_points(q, sigma, adjacency, interval, z_of(b));
             if 2.0 * points > cap {
                 return Err((2.0 * points / cap).ceil() as usize);
             }
@@ -810,38 +1015,38 @@ fn epsilon_at(blocks: &[StepBlock], delta: f64, interval: f64) -> std::result::R
         let steps: Vec<(DiscretePld, u64)> = blocks
             .iter()
             .map(|b| {
-                let step = one_step(b.sample_rate, b.noise_multiplier, adjacency, interval);
+                let (q, sigma) = (b.sample_rate, b.noise_multiplier);
+                let step = one_step_truncated(q, sigma, adjacency, interval, z_of(b));
                 (step, b.steps)
             })
             .collect();
-        // The untilted mass a truncation may drop: dp_accounting's 1e-15, or a millionth of a
-        // smaller δ (see the module docs).
-        let tail = TAIL_MASS.min(TAIL_FRACTION * delta);
         // The tilted window reaches further up than the untilted one (to the tilted mass's own
         // tail), so where λ* does not fit `MAX_FFT_LEN` a smaller tilt is tried before a coarser
         // grid: at λ*/4 the tilted mass at ε is still about e^{-26} of its peak at δ 1e-20
         // (Gaussian estimate), far above the FFT's 1e-16 rounding.
         let optimum = chernoff_tilt(&steps, delta);
+        // A single block is read from ε = 0 up (what lies below changes no δ); blocks that are
+        // convolved afterwards keep their lower tails.
+        let read_from = (blocks.len() == 1).then_some(0.0);
         let mut tilted = Vec::new();
         for lambda in [optimum, optimum / 2.0, optimum / 4.0] {
             tilted = steps
                 .iter()
                 .map(|(step, t)| {
                     let step = step.tilted(lambda);
-                    let window = step.composed_window(*t, tail);
-                    let len = step.window_len(window);
-                    (step, *t, window, len)
+                    let window = step.composed_window(*t, tail, read_from);
+                    (step, *t, window)
                 })
                 .collect::<Vec<_>>();
-            if tilted.iter().all(|(_, _, _, len)| *len <= MAX_FFT_LEN) {
+            if tilted.iter().all(|(_, _, w)| w.fft_len <= MAX_FFT_LEN) {
                 break;
             }
         }
         let mut composed: Option<DiscretePld> = None;
         let mut total = 0usize;
-        for (step, t, window, len) in &tilted {
-            if *len > MAX_FFT_LEN {
-                return Err(len.div_ceil(MAX_FFT_LEN));
+        for (step, t, window) in &tilted {
+            if window.fft_len > MAX_FFT_LEN {
+                return Err(window.fft_len.div_ceil(MAX_FFT_LEN));
             }
             let block = step.compose_on(*t, tail, *window);
             total += block.pmf.len();
@@ -862,4 +1067,89 @@ fn epsilon_at(blocks: &[StepBlock], delta: f64, interval: f64) -> std::result::R
         epsilon = epsilon.max(answer);
     }
     Ok(epsilon)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The FFT length is the smallest even 2^a 3^b 5^c at or above the length asked for
+    /// (checked against a search of every number).
+    #[test]
+    fn next_fast_len_is_the_smallest_even_five_smooth_length() {
+        let smooth = |mut n: usize| {
+            for p in [2, 3, 5] {
+                while n % p == 0 {
+                    n /= p;
+                }
+            }
+            n == 1
+        };
+        for len in 0..3000 {
+            let expected = (len.max(2)..).find(|&n| n % 2 == 0 && smooth(n)).unwrap();
+            assert_eq!(next_fast_len(len), expected, "len {len}");
+        }
+        assert_eq!(next_fast_len(839_000), 839_808);
+    }
+
+    /// Repeated squaring equals exp(T log z) to the rounding of the latter (about T · 1e-16 in
+    /// the phase): unit-modulus and shrinking values, T from 1 to 10^7.
+    #[test]
+    fn power_by_squaring_matches_the_polar_power() {
+        for (re, im) in [(0.6, 0.8), (0.3, -0.2), (-0.9, 0.1), (1.0, 0.0)] {
+            for exponent in [1u64, 2, 3, 250, 39_100, 10_000_000] {
+                let mut values = vec![re, im];
+                power_by_squaring(&mut values, exponent);
+                let t = exponent as f64;
+                let (r, theta) = (f64::hypot(re, im).ln(), f64::atan2(im, re));
+                let modulus = (t * r).exp();
+                let (expected_re, expected_im) =
+                    (modulus * (t * theta).cos(), modulus * (t * theta).sin());
+                let tolerance = 1e-15 * t * modulus + 1e-300;
+                assert!(
+                    (values[0] - expected_re).abs() <= tolerance.max(4.0 * f64::EPSILON * modulus)
+                        && (values[1] - expected_im).abs()
+                            <= tolerance.max(4.0 * f64::EPSILON * modulus),
+                    "({re}, {im})^{exponent}: {values:?} against ({expected_re}, {expected_im})"
+                );
+            }
+        }
+    }
+
+    /// The λ search finds the minimum of a Chernoff-shaped function, (T K(λ) + c) / λ with K
+    /// the Gaussian log-mgf (minimum at sqrt(2c / (T v)), value T μ + sqrt(2 c T v)), from
+    /// starts far on either side.
+    #[test]
+    fn minimise_over_lambda_finds_a_chernoff_bound_minimum() {
+        let (t, mu, v, c) = (250.0, 0.01, 0.3, 11.5);
+        let f = |l: f64| (t * (mu * l + 0.5 * v * l * l) + c) / l;
+        let optimum = (2.0 * c / (t * v)).sqrt();
+        let minimum = t * mu + (2.0 * c * t * v).sqrt();
+        for start in [1e-8, 1e-3, optimum, 50.0, 1e3] {
+            let (lambda, value) = minimise_over_lambda(f, start, (1e-9, 1e4), 1.25);
+            assert!(
+                lambda / optimum < 1.25 && optimum / lambda < 1.25,
+                "start {start}: λ {lambda}, optimum {optimum}"
+            );
+            assert!(
+                value >= minimum && value < minimum * 1.01,
+                "{value} vs {minimum}"
+            );
+        }
+        // A minimum past the range's end is found at the end.
+        let (lambda, _) = minimise_over_lambda(|l: f64| 1.0 / l, 1.0, (1e-9, 1e4), 1.25);
+        assert!(lambda > 1e4 / 1.25, "{lambda}");
+    }
+
+    /// Each step keeps the z with T Φ(−z) <= the tail budget, and at most 12.
+    #[test]
+    fn truncation_z_spends_the_tail_budget_over_the_steps() {
+        for (steps, tail) in [(1u64, 1e-15), (250, 1e-15), (10_000_000, 1e-20)] {
+            let z = truncation_z(steps, tail);
+            assert!(steps as f64 * normal_sf(z) <= tail, "T {steps}: z {z}");
+            assert!(steps as f64 * normal_sf(z - 1e-3) > tail || z == Z_TAIL);
+        }
+        assert!((truncation_z(250, 1e-15) - 8.6).abs() < 0.05);
+        assert_eq!(truncation_z(10_000_000, 1e-40), Z_TAIL);
+    }
 }
