@@ -10,8 +10,14 @@ source scripts/setup.sh
 # shellcheck disable=SC2086 # the features are several words
 cargo test --release $DPCOMP_CARGO_FEATURES "$@"
 # The crate documentation builds without a warning (broken intra-doc links, stray HTML).
+# Only dpcomp's library is documented (`-p dpcomp --lib --no-deps`), in the release profile the
+# tests were just built in, so that LibTorch's C++ wrapper in torch-sys's build script, dpcomp's
+# own build.rs and every proc-macro are reused: rustdoc then only needs the dependencies checked
+# (metadata: about 1 minute on 2 cores in a fresh clone, seconds afterwards). A plain
+# `cargo doc` reruns all of those build scripts in the dev profile and documents 190 dependency
+# crates: about 9 minutes on the same machine (measured 2026-12-07, see that day's commit).
 # shellcheck disable=SC2086
-RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --quiet $DPCOMP_CARGO_FEATURES
+RUSTDOCFLAGS="-D warnings" cargo doc --release -p dpcomp --lib --no-deps --quiet $DPCOMP_CARGO_FEATURES
 # A crate of one's own on the lean core (`default-features = false`), run without LD_LIBRARY_PATH:
 # it exits non-zero unless its private training reaches its accuracy and ε (issue 36).
 cargo build --release -p dpcomp-dependent-check
