@@ -4,7 +4,7 @@
 //! `mmap` and returns them with `munmap` when freed. A training step allocates and frees
 //! activations, im2col patches and per-sample gradients of that size every step, so every step
 //! page-faults them in again and the kernel zeroes each page: profiling the CIFAR-10 CNN's DP
-//! step at batch 128 (`examples` in the issue-3 note) showed about a third of its time there.
+//! step at batch 128 showed about a third of its time there.
 //! Serving everything from the heap and never trimming it makes the freed memory reusable by the
 //! next step; the process's peak resident memory stays that of its largest step.
 //!

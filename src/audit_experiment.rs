@@ -1,4 +1,4 @@
-//! Audit grids (`kind = "audit"`, issue 19): the cells of a training grid (`grid::Experiment`:
+//! Audit grids (`kind = "audit"`): the cells of a training grid (`grid::Experiment`:
 //! `[base]`, `[grid]`, `[profiles.*]`), each trained once with the canaries of the file's
 //! `[audit]` section (`train::audit::audit_training`), and a table of the accounted ε beside
 //! the audited lower bound. A cell is finished when its `audit.json` exists; an unfinished

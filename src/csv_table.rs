@@ -1,7 +1,7 @@
 //! The results tables as CSV files (`results.csv` of every kind of grid, `gradient_error.csv`,
 //! `clipping.csv`), written and read with the `csv` crate: a field that holds a comma, such as
 //! the compressor label `denoise x1 (budget=elements, clip=3.0, scope=model)`, is quoted instead
-//! of splitting its row into more fields than the header has (issue 35).
+//! of splitting its row into more fields than the header has.
 
 use crate::error::{Error, Result};
 use std::path::Path;

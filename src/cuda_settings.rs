@@ -1,4 +1,4 @@
-//! CUDA's math settings (`[cuda]`, `config::CudaSettings`; issue 37): TF32 for float32 matrix
+//! CUDA's math settings (`[cuda]`, `config::CudaSettings`): TF32 for float32 matrix
 //! products and for cuDNN's convolutions and RNNs, and cuDNN's benchmark mode, with PyTorch's
 //! defaults (matrix products in full float32, cuDNN in TF32, no benchmark). The `Trainer`
 //! applies a run's settings when it runs on a CUDA device; on the CPU they change nothing and

@@ -1,4 +1,4 @@
-//! One runner for the kinds of experiment file (issue 16): deep-learning training grids
+//! One runner for the kinds of experiment file: deep-learning training grids
 //! (`grid::Experiment`, no `kind`), convex DP-SGD sweeps (`kind = "convex"`), federated grids
 //! (`kind = "fl"`) and audited training grids (`kind = "audit"`, `audit_experiment`). Each kind keeps its own cells and tables; this module is what `dpcomp grid`
 //! and a program of one's own call: open the file, list its cells, run what is not finished

@@ -1,4 +1,4 @@
-//! Every read of a tensor's value to the host, counted (issue 37).
+//! Every read of a tensor's value to the host, counted.
 //!
 //! On CUDA a training step must neither read a tensor's value on the host nor wait for the
 //! device, except where the caller asks for values (an observer's logging interval, the end of
@@ -8,8 +8,8 @@
 //! Without a GPU that is proven by counting: the library reads tensor values only through this
 //! module, each call adds one to a counter of the calling thread, and `tests/host_reads.rs`
 //! trains with every compressor and mode and asserts that the steps add nothing.
-//! `tests/host_reads_guard.rs` keeps it that way: it fails on a direct read anywhere else in
-//! `src/` (the application in `src/bin/` is exempt).
+//! The same file's `every_read_in_the_library_goes_through_the_host_module` keeps it that way:
+//! it fails on a direct read anywhere else in `src/` (the application in `src/bin/` is exempt).
 //!
 //! The counter is per thread because the training loop runs on its caller's thread (one worker)
 //! and tests run side by side in threads of one process.

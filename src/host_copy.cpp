@@ -1,4 +1,4 @@
-// A copy into an existing tensor that does not wait for the device (issue 37): at::Tensor's
+// A copy into an existing tensor that does not wait for the device: at::Tensor's
 // copy_(src, non_blocking), which tch exposes only blocking. Between pinned host memory and a
 // CUDA device the copy is queued on the current stream and the call returns at once; between
 // CPU tensors it is a plain copy. Used by src/comm/staging.rs for its reusable host buffers.

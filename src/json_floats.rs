@@ -46,8 +46,8 @@ pub mod epsilon_json {
 }
 
 /// A plain (always present) ε in JSON: a number, or "inf" when infinite (σ 0), as `epsilon_json`
-/// writes an optional one. Reads `null` as ∞ too: files written before issue 35 had serde_json's
-/// `null` for the infinite ε.
+/// writes an optional one. Reads `null` as ∞ too: files written by older versions hold
+/// serde_json's `null` for the infinite ε.
 pub mod epsilon_f64 {
     use serde::{Deserializer, Serializer};
 

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 pub const MARKER: &str = ".dpcomp-run";
 
 /// Every name a dpcomp run writes into its folder: the configuration (`config.toml`; federated
-/// runs before issue 36 wrote `config.json`, still read and replaced), the logs, the
+/// runs of older versions wrote `config.json`, still read and replaced), the logs, the
 /// checkpoint's three folders, the lock and the marker.
 pub const RUN_FILES: [&str; 13] = [
     MARKER,

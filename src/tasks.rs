@@ -82,7 +82,7 @@ pub fn prepare_edited(
 pub const DEVICE_DATA_LIMIT_BYTES: u64 = 16 << 30;
 
 /// On an accelerator, both splits are moved there once when together they fit
-/// `DEVICE_DATA_LIMIT_BYTES`, so that no step copies examples from the host (issue 15); on the
+/// `DEVICE_DATA_LIMIT_BYTES`, so that no step copies examples from the host; on the
 /// CPU nothing changes.
 pub fn hold_on_device(data: TaskData, device: Device) -> TaskData {
     if device == Device::Cpu || data.train.bytes() + data.test.bytes() > DEVICE_DATA_LIMIT_BYTES {

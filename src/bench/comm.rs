@@ -1,4 +1,4 @@
-//! `dpcomp bench comm` (issue 17): what a data-parallel step costs with each compressor, measured
+//! `dpcomp bench comm`: what a data-parallel step costs with each compressor, measured
 //! on W MPI ranks of this machine, and modelled over real links.
 //!
 //! For each W it launches `mpiexec -n W dpcomp bench comm --worker ...`; every rank trains the

@@ -7,9 +7,9 @@
 //! hands the compressor), drawn before the timer starts. Rounds alternate backward passes and
 //! compressor steps, so both see the same machine load.
 //!
-//! It also times what making each step's message bytes and reading them back would add (issue
-//! 37): every step paid it before training decoded the message in memory, and a run with
-//! `compression.verify_wire` still does; messages cross a process only as bytes.
+//! It also times what making each step's message bytes and reading them back adds: a run with
+//! `compression.verify_wire` pays it every step (training otherwise decodes the message in
+//! memory); messages cross a process only as bytes.
 
 use super::{synchronize, BenchSetup, Prepared};
 use crate::compress::{dense_fp32_bits, CompressorKind, CompressorSpec, Message};

@@ -1,4 +1,4 @@
-//! `dpcomp check-device`: the correctness half of the GPU kit (issue 15), runnable on any device.
+//! `dpcomp check-device`: the correctness half of the GPU kit, runnable on any device.
 //!
 //! - **Per-sample gradients** of the four models (Surnames LSTM, CIFAR-10 CNN, ResNet-18 and a
 //!   small BERT; the pretrained MiniLM too when its folder is given) against per-example autograd

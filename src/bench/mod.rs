@@ -293,7 +293,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         physical_batch: None,
         mode: args.grad_sample,
     };
-    // Each step adds the host reads it made itself (none on the trainer's path, issue 37) to
+    // Each step adds the host reads it made itself (none on the trainer's path) to
     // its count, then the benchmark reads its loss, so that steps do not queue up unboundedly.
     let (plain_reads, dp_reads) = (std::cell::Cell::new(0u64), std::cell::Cell::new(0u64));
     let plain_step = |sgd: &mut Updater| -> Result<()> {

@@ -1,4 +1,4 @@
-//! Communication between the W workers of a data-parallel run (issue 17): the collectives that
+//! Communication between the W workers of a data-parallel run: the collectives that
 //! gradient compression needs, behind one small trait, so that training code is the same on one
 //! process, on W threads of one process (the tests' reference), and on W processes under MPI.
 //!

@@ -1,4 +1,4 @@
-//! Host buffers for what crosses a process (issue 37).
+//! Host buffers for what crosses a process.
 //!
 //! MPI reads and writes host memory (the MPICH this project builds on is not CUDA-aware), so on
 //! a GPU every message of a data-parallel step goes to the host and the result comes back. Done

@@ -1,7 +1,8 @@
 //! The workers of a data-parallel run start from the same weights: each builds its model from
 //! the run's seed, rank 0 broadcasts its weights, and every rank compares them with its own
-//! (issue 17). A rank whose weights differ (another seed, another configuration, another build)
-//! makes the check fail on every rank, naming the ranks and the first parameter that differs.
+//! before the first step. A rank whose weights differ (another seed, another configuration,
+//! another build) makes the check fail on every rank, naming the ranks and the first parameter
+//! that differs.
 
 use super::Communicator;
 use crate::error::Result;

@@ -1,4 +1,4 @@
-//! A compressor chosen in typed settings (issue 36): `Compressor::Dgc(Dgc { rate: 256.0,
+//! A compressor chosen in typed settings: `Compressor::Dgc(Dgc { rate: 256.0,
 //! ..Default::default() })`, `Compressor::PowerSgd(PowerSgd { rank: 4, ..Default::default() })`.
 //! The command line's `--compressor dgc --rate 256 --compressor-option key=value` form
 //! (`CompressorSpec`) parses into the same settings, so both build the same encoder.

@@ -293,7 +293,7 @@ impl Encoder for DenoiseEncoder {
                 // a + r, r = decay (v_{t-1} - v̂_{t-1}) (what the receiver lacked, decayed).
                 // In place, with the same operations in the same order as out of place (so
                 // the same values): v_t into the spare buffer, a + r over v_{t-1}, the new
-                // residual over the old (issue 37: no fresh tensor of the segment's size); on the
+                // residual over the old (no fresh tensor of the segment's size); on the
                 // CPU a + r and the residual in one pass each (`elementwise`, the same values).
                 let seg = &self.segments[i];
                 let velocity = seg.velocity.lerp_scalar_out(&seg.spare, g, 1.0 - beta);

@@ -24,8 +24,8 @@
 //! Error feedback (`residual_decay` γ, default 1; `error_feedback=false` is γ = 0): after the
 //! message is taken out, the residual becomes γ (v - sent). γ = 1 is DGC's error feedback, which
 //! eventually sends every coordinate of every update, the DP noise included; γ = 0 is a top-k of
-//! the current update alone, which drops what it does not send (issue 38's ablation of the
-//! compression paper's gains under DP).
+//! the current update alone, which drops what it does not send (the ablation of the
+//! compression paper's gains under DP, `docs/results/compression-paper.md`).
 //!
 //! What the rate divides is `budget` (`bits`, the default: the message's wire bits; `elements`:
 //! k = ceil(numel / rate), DGC's `compress_ratio`): see `encoding::Budget` for the derivation

@@ -1,5 +1,5 @@
 //! Fused elementwise updates of flat f32 tensors in host memory: one pass where LibTorch's ops
-//! take two (issue 37: Denoise's passes over the model are bound by memory bandwidth on a CPU).
+//! take two (Denoise's passes over the model are bound by memory bandwidth on a CPU).
 //!
 //! Each update applies plain f32 arithmetic, one rounding per operation in the order written,
 //! as LibTorch's separate ops do (Rust neither contracts `a * b + c` into a fused multiply-add

@@ -89,7 +89,7 @@ pub trait Encoder {
     fn state(&self) -> Vec<(String, Tensor)>;
 
     /// For a linear compressor (dense fp32, PowerSGD): this step's message formed together with
-    /// the other workers of a data-parallel run (issue 17), every worker's encoder making the
+    /// the other workers of a data-parallel run, every worker's encoder making the
     /// same calls to `reduce`, an all-reduce sum over the `workers` workers. The message decodes
     /// (`Unpack`) to the compressor's estimate of the *mean* of the workers' updates, the same
     /// on every worker. `None` for compressors whose messages are instead gathered and decoded

@@ -12,7 +12,7 @@
 //! smooth gradients only. `fista` (Beck and Teboulle 2009) is the simple reference it is tested
 //! against.
 //!
-//! Host reads (issue 37): `owlqn` is the one part of a training step that reads from the device,
+//! Host reads: `owlqn` is the one part of a training step that reads from the device,
 //! by design. Each iteration's line search gathers the rows still searching and the rows that
 //! accepted a point (`host::nonzero`, twice per backtrack), and the iteration loop stops when
 //! every row has stalled twice (`host::i64_scalar`): about 2 + 2 x backtracks reads per

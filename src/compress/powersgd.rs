@@ -130,7 +130,7 @@ pub struct PowerSgdEncoder {
     options: PowerSgd,
     layers: Vec<Layer>,
     /// Steps compressed so far: a host number, so that a step reads nothing from the device
-    /// (issue 37). Checkpointed as the 0-d int64 tensor `step` when Q is redrawn every step.
+    /// on CUDA. Checkpointed as the 0-d int64 tensor `step` when Q is redrawn every step.
     step: i64,
 }
 

@@ -1,5 +1,5 @@
 //! The federated paper's linear sketches as compressors of any training run
-//! (Kerkouche, Ács, Castelluccia, Genevès, "Compression Boosts Differentially Private Federated Learning", 2021; issue 16, step 8): the worker sends
+//! (Kerkouche, Ács, Castelluccia, Genevès, "Compression Boosts Differentially Private Federated Learning", 2021): the worker sends
 //! m = n / rate values of its whole update flattened (parameters in the order given), with no
 //! indices, because every participant derives the sketch from a shared seed:
 //!

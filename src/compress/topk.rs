@@ -8,7 +8,7 @@
 //! non-candidates are smaller than every candidate). When the sample's threshold lets fewer than k
 //! through, the threshold is halved up to `RETRIES` times and then the exact path runs.
 //!
-//! Which one runs by default depends on the device (`TopK::Auto`, issue 37). The candidates'
+//! Which one runs by default depends on the device (`TopK::Auto`). The candidates'
 //! number depends on the data, so the sampled path asks the host to wait for the device once per
 //! selection (`host::nonzero`, counted): on the CPU that costs nothing and the sampled path is
 //! the faster, so it is the CPU default; on CUDA a training step must not wait, and LibTorch's

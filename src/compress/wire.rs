@@ -1,4 +1,4 @@
-//! A `Message` as bytes and back: the format a worker sends (issue 16). The upstream bits a run
+//! A `Message` as bytes and back: the format a worker sends. The upstream bits a run
 //! reports are 8 x the length of these bytes, measured, not computed beside them.
 //!
 //! Layout, version 2, little-endian, every section starting on a byte:

@@ -1,5 +1,5 @@
 //! How tabular features are scaled before training, and what the scaling costs in privacy
-//! (issue 18, "privacy of preprocessing").
+//! (its share of ε and δ, or none for a fixed map of each row).
 //!
 //! Standardising with the training rows' mean and deviation makes every training row's features
 //! depend on every other training row: the statistics are released to the mechanism outside the

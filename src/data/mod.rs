@@ -269,7 +269,7 @@ impl Dataset {
     }
 
     /// The same examples held on `device`: on an accelerator, batches are then gathered there
-    /// with no host-to-device copy of examples per step (issue 15). The sequence widths stay on
+    /// with no host-to-device copy of examples per step. The sequence widths stay on
     /// the CPU (`host_widths`).
     pub fn to_device(self, device: Device) -> Dataset {
         if device == self.device() {

@@ -20,7 +20,7 @@ pub fn shard_len(n: i64, rank: i64, workers: i64) -> i64 {
     (n - rank + workers - 1).div_euclid(workers).max(0)
 }
 
-/// Rank `rank` of `workers`' Poisson batches (issue 17): every example of its shard (indices
+/// Rank `rank` of `workers`' Poisson batches: every example of its shard (indices
 /// ≡ rank mod W) in each of `steps` batches independently with probability `q` (the global
 /// rate), as indices into the whole dataset. Each example is in exactly one shard, so the union
 /// of the W ranks' batches of a step is a Poisson sample of all `n` at rate q, which is what the

@@ -1,5 +1,5 @@
 //! A federated run's settings in its folder: `config.toml`, the `FlSettings` in TOML as a
-//! training run's `config.toml` holds its `TrainConfig`. Folders written before issue 36 hold
+//! training run's `config.toml` holds its `TrainConfig`. Folders written by older versions hold
 //! `config.json` instead, with the federated round's own names for the compressor (`scheme`,
 //! `ratio` r = m / n, `chunks`, `rows`, `lambda`, `owlqn_iterations`, `compressor`): it is read
 //! when the folder has no `config.toml`, its names migrated to `compression` (`migrate_json`),
@@ -54,7 +54,7 @@ pub fn write(dir: &Path, settings: &FlSettings) -> Result<()> {
     }
 }
 
-/// Settings from the text of a `config.json`: the names it was written with before issue 36
+/// Settings from the text of a `config.json`: the older names it was written with
 /// migrated (`migrate_json`), or `FlSettings`' own JSON form as it is. The error says what is
 /// wrong with the text.
 pub fn from_json(text: &str) -> std::result::Result<FlSettings, String> {
@@ -62,7 +62,7 @@ pub fn from_json(text: &str) -> std::result::Result<FlSettings, String> {
     serde_json::from_value(migrate_json(value)?).map_err(|e| e.to_string())
 }
 
-/// The `compressor` of a `config.json` before issue 36 (DGC or PowerSGD with `scheme` std).
+/// The `compressor` of an older `config.json` (DGC or PowerSGD with `scheme` std).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonEraCompressor {
@@ -83,7 +83,7 @@ fn one_rank() -> i64 {
     1
 }
 
-/// Names a `config.json` was written with before issue 36, each replaced by `compression`.
+/// Names older versions wrote into `config.json`, each replaced by `compression`.
 pub const JSON_ERA_FIELDS: [&str; 7] = [
     "scheme",
     "ratio",
@@ -94,7 +94,7 @@ pub const JSON_ERA_FIELDS: [&str; 7] = [
     "compressor",
 ];
 
-/// A federated run's settings as JSON, with the fields written before issue 36
+/// A federated run's settings as JSON, with the fields older versions wrote
 /// (`JSON_ERA_FIELDS`) replaced by the `compression` they meant: `scheme` std is `identity`,
 /// or its `compressor` (DGC, PowerSGD) as it was; rnd, freq and cs are `fl-rnd`, `fl-freq`
 /// and `fl-cs` at rate 1 / `ratio`, with `chunks`, `rows`, `lambda` and `owlqn_iterations`

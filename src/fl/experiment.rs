@@ -870,7 +870,7 @@ mod tests {
     use super::*;
 
     /// The seeds and momentum axes multiply every cell, name it, and set its settings; the
-    /// committed file of issue 18 parses into its 120 cpu cells.
+    /// committed `experiments/fl_scale.toml` parses into its 120 cpu cells.
     #[test]
     fn seeds_and_momentum_axes_multiply_the_cells() {
         let dir = tempfile::tempdir().unwrap();

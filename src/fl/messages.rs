@@ -1,5 +1,5 @@
 //! What a round's clients send and how the server reads it, on the compressors every training
-//! run uses (`compress::Encoder` / `Decoder`; issue 16, step 8). Every message crosses as bytes
+//! run uses (`compress::Encoder` / `Decoder`). Every message crosses as bytes
 //! (`Message::to_bytes` on the client, `from_bytes` on the server) and the upstream bits are
 //! their length.
 //!

@@ -1,5 +1,5 @@
 //! Federated learning with differential privacy and compressive sensing
-//! (Kerkouche et al. 2021, issue 7).
+//! (Kerkouche et al. 2021).
 //!
 //! One round (Algorithm 1, with Algorithm 3's server for FL-CS):
 //!
@@ -116,7 +116,7 @@ pub struct FlSettings {
     pub model: Option<model::FlNet>,
     /// Share of the training examples held out of every client as a validation split (0:
     /// none). With one, the summary reports beside the paper's "best over rounds on the test
-    /// set" the round chosen on validation, its test metric and ε at that round (issue 18), and
+    /// set" the round chosen on validation, its test metric and ε at that round, and
     /// early stopping (`patience`) watches validation.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub validation: f64,
@@ -669,7 +669,7 @@ pub fn run(
     Ok(run_with_canaries(settings, data, out, progress, None)?.0)
 }
 
-/// `run` with white-box canary clients (issue 19, `privacy::canary`): m canary clients, each
+/// `run` with white-box canary clients (`privacy::canary`): m canary clients, each
 /// included with probability ½ and then Poisson-sampled every round at the clients' rate C. A
 /// sampled canary sends the update C₀ u_i (u_i one model coordinate, or a dense direction)
 /// through the round's encoder like any client, and its message is clipped to S with the

@@ -5,7 +5,7 @@
 //!   Conv 5x5 8→16 → ReLU → MaxPool 2 → Linear 256→10: 5,994 parameters. Small on purpose: under
 //!   client-level DP the noise norm grows with √n, and the CPU profile trains it for thousands of
 //!   client-rounds.
-//! - Fashion-MNIST, `fedavg-cnn` (issue 18: the size the paper's costs imply): McMahan et al.'s
+//! - Fashion-MNIST, `fedavg-cnn` (the size the paper's costs imply): McMahan et al.'s
 //!   FedAvg CNN ("Communication-Efficient Learning of Deep Networks from Decentralized Data",
 //!   2017), Conv 5x5 1→32 (padding 2) → ReLU → MaxPool 2 → Conv 5x5 32→64 (padding 2) → ReLU →
 //!   MaxPool 2 → Linear 3136→512 → ReLU → Linear 512→10: n = 1,663,370 parameters. The derivation:

@@ -1,4 +1,4 @@
-//! How compressible the clients' updates are (issue 18): compressive sensing recovers an update
+//! How compressible the clients' updates are: compressive sensing recovers an update
 //! from m = r n measurements only if it is nearly sparse in the domain it is sensed in. For real
 //! client updates of a federated run this measures, at r = 5%, 10% and 20% of n, the share of
 //! the update's energy (‖·‖²) held by:

@@ -1,7 +1,7 @@
 //! One-layer GRU written from linear cells (Cho et al. 2014, with PyTorch's `nn.GRU` equations:
 //! gate order r, z, n and the reset gate applied to the recurrent projection *after* its bias),
 //! so that the per-sample gradients of `w_ih`, `w_hh` and both biases come from recorded inputs
-//! and gate gradients, as the LSTM's do (`lstm.rs`, issue 3; the GRU is issue 16's).
+//! and gate gradients, as the LSTM's do (`lstm.rs`).
 //!
 //! Per step, with gi = x_t W_ihᵀ + b_ih and gh = h W_hhᵀ + b_hh split into (r, z, n) thirds:
 //! r = σ(gi_r + gh_r), z = σ(gi_z + gh_z), n = tanh(gi_n + r ⊙ gh_n), h' = (1 - z) ⊙ n + z ⊙ h.

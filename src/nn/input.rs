@@ -1,5 +1,5 @@
 //! The checks a layer runs on its input before it calls LibTorch, so that a shape a layer cannot
-//! take is an `Error` naming the layer and both shapes, not a panic with C++ frames (issue 35).
+//! take is an `Error` naming the layer and both shapes, not a panic with C++ frames.
 //! They read tensor sizes only (metadata on the host): no device synchronisation, and the
 //! layer's name is formatted only when there is an error.
 

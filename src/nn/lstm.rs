@@ -1,7 +1,7 @@
 //! One-layer LSTM written from linear cells (Hochreiter & Schmidhuber; PyTorch's gate order
 //! i, f, g, o and its two bias vectors), instead of a fused cuDNN/oneDNN kernel, so that the
 //! per-sample gradients of `w_ih`, `w_hh` and the biases can be formed from recorded inputs and
-//! gate gradients (issue 3).
+//! gate gradients.
 //!
 //! The input projection x_t W_ih^T + b_ih + b_hh is computed for all time steps in one matrix
 //! product; only the recurrent product h_{t-1} W_hh^T runs step by step.

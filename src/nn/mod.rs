@@ -1,5 +1,5 @@
 //! Layers built from explicit parameter tensors, so that every trainable layer can later give
-//! per-sample gradients from its recorded input and output gradient (issue 3). Each layer is a
+//! per-sample gradients from its recorded input and output gradient. Each layer is a
 //! struct with public parameter tensors and a constructor taking an `nn::Path`, as in tch-rs.
 //!
 //! Initialisations follow PyTorch's defaults for the same layer, so that our models start from the

@@ -63,7 +63,7 @@ impl Normalization {
             // Instance norm is group norm with one channel a group (the same statistics, biased
             // variance and ε); LibTorch's group-norm CPU kernel is faster than its instance norm
             // (a batch norm over [1, B C, H, W]): on one core, the paper's CNN's three norms at
-            // batch 128 take 9.3 ms forward and backward against 14.5 (PyTorch 2.11, session 30).
+            // batch 128 take 9.3 ms forward and backward against 14.5 (PyTorch 2.11).
             Normalization::Instance => {
                 let channels = xs.size().get(1).copied().unwrap_or(1);
                 xs.f_group_norm(channels, weight, bias, EPS, false)

@@ -174,11 +174,11 @@ impl Activations {
 /// temporaries: a convolution's patches, instantiated per-sample gradients before their norm,
 /// the Gram matrices of the ghost norm. Computing layer by layer over chunks of examples keeps
 /// each temporary small, so that it fits in memory the backward pass just freed instead of
-/// growing the heap (issue 16: ResNet-18's layer1 patches are 151 MB for a batch of 64, and with
-/// them whole the DP step's peak resident memory was 1.45x the non-private step's while the
-/// bytes in use never exceeded the forward pass's). 16 MiB until issue 37: at 12 MiB ResNet-18's
-/// DP peak is 1.16x the non-private step's instead of 1.21x and the CNN's 1.05x instead of 1.06x,
-/// the time ratios unchanged; 8 MiB was 1.18x and 3 % slower (which sizes fit the freed holes
+/// growing the heap (ResNet-18's layer1 patches are 151 MB for a batch of 64, and with them
+/// whole the DP step's peak resident memory was 1.45x the non-private step's while the bytes in
+/// use never exceeded the forward pass's). The size is measured: at 12 MiB ResNet-18's DP peak
+/// is 1.16x the non-private step's (1.21x at 16 MiB) and the CNN's 1.05x (1.06x), the time
+/// ratios unchanged; 8 MiB gave 1.18x and was 3 % slower (which sizes fit the freed holes
 /// depends on the model, so smaller is not always lower).
 pub const CHUNK_ELEMENTS: i64 = 3 << 20;
 
@@ -255,7 +255,7 @@ pub const KEEP_INSTANTIATED_FACTOR: i64 = 8;
 /// The ghost norm is used where `ghost_is_cheaper` says so. Otherwise g is instantiated, and kept
 /// (its clipped sum is then one GEMV) when it has at most `KEEP_INSTANTIATED_FACTOR` times the
 /// elements of the input the book-keeping holds for this layer anyway; a larger g is formed for
-/// the norm, dropped, and the clipped sum taken by contraction (issue 16, memory). ResNet-18's
+/// the norm, dropped, and the clipped sum taken by contraction (to bound memory). ResNet-18's
 /// largest instantiated g, layer2's 3x3 128->128 convolution at batch 64, is 4.5x its input, so
 /// there every one is kept; the rule bounds what an unusual layer can hold. A kept g is formed
 /// and held in chunks of examples (`PerSample::Parts`), no allocation larger than

@@ -2,8 +2,8 @@
 //! (log scale), one panel per noise multiplier σ, one point per compression setting (mean over
 //! its seeds, with a ± one standard deviation whisker), and the Pareto front of each panel: the
 //! settings no other setting beats on both axes (as little upload, at least the accuracy).
-//! Issue 40's family comparison reads its answer from it: which family is best at each privacy
-//! level for its upload.
+//! The comparison of compressor families (`docs/results/compressor-families.md`) reads its
+//! answer from it: which family is best at each privacy level for its upload.
 
 use super::{
     colour, draw_legend, drawing_error, render_with, setting_label, sigma, CellLog, Drawing,

@@ -1,4 +1,4 @@
-//! One training run audited with canaries (issue 19; Steinke, Nasr and Jagielski, "Privacy
+//! One training run audited with canaries (Steinke, Nasr and Jagielski, "Privacy
 //! Auditing with One (1) Training Run", NeurIPS 2023): the run trains as `dpcomp train` would,
 //! with m canaries planted (`privacy::canary`), and ends with the accounted ε beside the
 //! audited lower bound (`privacy::audit::outcome_of`). The canaries are fixed by the audit's own

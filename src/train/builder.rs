@@ -1,4 +1,4 @@
-//! `Trainer::builder(run_dir)`: every way to start a `Trainer` in one place (issue 36), instead
+//! `Trainer::builder(run_dir)`: every way to start a `Trainer` in one place, instead
 //! of a constructor per combination. `Trainer::new(config, run_dir)` and
 //! `Trainer::resume(run_dir, epochs)` stay as the one-line forms of the common cases.
 //!
@@ -111,7 +111,7 @@ impl TrainerBuilder {
         self
     }
 
-    /// Training by the W data-parallel workers of `comm` (issue 17, `docs/distributed.md`):
+    /// Training by the W data-parallel workers of `comm` (`docs/guide/distributed.md`):
     /// every rank builds its trainer with the same settings and run folder. Each rank holds the
     /// examples i ≡ rank (mod W) and Poisson-samples them at the global rate, clips its own,
     /// adds its share N(0, σ²C²/W) of the noise (the sum over ranks has the single-process σC,

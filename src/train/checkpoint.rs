@@ -42,7 +42,7 @@ pub struct TrainState {
     /// The same in the paper's unit (64 bits per transmitted element).
     #[serde(default)]
     pub upstream_paper_bits: u64,
-    /// W, when the run is trained by several data-parallel workers (issue 17): a resume needs
+    /// W, when the run is trained by several data-parallel workers: a resume needs
     /// as many (`compressor.safetensors` then holds every rank's encoder state). Absent for one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,

@@ -1,4 +1,4 @@
-//! The trainer's data-parallel pieces (issue 17, `docs/distributed.md`): what W workers must
+//! The trainer's data-parallel pieces (`docs/guide/distributed.md`): what W workers must
 //! agree on before they train, how each draws its own random stream, how the epoch's numbers
 //! and the compressors' states are brought together on rank 0, which alone writes the run folder.
 //!

@@ -1,5 +1,5 @@
-//! How the W workers of a data-parallel run combine their compressed updates into one (issue
-//! 17). Every worker encodes its own update with its own encoder (its own error feedback), and
+//! How the W workers of a data-parallel run combine their compressed updates into one. Every
+//! worker encodes its own update with its own encoder (its own error feedback), and
 //! real messages cross the transport (`comm::Communicator`):
 //!
 //! - linear compressors (dense fp32, PowerSGD, the federated sketches) by all-reduce:

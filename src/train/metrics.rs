@@ -66,7 +66,8 @@ pub struct EpochMetrics {
     pub workers: Option<super::traffic::EpochTraffic>,
     /// Tensor values the epoch's steps read to the host, per step (`dpcomp::host`'s count; the
     /// logging intervals' and the epoch end's reads not included): 0 means the step queued its
-    /// work on an accelerator without waiting for it (issue 37). `None` in runs before it.
+    /// work on an accelerator without waiting for it. `None` in runs of older versions, which
+    /// did not count.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_reads_per_step: Option<f64>,
 }
@@ -119,7 +120,7 @@ pub struct Summary {
     /// The same upload in the paper's unit (64 bits per element / 8 / 2^30, its "Gb").
     #[serde(default, deserialize_with = "nan_if_null")]
     pub upstream_paper_gib: f64,
-    /// W when several data-parallel workers trained the run (issue 17).
+    /// W when several data-parallel workers trained the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workers: Option<usize>,
     /// With `--local-noise` and W > 1: ε of the aggregate update, whose noise has σ√W (each

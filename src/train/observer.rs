@@ -1,5 +1,5 @@
 //! What a training run reports while it runs, to whoever installed an observer: the library
-//! itself writes nothing to stderr (issue 36). `Trainer::observe(..)` installs one (several may be
+//! itself writes nothing to stderr. `Trainer::observe(..)` installs one (several may be
 //! installed; each hears every call, in the order installed); without one the run is silent and its results are the values `Trainer::run` returns and `history` holds.
 //!
 //! ```

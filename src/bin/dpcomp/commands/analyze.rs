@@ -18,7 +18,7 @@ pub enum AnalyzeCommand {
     /// (analysis::clipping), with both minimisers; writes clipping.{json,csv} and figures.
     /// Diagnostic: reads training data outside the privacy accountant.
     Clipping(Box<ClippingArgs>),
-    /// How compressible federated client updates are (issue 18): the share of their energy in
+    /// How compressible federated client updates are: the share of their energy in
     /// the top 5/10/20% of coordinates, of shuffled-chunk DCT coefficients (FL-CS's domain),
     /// and in each chunk's first DCT rows, for each Fashion-MNIST network.
     FlSparsity(FlSparsityArgs),

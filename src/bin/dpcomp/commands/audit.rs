@@ -1,5 +1,5 @@
 //! `dpcomp audit`: one training run with canaries, and the lower bound on ε they give beside the
-//! accountant's ε (`dpcomp::train::audit`, issue 19).
+//! accountant's ε (`dpcomp::train::audit`).
 
 use anyhow::Result;
 use dpcomp::config::TrainOverrides;
