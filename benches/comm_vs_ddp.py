@@ -1,5 +1,5 @@
 """Data-parallel step with PowerSGD: dpcomp on MPI versus PyTorch DDP with its PowerSGD hook on
-gloo (issue 17), same model, same W, same machine, in one run.
+gloo, same model, same W, same machine, in one run.
 
 For each W, rounds alternate: `mpiexec -n W dpcomp bench comm --worker --json` (our step: the
 CIFAR-10 CNN's forward, backward, global-norm clip, then the exchange, PowerSGD as the hook

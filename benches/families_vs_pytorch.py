@@ -1,4 +1,4 @@
-"""Compressor families (issue 40): dpcomp against GRACE-style eager PyTorch versions of the same
+"""Compressor families: dpcomp against GRACE-style eager PyTorch versions of the same
 algorithms, on the same gradient shapes, in one run.
 
 Rounds alternate `dpcomp bench compress --json` (our compress + decompress per step: encode to

@@ -2,7 +2,7 @@
 """Peak resident memory of one ResNet-18 step (CIFAR-100 shapes, GroupNorm, batch 64, one
 thread): eager PyTorch without privacy, Opacus's ghost clipping and Opacus's hooks, each in a
 process of its own (peak RSS is per process). The scale against which `dpcomp bench dp --task
-cifar100`'s DP / non-private memory ratio is read (issue 16).
+cifar100`'s DP / non-private memory ratio is read.
 
     .venv/bin/python benches/memory_vs_opacus.py [--batch-size 64]
 """

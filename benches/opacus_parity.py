@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Opacus parity: the same private CIFAR-10 training in Opacus and in dpcomp (issue 38).
+"""Opacus parity: the same private CIFAR-10 training in Opacus and in dpcomp.
 
 Our 100-epoch CIFAR-10 runs at σ 0.8 end near chance, with weights whose norms equal the random
 walk the DP noise alone makes (experiments/results/cifar10_dgc_weight_norms.json). This script
@@ -220,7 +220,7 @@ def table(result):
     n = s["elements"]["fc1.weight"]
     init = math.sqrt(n / (3 * 512))  # E|W|² of PyTorch's default Linear init U(±1/√fan_in): n / (3 fan_in)
     lines = [
-        f"Opacus parity, CIFAR-10 (issue 38): the paper's CNN ({PARAMETERS:,} parameters), first {s['train_size']:,} "
+        f"Opacus parity, CIFAR-10: the paper's CNN ({PARAMETERS:,} parameters), first {s['train_size']:,} "
         f"training images, {s['test_size']:,} test images, σ {SIGMA}, C {CLIP}, lr {LR} plain SGD, Poisson sampling "
         f"at expected batch {BATCH} (q {s['sample_rate']:g}), δ {DELTA:g}, RDP accountants, seed {s['seed']}, "
         f"{len(ours['epochs'])} epochs. Opacus {theirs['opacus_version']}, ghost clipping. ‖fc1‖ is the L2 norm of fc1.weight "

@@ -8,8 +8,8 @@ of the per-round ratios (ours / PyTorch; < 1 means dpcomp is faster).
     .venv/bin/python benches/train_vs_pytorch.py --task cifar10 --batch-size 128
     .venv/bin/python benches/train_vs_pytorch.py --task surnames --batch-size 32
 
-PyTorch's Surnames model uses the fused `nn.LSTM`; ours is unrolled from cells (issue 3 needs the
-per-step activations for per-sample gradients).
+PyTorch's Surnames model uses the fused `nn.LSTM`; ours is unrolled from cells (per-sample
+gradients need the per-step activations).
 """
 import argparse
 import json

@@ -26,7 +26,7 @@ for name in surnames_dgc surnames_powersgd surnames_denoise surnames_clipping ci
         fi
     fi
 done
-# Issue 38's ablations, drawn beside the grids whose arms they vary; the three accuracy figures
+# The ablations (docs/results/compression-paper.md), drawn beside the grids whose arms they vary; the three accuracy figures
 # are kept, in experiments/results/<name>/.
 ablation() {
     local name="$1" title="$2"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 15): one script, about eight minutes on a CUDA machine, that proves
+# The GPU check: one script, about eight minutes on a CUDA machine, that proves
 # dpcomp there and writes what it measured as JSON under $OUT (or --out):
 #
 #   1. correctness: `dpcomp check-device` (per-sample gradients of the four models against
@@ -11,11 +11,11 @@
 #   3. short real trainings: Surnames DP 5 epochs with DGC x16, CIFAR-10 DP 3 epochs on the
 #      kit's subset (held on the device), SNLI one epoch on the dev split (MiniLM architecture,
 #      random weights: the pretrained ones do not travel, see gpu-kit.sh); every epoch logs the
-#      host reads its steps made on the device (`host_reads_per_step`, issue 37), and CIFAR-10
+#      host reads its steps made on the device (`host_reads_per_step`), and CIFAR-10
 #      with DGC x256 runs twice, with and without the message's bytes made each step
 #      (`--verify-wire`), for the step time the bytes cost;
 #   4. then, while minutes remain, unfinished `full` cells of the grids whose data travel
-#      complete (Surnames: the paper grids and the ablation, issue 38), resumable; run folders
+#      complete (Surnames: the paper grids and the ablation), resumable; run folders
 #      packed into runs.tar.gz.
 #
 # It reads the kit that scripts/gpu-kit.sh made (gpu-kit/). Files written (at most 8, flat):
@@ -117,7 +117,8 @@ export PYTHONUNBUFFERED
 log "device $device, kit $kit ($(cat "$kit/kit.txt" | tr '\n' ' ')), python $("$py" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'), opacus $have_opacus"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
-# Steps and sizes: the GPU gets the issue's settings; the CPU rehearsal the same paths, shortened.
+# Steps and sizes: the GPU gets the benchmarks' settings (docs/results/benchmarks.md); the CPU
+# rehearsal the same paths, shortened.
 if [ "$device" = cuda ]; then
     steps=20; warmup=3; rounds=3; limit_surnames=""; limit_cifar=""; limit_snli=""
     epochs_surnames=5; epochs_cifar=3
@@ -177,12 +178,12 @@ for task in surnames cifar10 cifar100 snli; do
         --rounds "$rounds" --bert-dir "$bert" $b --json
 done
 # The two-pass DP step (norms taken in gradient hooks, which autograd runs on its device thread
-# on CUDA): its memory and time against the one-pass step's above (issue 16).
+# on CUDA): its memory and time against the one-pass step's above.
 for task in cifar10 cifar100; do
     bench "dp_two_pass/$task" "$dpcomp" bench dp --task "$task" --device "$device" --steps "$steps" \
         --warmup "$warmup" --rounds "$rounds" $small_batch --grad-sample two-pass --json
 done
-# On ResNet-18 (CIFAR-100), the issue's yardstick; the quick rehearsal exercises the same code on
+# On ResNet-18 (CIFAR-100), the benchmarks' yardstick; the quick rehearsal exercises the same code on
 # the smaller CNN.
 compress_task=cifar100
 [ "$quick" = 1 ] && compress_task=cifar10
@@ -223,7 +224,7 @@ train surnames_dp_dgc16 --task surnames --epochs "$epochs_surnames" --noise-mult
     --compressor dgc --rate 16 $limit_surnames
 train cifar10_dp --task cifar10 --epochs "$epochs_cifar" --noise-multiplier 0.8 $limit_cifar
 train snli_dp_random_minilm --task snli --epochs 1 --noise-multiplier 0.8 --bert-dir "$bert" $limit_snli
-# The same steps with and without the message's bytes made (issue 37): bytes are made only where
+# The same steps with and without the message's bytes made: bytes are made only where
 # they cross a process, or with --verify-wire.
 train cifar10_dp_dgc256 --task cifar10 --epochs 1 --noise-multiplier 0.8 --compressor dgc --rate 256 $limit_cifar
 train cifar10_dp_dgc256_bytes --task cifar10 --epochs 1 --noise-multiplier 0.8 --compressor dgc --rate 256 \
@@ -299,7 +300,7 @@ compress = {k.split("/", 2)[1] + "/" + k.split("/", 2)[2]: {"ratio_compress_over
                                   "ratio_message_bytes_over_compress": v.get("ratio_message_bytes_over_compress")}
             for k, v in benches.items() if k.startswith("compress/") and v}
 final = {name: (rows[-1] if isinstance(rows, list) and rows else rows) for name, rows in trainings.items()}
-# Issue 37: the host reads of every training's steps on this device, and the step time the
+# The host reads of every training's steps on this device, and the step time the
 # message's bytes cost (examples per second without / with them made).
 host_reads = {name: row.get("host_reads_per_step") for name, row in final.items() if isinstance(row, dict)}
 plain, made = final.get("cifar10_dp_dgc256") or {}, final.get("cifar10_dp_dgc256_bytes") or {}

