@@ -351,8 +351,8 @@ settings_section! {
         /// Adaptive clipping: step size of the radius's geometric update [default: 0.2].
         clip_learning_rate / clip_learning_rate: f64 =
             crate::privacy::engine::AdaptiveClipping::DEFAULT_LEARNING_RATE, arg(long);
-        /// The accountant that turns (q, σ, steps) into ε [default: rdp].
-        accountant / accountant: AccountantKind = AccountantKind::Rdp, arg(long, value_enum);
+        /// The accountant that turns (q, σ, steps) into ε: pld (tight) or rdp [default: pld].
+        accountant / accountant: AccountantKind = AccountantKind::Pld, arg(long, value_enum);
         /// Per-sample gradients from the tape in one backward pass (tape, fastest), in two with
         /// the norms taken inside the first (two-pass, no less memory), or from per-example
         /// autograd (oracle) [default: tape].
@@ -450,7 +450,7 @@ settings_section! {
 pub const TOP_LEVEL_KEYS: [&str; 4] = ["task", "seed", "epochs", "device"];
 
 settings_section! {
-    /// CUDA's math settings, as PyTorch names and defaults them (`[cuda]`; issue 37). They
+    /// CUDA's math settings, as PyTorch names and defaults them (`[cuda]`). They
     /// take effect on a CUDA device only and are recorded in `config.toml` like every setting.
     CudaSettings, overrides CudaOverrides, section "cuda", heading "CUDA" {
         /// TF32 tensor cores for float32 matrix products (PyTorch's
@@ -628,7 +628,7 @@ pub struct TrainConfig {
     pub compression: CompressionSettings,
     /// `[analysis]`: measurements taken during training.
     pub analysis: AnalysisSettings,
-    /// `[cuda]`: TF32 and cuDNN's benchmark mode. Written by every run since issue 37; older `config.toml` files read PyTorch's defaults.
+    /// `[cuda]`: TF32 and cuDNN's benchmark mode. Files written without it read PyTorch's defaults.
     #[serde(default)]
     pub cuda: CudaSettings,
 }

@@ -117,8 +117,8 @@ mod tests {
     }
 }
 
-/// A white-box audit of the privatising step itself (issue 19's gradient canaries, observed
-/// every step): m canaries, each a gradient C u_i of exactly the clip norm with u_i a unit
+/// A white-box audit of the privatising step itself (gradient canaries observed every
+/// step): m canaries, each a gradient C u_i of exactly the clip norm with u_i a unit
 /// vector (Dirac: coordinate i; dense: a seeded random direction), included in the run
 /// independently with probability ½; in every step each included canary is Poisson-sampled at
 /// the rate q and its gradient goes through the engine's clipping into the clipped sum, which the

@@ -79,7 +79,7 @@ impl PrivacyEngineBuilder {
         self
     }
 
-    /// The accountant (default RDP, Opacus's).
+    /// The accountant (default PLD, the tight one; `AccountantKind::Rdp` for Opacus's RDP).
     pub fn accountant(mut self, kind: AccountantKind) -> Self {
         self.accountant = kind;
         self

@@ -24,7 +24,7 @@
 //! mechanism at the configured σ when the gradient is noised at σ_Δ = (σ^-2 - (2σ_b)^-2)^-1/2
 //! (their Theorem 1), so the accountant records the step at σ, exactly as for flat clipping,
 //! and the gradient noise is slightly larger (σ_Δ > σ; needs 2σ_b > σ). The count, the radius
-//! and its update stay on the device (issue 37): C_t is a 0-d f64 tensor that scales the clip
+//! and its update stay on the device (no host read in the step): C_t is a 0-d f64 tensor that scales the clip
 //! factors and the noise (`StepClipping`), read on the host only with the epoch's results
 //! (`clip_radius`: each epoch's metrics and checkpoint). The update's arithmetic is the host
 //! formula's, operation for operation, except that LibTorch's exp may differ from the C
@@ -487,7 +487,7 @@ pub struct PrivacyEngine {
     sample_rate: f64,
     clipping: Clipping,
     /// Under adaptive clipping, C_t as a 0-d f64 tensor: on the CPU until the first step, then
-    /// on the gradients' device, where each step updates it without a host read (issue 37).
+    /// on the gradients' device, where each step updates it without a host read.
     /// `clipping`'s own radius stays the starting (or resumed) one; `clip_radius` reads this.
     adaptive_radius: Option<Tensor>,
     noise: NoiseSource,
@@ -566,7 +566,7 @@ impl PrivacyEngine {
             noise,
             accountant: Accountant::default(),
             noise_share: 1.0,
-            accountant_kind: AccountantKind::Rdp,
+            accountant_kind: AccountantKind::default(),
             delta: f64::NAN,
             expected_batch: f64::NAN,
             step_budget: None,

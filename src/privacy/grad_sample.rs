@@ -14,7 +14,7 @@
 //! and their norms and sums are `nn::per_sample`. `tests/grad_sample.rs` checks everything
 //! here against per-example autograd.
 //!
-//! Memory (issue 16). Where every layer runs in autograd, the backward pass asks only for the
+//! Memory. Where every layer runs in autograd, the backward pass asks only for the
 //! gradients of the earliest recorded outputs (`nn::grad_hook::edges_reach_another`) and a
 //! gradient hook on every recorded output's autograd node (`nn::grad_hook::on_grad_at`) forms
 //! that layer's recipe (and, for clipping, its per-sample squared norms) the moment autograd

@@ -16,7 +16,7 @@
 //!   is not reproducible, and a resumed one continues with fresh randomness.
 //!
 //! Cost: the secure normals are drawn on the CPU and copied to the gradients' device
-//! (`dpcomp bench noise` measures both sources per parameter count).
+//! (`dpcomp bench dp --secure-noise` measures the step with it against the seeded one).
 
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};

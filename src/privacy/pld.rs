@@ -21,7 +21,7 @@
 //! before it is reported, and replaced by the RDP bound where it fails them
 //! (`pld_bounds`, `RdpFallback`).
 //!
-//! Small δ (issue 35): the FFT's rounding error is about 1e-16 of the largest mass, and
+//! Small δ: the FFT's rounding error is about 1e-16 of the largest mass, and
 //! dp_accounting's fixed truncation moves 2e-15 to infinite loss, so an untilted composition
 //! cannot resolve δ below about 1e-13 (measured: ε 0.7 above the exact Gaussian value at δ 2e-15,
 //! ∞ at 1e-15). Here each step's pmf is first exponentially tilted, p_λ(y) = p(y) e^{λy} / M(λ)

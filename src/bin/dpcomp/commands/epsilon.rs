@@ -23,7 +23,7 @@ pub struct EpsilonArgs {
     pub steps: u64,
     #[arg(long)]
     pub delta: f64,
-    #[arg(long, value_enum, default_value = "rdp")]
+    #[arg(long, value_enum, default_value = "pld")]
     pub accountant: AccountantKind,
     #[arg(long)]
     pub json: bool,

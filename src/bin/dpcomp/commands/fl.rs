@@ -67,7 +67,7 @@ pub struct FlArgs {
     /// S₁, the clip radius for a whole update (default: the dataset's, see `dpcomp fl --help`).
     #[arg(long)]
     pub full_clip: Option<f64>,
-    #[arg(long, value_enum, default_value = "rdp")]
+    #[arg(long, value_enum, default_value = "pld")]
     pub accountant: AccountantKind,
     /// The network: fashion-mnist lenet (default, 5,994 parameters) or fedavg-cnn (McMahan et
     /// al.'s, 1,663,370: the size the paper's costs imply); breast_cancer mlp.
@@ -129,7 +129,7 @@ pub struct FlArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Audit the run (issue 19) with this many white-box canary clients (each included with
+    /// Audit the run with this many white-box canary clients (each included with
     /// probability 1/2, then sampled like a client); needs --dp. Writes audit.json to --out.
     #[arg(long, value_name = "M")]
     pub audit_canaries: Option<usize>,
