@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 19: canary-client audits of client-level DP on Fashion-MNIST (the default LeNet, 1,000
+# Canary-client audits of client-level DP on Fashion-MNIST (the default LeNet, 1,000
 # clients sampled at C 0.01), 100 rounds, ratio 0.05 (rate 20), 500 Dirac canary clients:
 # FL-STD, FL-RND and FL-CS, each at sigma 0 and at the sigma of epsilon 1. Folders keep the
 # paper's r (FL-STD's too, which sends everything). Skips cells that have audit.json.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The numbers behind the README's verdict table for the compression paper (issue 13).
+"""The numbers behind the README's verdict table for the compression paper.
 
 Reads the committed logs of the full-profile grids under experiments/runs/ (summary.json,
 metrics.jsonl, grad_error.jsonl, config.toml of every finished cell) and prints, per claim of

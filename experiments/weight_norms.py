@@ -5,7 +5,7 @@ Plain DP-SGD adds N(0, (σC/B)²) to every coordinate of the mean gradient each 
 steps at learning rate η the noise alone has moved each coordinate by a random walk of standard
 deviation η σ C / B sqrt(T), and a tensor of n coordinates by about that times sqrt(n). When the
 measured norms equal that prediction, the weights are the accumulated noise and the signal is
-negligible (the CIFAR-10 σ 0.8 collapse, issue 13 claim 3).
+negligible (the CIFAR-10 σ 0.8 collapse, claim 3 of the verdict table).
 
     .venv/bin/python experiments/weight_norms.py RUN_DIR [RUN_DIR ...] > out.json
 

@@ -600,8 +600,8 @@ impl PrivacyEngine {
         self.loss_reduction
     }
 
-    /// Data-parallel training over `workers` ranks whose noised clipped sums are added (issue
-    /// 17): this engine draws N(0, σ²C²/W) per coordinate, independent of the other ranks' draws
+    /// Data-parallel training over `workers` ranks whose noised clipped sums are added: this
+    /// engine draws N(0, σ²C²/W) per coordinate, independent of the other ranks' draws
     /// (each rank's own stream), so the sum of the W has exactly the single-process N(0, σ²C²)
     /// and the accountant, which counts every step at σ, is unchanged. A single rank's noised
     /// sum is then not private on its own (the README's threat model). Adaptive clipping is
