@@ -19,6 +19,6 @@ cargo test --release $DPCOMP_CARGO_FEATURES "$@"
 # shellcheck disable=SC2086
 RUSTDOCFLAGS="-D warnings" cargo doc --release -p dpcomp --lib --no-deps --quiet $DPCOMP_CARGO_FEATURES
 # A crate of one's own on the lean core (`default-features = false`), run without LD_LIBRARY_PATH:
-# it exits non-zero unless its private training reaches its accuracy and ε (issue 36).
+# it exits non-zero unless its private training reaches its accuracy and ε.
 cargo build --release -p dpcomp-dependent-check
 env -u LD_LIBRARY_PATH "${CARGO_TARGET_DIR:-target}/release/dpcomp-dependent-check"
