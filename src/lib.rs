@@ -58,6 +58,7 @@
 //!     .batch_size(40) // q = 1 / ⌈1000 / 40⌉ = 0.04, 25 steps an epoch
 //!     .epochs(90)
 //!     .delta(1e-5)
+//!     .accountant(AccountantKind::Rdp) // Opacus's RDPAccountant, whose test gives that ε
 //!     .build(&params)?;
 //! let mut sgd = Sgd::new(0.5, 0.0);
 //! for _ in 0..90 {
@@ -130,6 +131,30 @@ pub(crate) fn test_serial() -> std::sync::MutexGuard<'static, ()> {
 pub use error::{Error, Result};
 pub use models::Model;
 pub use train::Trainer;
+
+/// The Rust snippets of README.md and of the guide's pages, compiled by `cargo test --doc` (and
+/// run, unless marked `no_run`) so that they follow the API instead of drifting from it. One
+/// struct per file, so that a failing snippet's test names its file (its "line" is the
+/// attribute's line plus the snippet's line in the file, minus 1); lines starting with `# `
+/// (setup the page leaves out) are compiled but not shown by rustdoc. A page added here needs its
+/// shell and output blocks tagged (`bash`, `text`): rustdoc compiles an untagged block as Rust.
+#[cfg(doctest)]
+mod markdown_doctests {
+    #[doc = include_str!("../README.md")]
+    pub struct ReadMe;
+    #[doc = include_str!("../docs/guide/auditing.md")]
+    pub struct GuideAuditing;
+    #[doc = include_str!("../docs/guide/compression.md")]
+    pub struct GuideCompression;
+    #[doc = include_str!("../docs/guide/distributed.md")]
+    pub struct GuideDistributed;
+    #[doc = include_str!("../docs/guide/install.md")]
+    pub struct GuideInstall;
+    #[doc = include_str!("../docs/guide/library.md")]
+    pub struct GuideLibrary;
+    #[doc = include_str!("../docs/guide/privacy.md")]
+    pub struct GuidePrivacy;
+}
 
 /// What training a model and data of one's own needs: the layers and the context that records
 /// them, the trait for a layer kind of one's own, the per-sample gradients of a forward pass, the
