@@ -479,7 +479,8 @@ impl Clipped {
 /// }
 /// let mut accountant = Accountant::default();
 /// accountant.step(1.0, 0.02, 50)?; // q = 2 / 100
-/// assert_eq!(private.epsilon()?, accountant.epsilon(AccountantKind::Rdp, 1e-5)?.0);
+/// // The engine's accountant is the default one, PLD (the tight one).
+/// assert_eq!(private.epsilon()?, accountant.epsilon(AccountantKind::Pld, 1e-5)?.0);
 /// # Ok::<(), dpcomp::error::Error>(())
 /// ```
 pub struct PrivacyEngine {

@@ -132,7 +132,7 @@ pub use crate::data::DataEdit;
 /// assert_eq!(trainer.steps_per_epoch(), 20);
 /// let mut accountant = Accountant::default();
 /// accountant.step(1.0, 0.05, 60)?;
-/// let (epsilon, _) = accountant.epsilon(AccountantKind::Rdp, 1e-5)?;
+/// let (epsilon, _) = accountant.epsilon(AccountantKind::Pld, 1e-5)?; // the default accountant
 /// assert_eq!((summary.epsilon, summary.delta), (Some(epsilon), Some(1e-5)));
 /// assert!(summary.last_test_accuracy > 0.8, "{}", summary.last_test_accuracy);
 /// for record in ["config.toml", "metrics.jsonl", "summary.json"] {
