@@ -43,7 +43,9 @@ use super::pld_bounds;
 use super::rdp::log_erfc;
 use super::{validate, validate_delta};
 use crate::error::{Error, Result};
-use tch::{Kind, Tensor};
+use realfft::num_complex::Complex;
+use realfft::RealFftPlanner;
+use std::sync::{Mutex, OnceLock};
 
 /// Grid spacing of the loss values (dp_accounting's default).
 pub const DEFAULT_INTERVAL: f64 = 1e-4;
@@ -390,29 +392,82 @@ fn minimise_over_lambda(
     best
 }
 
-/// Raises each complex number of `values` (interleaved re, im) to the power `exponent` by
-/// repeated squaring: about 2 log2(T) complex products, each with a relative rounding of about
-/// 1e-16, where exp(T log z) (LibTorch's complex pow) costs a logarithm, an exponential and a
-/// sine and cosine per value and rounds the phase T θ to about T · 1e-16.
-fn power_by_squaring(values: &mut [f64], exponent: u64) {
-    for z in values.chunks_exact_mut(2) {
-        let (mut base_re, mut base_im) = (z[0], z[1]);
-        let (mut re, mut im) = (1.0f64, 0.0f64);
+/// The FFT plans of every length used so far: an ε evaluation reuses the plans (and their
+/// twiddle tables) of the evaluations before it, as calibration evaluates ε at nearby σ.
+fn planner() -> &'static Mutex<RealFftPlanner<f64>> {
+    static PLANNER: OnceLock<Mutex<RealFftPlanner<f64>>> = OnceLock::new();
+    PLANNER.get_or_init(|| Mutex::new(RealFftPlanner::new()))
+}
+
+/// The real FFT of `values` zero-padded to `n` (n >= values.len()).
+fn forward_fft(values: &[f64], n: usize) -> Vec<Complex<f64>> {
+    let plan = planner()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .plan_fft_forward(n);
+    let mut input = vec![0.0; n];
+    input[..values.len()].copy_from_slice(values);
+    let mut spectrum = plan.make_output_vec();
+    plan.process(&mut input, &mut spectrum)
+        .expect("buffers sized by the plan");
+    spectrum
+}
+
+/// The inverse of `forward_fft` (normalised by 1/n), of the spectrum of a real sequence: the
+/// imaginary parts of the zero and (even n) Nyquist frequencies are exactly 0 in every spectrum
+/// formed here (products and powers of real numbers), and are set so.
+fn inverse_fft(mut spectrum: Vec<Complex<f64>>, n: usize) -> Vec<f64> {
+    let plan = planner()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .plan_fft_inverse(n);
+    spectrum[0].im = 0.0;
+    if n % 2 == 0 {
+        spectrum[n / 2].im = 0.0;
+    }
+    let mut out = plan.make_output_vec();
+    plan.process(&mut spectrum, &mut out)
+        .expect("buffers sized by the plan");
+    let scale = 1.0 / n as f64;
+    out.iter_mut().for_each(|v| *v *= scale);
+    out
+}
+
+/// The T-fold circular self-convolution of `pmf` on n points: FFT, each frequency to the
+/// power T (`power_by_squaring`), inverse FFT.
+fn fft_power(pmf: &[f64], n: usize, steps: u64) -> Vec<f64> {
+    let mut spectrum = forward_fft(pmf, n);
+    power_by_squaring(&mut spectrum, steps);
+    inverse_fft(spectrum, n)
+}
+
+/// The convolution of `a` and `b` on n >= a.len() + b.len() − 1 points (no wrap-around).
+fn fft_convolve(a: &[f64], b: &[f64], n: usize) -> Vec<f64> {
+    let mut spectrum = forward_fft(a, n);
+    let other = forward_fft(b, n);
+    spectrum.iter_mut().zip(&other).for_each(|(x, y)| *x *= y);
+    inverse_fft(spectrum, n)
+}
+
+/// Raises each complex number of `values` to the power `exponent` by repeated squaring: about
+/// 2 log2(T) complex products, each with a relative rounding of about 1e-16, where exp(T log z)
+/// costs a logarithm, an exponential and a sine and cosine per value and rounds the phase T θ
+/// to about T · 1e-16.
+fn power_by_squaring(values: &mut [Complex<f64>], exponent: u64) {
+    for z in values.iter_mut() {
+        let mut base = *z;
+        let mut power = Complex::new(1.0, 0.0);
         let mut e = exponent;
         while e > 0 {
             if e & 1 == 1 {
-                (re, im) = (re * base_re - im * base_im, re * base_im + im * base_re);
+                power *= base;
             }
             e >>= 1;
             if e > 0 {
-                (base_re, base_im) = (
-                    base_re * base_re - base_im * base_im,
-                    2.0 * base_re * base_im,
-                );
+                base *= base;
             }
         }
-        z[0] = re;
-        z[1] = im;
+        *z = power;
     }
 }
 
@@ -600,16 +655,7 @@ impl DiscretePld {
         let n = fft_len as i64;
         // Circular convolution: entry j of the per-step pmf sits at index j; the composed value
         // T k_lo + j sits at index j mod n.
-        let pmf = Tensor::from_slice(&self.pmf);
-        let spectrum = pmf.fft_rfft(n, 0, "backward").view_as_real().reshape([-1]);
-        let mut spectrum: Vec<f64> = crate::host::to_vec_f64(&spectrum).expect("f64 tensor");
-        power_by_squaring(&mut spectrum, steps);
-        let composed = Tensor::from_slice(&spectrum)
-            .view([-1, 2])
-            .view_as_complex()
-            .fft_irfft(n, 0, "backward");
-        let composed: Vec<f64> =
-            crate::host::to_vec_f64(&composed.to_kind(Kind::Double)).expect("f64 tensor");
+        let composed = fft_power(&self.pmf, fft_len, steps);
         let offset = self.k_lo * steps as i64;
         let mut out = Vec::with_capacity(width);
         for k in k_lo..=k_hi {
@@ -637,11 +683,8 @@ impl DiscretePld {
             "convolving PLDs of different grids or tilts"
         );
         let len = self.pmf.len() + other.pmf.len() - 1;
-        let n = len.next_power_of_two() as i64;
-        let a = Tensor::from_slice(&self.pmf).fft_rfft(n, 0, "backward");
-        let b = Tensor::from_slice(&other.pmf).fft_rfft(n, 0, "backward");
-        let c = (a * b).fft_irfft(n, 0, "backward").narrow(0, 0, len as i64);
-        let pmf: Vec<f64> = crate::host::to_vec_f64(&c.to_kind(Kind::Double)).expect("f64 tensor");
+        let mut pmf = fft_convolve(&self.pmf, &other.pmf, next_fast_len(len));
+        pmf.truncate(len);
         DiscretePld {
             interval: self.interval,
             k_lo: self.k_lo + other.k_lo,
@@ -1098,8 +1141,9 @@ mod tests {
     fn power_by_squaring_matches_the_polar_power() {
         for (re, im) in [(0.6, 0.8), (0.3, -0.2), (-0.9, 0.1), (1.0, 0.0)] {
             for exponent in [1u64, 2, 3, 250, 39_100, 10_000_000] {
-                let mut values = vec![re, im];
+                let mut values = [Complex::new(re, im)];
                 power_by_squaring(&mut values, exponent);
+                let values = [values[0].re, values[0].im];
                 let t = exponent as f64;
                 let (r, theta) = (f64::hypot(re, im).ln(), f64::atan2(im, re));
                 let modulus = (t * r).exp();
