@@ -6,10 +6,14 @@
 Each case is (q, steps, δ, ε): CIFAR-10 at ε 8 as `examples/cifar_cnn.rs` trains it (6,400
 images in batches of 128 for 5 epochs: q 1/50, 250 steps) and at the paper's 100 epochs of the
 full set (q 1/391, 39,100 steps), and Surnames at the paper's 100 epochs (q 1/502, 50,200 steps).
-dpcomp is timed as the whole `dpcomp epsilon` process (its start included); Opacus in-process.
+dpcomp is timed as the whole `dpcomp epsilon` process (its start with LibTorch included, and its
+report of ε at the σ found); Opacus in-process. Each cell gives wall seconds and, after the
+slash, CPU seconds (user + system: the child process's for dpcomp, this process's for Opacus),
+which a loaded machine inflates less than wall time.
 """
 import argparse
 import json
+import resource
 import subprocess
 import time
 
@@ -22,36 +26,42 @@ CASES = [
 ]
 
 
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def dpcomp_sigma(binary, accountant, q, steps, delta, epsilon):
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), children_cpu()
     out = subprocess.run(
         [binary, "epsilon", "--accountant", accountant, "--sample-rate", repr(q),
          "--target-epsilon", repr(epsilon), "--steps", str(steps), "--delta", repr(delta),
          "--json"],
         check=True, capture_output=True, text=True).stdout
     seconds = time.perf_counter() - start
-    return json.loads(out)["noise_multiplier"], seconds
+    return json.loads(out)["noise_multiplier"], seconds, children_cpu() - cpu
 
 
 def opacus_sigma(accountant, q, steps, delta, epsilon):
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     sigma = get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=q,
                                  steps=steps, accountant=accountant)
-    return sigma, time.perf_counter() - start
+    return sigma, time.perf_counter() - start, time.process_time() - cpu
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dpcomp", default="target/release/dpcomp")
     args = parser.parse_args()
-    print("| case | dpcomp pld σ (s) | Opacus prv σ (s) | dpcomp rdp σ (s) | Opacus rdp σ (s) |")
+    print("| case | dpcomp pld σ (wall/CPU s) | Opacus prv σ (wall/CPU s) | dpcomp rdp σ (wall/CPU s) "
+          "| Opacus rdp σ (wall/CPU s) |")
     print("|---|---|---|---|---|")
     for name, q, steps, delta, epsilon in CASES:
         pld = dpcomp_sigma(args.dpcomp, "pld", q, steps, delta, epsilon)
         prv = opacus_sigma("prv", q, steps, delta, epsilon)
         rdp = dpcomp_sigma(args.dpcomp, "rdp", q, steps, delta, epsilon)
         ordp = opacus_sigma("rdp", q, steps, delta, epsilon)
-        cells = [f"{s:.4f} ({t:.2f})" for s, t in (pld, prv, rdp, ordp)]
+        cells = [f"{s:.4f} ({t:.2f}/{c:.2f})" for s, t, c in (pld, prv, rdp, ordp)]
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 
