@@ -3,8 +3,8 @@
 # dpcomp there and writes what it measured as JSON under $OUT (or --out):
 #
 #   1. correctness: `dpcomp check-device` (per-sample gradients of the four models against
-#      per-example autograd, every compressor against its CPU result) and the accountant's golden
-#      value (Opacus's test: sigma 1.5, q 0.04, 2250 steps, delta 1e-5 -> 7.32911117143);
+#      per-example autograd, every compressor against its CPU result) and the RDP accountant's
+#      golden value (Opacus's test: sigma 1.5, q 0.04, 2250 steps, delta 1e-5 -> 7.32911117143);
 #   2. `dpcomp bench dp|compress` per task with peak device memory, and the same shapes in eager
 #      PyTorch (benches/train_vs_pytorch.py) and Opacus (benches/dp_vs_opacus.py) on the same
 #      device in the same run;
@@ -143,7 +143,8 @@ if ! "$dpcomp" check-device --device "$device" --json-out "$out/check_device.jso
     failed=1
     log "check-device FAILED (see check_device.json)"
 fi
-"$dpcomp" epsilon --noise-multiplier 1.5 --sample-rate 0.04 --steps 2250 --delta 1e-5 --json > "$work/epsilon.json"
+# Opacus's RDPAccountant golden value, so the RDP accountant (the default is the tight PLD one).
+"$dpcomp" epsilon --noise-multiplier 1.5 --sample-rate 0.04 --steps 2250 --delta 1e-5 --accountant rdp --json > "$work/epsilon.json"
 "$py" - "$work/epsilon.json" "$out/check_device.json" <<'PY' || failed=1
 import json, sys
 eps = json.load(open(sys.argv[1]))["epsilon"]

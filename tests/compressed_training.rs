@@ -77,6 +77,7 @@ fn compression_changes_bits_never_epsilon() {
     };
     let dense = tempfile::tempdir().unwrap();
     let base = config(&root, 1, 2000, Some(0.8));
+    let accountant = base.privacy.accountant;
     let plain = train(base.clone(), dense.path());
     let sparse = tempfile::tempdir().unwrap();
     let dgc = train(
@@ -89,15 +90,16 @@ fn compression_changes_bits_never_epsilon() {
         low_rank.path(),
     );
 
-    // Compression is post-processing: the same (q, σ, steps) give the same ε, the accountant's
-    // for σ 0.8 over every step taken (a run that lost its σ would report none).
-    // One epoch of ceil(2000 / 32) = 63 Poisson steps at q = 1 / 63.
+    // Compression is post-processing: the same (q, σ, steps) give the same ε, the run's
+    // accountant's (the default, PLD) for σ 0.8 over every step taken (a run that lost its σ
+    // would report none). One epoch of ceil(2000 / 32) = 63 Poisson steps at q = 1 / 63.
     let steps = upstream_rows(dense.path()).len() as u64;
     assert_eq!(steps, 63);
     let q = 1.0 / 63.0;
     assert_eq!(plain.sample_rate, Some(q));
     let expected =
-        dpcomp::privacy::calibrate::epsilon_for(0.8, q, steps, plain.delta.unwrap()).unwrap();
+        dpcomp::privacy::calibrate::epsilon_with(accountant, 0.8, q, steps, plain.delta.unwrap())
+            .unwrap();
     assert_eq!(plain.epsilon, Some(expected));
     assert!(expected > 0.0 && expected.is_finite());
     assert_eq!(plain.epsilon, dgc.epsilon);

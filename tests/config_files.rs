@@ -121,6 +121,8 @@ fn a_config_missing_later_settings_takes_its_tasks_defaults() {
     want.model.bert_dir = "models/x".into();
     want.data.eval_batch_size = 256;
     want.privacy.noise_multiplier = Some(0.7);
+    // The old run recorded the RDP accountant, which it keeps (the default is PLD now).
+    want.privacy.accountant = dpcomp::config::AccountantKind::Rdp;
     assert_eq!(config, want);
     let err = TrainConfig::from_table(
         toml::from_str("task = \"surnames\"\nsigma = 1\n").unwrap(),

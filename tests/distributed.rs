@@ -654,10 +654,13 @@ fn a_trainer_of_w_workers_logs_what_crossed_and_keeps_epsilon() {
             summaries[0].final_accuracy, summaries[1].final_accuracy,
             "{kind}"
         );
-        // ε: 20 steps at σ 1, q 1/20 (2000 examples in batches of 100), as one process.
+        // ε: 20 steps at σ 1, q 1/20 (2000 examples in batches of 100), as one process, by the
+        // run's accountant (the default, PLD).
         let mut accountant = Accountant::default();
         accountant.step(1.0, 1.0 / 20.0, 20).unwrap();
-        let epsilon = accountant.epsilon_rdp(1e-5).unwrap().0;
+        let kind_of_run = example::config(1).privacy.accountant;
+        assert_eq!(kind_of_run, AccountantKind::Pld);
+        let epsilon = accountant.epsilon(kind_of_run, 1e-5).unwrap().0;
         assert_eq!(summaries[0].epsilon, Some(epsilon), "{kind}");
         // traffic.csv: both ranks' 20 steps; rank 0 sent its upstream bits / 8.
         let traffic = csv(&run.join("traffic.csv"));
@@ -823,10 +826,13 @@ fn local_noise_gives_every_worker_the_whole_sigma() {
         })
         .unwrap();
         let q = 1.0 / 10.0; // 1000 examples in batches of 100
+                            // By the run's accountant (the default, PLD).
+        let kind_of_run = example::config(1).privacy.accountant;
+        assert_eq!(kind_of_run, AccountantKind::Pld);
         let epsilon_at = |sigma: f64| {
             let mut a = Accountant::default();
             a.step(sigma, q, 10).unwrap();
-            a.epsilon_rdp(1e-5).unwrap().0
+            a.epsilon(kind_of_run, 1e-5).unwrap().0
         };
         for (rank, result) in results.into_iter().enumerate() {
             let (std, summary) = result.unwrap();

@@ -463,6 +463,7 @@ fn resumed_dp_run_continues_its_epsilon() {
         return;
     };
     let straight = tempfile::tempdir().unwrap();
+    let accountant = dp_config(&root, 3).privacy.accountant;
     let mut t = Trainer::new(dp_config(&root, 3), straight.path()).unwrap();
     let whole = t.run().unwrap();
     let split = tempfile::tempdir().unwrap();
@@ -480,8 +481,10 @@ fn resumed_dp_run_continues_its_epsilon() {
     assert_eq!(resumed.epsilon, whole.epsilon);
     let state = checkpoint::read_state(&checkpoint::find(split.path()).unwrap()).unwrap();
     assert_eq!(state.accountant.unwrap().steps(), 60);
-    // ... and equals `dpcomp epsilon` for the same (q, sigma, steps, delta).
-    let eps = dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 20.0, 60, 8e-5).unwrap();
+    // ... and equals `dpcomp epsilon` for the same (q, sigma, steps, delta) and the run's
+    // accountant (the default, PLD).
+    let eps =
+        dpcomp::privacy::calibrate::epsilon_with(accountant, 0.8, 1.0 / 20.0, 60, 8e-5).unwrap();
     assert!((whole.epsilon.unwrap() - eps).abs() < 1e-12);
     assert_eq!(whole.sample_rate, Some(1.0 / 20.0));
     let (a, b) = (
@@ -506,9 +509,11 @@ fn target_epsilon_stops_before_exceeding_it() {
     let Some(root) = require_shared_data() else {
         return;
     };
-    // One step alone spends 2.04 here (q 0.05, σ 0.8), so a target of 4 leaves a few.
+    // One step alone spends 2.04 here by RDP (q 0.05, σ 0.8), so a target of 4 leaves a few.
+    // RDP's stopping rule; `target_epsilon_with_the_pld_accountant` checks the default's.
     let mut c = dp_config(&root, 50);
     c.privacy.target_epsilon = Some(4.0);
+    c.privacy.accountant = dpcomp::config::AccountantKind::Rdp;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
     let summary = t.run().unwrap();
@@ -539,6 +544,7 @@ fn surnames_dp_training_learns_something() {
     c.device = dpcomp::config::DeviceChoice::Cpu;
     c.privacy.noise_multiplier = Some(0.8);
     c.privacy.max_grad_norm = 0.1;
+    let accountant = c.privacy.accountant;
     let dir = tempfile::tempdir().unwrap();
     let mut t = Trainer::new(c, dir.path()).unwrap();
     let summary = t.run().unwrap();
@@ -548,7 +554,9 @@ fn surnames_dp_training_learns_something() {
         "{}",
         summary.last_test_accuracy
     );
-    let eps = dpcomp::privacy::calibrate::epsilon_for(0.8, 1.0 / 502.0, 2 * 502, 8e-5).unwrap();
+    // ε by the run's accountant (the default, PLD).
+    let eps = dpcomp::privacy::calibrate::epsilon_with(accountant, 0.8, 1.0 / 502.0, 2 * 502, 8e-5)
+        .unwrap();
     assert!((summary.epsilon.unwrap() - eps).abs() < 1e-12);
 }
 

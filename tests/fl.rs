@@ -1472,7 +1472,17 @@ fn federated_runs_are_bit_identical_to_the_older_vocabulary() {
     let column = |rows: &[serde_json::Value], key: &str| -> Vec<serde_json::Value> {
         rows.iter().map(|r| r[key].clone()).collect()
     };
-    let private = ["--dp", "--noise-multiplier", "0.5", "--rounds", "6"];
+    // The recordings' ε are the RDP accountant's (the default when they were made; it is the
+    // tight PLD now), so these runs ask for RDP.
+    let private = [
+        "--dp",
+        "--noise-multiplier",
+        "0.5",
+        "--rounds",
+        "6",
+        "--accountant",
+        "rdp",
+    ];
     let (cs, quiet) = run(
         "cs",
         &[
@@ -1604,7 +1614,15 @@ fn federated_runs_are_bit_identical_to_the_older_vocabulary() {
         "{config}"
     );
     // DGC on whole updates: the older `--scheme std --compressor dgc` and today's form.
-    let dgc_private = ["--dp", "--noise-multiplier", "0.3", "--rounds", "5"];
+    let dgc_private = [
+        "--dp",
+        "--noise-multiplier",
+        "0.3",
+        "--rounds",
+        "5",
+        "--accountant",
+        "rdp",
+    ];
     let (dgc, _) = run(
         "dgc",
         &[&dgc_private[..], &["--compressor", "dgc", "--rate", "16"]].concat(),

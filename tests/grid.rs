@@ -34,8 +34,8 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
         if r.noise_multiplier == 0.0 {
             assert_eq!(r.epsilon, None, "{}: σ = 0 is ε = ∞", r.cell);
         } else {
-            // What `dpcomp epsilon --sample-rate 0.5 --noise-multiplier σ --steps 6 --delta 1e-5`
-            // prints.
+            // What `dpcomp epsilon --sample-rate 0.5 --noise-multiplier σ --steps 6 --delta 1e-5
+            // --accountant rdp` prints: the file pins the papers' RDP accountant.
             let expected = epsilon_for(
                 r.noise_multiplier,
                 1.0 / steps_per_epoch as f64,
@@ -210,13 +210,15 @@ fn every_experiment_file_resolves_in_both_profiles() {
                     for (dataset, name, settings) in &cells {
                         settings.validate().unwrap();
                         // Private cells at noise scale 1 reach ε <= 1 after their rounds (σ from
-                        // the accountant); a scale s < 1 divides σ by 1/s.
+                        // the cell's accountant, RDP as the file pins); a scale s < 1 divides σ
+                        // by 1/s.
                         if let Some(p) = settings.privacy {
                             let scale = name
                                 .split('-')
                                 .find_map(|part| part.strip_prefix("ns"))
                                 .map_or(1.0, |v| v.parse::<f64>().unwrap());
-                            let eps = dpcomp::privacy::calibrate::epsilon_for(
+                            let eps = dpcomp::privacy::calibrate::epsilon_with(
+                                p.accountant,
                                 p.noise_multiplier / scale,
                                 settings.fraction,
                                 settings.rounds as u64,

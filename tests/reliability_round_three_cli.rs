@@ -327,7 +327,7 @@ fn convex_weights_that_are_not_finite_fail_naming_the_step_size() {
 }
 
 /// A tiny δ printed as a decimal of hundreds of digits; it prints as 1e-300 now, and the
-/// usual δ as before.
+/// usual δ as before. With the RDP accountant: the default (PLD) refuses δ below 1e-20.
 #[test]
 fn a_tiny_delta_prints_in_scientific_notation() {
     let epsilon = |delta: &str| {
@@ -341,6 +341,8 @@ fn a_tiny_delta_prints_in_scientific_notation() {
             "100",
             "--delta",
             delta,
+            "--accountant",
+            "rdp",
         ]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         stdout(&out)

@@ -68,10 +68,11 @@ fn run(args: &[String]) -> Output {
     dpcomp(&args)
 }
 
-/// `--local-noise`, `--secure-noise`, `--accountant pld` and `--grad-sample` other than tape
-/// were accepted silently by a non-private run (with thread workers too): each is refused by
-/// its flag, saying DP needs `--noise-multiplier` or `--target-epsilon`, and nothing is
-/// written. Their defaults, given explicitly, still train.
+/// `--local-noise`, `--secure-noise`, `--accountant` other than the default and `--grad-sample`
+/// other than tape were accepted silently by a non-private run (with thread workers too): each
+/// is refused by its flag, saying DP needs `--noise-multiplier` or `--target-epsilon`, and
+/// nothing is written. Their defaults (the accountant's is pld, the tight one), given
+/// explicitly, still train.
 #[test]
 fn dp_only_flags_without_dp_are_refused_by_name() {
     let Some(data) = common::require_shared_data() else {
@@ -88,8 +89,8 @@ fn dp_only_flags_without_dp_are_refused_by_name() {
             "--secure-noise: true: applies to DP training only",
         ),
         (
-            &["--accountant", "pld"],
-            "--accountant: pld: applies to DP training only",
+            &["--accountant", "rdp"],
+            "--accountant: rdp: applies to DP training only",
         ),
         (
             &["--grad-sample", "oracle"],
@@ -118,7 +119,7 @@ fn dp_only_flags_without_dp_are_refused_by_name() {
         &defaults,
         &[
             "--accountant",
-            "rdp",
+            "pld",
             "--grad-sample",
             "tape",
             "--local-noise",
@@ -137,7 +138,7 @@ fn dp_only_flags_without_dp_are_refused_by_name() {
             "--noise-multiplier",
             "1",
             "--accountant",
-            "pld",
+            "rdp",
             "--secure-noise",
         ],
     ));
