@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing (scripts/setup.sh), then runs every test in
+# The whole test suite: installs what is missing (scripts/setup.sh), checks formatting and
+# clippy's lints (rustup's default profile installs both components), then runs every test in
 # release mode (the same build the main job uses) and the doctests, builds the documentation
 # with warnings as errors, then builds and runs tests/dependent-crate.
 # Extra arguments go to `cargo test`.
@@ -7,7 +8,12 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 source scripts/setup.sh
+# Formatting and lints first: they take a minute or two and fail fast. Every target (library,
+# binary, tests, examples, benches, the dependent crate) must be rustfmt's and clippy-clean.
+cargo fmt --all --check
 # shellcheck disable=SC2086 # the features are several words
+cargo clippy --release --workspace --all-targets $DPCOMP_CARGO_FEATURES -- -D warnings
+# shellcheck disable=SC2086
 cargo test --release $DPCOMP_CARGO_FEATURES "$@"
 # The crate documentation builds without a warning (broken intra-doc links, stray HTML).
 # Only dpcomp's library is documented (`-p dpcomp --lib --no-deps`), in the release profile the

@@ -63,7 +63,7 @@ fn the_ablation_options_leave_epsilon_unchanged() {
         let mut c = common::small_surnames(&root, 1, 512, 64);
         c.privacy.noise_multiplier = Some(0.8);
         edit(&mut c);
-        let mut t = Trainer::new(c, &work.path().join(name)).unwrap();
+        let mut t = Trainer::new(c, work.path().join(name)).unwrap();
         t.run().unwrap()
     };
     let plain = run("plain", &|_| {});

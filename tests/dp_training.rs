@@ -195,7 +195,7 @@ fn secure_noise_is_not_a_function_of_the_seed() {
     let batches = |secure: bool, name: &str| {
         let mut c = dp_config(&root, 1);
         c.privacy.secure_noise = secure;
-        let t = Trainer::new(c, &work.path().join(name)).unwrap();
+        let t = Trainer::new(c, work.path().join(name)).unwrap();
         let first = t.epoch_batches(0);
         assert!(first.len() > 10, "{} batches", first.len());
         first
@@ -674,7 +674,7 @@ fn poisson_steps_divide_by_the_expected_batch() {
     let trainer = |name: &str, edit: &dyn Fn(&mut TrainConfig)| {
         let mut c = dp_config(&root, 1);
         edit(&mut c);
-        Trainer::new(c, &work.path().join(name)).unwrap()
+        Trainer::new(c, work.path().join(name)).unwrap()
     };
     // 640 examples in batches of 32: 20 steps, q = 1/20, q N = 32.
     let poisson = trainer("poisson", &|_| {});

@@ -17,7 +17,7 @@ fn the_trainer_with_only_a_target_epsilon_calibrates_sigma_and_ends_at_the_targe
     let mut config = common::small_surnames(&root, 2, 512, 128);
     config.privacy.target_epsilon = Some(3.0);
     assert_eq!(config.privacy.noise_multiplier, None);
-    let mut trainer = Trainer::new(config.clone(), &work.path().join("run")).unwrap();
+    let mut trainer = Trainer::new(config.clone(), work.path().join("run")).unwrap();
     // 512 examples in batches of 32: 16 steps an epoch at q 1/16, 32 steps in all.
     assert_eq!(trainer.steps_per_epoch(), 16);
     let want = noise_multiplier_for(

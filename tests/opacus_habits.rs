@@ -140,7 +140,7 @@ fn a_mean_loss_clips_as_the_summed_loss_when_the_engine_is_told() {
     }
     // A mean loss given to an engine that expects the sum (the default) has per-sample
     // gradients 1/B of the examples' own: what the setting is for.
-    let _ = tch::manual_seed(0);
+    tch::manual_seed(0);
     let mut ctx = Ctx::private();
     let mut draws = Draws::new(54);
     let xs = draws.randn(&[8, 5], Kind::Float) * 3.0;

@@ -217,7 +217,7 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
     // Adam's momentum is its own: SGD's --momentum is refused beside it.
     let mut bad = config(1);
     bad.optimizer.momentum = 0.9;
-    let e = Trainer::new(bad, &work.path().join("bad"))
+    let e = Trainer::new(bad, work.path().join("bad"))
         .err()
         .expect("refused")
         .to_string();

@@ -114,7 +114,7 @@ fn a_run_of_ones_own_is_not_mistaken_for_a_built_in_task() {
     // A model handed to a built-in task's configuration, and a name that is a built-in task's.
     let model = Box::new(example::SequenceClassifier::new(0).unwrap());
     let builtin = TrainConfig::paper_defaults(dpcomp::Task::Surnames);
-    let err = Trainer::builder(&dir.path().join("b"))
+    let err = Trainer::builder(dir.path().join("b"))
         .config(builtin)
         .model(model, example::data())
         .build()
@@ -126,7 +126,7 @@ fn a_run_of_ones_own_is_not_mistaken_for_a_built_in_task() {
         "{err}"
     );
     let model = Box::new(example::SequenceClassifier::new(0).unwrap());
-    let err = Trainer::builder(&dir.path().join("c"))
+    let err = Trainer::builder(dir.path().join("c"))
         .config(TrainConfig::own("cifar10"))
         .model(model, example::data())
         .build()
@@ -146,7 +146,7 @@ fn limits_apply_to_data_of_ones_own() {
     config.data.limit_train = Some(100);
     config.data.limit_test = Some(30);
     let model = Box::new(example::SequenceClassifier::new(0).unwrap());
-    let trainer = Trainer::builder(&dir.path().join("run"))
+    let trainer = Trainer::builder(dir.path().join("run"))
         .config(config)
         .model(model, example::data())
         .build()

@@ -374,7 +374,7 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
         c
     };
     let run = |clipping: ClippingMode, name: &str| {
-        let mut t = Trainer::new(config(clipping), &work.path().join(name)).unwrap();
+        let mut t = Trainer::new(config(clipping), work.path().join(name)).unwrap();
         let summary = t.run().unwrap();
         let weights: Vec<Tensor> = t.params().iter().map(|(_, p)| p.copy()).collect();
         (summary, weights)
@@ -391,7 +391,7 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
     assert!(moved > 1e-6, "per-layer clipping changed nothing");
     let mut plain = config(ClippingMode::PerLayer);
     plain.privacy.noise_multiplier = None;
-    let e = Trainer::new(plain, &work.path().join("plain"))
+    let e = Trainer::new(plain, work.path().join("plain"))
         .err()
         .expect("refused")
         .to_string();
@@ -854,7 +854,7 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
     }
     assert_eq!(t.history()[1].clip_radius, history[1].clip_radius);
     assert_eq!(summary.epsilon, resumed.epsilon);
-    let mut t = Trainer::new(config(2, ClippingMode::Flat), &work.path().join("flat")).unwrap();
+    let mut t = Trainer::new(config(2, ClippingMode::Flat), work.path().join("flat")).unwrap();
     assert_eq!(t.run().unwrap().epsilon, summary.epsilon);
 }
 

@@ -409,7 +409,7 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
 
     config.privacy.noise_multiplier = Some(0.0);
     config.privacy.target_epsilon = Some(5.0);
-    let mut trainer = Trainer::new(config.clone(), &work.path().join("sigma0-target")).unwrap();
+    let mut trainer = Trainer::new(config.clone(), work.path().join("sigma0-target")).unwrap();
     let err = trainer.run().unwrap_err().to_string();
     assert!(
         err.starts_with("privacy.target_epsilon:") && err.contains("inf"),

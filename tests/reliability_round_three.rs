@@ -131,6 +131,13 @@ fn another_tools_checkpoint_survives_train() {
     assert_untouched(&w, &planted);
 }
 
+/// A folder given as `--out`: its name, the user's files (name, contents) and the one checked.
+type UserFolder = (
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    &'static str,
+);
+
 /// `config.json` + `metrics.jsonl` (what many tools write), and `metrics.jsonl` + a
 /// `checkpoint/pytorch_model.bin`: `fl --out` neither deletes the files nor removes the
 /// checkpoint folder.
@@ -140,7 +147,8 @@ fn a_users_logs_and_checkpoint_survive_fl() {
         return;
     };
     let root = tempfile::tempdir().unwrap();
-    let cases: [(&str, &[(&str, &str)], &str); 2] = [
+    // (folder, the user's files in it, the file whose survival is checked)
+    let cases: [UserFolder; 2] = [
         (
             "x",
             &[

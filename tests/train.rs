@@ -421,7 +421,7 @@ fn config_file_then_flags_then_errors() {
     // Missing data folder: the error names it and the way out.
     let mut c = surnames_config(Path::new("/nonexistent"), 1, None);
     c.data.data_dir = Some("/nonexistent".into());
-    let err = Trainer::new(c, &dir.path().join("other"))
+    let err = Trainer::new(c, dir.path().join("other"))
         .err()
         .unwrap()
         .to_string();

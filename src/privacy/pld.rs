@@ -422,7 +422,7 @@ fn inverse_fft(mut spectrum: Vec<Complex<f64>>, n: usize) -> Vec<f64> {
         .unwrap_or_else(|e| e.into_inner())
         .plan_fft_inverse(n);
     spectrum[0].im = 0.0;
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         spectrum[n / 2].im = 0.0;
     }
     let mut out = plan.make_output_vec();
@@ -1122,7 +1122,7 @@ mod tests {
     fn next_fast_len_is_the_smallest_even_five_smooth_length() {
         let smooth = |mut n: usize| {
             for p in [2, 3, 5] {
-                while n % p == 0 {
+                while n.is_multiple_of(p) {
                     n /= p;
                 }
             }
