@@ -22,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::grid::Experiment;
 use crate::privacy::audit::{AuditOutcome, Guesses};
 use crate::privacy::canary::{CanarySettings, Observe};
+use crate::results_table::MarkdownTable;
 use crate::train::audit::{audit_training, AuditReport, AuditSettings, CanaryKind};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -212,8 +213,8 @@ impl AuditExperiment {
             "flagged",
         ];
         let mut csv_rows = Vec::new();
-        let mut md = format!(
-            "# {} ({profile} profile)\n\n{}\n\nCanaries: {} ({observed}), each included with probability 1/2 (seed {}); {} \"included\" and {} \"excluded\" guesses; lower bound at {:.0}% confidence (Steinke, Nasr and Jagielski 2023) and the run's δ. \"At most\" is the bound had every guess been right: the audit's power. White box: the same run audited by an auditor who sees the weights after every step and by one who sees only the final weights (right guesses in brackets).\n\n| cell | compressor | σ | steps | accounted ε | audited ε (lower bound) | every step | final weights | at most | test accuracy | flagged |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+        let intro = format!(
+            "# {} ({profile} profile)\n\n{}\n\nCanaries: {} ({observed}), each included with probability 1/2 (seed {}); {} \"included\" and {} \"excluded\" guesses; lower bound at {:.0}% confidence (Steinke, Nasr and Jagielski 2023) and the run's δ. \"At most\" is the bound had every guess been right: the audit's power. White box: the same run audited by an auditor who sees the weights after every step and by one who sees only the final weights (right guesses in brackets).\n\n",
             self.grid.name,
             self.grid.description,
             s.canaries.canaries,
@@ -222,6 +223,19 @@ impl AuditExperiment {
             s.guesses.excluded,
             100.0 * (1.0 - s.beta),
         );
+        let mut table = MarkdownTable::new(&[
+            "cell",
+            "compressor",
+            "σ",
+            "steps",
+            "accounted ε",
+            "audited ε (lower bound)",
+            "every step",
+            "final weights",
+            "at most",
+            "test accuracy",
+            "flagged",
+        ]);
         for row in &rows {
             let r = &row.report;
             let o = &r.outcome;
@@ -254,30 +268,27 @@ impl AuditExperiment {
                 r.test_accuracy.to_string(),
                 r.flagged.to_string(),
             ]);
-            md.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.3} ({}/{}) | {} | {} | {:.3} | {:.2}% | {} |\n",
-                row.cell,
-                r.compressor,
-                r.noise_multiplier,
-                r.steps,
+            table.row(vec![
+                row.cell.clone(),
+                r.compressor.clone(),
+                r.noise_multiplier.to_string(),
+                r.steps.to_string(),
                 if r.accounted_epsilon.is_finite() {
                     format!("{:.3}", r.accounted_epsilon)
                 } else {
                     "∞".to_string()
                 },
-                o.epsilon_lower_bound,
-                o.correct,
-                o.guesses,
+                cell(Some(o)),
                 cell(every),
                 cell(last),
-                r.max_bound,
-                100.0 * r.test_accuracy,
-                if r.flagged { "**yes**" } else { "no" }
-            ));
+                format!("{:.3}", r.max_bound),
+                format!("{:.2}%", 100.0 * r.test_accuracy),
+                if r.flagged { "**yes**" } else { "no" }.to_string(),
+            ]);
         }
         crate::csv_table::write(&root.join("results.csv"), &header, &csv_rows)?;
         let path = root.join("results.md");
-        std::fs::write(&path, md).map_err(|e| Error::io(&path, e))?;
+        std::fs::write(&path, intro + &table.render()).map_err(|e| Error::io(&path, e))?;
         Ok(rows)
     }
 }

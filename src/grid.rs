@@ -31,6 +31,8 @@
 
 use crate::config::{TrainConfig, TrainOverrides};
 use crate::error::{Error, Result};
+pub use crate::results_table::mean_sd;
+use crate::results_table::MarkdownTable;
 use crate::train::metrics::Summary;
 use crate::train::{checkpoint, Trainer};
 use serde::Deserialize;
@@ -555,46 +557,59 @@ fn write_tables(root: &Path, experiment: &Experiment, profile: &str, rows: &[Row
         })
         .collect();
     crate::csv_table::write(&root.join("results.csv"), &header, &csv_rows)?;
-    let mut md = format!(
-        "# {} ({profile} profile)\n\n{}\n\nFinal accuracy = mean test accuracy of the last min(10, epochs) epochs; with several seeds, their mean ± sample standard deviation (n seeds). Upstream = what one worker sent over the run: exact wire bits / 10^9 (Gb), and the paper's unit (64 bits per transmitted element / 8 / 2^30, its \"Gb\"). Diverged = seeds whose training loss became NaN (epoch), included in the mean.\n\n| cell | task | σ | ε | compressor | upstream Gb | paper's Gb | final accuracy | seeds | diverged | epochs | wall per run |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        experiment.name, experiment.description
-    );
+    let mut table = MarkdownTable::new(&[
+        "cell",
+        "task",
+        "σ",
+        "ε",
+        "compressor",
+        "upstream Gb",
+        "paper's Gb",
+        "final accuracy",
+        "seeds",
+        "diverged",
+        "epochs",
+        "wall per run",
+    ]);
     for group in seed_groups(rows) {
         let r = group[0];
         let accuracy = mean_sd(&group.iter().map(|r| r.final_accuracy).collect::<Vec<_>>());
         let wall = group.iter().map(|r| r.wall_seconds).sum::<f64>() / group.len() as f64;
-        md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.4} | {:.4} | {} | {} | {} | {} | {:.0} s |\n",
+        let diverged: Vec<String> = group
+            .iter()
+            .filter_map(|r| {
+                r.diverged_at
+                    .map(|e| format!("seed {} (epoch {e})", r.seed))
+            })
+            .collect();
+        table.row(vec![
             without_seed(&r.cell),
-            r.task,
-            r.noise_multiplier,
+            r.task.clone(),
+            r.noise_multiplier.to_string(),
             r.epsilon.map_or("∞".to_string(), |e| format!("{e:.2}")),
-            r.compressor,
-            r.upstream_gigabits,
-            r.upstream_paper_gib,
+            r.compressor.clone(),
+            format!("{:.4}", r.upstream_gigabits),
+            format!("{:.4}", r.upstream_paper_gib),
             match accuracy.1 {
                 Some(sd) => format!("{:.2} ± {:.2}%", 100.0 * accuracy.0, 100.0 * sd),
                 None => format!("{:.2}%", 100.0 * accuracy.0),
             },
-            group.len(),
-            {
-                let diverged: Vec<String> = group
-                    .iter()
-                    .filter_map(|r| {
-                        r.diverged_at
-                            .map(|e| format!("seed {} (epoch {e})", r.seed))
-                    })
-                    .collect();
-                if diverged.is_empty() {
-                    "-".to_string()
-                } else {
-                    diverged.join(", ")
-                }
+            group.len().to_string(),
+            if diverged.is_empty() {
+                "-".to_string()
+            } else {
+                diverged.join(", ")
             },
-            r.epochs,
-            wall
-        ));
+            r.epochs.to_string(),
+            format!("{wall:.0} s"),
+        ]);
     }
+    let md = format!(
+        "# {} ({profile} profile)\n\n{}\n\nFinal accuracy = mean test accuracy of the last min(10, epochs) epochs; with several seeds, their mean ± sample standard deviation (n seeds). Upstream = what one worker sent over the run: exact wire bits / 10^9 (Gb), and the paper's unit (64 bits per transmitted element / 8 / 2^30, its \"Gb\"). Diverged = seeds whose training loss became NaN (epoch), included in the mean.\n\n{}",
+        experiment.name,
+        experiment.description,
+        table.render()
+    );
     let path = root.join("results.md");
     std::fs::write(&path, md).map_err(|e| Error::io(&path, e))
 }
@@ -618,17 +633,6 @@ pub(crate) fn seed_groups(rows: &[Row]) -> Vec<Vec<&Row>> {
         }
     }
     groups.into_iter().map(|(_, g)| g).collect()
-}
-
-/// Mean and, for two or more values, the sample standard deviation.
-pub fn mean_sd(values: &[f64]) -> (f64, Option<f64>) {
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    if values.len() < 2 {
-        return (mean, None);
-    }
-    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    (mean, Some(var.sqrt()))
 }
 
 /// What each cell will upload (`train::upload::estimate`), loading each task's data and model once.

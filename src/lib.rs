@@ -110,6 +110,7 @@ pub mod nn;
 pub mod plot;
 pub mod privacy;
 pub(crate) mod progress_bar;
+pub(crate) mod results_table;
 #[doc(hidden)]
 pub mod rng_state;
 pub(crate) mod run_folder;

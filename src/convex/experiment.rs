@@ -10,6 +10,7 @@
 use super::preprocess::{self, Preprocess, Scaling};
 use super::{run_seeds, Algorithm, Calibration, ConvexReport, ConvexSettings};
 use crate::error::{Error, Result};
+use crate::results_table::MarkdownTable;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -170,13 +171,6 @@ impl ConvexExperiment {
     }
 }
 
-fn mean_sd(values: &[f64]) -> (f64, f64) {
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
-    (mean, var.sqrt())
-}
-
 /// Runs every setting of `profile`, writes `results.{csv,md}` under `out_dir`, and returns the
 /// rows (`experiment::ExperimentFile::run` then draws the figures). `data_dir` is where `breast_cancer` is read from.
 pub fn run(
@@ -263,6 +257,12 @@ pub fn run(
     Ok(rows)
 }
 
+/// The mean and sample standard deviation, the deviation 0 for a single seed.
+fn mean_and_sd(values: &[f64]) -> (f64, f64) {
+    let (mean, sd) = crate::results_table::mean_sd(values);
+    (mean, sd.unwrap_or(0.0))
+}
+
 fn summarise(data: &str, loss: &str, epsilon: Option<f64>, reports: &[ConvexReport]) -> Row {
     let excess: Vec<f64> = reports.iter().map(|r| r.excess_empirical_risk).collect();
     let accuracy: Vec<f64> = reports.iter().map(|r| r.test_accuracy).collect();
@@ -273,14 +273,16 @@ fn summarise(data: &str, loss: &str, epsilon: Option<f64>, reports: &[ConvexRepo
         epsilon,
         seeds: reports.len(),
         infeasible: None,
-        excess_risk: mean_sd(&excess),
-        test_accuracy: mean_sd(&accuracy),
+        excess_risk: mean_and_sd(&excess),
+        test_accuracy: mean_and_sd(&accuracy),
         sigma: reports[0].sigma,
         steps: reports[0].steps,
     }
 }
 
-fn write_tables(
+/// Writes `results.{csv,md}` of `rows` under `out` (as `run` does; `read_rows` reads the CSV
+/// back, so the tables can be rewritten from a committed `results.csv`).
+pub fn write_tables(
     experiment: &ConvexExperiment,
     profile: &str,
     rows: &[Row],
@@ -296,10 +298,16 @@ fn write_tables(
         Preprocess::Public => "public: ln(max(x, 10⁻³)) per feature, no statistics, no privacy cost".to_string(),
         Preprocess::TrainStatistics => "train-statistics: standardised by the training rows' own mean and deviation, NOT covered by ε".to_string(),
     };
-    let mut md = format!(
-        "# {} ({profile} profile)\n\n{}\n\nPreprocessing of tabular data (generated data is not scaled): {preprocessing}.\n\nMean ± standard deviation over seeds; excess empirical risk against a 3,000-step full-batch solve on the same domain.\n\n| data | loss | algorithm | ε | T | σ | excess empirical risk | test accuracy |\n|---|---|---|---|---|---|---|---|\n",
-        experiment.name, experiment.description
-    );
+    let mut table = MarkdownTable::new(&[
+        "data",
+        "loss",
+        "algorithm",
+        "ε",
+        "T",
+        "σ",
+        "excess empirical risk",
+        "test accuracy",
+    ]);
     for r in rows {
         let eps = r.epsilon.map_or("-".to_string(), |e| e.to_string());
         let sigma = r.sigma.map_or(String::new(), |s| format!("{s:.4e}"));
@@ -329,12 +337,24 @@ fn write_tables(
                 ),
             )
         };
-        md.push_str(&format!(
-            "| {} | {} | {:?} | {eps} | {} | {sigma} | {risk} | {acc} |\n",
-            r.data, r.loss, r.algorithm, r.steps
-        ));
+        table.row(vec![
+            r.data.clone(),
+            r.loss.clone(),
+            format!("{:?}", r.algorithm),
+            eps,
+            r.steps.to_string(),
+            sigma,
+            risk,
+            acc,
+        ]);
     }
     crate::csv_table::write(&out.join("results.csv"), &HEADER, &csv_rows)?;
+    let md = format!(
+        "# {} ({profile} profile)\n\n{}\n\nPreprocessing of tabular data (generated data is not scaled): {preprocessing}.\n\nMean ± standard deviation over seeds; excess empirical risk against a 3,000-step full-batch solve on the same domain.\n\n{}",
+        experiment.name,
+        experiment.description,
+        table.render()
+    );
     let path = out.join("results.md");
     std::fs::write(&path, md).map_err(|e| Error::io(&path, e))
 }

@@ -21,6 +21,7 @@ use crate::compress::CompressorKind;
 use crate::config::{AccountantKind, CompressionSettings};
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};
+use crate::results_table::{mean_sd, MarkdownTable};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -753,12 +754,13 @@ pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
         })
         .collect();
     crate::csv_table::write(&out.join("results.csv"), &header, &rows)?;
-    let mut md = String::new();
-    let mut current = String::new();
+    // One table per dataset and privacy, in the order of their first cell; a binary task's
+    // table (its first cell's) has an AUROC column.
+    let mut sections: Vec<(String, MarkdownTable)> = Vec::new();
     for c in cells {
         let s = &c.summary;
         let binary = s.auroc_at_best.is_some();
-        let header = format!(
+        let heading = format!(
             "{} {}",
             c.dataset,
             if c.settings.privacy.is_some() {
@@ -767,40 +769,59 @@ pub fn write_results(cells: &[Cell], out: &Path) -> Result<()> {
                 "without DP"
             }
         );
-        if header != current {
-            current = header.clone();
-            md.push_str(&format!("\n### {header}\n\n"));
-            if binary {
-                md.push_str("| scheme | r | β | seed | best balanced accuracy | AUROC | round | ε there | chosen on validation: round, test, ε | cost (kB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        if sections.last().map(|(h, _)| h) != Some(&heading) {
+            let best = if binary {
+                &["best balanced accuracy", "AUROC"][..]
             } else {
-                md.push_str("| scheme | r | β | seed | best accuracy | round | ε there | chosen on validation: round, test, ε | cost (kB) | S | σ | ε |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-            }
+                &["best accuracy"][..]
+            };
+            let columns: Vec<&str> = ["scheme", "r", "β", "seed"]
+                .into_iter()
+                .chain(best.iter().copied())
+                .chain([
+                    "round",
+                    "ε there",
+                    "chosen on validation: round, test, ε",
+                    "cost (kB)",
+                    "S",
+                    "σ",
+                    "ε",
+                ])
+                .collect();
+            sections.push((heading, MarkdownTable::new(&columns)));
         }
         let dp = |v: Option<f64>, d: usize| v.map_or("-".to_string(), |v| format!("{v:.d$}"));
-        let auroc = if binary {
-            format!(" {} |", dp(s.auroc_at_best, 3))
-        } else {
-            String::new()
-        };
         let chosen = match (s.validation_round, s.test_at_validation_round) {
             (Some(r), Some(t)) => format!("{r}, {t:.4}, {}", dp(s.epsilon_at_validation_round, 3)),
             _ => "-".to_string(),
         };
-        md.push_str(&format!(
-            "| {} | {:.2} | {} | {} | {:.4} |{auroc} {} | {} | {chosen} | {:.2} | {} | {} | {} |\n",
-            s.scheme,
-            s.ratio,
-            c.settings.server_momentum,
-            c.settings.seed,
-            s.best,
-            s.best_round,
+        let mut row = vec![
+            s.scheme.clone(),
+            format!("{:.2}", s.ratio),
+            c.settings.server_momentum.to_string(),
+            c.settings.seed.to_string(),
+            format!("{:.4}", s.best),
+        ];
+        if binary {
+            row.push(dp(s.auroc_at_best, 3));
+        }
+        row.extend([
+            s.best_round.to_string(),
             dp(s.epsilon_at_best, 3),
-            s.cost_bits / 8e3,
+            chosen,
+            format!("{:.2}", s.cost_bits / 8e3),
             dp(s.clip, 4),
             dp(s.noise_multiplier, 3),
             dp(s.epsilon, 3),
-        ));
+        ]);
+        if let Some((_, table)) = sections.last_mut() {
+            table.row(row);
+        }
     }
+    let md: String = sections
+        .iter()
+        .map(|(heading, table)| format!("\n### {heading}\n\n{}", table.render()))
+        .collect();
     let md = format!("{}{}", seed_summary(cells), md);
     std::fs::write(out.join("results.md"), md.trim_start())
         .map_err(|e| Error::io(out.join("results.md"), e))
@@ -833,36 +854,46 @@ fn seed_summary(cells: &[Cell]) -> String {
     if groups.iter().all(|(_, members)| members.len() < 2) {
         return String::new();
     }
-    let shown = |values: Vec<f64>| match crate::grid::mean_sd(&values) {
+    let shown = |values: Vec<f64>| match mean_sd(&values) {
         (mean, Some(sd)) => format!("{mean:.4} ± {sd:.4}"),
         (mean, None) => format!("{mean:.4}"),
     };
-    let mut md = String::from(
-        "
-### Over seeds (mean ± sample standard deviation)
-
-| dataset | DP | scheme | r | β | σ | seeds | best over rounds | chosen on validation: test |
-|---|---|---|---|---|---|---|---|---|
-",
-    );
+    let mut table = MarkdownTable::new(&[
+        "dataset",
+        "DP",
+        "scheme",
+        "r",
+        "β",
+        "σ",
+        "seeds",
+        "best over rounds",
+        "chosen on validation: test",
+    ]);
     for ((dataset, dp, scheme, ratio, beta, sigma), members) in groups {
         let chosen: Vec<f64> = members
             .iter()
             .filter_map(|c| c.summary.test_at_validation_round)
             .collect();
-        md.push_str(&format!(
-            "| {dataset} | {} | {scheme} | {ratio} | {beta} | {sigma} | {} | {} | {} |\n",
-            if dp { "yes" } else { "no" },
-            members.len(),
+        table.row(vec![
+            dataset,
+            if dp { "yes" } else { "no" }.to_string(),
+            scheme,
+            ratio,
+            beta,
+            sigma,
+            members.len().to_string(),
             shown(members.iter().map(|c| c.summary.best).collect()),
             if chosen.len() == members.len() {
                 shown(chosen)
             } else {
                 "-".to_string()
             },
-        ));
+        ]);
     }
-    md
+    format!(
+        "\n### Over seeds (mean ± sample standard deviation)\n\n{}",
+        table.render()
+    )
 }
 
 #[cfg(test)]

@@ -555,7 +555,7 @@ pub fn plot_beside(
             return None;
         }
         let values: Vec<f64> = found.iter().map(|c| c.summary.final_accuracy).collect();
-        let (mean, sd) = crate::grid::mean_sd(&values);
+        let (mean, sd) = crate::results_table::mean_sd(&values);
         Some((100.0 * mean, 100.0 * sd.unwrap_or(0.0)))
     };
     let setting_colours: Vec<(String, RGBColor)> = settings

@@ -158,7 +158,7 @@ pub(crate) fn upload_figures(
                         .iter()
                         .map(|c| 100.0 * c.summary.final_accuracy)
                         .collect();
-                    let (accuracy, sd) = crate::grid::mean_sd(&accuracies);
+                    let (accuracy, sd) = crate::results_table::mean_sd(&accuracies);
                     Some(Point {
                         setting: i,
                         upload: runs[0].summary.upstream_paper_gib,
