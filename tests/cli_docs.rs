@@ -9,34 +9,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::process::Command;
 
-fn help(command: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_dpcomp"))
-        .args(command)
-        .arg("--help")
-        .output()
-        .expect("dpcomp runs");
-    assert!(
-        out.status.success(),
-        "`dpcomp {} --help` failed: {}",
-        command.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("help is UTF-8")
-}
-
-/// The subcommands a help text lists under "Commands:", without clap's `help`.
-fn subcommands(help: &str) -> Vec<String> {
-    help.lines()
-        .skip_while(|line| line.trim() != "Commands:")
-        .skip(1)
-        .take_while(|line| !line.trim().is_empty())
-        .filter_map(|line| line.split_whitespace().next())
-        .filter(|name| *name != "help")
-        .map(str::to_string)
-        .collect()
-}
+mod common;
+use common::{help, subcommands};
 
 /// Every `--flag` token in a text: two dashes, then a lower-case letter or digit, then letters,
 /// digits and dashes (so `-->` arrows and `--` alone are not flags).

@@ -9,6 +9,8 @@
 
 use std::path::{Path, PathBuf};
 
+mod common;
+
 /// The places whose text a user reads, relative to the repository root.
 const USER_TEXT: [&str; 5] = ["src", "docs/guide", "docs/results", "README.md", "examples"];
 
@@ -180,35 +182,8 @@ fn user_text_names_no_issue() {
 
 #[cfg(feature = "cli")]
 mod help {
+    use super::common::{help, subcommands};
     use super::references;
-    use std::process::Command;
-
-    fn help(command: &[String]) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_dpcomp"))
-            .args(command)
-            .arg("--help")
-            .output()
-            .expect("dpcomp runs");
-        assert!(
-            out.status.success(),
-            "`dpcomp {} --help` failed: {}",
-            command.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).expect("help is UTF-8")
-    }
-
-    /// The subcommands a help text lists under "Commands:", without clap's `help`.
-    fn subcommands(help: &str) -> Vec<String> {
-        help.lines()
-            .skip_while(|line| line.trim() != "Commands:")
-            .skip(1)
-            .take_while(|line| !line.trim().is_empty())
-            .filter_map(|line| line.split_whitespace().next())
-            .filter(|name| *name != "help")
-            .map(str::to_string)
-            .collect()
-    }
 
     #[test]
     fn no_help_text_names_an_issue() {
@@ -216,7 +191,8 @@ mod help {
         let mut commands = 0;
         let mut found = Vec::new();
         while let Some(command) = pending.pop() {
-            let text = help(&command);
+            let args: Vec<&str> = command.iter().map(String::as_str).collect();
+            let text = help(&args);
             commands += 1;
             let shown = format!("dpcomp {} --help", command.join(" ")).replace("  ", " ");
             for (line, what, text) in references(&text) {

@@ -233,3 +233,31 @@ pub fn small_surnames(
     c.device = dpcomp::config::DeviceChoice::Cpu;
     c
 }
+
+/// `dpcomp <command> --help`'s text (the test fails naming the command if it does not run).
+pub fn help(command: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))
+        .args(command)
+        .arg("--help")
+        .output()
+        .expect("dpcomp runs");
+    assert!(
+        out.status.success(),
+        "`dpcomp {} --help` failed: {}",
+        command.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// The subcommands a help text lists under "Commands:", without clap's `help`.
+pub fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|line| line.trim() != "Commands:")
+        .skip(1)
+        .take_while(|line| !line.trim().is_empty())
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_string)
+        .collect()
+}
