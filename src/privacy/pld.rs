@@ -557,15 +557,15 @@ impl DiscretePld {
     /// lies at most `tail` (P(±S >= s) <= exp(T log M(±λ) − λ s)), minimised over λ
     /// (`minimise_over_lambda`; any λ gives a valid bound, the search only tightens it). The
     /// search starts at the Gaussian optimum λ* = sqrt(2 log(1/tail) / (T Var)).
+    /// `variance` is the distribution's (`finite_variance`, computed once per window).
     fn chernoff_bound(
-        &self,
         steps: u64,
+        variance: f64,
         tail: f64,
         sign: f64,
         log_mgf: impl Fn(f64) -> f64,
     ) -> f64 {
         let t = steps as f64;
-        let variance = self.finite_variance();
         let start = if variance > 0.0 {
             (2.0 * -tail.ln() / (t * variance)).sqrt()
         } else {
@@ -592,6 +592,7 @@ impl DiscretePld {
         let t = steps as f64;
         let h = self.interval;
         let points = self.log_masses();
+        let variance = self.finite_variance();
         let tilted = |l: f64| log_mgf_of(&points, l);
         // log E[exp(ν Y)] of the untilted distribution's finite part.
         let untilted = |nu: f64| self.log_scale + log_mgf_of(&points, nu - self.tilt);
@@ -599,20 +600,24 @@ impl DiscretePld {
         let max_k = (self.k_lo + self.pmf.len() as i64 - 1) as f64 * t;
         let grid_up = |y: f64| (y / h).ceil().clamp(min_k, max_k);
         let grid_down = |y: f64| (y / h).floor().clamp(min_k, max_k);
-        let k_hi = grid_up(self.chernoff_bound(steps, tail, 1.0, untilted));
+        let k_hi = grid_up(Self::chernoff_bound(steps, variance, tail, 1.0, untilted));
         // Below `read_from` nothing is read, so its tail bound is not needed (a window that
         // starts lower than the mass does only costs length).
         let lowest = match read_from {
             Some(y) => y - h,
-            None => self.chernoff_bound(steps, tail, -1.0, untilted),
+            None => Self::chernoff_bound(steps, variance, tail, -1.0, untilted),
         };
         let k_lo = grid_down(lowest).min(k_hi);
-        let tilted_hi = grid_up(self.chernoff_bound(steps, TAIL_MASS, 1.0, tilted));
+        let tilted_hi = grid_up(Self::chernoff_bound(
+            steps, variance, TAIL_MASS, 1.0, tilted,
+        ));
         let mut reach = (tilted_hi - k_lo).max(k_hi - k_lo);
         // The lower tail folds into the window only if n is shorter than k_hi minus the
         // support's lowest point; its bound is needed only then.
         if k_hi - min_k > reach {
-            let tilted_lo = grid_down(self.chernoff_bound(steps, TAIL_MASS, -1.0, tilted));
+            let tilted_lo = grid_down(Self::chernoff_bound(
+                steps, variance, TAIL_MASS, -1.0, tilted,
+            ));
             reach = reach.max(k_hi - tilted_lo);
         }
         let reach = reach + 1.0;
