@@ -25,3 +25,5 @@ for scheme in std cs rnd; do
       --rounds 100 --audit-canaries 500 --out "$dir" > "$dir/stdout.txt" 2>&1
   done
 done
+# Finished runs' logs are committed packed (metrics.jsonl.gz), as `dpcomp grid` leaves them.
+"$DPCOMP" pack experiments/runs/audit_fl

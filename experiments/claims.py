@@ -2,7 +2,8 @@
 """The numbers behind the README's verdict table for the compression paper.
 
 Reads the committed logs of the full-profile grids under experiments/runs/ (summary.json,
-metrics.jsonl, grad_error.jsonl, config.toml of every finished cell) and prints, per claim of
+metrics.jsonl, grad_error.jsonl, config.toml of every finished cell; a log is read from its
+packed form metrics.jsonl.gz when the plain file is not there) and prints, per claim of
 Lin, "On the Interaction Between Differential Privacy and Gradient Compression in Deep
 Learning" (2022), our measurement: mean and sample standard
 deviation over seeds, and for a difference its standard error sqrt(sd1^2/n1 + sd2^2/n2). A
@@ -14,6 +15,7 @@ Standard library only (tomllib: Python 3.11 or later).
 """
 
 import argparse
+import gzip
 import json
 import math
 import statistics
@@ -35,6 +37,19 @@ def flat_config(path):
     return flat
 
 
+def read_log(path):
+    """The rows of a run's log: `path` (X.jsonl), or else its packed form X.jsonl.gz, as dpcomp
+    reads it; none when neither exists."""
+    packed = path.with_name(path.name + ".gz")
+    if path.is_file():
+        text = path.read_text()
+    elif packed.is_file():
+        text = gzip.decompress(packed.read_bytes()).decode()
+    else:
+        return []
+    return [json.loads(l) for l in text.splitlines() if l.strip()]
+
+
 def read_cells(root):
     """Every finished cell below root (a grid's profile folder) as a dict."""
     cells = []
@@ -45,10 +60,8 @@ def read_cells(root):
         if not summary.is_file():
             continue
         config = flat_config(d / "config.toml")
-        metrics = [json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines() if l.strip()]
-        errors = []
-        if (d / "grad_error.jsonl").is_file():
-            errors = [json.loads(l) for l in (d / "grad_error.jsonl").read_text().splitlines() if l.strip()]
+        metrics = read_log(d / "metrics.jsonl")
+        errors = read_log(d / "grad_error.jsonl")
         s = json.loads(summary.read_text())
         cells.append(
             {

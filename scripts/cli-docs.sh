@@ -11,7 +11,7 @@ commands=(
     ""
     train audit eval
     data "data fetch"
-    grid plot epsilon convex fl
+    grid pack plot epsilon convex fl
     analyze "analyze gradient-error" "analyze clipping" "analyze fl-sparsity"
     bench "bench train" "bench dp" "bench compress" "bench comm" "bench fl-reconstruction"
     check-device check-comm
@@ -23,7 +23,8 @@ declare -A intro=(
     [eval]="Reports the test accuracy of a run's checkpoint (the checkpoint's checksums are verified first)."
     [data]="Dataset management; its one subcommand downloads the official archives. See [install.md](install.md#data)."
     ["data fetch"]="Downloads one dataset's official archive into the data folder, checks its SHA-256 and unpacks it."
-    [grid]="Runs every cell of an experiment file (training, \`kind = \"convex\"\`, \`kind = \"fl\"\` or \`kind = \"audit\"\`), skipping finished cells and resuming interrupted ones, then writes the results tables."
+    [grid]="Runs every cell of an experiment file (training, \`kind = \"convex\"\`, \`kind = \"fl\"\` or \`kind = \"audit\"\`), skipping finished cells and resuming interrupted ones, packs the logs of the finished cells, then writes the results tables. See [experiments.md](experiments.md)."
+    [pack]="Packs the logs of finished runs (\`metrics.jsonl.gz\`, \`grad_error.jsonl.gz\`), which every command reads as the plain logs. See [experiments.md](experiments.md#packed-logs)."
     [plot]="Draws the figures (PNG and SVG) of a grid's runs from their logs, or of a clipping sweep."
     [epsilon]="The accountant on its own: ε for a sampling rate, noise multiplier, step count and δ, or the σ that reaches a target ε. See [privacy.md](privacy.md#accountants)."
     [convex]="DP-SGD for convex (possibly non-smooth) losses on tabular data: output perturbation, gradient perturbation, or the non-private baseline. See [convex.md](convex.md)."

@@ -28,6 +28,8 @@
 //! A cell's settings are `base`, then the profile, then its grid values (later wins), resolved
 //! like `dpcomp train --config` (paper defaults first). Runs go to
 //! `<runs>/<name>/<profile>/<cell>/`, the table to `<runs>/<name>/<profile>/results.{csv,md}`.
+//! A cell that finishes has its logs packed (`metrics.jsonl.gz`, `grad_error.jsonl.gz`:
+//! `run_log`), which every reader of the cell reads as before.
 
 use crate::config::{TrainConfig, TrainOverrides};
 use crate::error::{Error, Result};
@@ -363,9 +365,9 @@ pub enum CellState {
 }
 
 /// Where the cell in `dir` stands. A finished cell may have been committed without its
-/// checkpoint (`experiments/runs/` keeps `config.toml`, `metrics.jsonl`, `summary.json` and
-/// `grad_error.jsonl` of finished cells, so grids resume across machines): a summary that
-/// covers every epoch of a matching configuration is finished too.
+/// checkpoint (`experiments/runs/` keeps `config.toml`, `summary.json` and the packed logs
+/// `metrics.jsonl.gz` and `grad_error.jsonl.gz` of finished cells, so grids resume across
+/// machines): a summary that covers every epoch of a matching configuration is finished too.
 pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
     let found = checkpoint::find(dir);
     if found.is_none() && !dir.join("summary.json").is_file() {
@@ -466,6 +468,9 @@ pub fn run(
         }
         crate::analysis::probe::GradientErrorProbe::install(&mut trainer);
         trainer.run()?;
+        // The finished cell's logs are packed once its lock is released with the trainer.
+        drop(trainer);
+        crate::run_log::pack_run(&dir)?;
     }
     write_results(experiment, profile, runs_root)?;
     collect(&root, &cells)

@@ -116,6 +116,7 @@ pub mod rng_state;
 pub(crate) mod run_folder;
 #[doc(hidden)]
 pub mod run_lock;
+pub mod run_log;
 #[doc(hidden)]
 pub mod tasks;
 pub mod train;

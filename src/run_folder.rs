@@ -20,9 +20,9 @@ use std::path::{Path, PathBuf};
 pub const MARKER: &str = ".dpcomp-run";
 
 /// Every name a dpcomp run writes into its folder: the configuration (`config.toml`; federated
-/// runs of older versions wrote `config.json`, still read and replaced), the logs, the
-/// checkpoint's three folders, the lock and the marker.
-pub const RUN_FILES: [&str; 13] = [
+/// runs of older versions wrote `config.json`, still read and replaced), the logs and their
+/// packed forms (`run_log`), the checkpoint's three folders, the lock and the marker.
+pub const RUN_FILES: [&str; 15] = [
     MARKER,
     crate::run_lock::LOCK_FILE,
     "config.toml",
@@ -33,6 +33,8 @@ pub const RUN_FILES: [&str; 13] = [
     "summary.json",
     "audit.json",
     "grad_error.jsonl",
+    "metrics.jsonl.gz",
+    "grad_error.jsonl.gz",
     "checkpoint",
     "checkpoint.tmp",
     "checkpoint.old",
@@ -40,9 +42,10 @@ pub const RUN_FILES: [&str; 13] = [
 
 /// Names that show a folder holds a run (with or without the marker): a folder of run files
 /// holding none of these (a lone `config.toml`) is not taken for a run.
-const RUN_EVIDENCE: [&str; 6] = [
+const RUN_EVIDENCE: [&str; 7] = [
     MARKER,
     "metrics.jsonl",
+    "metrics.jsonl.gz",
     "summary.json",
     "checkpoint",
     "checkpoint.old",
@@ -72,8 +75,9 @@ fn is_federated_audit(text: &str) -> std::result::Result<(), String> {
 
 /// Whether the file or folder `name` in a folder without the marker is what dpcomp writes under
 /// that name: `Ok(())`, or why not (shown in the refusal). Only such files may be replaced or
-/// removed by a fresh start, `clear` or a checkpoint's save.
-fn is_dpcomp_file(dir: &Path, name: &str) -> std::result::Result<(), String> {
+/// removed by a fresh start, `clear` or a checkpoint's save, or packed (`run_log`). A packed
+/// log (`metrics.jsonl.gz`) is judged by its decompressed text, as the plain log.
+pub(crate) fn is_dpcomp_file(dir: &Path, name: &str) -> std::result::Result<(), String> {
     let path = dir.join(name);
     if name == crate::run_lock::LOCK_FILE {
         // A lock file left by a killed run: empty, or its owner's line (`run_lock`).
@@ -93,7 +97,20 @@ fn is_dpcomp_file(dir: &Path, name: &str) -> std::result::Result<(), String> {
     if !path.is_file() {
         return Err("not a file".to_string());
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("unreadable ({e})"))?;
+    let packed_log = name
+        .strip_suffix(crate::run_log::PACKED_SUFFIX)
+        .filter(|plain| crate::run_log::LOGS.contains(plain));
+    let (name, text) = match packed_log {
+        Some(plain) => match crate::run_log::read_packed(&path) {
+            Ok(Some(text)) => (plain, text),
+            Ok(None) => return Err("not a file".to_string()),
+            Err(e) => return Err(format!("not a dpcomp packed log ({e})")),
+        },
+        None => (
+            name,
+            std::fs::read_to_string(&path).map_err(|e| format!("unreadable ({e})"))?,
+        ),
+    };
     let rows = || text.lines().filter(|l| !l.trim().is_empty());
     // Every row parses as one of `T`; the last may be cut short by a kill or a full disk.
     fn all_rows<'a, T: serde::de::DeserializeOwned>(
@@ -193,7 +210,8 @@ fn is_run_file(name: &str) -> bool {
 
 /// Replaces the file `path` with `contents` all at once: written to a temporary file beside it,
 /// synced, then renamed over it, so that a kill or a full disk leaves the old file or the new
-/// one, never a half of either.
+/// one, never a half of either. When `path` is a run's log (`run_log::LOGS`), its packed copy
+/// beside it is removed once the plain file is in place: the plain file is the log from then on.
 pub fn replace(path: &Path, contents: &[u8]) -> Result<()> {
     let name = path
         .file_name()
@@ -209,7 +227,17 @@ pub fn replace(path: &Path, contents: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         return Err(Error::io(&tmp, e));
     }
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))?;
+    if crate::run_log::is_log(path) {
+        let packed = crate::run_log::packed_path(path);
+        match std::fs::remove_file(&packed) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io(&packed, e))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Appends `line` and a newline to the log at `path` (created if missing) in one write; when
@@ -310,7 +338,8 @@ pub struct FreshStart {
 
 impl FreshStart {
     /// Marks `dir` (which `check_fresh` accepted; `created_dir` when this start made it) and
-    /// removes the logs `stale` an earlier start of a dpcomp run left there.
+    /// removes the logs `stale` an earlier start of a dpcomp run left there (a log in its plain
+    /// and its packed form, `run_log`).
     pub fn claim(dir: &Path, created_dir: bool, stale: &[&str]) -> Result<FreshStart> {
         let mut start = FreshStart {
             dir: dir.to_path_buf(),
@@ -333,10 +362,17 @@ impl FreshStart {
         for name in stale {
             debug_assert!(RUN_FILES.contains(name), "{name} is not a run file");
             let path = dir.join(name);
-            if path.is_file() {
-                if let Err(e) = std::fs::remove_file(&path) {
-                    start.undo();
-                    return Err(Error::io(&path, e));
+            let packed = crate::run_log::packed_path(&path);
+            let forms = match crate::run_log::is_log(&path) {
+                true => vec![path, packed],
+                false => vec![path],
+            };
+            for path in forms {
+                if path.is_file() {
+                    if let Err(e) = std::fs::remove_file(&path) {
+                        start.undo();
+                        return Err(Error::io(&path, e));
+                    }
                 }
             }
         }
@@ -450,6 +486,36 @@ mod tests {
         start.undo();
         assert!(!dir.path().join(MARKER).exists());
         assert!(dir.path().join("config.toml").exists());
+    }
+
+    /// A packed log counts as dpcomp's when its text does; a replace or a fresh start takes
+    /// both forms of a log into account.
+    #[test]
+    fn packed_logs_are_judged_by_their_rows() {
+        let row = "{\"epoch\":1,\"steps\":4,\"train_loss\":0.7,\"train_accuracy\":0.5,\"test_loss\":0.7,\"test_accuracy\":0.5,\"examples_per_second\":9.0,\"epoch_seconds\":1.0,\"wall_seconds\":1.0}\n";
+        let gz = |text: &str| {
+            use flate2::write::GzEncoder;
+            let mut encoder = GzEncoder::new(Vec::new(), flate2::Compression::default());
+            encoder.write_all(text.as_bytes()).unwrap();
+            encoder.finish().unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let packed = dir.path().join("metrics.jsonl.gz");
+        std::fs::write(&packed, gz(row)).unwrap();
+        assert!(check_fresh(dir.path()).unwrap());
+        std::fs::write(&packed, gz("{\"loss\": 1.0}\n")).unwrap();
+        let error = check_fresh(dir.path()).unwrap_err().to_string();
+        assert!(error.contains("metrics.jsonl.gz"), "{error}");
+        std::fs::write(&packed, "not gzip").unwrap();
+        assert!(check_fresh(dir.path()).is_err());
+        // Replacing the plain log drops the packed copy; a fresh start removes either form.
+        std::fs::write(&packed, gz(row)).unwrap();
+        replace(&dir.path().join("metrics.jsonl"), row.as_bytes()).unwrap();
+        assert!(!packed.exists());
+        std::fs::write(&packed, gz(row)).unwrap();
+        let start = FreshStart::claim(dir.path(), false, &["metrics.jsonl"]).unwrap();
+        assert!(!packed.exists() && !dir.path().join("metrics.jsonl").exists());
+        drop(start);
     }
 
     #[test]

@@ -287,30 +287,22 @@ pub fn measure(
     })
 }
 
-/// Appends `record` to `<run>/grad_error.jsonl`.
+/// Appends `record` to `<run>/grad_error.jsonl` (`run_log::append_line`, which unpacks a
+/// packed log first).
 pub fn append(run_dir: &Path, record: &GradientErrorRecord) -> Result<()> {
     let path = run_dir.join(FILE);
     let line = serde_json::to_string(record).expect("record serialises");
-    crate::run_folder::append_line(&path, &line)
+    crate::run_log::append_line(&path, &line)
 }
 
-/// The records of `<run>/grad_error.jsonl` (none when the file does not exist).
+/// The records of `<run>/grad_error.jsonl`, or of its packed form `grad_error.jsonl.gz`
+/// (`run_log`; none when neither exists).
 pub fn read(run_dir: &Path) -> Result<Vec<GradientErrorRecord>> {
-    let path = run_dir.join(FILE);
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        return Ok(Vec::new());
-    };
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| Error::bad_file(&path, format!("line {}: {e}", i + 1)))
-        })
-        .collect()
+    Ok(crate::run_log::read_rows(&run_dir.join(FILE), usize::MAX)?.unwrap_or_default())
 }
 
-/// Replaces `<run>/grad_error.jsonl` with `records`.
+/// Replaces `<run>/grad_error.jsonl` with `records` (and drops a packed copy,
+/// `run_folder::replace`).
 pub fn write(run_dir: &Path, records: &[GradientErrorRecord]) -> Result<()> {
     let path = run_dir.join(FILE);
     let text: String = records
@@ -322,11 +314,8 @@ pub fn write(run_dir: &Path, records: &[GradientErrorRecord]) -> Result<()> {
 
 /// Keeps only the records of epochs <= `epochs_done` (a resumed run measures later ones again).
 pub fn truncate(run_dir: &Path, epochs_done: usize) -> Result<()> {
-    let path = run_dir.join(FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(Error::io(&path, e)),
+    let Some((path, text)) = crate::run_log::read_text(&run_dir.join(FILE))? else {
+        return Ok(());
     };
     // A last line cut short (a full disk during its append) belongs to an epoch after the
     // checkpoint: it is dropped with the other records measured after it.

@@ -1,5 +1,6 @@
-//! `metrics.jsonl`: one JSON object per epoch; `upstream.csv`: the wire bits of every step;
-//! `summary.json` at the end of a run.
+//! `metrics.jsonl`: one JSON object per epoch (packed as `metrics.jsonl.gz` once the run has
+//! finished, `run_log`); `upstream.csv`: the wire bits of every step; `summary.json` at the end
+//! of a run.
 
 use crate::error::{Error, Result};
 use crate::json_floats::{epsilon_json, nan_if_null};
@@ -147,14 +148,15 @@ pub fn final_accuracy(history: &[EpochMetrics]) -> f64 {
     tail.iter().map(|m| m.test_accuracy).sum::<f64>() / tail.len() as f64
 }
 
-/// Appends one epoch's row to `metrics.jsonl`, whole or not at all (`run_folder::append_line`).
+/// Appends one epoch's row to `metrics.jsonl`, whole or not at all (`run_log::append_line`,
+/// which unpacks a packed log first).
 pub fn append(path: &Path, metrics: &EpochMetrics) -> Result<()> {
     let line = serde_json::to_string(metrics).expect("metrics serialise");
-    crate::run_folder::append_line(path, &line)
+    crate::run_log::append_line(path, &line)
 }
 
-/// Every epoch row of `metrics.jsonl` (none when the file does not exist); reads only, so it is
-/// safe on a log another process is appending to.
+/// Every epoch row of `metrics.jsonl`, or of its packed form `metrics.jsonl.gz` (none when
+/// neither exists); reads only, so it is safe on a log another process is appending to.
 pub fn read(path: &Path) -> Result<Vec<EpochMetrics>> {
     read_first(path, usize::MAX)
 }
@@ -162,7 +164,8 @@ pub fn read(path: &Path) -> Result<Vec<EpochMetrics>> {
 /// Reads the first `epochs_done` rows and replaces the file with only those (atomically,
 /// `run_folder::replace`), dropping what a killed run wrote after its last checkpoint: rows of
 /// later epochs, or a last row cut short when the disk filled up, which would otherwise make the
-/// run unresumable for good. For `resume`, which holds the run's lock.
+/// run unresumable for good. A packed log is read and written back plain. For `resume`, which
+/// holds the run's lock.
 pub fn read_and_truncate(path: &Path, epochs_done: usize) -> Result<Vec<EpochMetrics>> {
     let history = read_first(path, epochs_done)?;
     let mut out = String::new();
@@ -174,23 +177,11 @@ pub fn read_and_truncate(path: &Path, epochs_done: usize) -> Result<Vec<EpochMet
     Ok(history)
 }
 
-/// The first `epochs` rows of `metrics.jsonl` (fewer when it has fewer); what follows them is
-/// not read (see `read_and_truncate`).
+/// The first `epochs` rows of `metrics.jsonl` or `metrics.jsonl.gz` (`run_log::read_rows`;
+/// fewer when it has fewer, none when neither exists); what follows them is not read (see
+/// `read_and_truncate`).
 pub fn read_first(path: &Path, epochs: usize) -> Result<Vec<EpochMetrics>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(Error::io(path, e)),
-    };
-    text.lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-        .take(epochs)
-        .map(|(i, line)| {
-            serde_json::from_str(line)
-                .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
-        })
-        .collect()
+    Ok(crate::run_log::read_rows(path, epochs)?.unwrap_or_default())
 }
 
 /// One step's row of `upstream.csv`: step, epoch, exact wire bits, bits in the paper's unit.

@@ -2,8 +2,8 @@
 //! code live in one file of `commands/`.
 
 use crate::commands::{
-    analyze, audit, bench, check_comm, check_device, convex, data, epsilon, eval, fl, grid, plot,
-    train,
+    analyze, audit, bench, check_comm, check_device, convex, data, epsilon, eval, fl, grid, pack,
+    plot, train,
 };
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -38,8 +38,15 @@ pub enum Command {
         command: data::DataCommand,
     },
     /// Run every cell of an experiment file (skipping finished cells, resuming interrupted
-    /// ones) and write its results table.
+    /// ones), pack the logs of the finished ones (see `dpcomp pack`) and write its results table.
     Grid(grid::GridArgs),
+    /// Pack the logs of every finished run below the folders: metrics.jsonl and grad_error.jsonl
+    /// become metrics.jsonl.gz and grad_error.jsonl.gz, which every command reads as before.
+    ///
+    /// A finished run holds summary.json; runs still training (their folder locked) or
+    /// interrupted are left as they are, and a resumed run unpacks its logs before it appends.
+    /// `dpcomp grid` packs each cell it finishes on its own.
+    Pack(pack::PackArgs),
     /// The paper's figures (PNG and SVG) from the runs of one grid: runs/<experiment>/<profile>.
     Plot(plot::PlotArgs),
     /// Privacy budget of DP-SGD: epsilon for (q, sigma, steps, delta), or the sigma for a target
@@ -79,6 +86,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Eval(args) => eval::run(args),
         Command::Data { command } => data::run(command),
         Command::Grid(args) => grid::run(args),
+        Command::Pack(args) => pack::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Epsilon(args) => epsilon::run(args),
         Command::Convex(args) => convex::run(args),

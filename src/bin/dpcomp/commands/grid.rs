@@ -1,4 +1,5 @@
-//! `dpcomp grid`: every cell of an experiment file (training, convex or federated), resumable.
+//! `dpcomp grid`: every cell of an experiment file (training, convex or federated), resumable;
+//! the logs of the cells that have finished are packed (`dpcomp::run_log`).
 
 use anyhow::{Context, Result};
 use dpcomp::experiment::ExperimentFile;
@@ -54,7 +55,13 @@ pub fn run(args: GridArgs) -> Result<()> {
     let outcome = if args.tables_only {
         experiment.write_tables(&args.profile, &args.runs)?
     } else {
-        experiment.run(&args.profile, &only, &args.runs, None, true)?
+        let outcome = experiment.run(&args.profile, &only, &args.runs, None, true)?;
+        // Training cells are packed as each finishes; federated and audit cells here.
+        let packed = dpcomp::run_log::pack_below(&outcome.folder)?;
+        for (dir, owner) in &packed.in_use {
+            log::info!("{}: in use ({owner}), its logs not packed", dir.display());
+        }
+        outcome
     };
     if let Some(dir) = &args.results_dir {
         experiment

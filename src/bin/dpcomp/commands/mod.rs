@@ -11,6 +11,7 @@ pub mod epsilon;
 pub mod eval;
 pub mod fl;
 pub mod grid;
+pub mod pack;
 pub mod plot;
 pub mod train;
 
