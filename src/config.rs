@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// The paper's four tasks (Lin 2022).
@@ -389,43 +390,429 @@ settings_section! {
     }
 }
 
-settings_section! {
-    /// The gradient compressor, applied after clipping and noise (`[compression]`).
-    CompressionSettings, overrides CompressionOverrides, section "compression", heading "Compression" {
-        /// Gradient compressor [default: identity].
-        kind / compressor: crate::compress::CompressorKind =
-            crate::compress::CompressorKind::Identity, arg(long, value_enum);
-        /// DGC/Denoise and the sketches: dense fp32 bits / message bits (the paper: 1, 16, 256)
-        /// [default: 1].
-        rate / rate: f64 = 1.0, arg(long);
-        /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
-        rank / rank: i64 = 1, arg(long);
-        /// Compressor setting key=value, repeatable; a key the compressor does not read is an
-        /// error. dgc: value_bits (9-32), index_bits (32|min), momentum, masking, warmup_epochs,
-        /// warmup (paper|reference), topk (auto|sampled|exact), sample_ratio, scope
-        /// (layer|model), budget (bits|elements), dense_vectors, error_feedback (true|false),
-        /// residual_decay (0-1). powersgd: shape (square|rows), min_rate, epsilon, warm_start,
-        /// seed, error_feedback, residual_decay. denoise: beta, decay, scope, value_bits,
-        /// index_bits, topk, sample_ratio, clip, budget. fl-rnd: seed, error_feedback. fl-freq:
-        /// chunks. fl-cs: chunks, rows, seed, lambda, iterations, error_feedback. qsgd: levels,
-        /// bucket, encoding (fixed|elias). randomk: seed, unbiased, error_feedback. threshold:
-        /// threshold, value_bits, index_bits, error_feedback. int8: stochastic. The others take
-        /// none.
-        options / compressor_options: Vec<String> = Vec::new(),
-            arg(long = "compressor-option", value_name = "KEY=VALUE");
-        /// With one worker, send every step's message through its bytes as a remote worker's
-        /// would go (a copy to the host and back), to check the wire format in a real run.
-        /// Off, the receiver decodes the message itself and the bits are the bytes' exact
-        /// length computed from the payloads' sizes (`compress::wire::encoded_len`): the same
-        /// update bit for bit and the same count, without the copies. [default: false]
-        verify_wire / verify_wire: bool = false,
-            arg(long, num_args = 0..=1, default_missing_value = "true");
+/// `[compression]`: the gradient compressor, applied after clipping and noise, as its `kind` and
+/// settings side by side (`compress::settings`: `kind = "dgc"`, `rate = 256.0`, `budget =
+/// "elements"`), and two settings of the step around it, `clip_noised` and `verify_wire`. Those
+/// two are not the compressor's (the compressor is the same with and without them) but belong
+/// with it: they are read where its message is formed and checked, and no compressor has a key
+/// of their names, so they sit in the same table.
+///
+/// A run's `config.toml` writes the compressor's settings that differ from their defaults and
+/// those the configuration gave (`given`). Tables written before the compressor had its own
+/// form give `rate`, `rank` and `options = ["key=value", ...]` for every kind; they read as the
+/// same compressor (`from_table`).
+///
+/// ```
+/// use dpcomp::compress::{encoding::Budget, Compressor, Dgc};
+/// use dpcomp::config::CompressionSettings;
+/// let old: CompressionSettings = toml::from_str(
+///     "kind = \"dgc\"\nrate = 256.0\nrank = 1\noptions = [\"budget=elements\"]\nverify_wire = false",
+/// )?;
+/// let new: CompressionSettings = toml::from_str("kind = \"dgc\"\nrate = 256.0\nbudget = \"elements\"")?;
+/// assert_eq!(old, new);
+/// assert_eq!(new.compressor, Compressor::Dgc(Dgc { rate: 256.0, budget: Budget::Elements, ..Default::default() }));
+/// assert_eq!(new.label(), "dgc x256 (budget=elements)");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct CompressionSettings {
+    /// The compressor and its settings [default: identity].
+    pub compressor: crate::compress::Compressor,
+    /// Clip the (under DP: privatised) update's global L2 norm to this before the compressor,
+    /// for every compressor including identity: the compression paper's "second clipping".
+    /// Post-processing: ε does not change. One worker only.
+    pub clip_noised: Option<f64>,
+    /// With one worker, send every step's message through its bytes as a remote worker's would
+    /// go (a copy to the host and back), to check the wire format in a real run.
+    pub verify_wire: bool,
+    /// The compressor's settings as the configuration gave them (`compressor` is what they
+    /// read as): the label shows them, and `config.toml` writes them, as given, even where they
+    /// equal their defaults ("dgc x256 (budget=bits)"). Not part of the settings' equality: two
+    /// tables that give the same compressor are equal. Code that sets `compressor` itself
+    /// empties it (`TrainConfig::set_compressor`).
+    pub given: crate::compress::settings::Settings,
+}
+
+/// Equal when the compressor and the step's two settings are (`given` only shapes labels).
+impl PartialEq for CompressionSettings {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.compressor, self.clip_noised, self.verify_wire)
+            == (&other.compressor, other.clip_noised, other.verify_wire)
     }
-    optional {
-        /// Clip the (under DP: privatised) update's global L2 norm to this before the
-        /// compressor, for every compressor including identity: the compression paper's
-        /// "second clipping". Post-processing: ε does not change. One worker only.
-        clip_noised / clip_noised: f64, arg(long);
+}
+
+impl CompressionSettings {
+    /// The section's name in `config.toml` and in dotted field names.
+    pub const SECTION: &'static str = "compression";
+    /// (field in the section, flat key) of the section's own keys, in the section's order: the
+    /// compressor's `kind`, `rate` and `rank` (which have flags of their own), the older
+    /// `options` list, and the step's two settings. The compressor's other settings
+    /// (`budget`, `levels`, ...) sit in the section too, under their own keys.
+    pub const KEYS: &'static [(&'static str, &'static str)] = &[
+        ("kind", "compressor"),
+        ("rate", "rate"),
+        ("rank", "rank"),
+        ("options", "compressor_options"),
+        ("verify_wire", "verify_wire"),
+        ("clip_noised", "clip_noised"),
+    ];
+
+    /// `compressor` with no second clipping and no wire check.
+    pub fn new(compressor: crate::compress::Compressor) -> Self {
+        CompressionSettings {
+            compressor,
+            ..Default::default()
+        }
+    }
+
+    /// The compressor's kind.
+    pub fn kind(&self) -> crate::compress::CompressorKind {
+        self.compressor.kind()
+    }
+
+    /// The compressor's rate (1 for the kinds without one).
+    pub fn rate(&self) -> f64 {
+        self.compressor.rate()
+    }
+
+    /// PowerSGD's rank (1 for the other kinds).
+    pub fn rank(&self) -> i64 {
+        self.compressor.rank()
+    }
+
+    /// The compressor's label (`Compressor::label_given` with `given`): "dgc x256",
+    /// "qsgd (levels=16)".
+    pub fn label(&self) -> String {
+        self.compressor.label_given(&self.given)
+    }
+
+    /// The compressor the command line's flags give: `--compressor`, `--rate`, `--rank` and
+    /// `--compressor-option` (`CompressionOverrides::apply` on the defaults); errors name the
+    /// flag.
+    pub fn from_flags(
+        kind: crate::compress::CompressorKind,
+        rate: Option<f64>,
+        rank: Option<i64>,
+        options: Vec<crate::compress::Setting>,
+    ) -> Result<Self> {
+        let mut settings = CompressionSettings::default();
+        CompressionOverrides {
+            compressor: Some(kind),
+            rate,
+            rank,
+            compressor_options: Some(options),
+            ..Default::default()
+        }
+        .apply(&mut settings)?;
+        Ok(settings)
+    }
+
+    /// The settings of `[compression]` from its table: `kind` and the compressor's settings,
+    /// `clip_noised` and `verify_wire`, or the older form's `rate`, `rank` and `options =
+    /// ["key=value"]` (each value read as TOML, `compress::Setting`). The older form wrote
+    /// `rate = 1.0` and `rank = 1` for every kind: for a kind without a rate (or a rank) that
+    /// value is its absence. Errors name the key, and for an unknown one the kind and the
+    /// keys it accepts.
+    pub fn from_table(mut table: toml::Table) -> Result<Self> {
+        let clip_noised = match table.remove("clip_noised") {
+            None => None,
+            Some(v) => Some(f64::deserialize(v).map_err(|e| {
+                Error::bad_value("compression.clip_noised", e.message().to_string())
+            })?),
+        };
+        let verify_wire = match table.remove("verify_wire") {
+            None => false,
+            Some(v) => bool::deserialize(v).map_err(|e| {
+                Error::bad_value("compression.verify_wire", e.message().to_string())
+            })?,
+        };
+        let kind = match table.remove("kind") {
+            None => crate::compress::CompressorKind::Identity,
+            Some(kind) => crate::compress::settings::kind_of(&kind)?,
+        };
+        if let Some(options) = table.remove("options") {
+            let toml::Value::Array(options) = options else {
+                return Err(Error::bad_value(
+                    "compression.options",
+                    format!("{options}: expected a list of \"key=value\" strings"),
+                ));
+            };
+            for option in options {
+                let setting: crate::compress::Setting = option
+                    .as_str()
+                    .ok_or_else(|| format!("{option}: expected a \"key=value\" string"))
+                    .and_then(str::parse)
+                    .map_err(|e| Error::bad_value("compression.options", e))?;
+                if table.contains_key(&setting.key) {
+                    return Err(Error::bad_value(
+                        "compression.options",
+                        format!(
+                            "`{}` is given twice (in `options` and beside it)",
+                            setting.key
+                        ),
+                    ));
+                }
+                table.insert(setting.key, setting.value);
+            }
+        }
+        drop_unit_rate_and_rank(kind, &mut table);
+        Ok(CompressionSettings {
+            compressor: crate::compress::Compressor::from_settings(kind, table.clone())?,
+            clip_noised,
+            verify_wire,
+            given: table,
+        })
+    }
+
+    /// The table `config.toml` writes: `kind`, the compressor's settings that differ from their
+    /// defaults, and those in `given` as given; `clip_noised` when given, `verify_wire`.
+    pub fn to_table(&self) -> toml::Table {
+        let mut table = toml::Table::new();
+        table.insert("kind".into(), self.kind().name().into());
+        let changed = self.compressor.changed_settings();
+        for (key, value) in self.compressor.settings() {
+            if let Some(given) = self.given.get(&key) {
+                table.insert(key, given.clone());
+            } else if changed.contains_key(&key) {
+                table.insert(key, value);
+            }
+        }
+        if let Some(c2) = self.clip_noised {
+            table.insert("clip_noised".into(), c2.into());
+        }
+        table.insert("verify_wire".into(), self.verify_wire.into());
+        table
+    }
+}
+
+/// Removes `rate = 1` from a table whose `kind` has no rate, and `rank = 1` from one whose kind
+/// has no rank: the command line's defaults, which the older tables and flags always gave.
+fn drop_unit_rate_and_rank(kind: crate::compress::CompressorKind, table: &mut toml::Table) {
+    let keys = crate::compress::settings::setting_keys(kind);
+    let is_one = |v: Option<&toml::Value>| match v {
+        Some(toml::Value::Float(x)) => *x == 1.0,
+        Some(toml::Value::Integer(n)) => *n == 1,
+        _ => false,
+    };
+    for key in ["rate", "rank"] {
+        if !keys.contains(&key) && is_one(table.get(key)) {
+            table.remove(key);
+        }
+    }
+}
+
+/// `kind` first, then the settings (`CompressionSettings::to_table`).
+impl Serialize for CompressionSettings {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut table = self.to_table();
+        let mut map = s.serialize_map(Some(table.len()))?;
+        if let Some(kind) = table.remove("kind") {
+            map.serialize_entry("kind", &kind)?;
+        }
+        let verify_wire = table.remove("verify_wire");
+        let clip_noised = table.remove("clip_noised");
+        for (key, value) in &table {
+            map.serialize_entry(key, value)?;
+        }
+        if let Some(c2) = clip_noised {
+            map.serialize_entry("clip_noised", &c2)?;
+        }
+        if let Some(v) = verify_wire {
+            map.serialize_entry("verify_wire", &v)?;
+        }
+        map.end()
+    }
+}
+
+/// `CompressionSettings::from_table`.
+impl<'de> Deserialize<'de> for CompressionSettings {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let table = toml::Table::deserialize(d)?;
+        CompressionSettings::from_table(table)
+            .map_err(|e| <D::Error as serde::de::Error>::custom(e.to_string()))
+    }
+}
+
+/// The `[compression]` settings a user gave (flags, a `--config` file, an experiment's cell);
+/// each `None` keeps the value it replaces. Fields carry the flat keys.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[cfg_attr(feature = "cli", command(next_help_heading = "Compression"))]
+#[serde(deny_unknown_fields)]
+pub struct CompressionOverrides {
+    /// Gradient compressor [default: identity].
+    #[cfg_attr(feature = "cli", arg(long, value_enum))]
+    pub compressor: Option<crate::compress::CompressorKind>,
+    /// DGC/Denoise and the sketches: dense fp32 bits / message bits (the paper: 1, 16, 256)
+    /// [default: 1].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub rate: Option<f64>,
+    /// PowerSGD: rank of the approximation (the paper: 1, 16) [default: 1].
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub rank: Option<i64>,
+    /// Compressor setting key=value, repeatable, the value read as TOML (4 an integer, 3.0 a
+    /// float, elements a string); a key the compressor does not read is an error. dgc:
+    /// value_bits (9-32), index_bits (32|min), momentum, masking, warmup_epochs, warmup
+    /// (paper|reference), topk (auto|sampled|exact), sample_ratio, scope (layer|model), budget
+    /// (bits|elements), dense_vectors, error_feedback (true|false), residual_decay (0-1).
+    /// powersgd: shape (square|rows), min_rate, epsilon, warm_start, seed, error_feedback,
+    /// residual_decay. denoise: beta, decay, scope, value_bits, index_bits, topk, sample_ratio,
+    /// clip, budget. fl-rnd: seed, error_feedback. fl-freq: chunks. fl-cs: chunks, rows, seed,
+    /// lambda, iterations, error_feedback. qsgd: levels, bucket, encoding (fixed|elias).
+    /// randomk: seed, unbiased, error_feedback. threshold: threshold, value_bits, index_bits,
+    /// error_feedback. int8: stochastic. The others take none.
+    #[cfg_attr(
+        feature = "cli",
+        arg(long = "compressor-option", value_name = "KEY=VALUE")
+    )]
+    #[serde(default, deserialize_with = "compressor_options")]
+    pub compressor_options: Option<Vec<crate::compress::Setting>>,
+    /// With one worker, send every step's message through its bytes as a remote worker's
+    /// would go (a copy to the host and back), to check the wire format in a real run.
+    /// Off, the receiver decodes the message itself and the bits are the bytes' exact
+    /// length computed from the payloads' sizes (`compress::wire::encoded_len`): the same
+    /// update bit for bit and the same count, without the copies. [default: false]
+    #[cfg_attr(
+        feature = "cli",
+        arg(long, num_args = 0..=1, default_missing_value = "true")
+    )]
+    pub verify_wire: Option<bool>,
+    /// Clip the (under DP: privatised) update's global L2 norm to this before the
+    /// compressor, for every compressor including identity: the compression paper's
+    /// "second clipping". Post-processing: ε does not change. One worker only.
+    #[cfg_attr(feature = "cli", arg(long))]
+    pub clip_noised: Option<f64>,
+}
+
+/// `compressor_options` in a file: a list of `"key=value"` strings, as the flag takes them, or
+/// a table of the settings (`{ budget = "elements", scope = "model" }`).
+fn compressor_options<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Vec<crate::compress::Setting>>, D::Error> {
+    use serde::de::Error as _;
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        List(Vec<String>),
+        Table(toml::Table),
+    }
+    let settings = match Given::deserialize(d).map_err(|_| {
+        D::Error::custom(
+            "compressor_options: expected a list of \"key=value\" strings or a table of settings",
+        )
+    })? {
+        Given::List(list) => list
+            .iter()
+            .map(|s| s.parse())
+            .collect::<std::result::Result<Vec<_>, String>>()
+            .map_err(|e| D::Error::custom(format!("compressor_options: {e}")))?,
+        Given::Table(table) => table
+            .into_iter()
+            .map(|(key, value)| crate::compress::Setting { key, value })
+            .collect(),
+    };
+    Ok(Some(settings))
+}
+
+impl CompressionOverrides {
+    /// `self` where given, else `base`.
+    pub fn or(self, base: Self) -> Self {
+        CompressionOverrides {
+            compressor: self.compressor.or(base.compressor),
+            rate: self.rate.or(base.rate),
+            rank: self.rank.or(base.rank),
+            compressor_options: self.compressor_options.or(base.compressor_options),
+            verify_wire: self.verify_wire.or(base.verify_wire),
+            clip_noised: self.clip_noised.or(base.clip_noised),
+        }
+    }
+
+    /// Writes every given setting into `section`. The compressor's table is rebuilt: `kind`
+    /// (the given one, else the section's), the section's settings of that kind unless
+    /// `compressor_options` replaces them, then `rate` and `rank`; an error names the flag
+    /// (`--compressor-option`, `--rate`, `--rank`) whose key the kind does not read, or whose
+    /// value it cannot take.
+    pub fn apply(self, section: &mut CompressionSettings) -> Result<()> {
+        if let Some(v) = self.verify_wire {
+            section.verify_wire = v;
+        }
+        if self.clip_noised.is_some() {
+            section.clip_noised = self.clip_noised;
+        }
+        if self.compressor.is_none()
+            && self.rate.is_none()
+            && self.rank.is_none()
+            && self.compressor_options.is_none()
+        {
+            return Ok(());
+        }
+        let kind = self.compressor.unwrap_or(section.kind());
+        // The section's settings carry over while the kind stays; the given options replace
+        // all but the rate and the rank.
+        let mut table = if kind == section.kind() {
+            let mut kept = section.to_table();
+            for key in ["kind", "clip_noised", "verify_wire"] {
+                kept.remove(key);
+            }
+            kept
+        } else {
+            toml::Table::new()
+        };
+        let accepted = crate::compress::settings::setting_keys(kind);
+        // Errors name the field whose flag gave the key: `compression.options`
+        // (--compressor-option), `compression.rate` (--rate), `compression.rank` (--rank).
+        let field_of = |key: &str, options: &BTreeSet<String>| match key {
+            "rate" if !options.contains(key) => "compression.rate",
+            "rank" if !options.contains(key) => "compression.rank",
+            _ => "compression.options",
+        };
+        let refuse =
+            |field: &str, key: &str| crate::compress::settings::unknown_setting(field, kind, key);
+        let mut from_options = BTreeSet::new();
+        if let Some(options) = self.compressor_options {
+            table.retain(|key, _| key == "rate" || key == "rank");
+            for setting in options {
+                if !accepted.contains(&setting.key.as_str()) {
+                    return Err(refuse("compression.options", &setting.key));
+                }
+                from_options.insert(setting.key.clone());
+                table.insert(setting.key, setting.value);
+            }
+        }
+        for (key, value) in [
+            ("rate", self.rate.map(toml::Value::Float)),
+            ("rank", self.rank.map(toml::Value::Integer)),
+        ] {
+            let Some(value) = value else { continue };
+            let mut alone = toml::Table::from_iter([(key.to_string(), value.clone())]);
+            drop_unit_rate_and_rank(kind, &mut alone);
+            if alone.is_empty() {
+                continue;
+            }
+            if !accepted.contains(&key) {
+                return Err(refuse(field_of(key, &BTreeSet::new()), key));
+            }
+            table.insert(key.to_string(), value);
+        }
+        section.compressor =
+            crate::compress::Compressor::from_settings(kind, table.clone()).map_err(|e| match e {
+                Error::BadValue { field, what } => {
+                    let key = field
+                        .strip_prefix("compression.")
+                        .or_else(|| field.strip_prefix("compressor setting "));
+                    match key {
+                        Some(key) if accepted.contains(&key) => Error::bad_value(
+                            field_of(key, &from_options),
+                            format!("{key}: {}", what.trim_start_matches(&format!("{key}: "))),
+                        ),
+                        _ => Error::BadValue { field, what },
+                    }
+                }
+                other => other,
+            })?;
+        section.given = table;
+        Ok(())
     }
 }
 
@@ -560,7 +947,22 @@ fn nest(table: toml::Table, naming: Naming, origin: &str) -> Result<toml::Table>
         let section = SECTIONS.iter().find(|(s, _)| *s == key);
         match (section, value) {
             (Some((section, keys)), toml::Value::Table(inner)) => {
+                // `[compression]` holds the compressor's settings under their own keys too: in
+                // `config.toml` they stay there, in overrides they are `compressor_options`.
+                let mut compressor_settings = toml::Table::new();
                 for (inner_key, inner_value) in inner {
+                    let own = keys
+                        .iter()
+                        .any(|(field, flat)| *field == inner_key || *flat == inner_key);
+                    if *section == CompressionSettings::SECTION && !own {
+                        match naming {
+                            Naming::Fields => put(Some(section), &inner_key, inner_value)?,
+                            Naming::Flat => {
+                                compressor_settings.insert(inner_key, inner_value);
+                            }
+                        }
+                        continue;
+                    }
                     let found = keys
                         .iter()
                         .find(|(field, flat)| *field == inner_key || *flat == inner_key)
@@ -574,6 +976,19 @@ fn nest(table: toml::Table, naming: Naming, origin: &str) -> Result<toml::Table>
                             )
                         })?;
                     put(Some(section), name_of(found), inner_value)?;
+                }
+                if !compressor_settings.is_empty() {
+                    put(
+                        Some(section),
+                        "compressor_options",
+                        toml::Value::Table(compressor_settings),
+                    )
+                    .map_err(|_| {
+                        Error::bad_file(
+                            origin,
+                            "`[compression]` gives compressor settings both under their keys and in `options`: give them one way",
+                        )
+                    })?;
                 }
             }
             (_, value) => {
@@ -686,14 +1101,22 @@ impl TrainConfig {
         }
     }
 
-    /// The compressor settings, checked.
-    pub fn compressor_spec(&self) -> Result<crate::compress::CompressorSpec> {
-        let c = &self.compression;
-        crate::compress::CompressorSpec::new(c.kind, c.rate, c.rank, &c.options)
+    /// The compressor, checked (`Compressor::validate`; a sketch's setting its scheme does not
+    /// read is refused, as `config.toml` could not hold it).
+    pub fn compressor(&self) -> Result<crate::compress::Compressor> {
+        let compressor = self.compression.compressor.clone().validated()?;
+        if let Some(key) = compressor.unread_setting() {
+            return Err(crate::compress::settings::unknown_setting(
+                "compression",
+                compressor.kind(),
+                key,
+            ));
+        }
+        Ok(compressor)
     }
 
-    /// Trains with `compressor`'s typed settings: `[compression]`'s kind, rate, rank and
-    /// options become their configuration form (`Compressor::to_spec`); `clip_noised` stays.
+    /// Trains with `compressor`'s typed settings (checked as `compressor` does); the label then
+    /// shows the settings that differ from their defaults. `clip_noised` stays.
     ///
     /// ```
     /// use dpcomp::prelude::*;
@@ -705,21 +1128,19 @@ impl TrainConfig {
     /// # Ok::<(), dpcomp::error::Error>(())
     /// ```
     pub fn set_compressor(&mut self, compressor: &crate::compress::Compressor) -> Result<()> {
-        let spec = compressor.to_spec()?;
-        let c = &mut self.compression;
-        (c.kind, c.rate, c.rank) = (spec.kind, spec.rate, spec.rank);
-        c.options = spec
-            .options
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
+        let previous = std::mem::replace(&mut self.compression.compressor, compressor.clone());
+        if let Err(e) = self.compressor() {
+            self.compression.compressor = previous;
+            return Err(e);
+        }
+        self.compression.given.clear();
         Ok(())
     }
 
-    /// The compressor's label for tables and summaries (`CompressorSpec::label`), with the
+    /// The compressor's label for tables and summaries (`CompressionSettings::label`), with the
     /// second clipping when there is one: "identity, clip_noised 5".
     pub fn compression_label(&self) -> Result<String> {
-        let label = self.compressor_spec()?.label();
+        let label = self.compressor()?.label_given(&self.compression.given);
         Ok(match self.compression.clip_noised {
             Some(c2) => format!("{label}, clip_noised {c2}"),
             None => label,
@@ -935,15 +1356,13 @@ impl TrainConfig {
                 ));
             }
         }
-        let spec = self.compressor_spec()?;
-        if spec.kind == crate::compress::CompressorKind::Dgc
-            && spec.dgc_options()?.momentum > 0.0
-            && opt.momentum > 0.0
-        {
-            return Err(Error::bad_value(
+        if let crate::compress::Compressor::Dgc(dgc) = self.compressor()? {
+            if dgc.momentum > 0.0 && opt.momentum > 0.0 {
+                return Err(Error::bad_value(
                 "optimizer.momentum",
                 "DGC's momentum correction applies the momentum before compression; set the optimiser's `optimizer.momentum` to 0",
             ));
+            }
         }
         if data.limit_train == Some(0) || data.limit_test == Some(0) {
             return Err(Error::bad_value(
@@ -1262,8 +1681,9 @@ impl TrainOverrides {
         }
     }
 
-    /// Writes every given setting into `config`.
-    pub fn apply(self, config: &mut TrainConfig) {
+    /// Writes every given setting into `config`; an error names a compressor setting the
+    /// chosen compressor does not read or cannot take (`CompressionOverrides::apply`).
+    pub fn apply(self, config: &mut TrainConfig) -> Result<()> {
         if let Some(task) = self.task {
             config.task = TaskName::Builtin(task);
         }
@@ -1280,9 +1700,9 @@ impl TrainOverrides {
         self.model.apply(&mut config.model);
         self.optimizer.apply(&mut config.optimizer);
         self.privacy.apply(&mut config.privacy);
-        self.compression.apply(&mut config.compression);
         self.analysis.apply(&mut config.analysis);
         self.cuda.apply(&mut config.cuda);
+        self.compression.apply(&mut config.compression)
     }
 
     /// Paper defaults for the task, then these settings. Errors when no task is given.
@@ -1291,7 +1711,7 @@ impl TrainOverrides {
             .task
             .ok_or_else(|| Error::bad_value("task", "missing: every run names its task"))?;
         let mut config = TrainConfig::paper_defaults(task);
-        self.apply(&mut config);
+        self.apply(&mut config)?;
         config.validate()?;
         Ok(config)
     }
@@ -1343,7 +1763,8 @@ mod tests {
         assert_eq!(flat, nested);
         assert_eq!(flat.optimizer.kind, OptimizerKind::Adam);
         assert_eq!(flat.privacy.noise_multiplier, Some(0.5));
-        assert_eq!(flat.compression.options, vec!["momentum=0".to_string()]);
+        assert_eq!(flat.compression.given.to_string(), "momentum = 0\n");
+        assert_eq!(flat.compression_label().unwrap(), "dgc x1 (momentum=0)");
         let twice = TrainOverrides::from_toml_str("lr = 1\n[optimizer]\nlr = 2\n", "twice")
             .unwrap_err()
             .to_string();

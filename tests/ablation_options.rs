@@ -4,12 +4,18 @@
 
 mod common;
 
-use dpcomp::compress::CompressorKind;
-use dpcomp::config::{Task, TrainConfig};
+use dpcomp::compress::{CompressorKind, Setting};
+use dpcomp::config::{CompressionSettings, Task, TrainConfig};
 use dpcomp::train::sgd::Sgd;
 use dpcomp::train::update::Updater;
 use dpcomp::train::Trainer;
 use tch::{Device, Kind, Tensor};
+
+/// `[compression]` as `--compressor kind --rate rate --compressor-option ...` give it.
+fn flags(kind: CompressorKind, rate: f64, options: &[&str]) -> CompressionSettings {
+    let options = Setting::parse_all(options).unwrap();
+    CompressionSettings::from_flags(kind, Some(rate), None, options).unwrap()
+}
 
 #[test]
 fn clip_noised_bounds_the_updates_norm_before_the_compressor() {
@@ -71,19 +77,14 @@ fn the_ablation_options_leave_epsilon_unchanged() {
     let arms: [(&str, Edit); 4] = [
         ("clip-noised", &|c| c.compression.clip_noised = Some(3.0)),
         ("dgc-no-ef", &|c| {
-            c.compression.kind = CompressorKind::Dgc;
-            c.compression.rate = 16.0;
-            c.compression.options = vec!["error_feedback=false".into()];
+            c.compression = flags(CompressorKind::Dgc, 16.0, &["error_feedback=false"]);
         }),
         ("dgc-decay", &|c| {
-            c.compression.kind = CompressorKind::Dgc;
-            c.compression.rate = 16.0;
-            c.compression.options = vec!["residual_decay=0.5".into()];
+            c.compression = flags(CompressorKind::Dgc, 16.0, &["residual_decay=0.5"]);
             c.compression.clip_noised = Some(3.0);
         }),
         ("powersgd-no-ef", &|c| {
-            c.compression.kind = CompressorKind::Powersgd;
-            c.compression.options = vec!["error_feedback=false".into()];
+            c.compression = flags(CompressorKind::Powersgd, 1.0, &["error_feedback=false"]);
         }),
     ];
     for (name, edit) in arms {
@@ -124,7 +125,7 @@ fn bad_ablation_settings_are_refused_by_name_before_anything_is_written() {
                 "--compressor-option",
                 "error_feedback=maybe",
             ],
-            "compressor option error_feedback: \"maybe\": expected true or false",
+            "--compressor-option: error_feedback: \"maybe\": invalid type: string \"maybe\", expected a boolean (dgc)",
         ),
         (
             &[
@@ -135,7 +136,7 @@ fn bad_ablation_settings_are_refused_by_name_before_anything_is_written() {
                 "--compressor-option",
                 "residual_decay=0.5",
             ],
-            "compressor option residual_decay: 0.5 with error_feedback=false",
+            "--compressor-option: residual_decay: 0.5 with error_feedback = false",
         ),
     ];
     for (i, (args, expected)) in cases.iter().enumerate() {

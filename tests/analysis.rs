@@ -11,7 +11,7 @@ use dpcomp::analysis::clipping::{sweep, ClippingModel};
 use dpcomp::analysis::gradient_error::{self, measure, CompressorSource, Mechanism};
 use dpcomp::analysis::probe::GradientErrorProbe;
 use dpcomp::analysis::{fixed_batches, BatchGradients};
-use dpcomp::compress::{CompressorKind, CompressorSpec};
+use dpcomp::compress::Compressor;
 use dpcomp::config::{DeviceChoice, Task, TrainConfig};
 use dpcomp::nn::Ctx;
 use dpcomp::train::{checkpoint, Trainer};
@@ -34,9 +34,9 @@ fn rel(a: f64, b: f64) -> f64 {
 }
 
 /// A compressor source with no prior state.
-fn fresh<'a>(spec: &'a CompressorSpec, shapes: &'a [Vec<i64>]) -> CompressorSource<'a> {
+fn fresh<'a>(compressor: &'a Compressor, shapes: &'a [Vec<i64>]) -> CompressorSource<'a> {
     CompressorSource {
-        spec,
+        compressor,
         shapes,
         state: Vec::new(),
         epoch: 0,
@@ -105,9 +105,9 @@ fn gradient_error_stages_match_autograd_and_theory() {
     assert_eq!(g.parameters(), t.model().trainable_parameter_count());
 
     let shapes: Vec<Vec<i64>> = t.params().iter().map(|(_, p)| p.size()).collect();
-    let identity = CompressorSpec::new(CompressorKind::Identity, 1.0, 1, &[]).unwrap();
+    let identity = Compressor::Identity;
     let m = g.parameters() as f64;
-    let run = |mechanism, spec: &CompressorSpec, draws| {
+    let run = |mechanism, spec: &Compressor, draws| {
         measure(
             t.model(),
             t.params(),
@@ -177,7 +177,7 @@ fn gradient_error_stages_match_autograd_and_theory() {
     assert!(global.stages.iter().all(|s| s.error < 1e-10 * scale));
 
     // DGC without noise: deterministic (no variance) and biased.
-    let dgc = CompressorSpec::new(CompressorKind::Dgc, 16.0, 1, &[]).unwrap();
+    let dgc = Compressor::dgc(16.0);
     let sparse = run(
         Mechanism::PerSample {
             noise_multiplier: 0.0,
@@ -282,8 +282,7 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
     let mut base = config(&root);
     base.data.limit_train = Some(256);
     base.epochs = 2;
-    base.compression.kind = CompressorKind::Dgc;
-    base.compression.rate = 16.0;
+    base.set_compressor(&Compressor::dgc(16.0)).unwrap();
     let mut measured = base.clone();
     measured.analysis.grad_error_epochs = vec![0, 2];
     measured.analysis.grad_error_batches = 1;

@@ -171,9 +171,13 @@ fn honest_noised_runs_never_audit_above_their_accounted_epsilon() {
         return;
     };
     let mut dgc = config(&root, 1.0);
-    dgc.compression.kind = CompressorKind::Dgc;
-    dgc.compression.rate = 16.0;
-    dgc.compression.options = vec!["budget=elements".into()];
+    dgc.compression = dpcomp::config::CompressionSettings::from_flags(
+        CompressorKind::Dgc,
+        Some(16.0),
+        None,
+        dpcomp::compress::Setting::parse_all(&["budget=elements"]).unwrap(),
+    )
+    .unwrap();
     for c in [config(&root, 1.0), dgc] {
         assert_eq!(c.privacy.accountant, AccountantKind::Pld);
         let delta = c.privacy.delta;

@@ -8,14 +8,48 @@ use dpcomp::compress::encoding::{min_index_bits, truncate_mantissa};
 use dpcomp::compress::powersgd::orthogonalize;
 use dpcomp::compress::topk::{largest, TopK};
 use dpcomp::compress::{
-    CompressorKind, CompressorSpec, Decoder, DenoiseDecoder, DenoiseEncoder, DgcEncoder, Encoder,
-    Scope, Unpack,
+    Compressor, CompressorKind, Decoder, Denoise, DenoiseDecoder, DenoiseEncoder, Dgc, DgcEncoder,
+    Encoder, Scope, Setting, Unpack,
 };
+use dpcomp::config::CompressionSettings;
 use tch::{Device, Kind, Tensor};
 
-fn spec(kind: CompressorKind, rate: f64, rank: i64, options: &[&str]) -> CompressorSpec {
-    let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
-    CompressorSpec::new(kind, rate, rank, &options).unwrap()
+/// The compressor the command line's `--compressor`, `--rate`, `--rank` and
+/// `--compressor-option` give; the error names the flag.
+fn flags(
+    kind: CompressorKind,
+    rate: f64,
+    rank: i64,
+    options: &[&str],
+) -> dpcomp::error::Result<Compressor> {
+    let options = Setting::parse_all(options)?;
+    Ok(CompressionSettings::from_flags(kind, Some(rate), Some(rank), options)?.compressor)
+}
+
+fn spec(kind: CompressorKind, rate: f64, rank: i64, options: &[&str]) -> Compressor {
+    flags(kind, rate, rank, options).unwrap()
+}
+
+/// The typed settings of the sparsifiers out of a `Compressor`.
+trait Sparsifier {
+    fn dgc(&self) -> Dgc;
+    fn denoise(&self) -> Denoise;
+}
+
+impl Sparsifier for Compressor {
+    fn dgc(&self) -> Dgc {
+        match self {
+            Compressor::Dgc(d) => d.clone(),
+            other => panic!("{} is not dgc", other.label()),
+        }
+    }
+
+    fn denoise(&self) -> Denoise {
+        match self {
+            Compressor::Denoise(d) => d.clone(),
+            other => panic!("{} is not denoise", other.label()),
+        }
+    }
 }
 
 fn shapes_of(update: &[Tensor]) -> Vec<Vec<i64>> {
@@ -64,7 +98,7 @@ fn identity_dgc_rate_1_and_full_rank_powersgd_reproduce_the_input() {
             for (a, b) in input.iter().zip(&out) {
                 // f32 Gram-Schmidt over up to 53 columns of a random (ill-conditioned) matrix loses
                 // orthogonality at about 1e-4 relative (PyTorch's does the same).
-                let tol = if case.kind == CompressorKind::Powersgd {
+                let tol = if case.kind() == CompressorKind::Powersgd {
                     1e-3 * a.abs().max().double_value(&[])
                 } else {
                     0.0
@@ -229,7 +263,7 @@ fn error_feedback_sent_plus_residual_equals_input_plus_old_residual() {
     ];
     for case in cases {
         let shapes = shapes_of(&update(0));
-        let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, case.dgc_options().unwrap());
+        let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, case.dgc());
         for step in 0..5 {
             let input = update(10 + step);
             let old: Vec<Tensor> = dgc.residuals().iter().map(Tensor::copy).collect();
@@ -274,8 +308,8 @@ fn without_error_feedback_the_residual_stays_zero_and_decay_scales_it() {
     let shapes = shapes_of(&update(0));
     for options in [&["error_feedback=false"][..], &["residual_decay=0"][..]] {
         let case = spec(CompressorKind::Dgc, 16.0, 1, options);
-        assert_eq!(case.dgc_options().unwrap().residual_decay, 0.0);
-        let mut no_ef = DgcEncoder::new(&shapes, Device::Cpu, case.dgc_options().unwrap());
+        assert_eq!(case.dgc().residual_decay, 0.0);
+        let mut no_ef = DgcEncoder::new(&shapes, Device::Cpu, case.dgc());
         for step in 0..4 {
             let input = update(30 + step);
             let sent = Unpack::per_parameter().decode(&no_ef.encode(&input));
@@ -283,7 +317,7 @@ fn without_error_feedback_the_residual_stays_zero_and_decay_scales_it() {
                 assert_eq!(r.abs().max().double_value(&[]), 0.0, "step {step}");
             }
             // The same message as a fresh encoder's on this update: no memory of the past.
-            let mut fresh = DgcEncoder::new(&shapes, Device::Cpu, case.dgc_options().unwrap());
+            let mut fresh = DgcEncoder::new(&shapes, Device::Cpu, case.dgc());
             let alone = Unpack::per_parameter().decode(&fresh.encode(&input));
             for (a, b) in sent.iter().zip(&alone) {
                 assert!(a.equal(b), "step {step}");
@@ -291,7 +325,7 @@ fn without_error_feedback_the_residual_stays_zero_and_decay_scales_it() {
         }
     }
     let half = spec(CompressorKind::Dgc, 16.0, 1, &["residual_decay=0.5"]);
-    let mut decayed = DgcEncoder::new(&shapes, Device::Cpu, half.dgc_options().unwrap());
+    let mut decayed = DgcEncoder::new(&shapes, Device::Cpu, half.dgc());
     for step in 0..4 {
         let input = update(40 + step);
         let old: Vec<Tensor> = decayed.residuals().iter().map(Tensor::copy).collect();
@@ -320,39 +354,32 @@ fn without_error_feedback_the_residual_stays_zero_and_decay_scales_it() {
         assert_eq!(max_abs(&sent[2], &input[2]), 0.0, "the bias is sent dense");
     }
     // Contradictory settings are refused, naming the option.
-    let e = CompressorSpec::new(
+    let e = flags(
         CompressorKind::Dgc,
         16.0,
         1,
-        &[
-            "error_feedback=false".to_string(),
-            "residual_decay=0.5".to_string(),
-        ],
+        &["error_feedback=false", "residual_decay=0.5"],
     )
     .unwrap_err()
     .to_string();
     assert!(
-        e.starts_with("compressor option residual_decay: 0.5 with error_feedback=false"),
+        e.contains("residual_decay: 0.5 with error_feedback = false"),
         "{e}"
     );
-    let e = CompressorSpec::new(
-        CompressorKind::Powersgd,
-        1.0,
-        1,
-        &["residual_decay=2".to_string()],
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.starts_with("compressor option residual_decay: 2"), "{e}");
+    let e = flags(CompressorKind::Powersgd, 1.0, 1, &["residual_decay=2"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("compression.options: residual_decay: 2: expected a number in [0, 1]"),
+        "{e}"
+    );
 }
 
 #[test]
 fn dgc_momentum_correction_and_masking() {
     let _serial = common::serial();
     let shapes = vec![vec![1000i64]];
-    let options = spec(CompressorKind::Dgc, 32.0, 1, &["momentum=0.9"])
-        .dgc_options()
-        .unwrap();
+    let options = spec(CompressorKind::Dgc, 32.0, 1, &["momentum=0.9"]).dgc();
     let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, options);
     let g = Draws::new(5).randn(&[1000], Kind::Float);
     let message = dgc.encode(&[g.shallow_clone()]);
@@ -386,9 +413,7 @@ fn dgc_momentum_correction_and_masking() {
 #[test]
 fn dgc_warmup_rates_grow_exponentially_to_the_target() {
     let shapes = vec![vec![100_000i64]];
-    let options = spec(CompressorKind::Dgc, 256.0, 1, &["warmup_epochs=4"])
-        .dgc_options()
-        .unwrap();
+    let options = spec(CompressorKind::Dgc, 256.0, 1, &["warmup_epochs=4"]).dgc();
     let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, options);
     let rates: Vec<f64> = (0..6)
         .map(|e| {
@@ -410,7 +435,7 @@ fn denoise_receiver_velocity_equals_the_senders_mirror_after_every_step() {
                 1,
                 &[&format!("scope={scope}")],
             );
-            let options = s.denoise_options().unwrap();
+            let options = s.denoise();
             let mut receiver = DenoiseDecoder::new(&shapes, Device::Cpu, options.scope);
             let mut d = DenoiseEncoder::new(&shapes, Device::Cpu, options);
             let mut chose_acceleration = false;
@@ -468,7 +493,7 @@ fn wire_bits_equal_hand_counts() {
     let opts = (Kind::Float, Device::Cpu);
     let input = vec![Tensor::ones([100, 10], opts), Tensor::ones([10], opts)];
     let shapes = shapes_of(&input);
-    let bits = |s: CompressorSpec| {
+    let bits = |s: Compressor| {
         s.encoder(&shapes, Device::Cpu)
             .unwrap()
             .encode(&input)
@@ -538,7 +563,7 @@ fn paper_bits_count_64_per_element_and_budget_elements_keeps_numel_over_rate() {
     let opts = (Kind::Float, Device::Cpu);
     let input = vec![Tensor::ones([100, 10], opts), Tensor::ones([10], opts)];
     let shapes = shapes_of(&input);
-    let sent = |s: CompressorSpec| {
+    let sent = |s: Compressor| {
         let m = s.encoder(&shapes, Device::Cpu).unwrap().encode(&input);
         (m.elements(), m.paper_bits(), m.wire_bits())
     };
@@ -601,7 +626,7 @@ fn paper_bits_count_64_per_element_and_budget_elements_keeps_numel_over_rate() {
         )),
         (64, 64 * 64 + 1, 64 * 64 + 1)
     );
-    let err = CompressorSpec::new(CompressorKind::Dgc, 16.0, 1, &["budget=words".to_string()])
+    let err = flags(CompressorKind::Dgc, 16.0, 1, &["budget=words"])
         .unwrap_err()
         .to_string();
     assert!(err.contains("budget") && err.contains("elements"), "{err}");
@@ -616,8 +641,7 @@ fn dgc_reference_warmup_is_geometric_in_the_density() {
         1,
         &["warmup_epochs=3", "warmup=reference"],
     )
-    .dgc_options()
-    .unwrap();
+    .dgc();
     let mut dgc = DgcEncoder::new(&shapes, Device::Cpu, options);
     let rates: Vec<f64> = (0..5)
         .map(|e| {
@@ -658,15 +682,12 @@ fn low_order_bit_removal_truncates_toward_zero() {
 
 #[test]
 fn bad_options_are_clear_errors() {
-    let err = |kind, rate, rank, o: &[&str]| {
-        let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
-        CompressorSpec::new(kind, rate, rank, &o)
-            .unwrap_err()
-            .to_string()
-    };
+    let err = |kind, rate, rank, o: &[&str]| flags(kind, rate, rank, o).unwrap_err().to_string();
     let e = err(CompressorKind::Dgc, 16.0, 1, &["rank=3"]);
     assert!(
-        e.contains("\"rank\" is not an option of dgc") && e.contains("value_bits"),
+        e.starts_with(
+            "compression.options: `rank` is not a setting of dgc; it accepts: rate, value_bits"
+        ),
         "{e}"
     );
     let e = err(CompressorKind::Dgc, 16.0, 1, &["value_bits=40"]);
@@ -676,9 +697,16 @@ fn bad_options_are_clear_errors() {
     let e = err(CompressorKind::Powersgd, 1.0, 0, &[]);
     assert!(e.contains("rank"), "{e}");
     let e = err(CompressorKind::Denoise, 16.0, 1, &["scope=global"]);
-    assert!(e.contains("layer or model"), "{e}");
+    assert!(
+        e.starts_with("compression.options: scope: \"global\": unknown variant `global`")
+            && e.contains("`layer` or `model`"),
+        "{e}"
+    );
     let e = err(CompressorKind::Identity, 1.0, 1, &["beta"]);
-    assert!(e.contains("key=value"), "{e}");
+    assert!(
+        e.starts_with("compression.options: \"beta\": expected KEY=VALUE"),
+        "{e}"
+    );
 }
 
 /// Model-wise DGC (`scope=model`) ranks all parameters together: with one layer 100x larger
@@ -686,9 +714,7 @@ fn bad_options_are_clear_errors() {
 /// sent + new residual = input + old residual over the flattened model.
 #[test]
 fn model_wise_dgc_ranks_the_whole_update_and_keeps_error_feedback() {
-    let options = spec(CompressorKind::Dgc, 64.0, 1, &["scope=model"])
-        .dgc_options()
-        .unwrap();
+    let options = spec(CompressorKind::Dgc, 64.0, 1, &["scope=model"]).dgc();
     let mut input = update(3);
     input[1] = &input[1] * 100.0;
     let shapes = shapes_of(&input);
@@ -764,7 +790,7 @@ fn link_state_is_named_by_side_and_old_checkpoints_still_load() {
                 .all(|(n, _)| n.starts_with("encoder.") || n.starts_with("decoder.")),
             "{label}"
         );
-        if case.kind == CompressorKind::Denoise {
+        if case.kind() == CompressorKind::Denoise {
             let names: Vec<&str> = state.iter().map(|(n, _)| n.as_str()).collect();
             assert!(names.contains(&"decoder.received.0"), "{label}: {names:?}");
             assert!(names.contains(&"encoder.mirror.0"), "{label}: {names:?}");

@@ -28,10 +28,10 @@ fn with(
     rank: i64,
     options: &[&str],
 ) -> TrainConfig {
-    c.compression.kind = kind;
-    c.compression.rate = rate;
-    c.compression.rank = rank;
-    c.compression.options = options.iter().map(|s| s.to_string()).collect();
+    let options = dpcomp::compress::Setting::parse_all(options).unwrap();
+    c.compression =
+        dpcomp::config::CompressionSettings::from_flags(kind, Some(rate), Some(rank), options)
+            .unwrap();
     c
 }
 

@@ -8,9 +8,16 @@ mod common;
 
 use dpcomp::compress::wire::{encoded_len, HEADER_BYTES, PAYLOAD_HEADER_BYTES};
 use dpcomp::compress::{
-    Compressor, CompressorKind, CompressorSpec, EfSignEncoder, Encoder, Int8, Message, Payload,
-    Qsgd, QsgdEncoding, RandomK, Threshold,
+    Compressor, CompressorKind, EfSignEncoder, Encoder, Int8, Message, Payload, Qsgd, QsgdEncoding,
+    RandomK, Setting, Threshold,
 };
+use dpcomp::config::CompressionSettings;
+
+/// The compressor `--compressor kind --rate rate --compressor-option ...` give.
+fn flags(kind: CompressorKind, rate: f64, options: &[&str]) -> dpcomp::error::Result<Compressor> {
+    let options = Setting::parse_all(options)?;
+    Ok(CompressionSettings::from_flags(kind, Some(rate), None, options)?.compressor)
+}
 use tch::{Device, Kind, Tensor};
 
 const CPU: Device = Device::Cpu;
@@ -232,12 +239,8 @@ fn every_family_round_trips_through_bytes_bit_for_bit() {
             .find(|k| k.name() == kind)
             .unwrap();
         let rate = if rest.starts_with("rate") { 8.0 } else { 1.0 };
-        let options: Vec<String> = rest
-            .split(',')
-            .filter(|o| o.contains('='))
-            .map(String::from)
-            .collect();
-        let spec = CompressorSpec::new(kind, rate, 1, &options).unwrap();
+        let options: Vec<&str> = rest.split(',').filter(|o| o.contains('=')).collect();
+        let spec = flags(kind, rate, &options).unwrap();
         let mut encoder = spec.encoder(&shapes(), CPU).unwrap();
         let (mut from_bytes, mut in_memory) = (
             spec.decoder(&shapes(), CPU).unwrap(),
@@ -407,7 +410,7 @@ fn error_feedback_keeps_exactly_what_was_not_sent() {
 
 #[test]
 fn signsgds_receiver_takes_the_majoritys_sign() {
-    let spec = CompressorSpec::new(CompressorKind::Signsgd, 1.0, 1, &[]).unwrap();
+    let spec = Compressor::SignSgd;
     let workers = [
         [1.0f32, -1.0, 0.5, -0.2],
         [2.0, 3.0, -0.5, -0.1],
@@ -430,10 +433,7 @@ fn signsgds_receiver_takes_the_majoritys_sign() {
 #[test]
 fn bad_settings_are_refused_naming_the_setting() {
     let refused = |kind: CompressorKind, rate: f64, options: &[&str], needle: &str| {
-        let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
-        let error = CompressorSpec::new(kind, rate, 1, &options)
-            .unwrap_err()
-            .to_string();
+        let error = flags(kind, rate, options).unwrap_err().to_string();
         assert!(error.contains(needle), "{kind} {options:?}: {error}");
     };
     refused(CompressorKind::Qsgd, 1.0, &["levels=0"], "levels");
@@ -460,7 +460,7 @@ fn bad_settings_are_refused_naming_the_setting() {
         &["stochastic=true"],
         "stochastic",
     );
-    // Typed settings survive their configuration form.
+    // Typed settings survive their configuration form (`[compression]`'s table).
     for compressor in [
         Compressor::Qsgd(Qsgd {
             levels: 4,
@@ -486,8 +486,9 @@ fn bad_settings_are_refused_naming_the_setting() {
         Compressor::Bf16,
         Compressor::Natural,
     ] {
-        let spec = compressor.to_spec().unwrap();
-        assert_eq!(spec.compressor().unwrap(), compressor, "{}", spec.label());
+        let table = toml::to_string(&CompressionSettings::new(compressor.clone())).unwrap();
+        let back: CompressionSettings = toml::from_str(&table).unwrap();
+        assert_eq!(back.compressor, compressor, "{table}");
     }
 }
 
@@ -511,9 +512,13 @@ fn families_change_bits_never_epsilon() {
     let work = tempfile::tempdir().unwrap();
     let run = |kind: CompressorKind, rate: f64, options: &[&str]| {
         let mut c = base.clone();
-        c.compression.kind = kind;
-        c.compression.rate = rate;
-        c.compression.options = options.iter().map(|s| s.to_string()).collect();
+        c.compression = CompressionSettings::from_flags(
+            kind,
+            Some(rate),
+            None,
+            Setting::parse_all(options).unwrap(),
+        )
+        .unwrap();
         let dir = work.path().join(format!("{kind}-{}", options.join("-")));
         let summary = dpcomp::train::Trainer::new(c, &dir).unwrap().run().unwrap();
         (summary.epsilon, summary.upstream_gigabits)

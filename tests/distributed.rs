@@ -18,7 +18,8 @@ mod example;
 use dpcomp::comm::staging::HostStaging;
 use dpcomp::comm::{Communicator, ThreadGroup};
 use dpcomp::compress::powersgd::orthogonalize;
-use dpcomp::compress::{CompressorKind, CompressorSpec, Link, Message, Payload};
+use dpcomp::compress::{Compressor, CompressorKind, Link, Message, Payload, Setting};
+use dpcomp::config::CompressionSettings;
 use dpcomp::config::GradSampleMode;
 use dpcomp::prelude::*;
 use dpcomp::privacy::accountant::Accountant;
@@ -151,13 +152,15 @@ fn the_dp_step_of_w_workers_is_the_single_process_step_on_their_union() {
     }
 }
 
-fn spec(kind: CompressorKind, rate: f64, rank: i64, options: &[&str]) -> CompressorSpec {
-    let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
-    CompressorSpec::new(kind, rate, rank, &options).unwrap()
+fn spec(kind: CompressorKind, rate: f64, rank: i64, options: &[&str]) -> Compressor {
+    let options = Setting::parse_all(options).unwrap();
+    CompressionSettings::from_flags(kind, Some(rate), Some(rank), options)
+        .unwrap()
+        .compressor
 }
 
 /// Every compressor the trainer can run, with settings that compress these small shapes.
-fn every_compressor() -> Vec<CompressorSpec> {
+fn every_compressor() -> Vec<Compressor> {
     vec![
         spec(CompressorKind::Identity, 1.0, 1, &[]),
         spec(CompressorKind::Dgc, 8.0, 1, &[]),
@@ -203,7 +206,7 @@ fn update_of(rank: usize, step: usize) -> Vec<Tensor> {
 }
 
 /// Three steps of `spec`'s exchange on rank `comm.rank()` of W: the updates it applied.
-fn exchanged(spec: &CompressorSpec, comm: Box<dyn Communicator>) -> Vec<Vec<Tensor>> {
+fn exchanged(spec: &Compressor, comm: Box<dyn Communicator>) -> Vec<Vec<Tensor>> {
     let (rank, workers) = (comm.rank(), comm.size());
     let mut encoder = spec.encoder(&shapes(), Device::Cpu).unwrap();
     let decoders = (0..workers)
@@ -244,7 +247,7 @@ fn close(label: &str, a: &[Vec<Tensor>], b: &[Vec<Tensor>], tolerance: f64) {
 /// (`HostStaging::always()`, the path a GPU takes): the updates, and the buffers allocated
 /// after the first step and after the third.
 fn exchanged_through_buffers(
-    spec: &CompressorSpec,
+    spec: &Compressor,
     comm: Box<dyn Communicator>,
 ) -> (Vec<Vec<Tensor>>, usize, usize) {
     let (rank, workers) = (comm.rank(), comm.size());
@@ -412,7 +415,7 @@ fn one_workers_exchange_is_the_round_trip_bit_for_bit() {
 fn w_workers_average_their_own_round_trips() {
     let _serial = common::serial();
     for spec in every_compressor() {
-        if matches!(spec.kind, CompressorKind::Powersgd) || spec.kind.is_sketch() {
+        if matches!(spec.kind(), CompressorKind::Powersgd) || spec.kind().is_sketch() {
             continue; // summed in the compressed domain (their own tests below)
         }
         let label = spec.label();
@@ -470,7 +473,7 @@ fn sketches_of_w_workers_are_averaged_in_the_compressed_domain_and_decoded_once(
     let _serial = common::serial();
     for spec in every_compressor()
         .into_iter()
-        .filter(|s| s.kind.is_sketch())
+        .filter(|s| s.kind().is_sketch())
     {
         let label = spec.label();
         for workers in [2usize, 3] {
@@ -598,16 +601,15 @@ fn train_gru(
                 .build()?
         } else {
             let mut config = example::config(epochs);
-            config.compression.kind = kind;
             // Gathered messages must each carry the whole noise (TrainerBuilder::communicator).
             config.privacy.local_noise = !kind.exchanged_by_sum();
-            match kind {
-                CompressorKind::Identity => config.compression.rate = 1.0,
-                CompressorKind::Powersgd => {
-                    (config.compression.rate, config.compression.rank) = (1.0, 2)
-                }
-                _ => config.compression.rate = 8.0,
-            }
+            let (rate, rank) = match kind {
+                CompressorKind::Identity => (1.0, 1),
+                CompressorKind::Powersgd => (1.0, 2),
+                _ => (8.0, 1),
+            };
+            config.compression =
+                CompressionSettings::from_flags(kind, Some(rate), Some(rank), Vec::new()).unwrap();
             Trainer::builder(&dir)
                 .config(config)
                 .model(model, data)
@@ -813,8 +815,7 @@ fn local_noise_gives_every_worker_the_whole_sigma() {
             let mut data = example::data();
             data.train = data.train.truncate(1000);
             let mut config = example::config(1);
-            config.compression.kind = CompressorKind::Identity;
-            config.compression.rate = 1.0;
+            config.compression = CompressionSettings::default();
             config.privacy.local_noise = local;
             let mut trainer = Trainer::builder(&run)
                 .config(config)

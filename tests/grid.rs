@@ -385,13 +385,14 @@ fn table_valued_axes_bundle_settings_under_a_label() {
         .cells("cpu", &[("variant".to_string(), "dgc".to_string())])
         .unwrap();
     assert_eq!(dgc.len(), 9);
-    assert_eq!(
-        dgc[0].config.compression.kind,
-        dpcomp::compress::CompressorKind::Dgc
-    );
-    assert_eq!(
-        dgc[0].config.compression.options,
-        vec!["budget=elements".to_string()]
+    assert!(
+        matches!(
+            &dgc[0].config.compression.compressor,
+            dpcomp::compress::Compressor::Dgc(d)
+                if d.budget == dpcomp::compress::encoding::Budget::Elements
+        ),
+        "{:?}",
+        dgc[0].config.compression
     );
     let only = vec![
         ("variant".to_string(), "denoise-model-clip".to_string()),
@@ -406,20 +407,12 @@ fn table_valued_axes_bundle_settings_under_a_label() {
         "noise_multiplier-0.8_rate-256_variant-denoise-model-clip"
     );
     assert_eq!(
-        c.config.compression.kind,
-        dpcomp::compress::CompressorKind::Denoise
-    );
-    assert_eq!(
-        c.config.compression.options,
-        vec![
-            "budget=elements".to_string(),
-            "scope=model".to_string(),
-            "clip=3.0".to_string()
-        ]
+        c.config.compression_label().unwrap(),
+        "denoise x256 (budget=elements, clip=3.0, scope=model)"
     );
     assert_eq!(
         (
-            c.config.compression.rate,
+            c.config.compression.rate(),
             c.config.privacy.noise_multiplier,
             c.config.epochs
         ),
@@ -515,7 +508,7 @@ fn full_profiles_estimate_the_papers_bandwidths() {
         for (c, u) in cells.iter().zip(&uploads) {
             let rate = uploads[0].paper_gib() / u.paper_gib();
             assert!(
-                (rate / c.config.compression.rate - 1.0).abs() < 0.01,
+                (rate / c.config.compression.rate() - 1.0).abs() < 0.01,
                 "{file} {}: {rate}",
                 c.name
             );

@@ -82,9 +82,9 @@ fn reads_per_step(config: TrainConfig) -> Vec<u64> {
 type Variant = (&'static str, fn(&mut TrainConfig));
 
 fn compressed(c: &mut TrainConfig, kind: CompressorKind, rate: f64, options: &[&str]) {
-    c.compression.kind = kind;
-    c.compression.rate = rate;
-    c.compression.options = options.iter().map(|s| s.to_string()).collect();
+    let options = dpcomp::compress::Setting::parse_all(options).unwrap();
+    c.compression =
+        dpcomp::config::CompressionSettings::from_flags(kind, Some(rate), None, options).unwrap();
 }
 
 /// Every compressor under DP (DGC and Denoise on their CUDA path, `topk=exact`), the
@@ -100,12 +100,15 @@ const VARIANTS: [Variant; 19] = [
         compressed(c, CompressorKind::Dgc, 16.0, &["topk=exact", "scope=model"])
     }),
     ("dp powersgd", |c| {
-        compressed(c, CompressorKind::Powersgd, 1.0, &[]);
-        c.compression.rank = 1;
+        compressed(c, CompressorKind::Powersgd, 1.0, &["rank=1"]);
     }),
     ("dp powersgd fresh q", |c| {
-        compressed(c, CompressorKind::Powersgd, 1.0, &["warm_start=false"]);
-        c.compression.rank = 2;
+        compressed(
+            c,
+            CompressorKind::Powersgd,
+            1.0,
+            &["rank=2", "warm_start=false"],
+        );
     }),
     ("dp denoise exact", |c| {
         compressed(c, CompressorKind::Denoise, 16.0, &["topk=exact"])

@@ -161,13 +161,13 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
 /// can run with are refused, naming the field.
 #[test]
 fn typed_compressor_settings_equal_the_command_lines_and_are_checked() {
-    use dpcomp::compress::{Compressor, CompressorKind, CompressorSpec, Denoise, Dgc, PowerSgd};
+    use dpcomp::compress::{Compressor, CompressorKind, Denoise, Dgc, PowerSgd, Setting};
+    use dpcomp::config::CompressionSettings;
     use tch::{Device, Kind};
     let parsed = |kind, rate, rank| {
-        CompressorSpec::new(kind, rate, rank, &[])
+        CompressionSettings::from_flags(kind, Some(rate), Some(rank), Vec::new())
             .unwrap()
-            .compressor()
-            .unwrap()
+            .compressor
     };
     assert_eq!(
         parsed(CompressorKind::Dgc, 16.0, 1),
@@ -186,14 +186,15 @@ fn typed_compressor_settings_equal_the_command_lines_and_are_checked() {
         residual_decay: 0.0,
         ..Default::default()
     });
-    let spec = CompressorSpec::new(
+    let spec = CompressionSettings::from_flags(
         CompressorKind::Dgc,
-        256.0,
-        1,
-        &["error_feedback=false".to_string()],
+        Some(256.0),
+        None,
+        Setting::parse_all(&["error_feedback=false"]).unwrap(),
     )
-    .unwrap();
-    assert_eq!(spec.compressor().unwrap(), typed);
+    .unwrap()
+    .compressor;
+    assert_eq!(spec, typed);
     let shapes = [vec![40, 70], vec![40]];
     let (mut a, mut b) = (
         typed.link(&shapes, Device::Cpu).unwrap(),

@@ -355,7 +355,9 @@ fn config_file_then_flags_then_errors() {
     .unwrap();
     let config = TrainOverrides {
         compression: CompressionOverrides {
-            compressor_options: Some(vec!["value_bits=12".into(), "index_bits=min".into()]),
+            compressor_options: Some(
+                dpcomp::compress::Setting::parse_all(&["value_bits=12", "index_bits=min"]).unwrap(),
+            ),
             ..Default::default()
         },
         ..Default::default()
@@ -363,14 +365,19 @@ fn config_file_then_flags_then_errors() {
     .or(TrainOverrides::from_toml_file(&file).unwrap())
     .resolve()
     .unwrap();
-    let spec = config.compressor_spec().unwrap();
-    assert_eq!(spec.label(), "dgc x256 (index_bits=min, value_bits=12)");
-    assert_eq!(spec.dgc_options().unwrap().value_bits, 12);
+    assert_eq!(
+        config.compression_label().unwrap(),
+        "dgc x256 (index_bits=min, value_bits=12)"
+    );
+    let dpcomp::compress::Compressor::Dgc(dgc) = config.compressor().unwrap() else {
+        panic!("the file's compressor is dgc")
+    };
+    assert_eq!(dgc.value_bits, 12);
     let err = TrainOverrides {
         task: Some(Task::Surnames),
         compression: CompressionOverrides {
             compressor: Some(dpcomp::compress::CompressorKind::Powersgd),
-            compressor_options: Some(vec!["rate=3".into()]),
+            compressor_options: Some(dpcomp::compress::Setting::parse_all(&["rate=3"]).unwrap()),
             ..Default::default()
         },
         ..Default::default()
@@ -379,7 +386,7 @@ fn config_file_then_flags_then_errors() {
     .unwrap_err()
     .to_string();
     assert!(
-        err.contains("\"rate\" is not an option of powersgd") && err.contains("min_rate"),
+        err.contains("`rate` is not a setting of powersgd") && err.contains("min_rate"),
         "{err}"
     );
     let err = TrainOverrides {
@@ -390,7 +397,9 @@ fn config_file_then_flags_then_errors() {
         },
         compression: CompressionOverrides {
             compressor: Some(dpcomp::compress::CompressorKind::Dgc),
-            compressor_options: Some(vec!["momentum=0.9".into()]),
+            compressor_options: Some(
+                dpcomp::compress::Setting::parse_all(&["momentum=0.9"]).unwrap(),
+            ),
             ..Default::default()
         },
         ..Default::default()

@@ -5,7 +5,8 @@
 mod common;
 
 use dpcomp::compress::wire::{HEADER_BYTES, PAYLOAD_HEADER_BYTES};
-use dpcomp::compress::{CompressorKind, CompressorSpec, Message, Payload};
+use dpcomp::compress::{Compressor, CompressorKind, Message, Payload, Setting};
+use dpcomp::config::CompressionSettings;
 use tch::{Device, Kind, Tensor};
 
 /// Shapes with a matrix, a conv kernel, a vector and a scalar-like tensor.
@@ -43,7 +44,7 @@ fn header_bound(message: &Message) -> usize {
     HEADER_BYTES + message.flags.len().div_ceil(8) + payloads
 }
 
-fn round_trip(name: &str, spec: CompressorSpec) {
+fn round_trip(name: &str, spec: Compressor) {
     let shapes = shapes();
     // One encoder; one decoder reads the bytes, another the message in memory.
     let mut encoder = spec.encoder(&shapes, Device::Cpu).unwrap();
@@ -100,8 +101,10 @@ fn round_trip(name: &str, spec: CompressorSpec) {
 fn every_compressor_round_trips_through_bytes_bit_for_bit() {
     let _serial = common::serial();
     let spec = |kind, rate, rank, options: &[&str]| {
-        let options: Vec<String> = options.iter().map(|s| s.to_string()).collect();
-        CompressorSpec::new(kind, rate, rank, &options).unwrap()
+        let options = Setting::parse_all(options).unwrap();
+        CompressionSettings::from_flags(kind, Some(rate), Some(rank), options)
+            .unwrap()
+            .compressor
     };
     round_trip("identity", spec(CompressorKind::Identity, 1.0, 1, &[]));
     round_trip("dgc x16", spec(CompressorKind::Dgc, 16.0, 1, &[]));

@@ -19,7 +19,7 @@
 //! Results go to the run's `grad_error.jsonl`, one line per measured epoch.
 
 use super::{flatten, squared_norm, unflatten, BatchGradients, NOISE_SEED};
-use crate::compress::{CompressorSpec, Link};
+use crate::compress::{Compressor, Link};
 use crate::data::Dataset;
 use crate::error::{Error, Result};
 use crate::json_floats::nan_if_null;
@@ -150,11 +150,11 @@ impl Moments {
     }
 }
 
-/// Where the compress stage's fresh compressors come from: the run's spec and shapes, the
+/// Where the compress stage's fresh compressors come from: the run's compressor and shapes, the
 /// state to start from, and the epoch (for schedules such as DGC's warm-up).
 pub struct CompressorSource<'a> {
     /// The run's compressor setting.
-    pub spec: &'a CompressorSpec,
+    pub compressor: &'a Compressor,
     /// The trainable parameters' shapes, in order.
     pub shapes: &'a [Vec<i64>],
     /// The compressor's state as the run holds it (as in `compressor.safetensors`; empty for a
@@ -170,7 +170,7 @@ impl CompressorSource<'_> {
     /// A new compressor holding a copy of the state (`load_state` copies, so the run's own
     /// tensors are never written).
     fn fresh(&self) -> Result<Link> {
-        let mut compressor = self.spec.link(self.shapes, self.device)?;
+        let mut compressor = self.compressor.link(self.shapes, self.device)?;
         let state: HashMap<String, Tensor> = self
             .state
             .iter()

@@ -77,11 +77,11 @@ impl GradientErrorProbe {
             },
             None => Mechanism::GlobalClip { max_norm },
         };
-        let spec = config.compressor_spec()?;
+        let compressor = config.compressor()?;
         let shapes: Vec<Vec<i64>> = trainer.params().iter().map(|(_, p)| p.size()).collect();
         let state = trainer.state();
         let source = CompressorSource {
-            spec: &spec,
+            compressor: &compressor,
             shapes: &shapes,
             state: trainer.updater().compressor.state(),
             epoch: state.epochs_done,
@@ -108,7 +108,7 @@ impl GradientErrorProbe {
             parameters: measured.parameters,
             median_norm: measured.median_norm,
             mean_gradient_norm: measured.mean_gradient_norm,
-            compressor: spec.label(),
+            compressor: config.compression.label(),
             stages: measured.stages,
         })
     }

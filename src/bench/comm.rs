@@ -18,7 +18,8 @@
 
 use super::{median, synchronize, BenchSetup, Prepared};
 use crate::comm::{Communicator, Shared};
-use crate::compress::{CompressorKind, CompressorSpec};
+use crate::compress::CompressorKind;
+use crate::config::CompressionSettings;
 use crate::error::{Error, Result};
 use crate::train::exchange::Exchange;
 use crate::train::sgd::Sgd;
@@ -62,7 +63,7 @@ pub struct CommBenchArgs {
 }
 
 /// A compressor from `KIND[:N[:KEY=VALUE...]]`.
-pub fn parse_compressor(text: &str) -> Result<CompressorSpec> {
+pub fn parse_compressor(text: &str) -> Result<CompressionSettings> {
     let mut parts = text.split(':');
     let name = parts.next().unwrap_or_default();
     let kinds = [
@@ -89,12 +90,15 @@ pub fn parse_compressor(text: &str) -> Result<CompressorSpec> {
         })?,
         None => 1.0,
     };
-    let options: Vec<String> = parts.map(str::to_string).collect();
+    let options = parts
+        .map(str::parse)
+        .collect::<std::result::Result<Vec<_>, String>>()
+        .map_err(|e| Error::bad_value("--compressors", format!("{text:?}: {e}")))?;
     let (rate, rank) = match kind {
         CompressorKind::Powersgd => (1.0, number as i64),
         _ => (number, 1),
     };
-    CompressorSpec::new(kind, rate, rank, &options)
+    CompressionSettings::from_flags(kind, Some(rate), Some(rank), options)
 }
 
 /// One compressor's step on W ranks: medians over the timed steps of rank 0's parts, and the
@@ -139,11 +143,11 @@ pub fn worker(args: &CommBenchArgs, comm: Shared) -> Result<Vec<CommRow>> {
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
         let mut updater = Updater::new(
             Box::new(Sgd::new(defaults.optimizer.lr, 0.0)),
-            spec.link(&shapes, device)?,
+            spec.compressor.link(&shapes, device)?,
         );
         let workers = comm.size();
         let decoders = (0..workers)
-            .map(|_| spec.decoder(&shapes, device))
+            .map(|_| spec.compressor.decoder(&shapes, device))
             .collect::<Result<Vec<_>>>()?;
         updater.exchange = Some(Exchange::new(Box::new(comm.clone()), decoders));
         let mut mine = Vec::with_capacity(setup.steps);
@@ -185,7 +189,7 @@ pub fn worker(args: &CommBenchArgs, comm: Shared) -> Result<Vec<CommRow>> {
         ];
         rows.push(CommRow {
             compressor: spec.label(),
-            kind: spec.kind.name().to_string(),
+            kind: spec.kind().name().to_string(),
             workers,
             step_seconds: of(&|r| {
                 r.compute_seconds

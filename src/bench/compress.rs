@@ -12,7 +12,8 @@
 //! memory); messages cross a process only as bytes.
 
 use super::{synchronize, BenchSetup, Prepared};
-use crate::compress::{dense_fp32_bits, CompressorKind, CompressorSpec, Message};
+use crate::compress::{dense_fp32_bits, CompressorKind, Message, Setting};
+use crate::config::CompressionSettings;
 use crate::error::Result;
 use crate::nn::Ctx;
 use std::time::Instant;
@@ -31,12 +32,13 @@ pub struct CompressBenchArgs {
     /// PowerSGD rank.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 1))]
     pub rank: i64,
-    /// Compressor setting key=value, repeatable (as for `dpcomp train`).
+    /// Compressor setting key=value, repeatable, the value read as TOML (as for `dpcomp
+    /// train`).
     #[cfg_attr(
         feature = "cli",
         arg(long = "compressor-option", value_name = "KEY=VALUE")
     )]
-    pub compressor_options: Vec<String>,
+    pub compressor_options: Vec<Setting>,
     /// Alternating rounds the timed steps are split into.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 4))]
     pub rounds: usize,
@@ -56,15 +58,15 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
         ..
     } = setup.prepare()?;
     let batch = super::batch_to_device(&batch, device);
-    let spec = CompressorSpec::new(
+    let spec = CompressionSettings::from_flags(
         args.compressor,
-        args.rate,
-        args.rank,
-        &args.compressor_options,
+        Some(args.rate),
+        Some(args.rank),
+        args.compressor_options.clone(),
     )?;
     let params = model.trainable_variables();
     let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
-    let mut compressor = spec.link(&shapes, device)?;
+    let mut compressor = spec.compressor.link(&shapes, device)?;
 
     // One backward pass of the model (forward untimed): its gradients and its time.
     let backward = || -> Result<(Vec<Tensor>, f64)> {
@@ -145,7 +147,7 @@ pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
             "{}",
             serde_json::json!({
                 "task": setup.task, "batch_size": batch_size, "device": format!("{device:?}"),
-                "compressor": spec.label(), "options": spec.options, "steps": steps,
+                "compressor": spec.label(), "options": spec.to_table(), "steps": steps,
                 "mean_compress_decompress_seconds": compress,
                 "mean_backward_seconds": backward_mean,
                 "ratio_compress_over_backward": compress / backward_mean,

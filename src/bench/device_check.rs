@@ -14,7 +14,7 @@
 //! The accountant runs on the CPU whatever the device; `scripts/gpu-check.sh` checks its golden
 //! value through `dpcomp epsilon`.
 
-use crate::compress::{CompressorKind, CompressorSpec};
+use crate::compress::Compressor;
 use crate::data::Features;
 use crate::error::Result;
 use crate::models::{BertClassifier, BertConfig, CifarCnn, Model, ResNet18, SurnamesLstm};
@@ -303,25 +303,13 @@ fn per_sample_gap(
 }
 
 /// The compressors the grids run, at the paper's settings.
-fn compressor_specs() -> Result<Vec<(&'static str, CompressorSpec)>> {
-    Ok(vec![
-        (
-            "dgc_x16",
-            CompressorSpec::new(CompressorKind::Dgc, 16.0, 1, &[])?,
-        ),
-        (
-            "dgc_x256",
-            CompressorSpec::new(CompressorKind::Dgc, 256.0, 1, &[])?,
-        ),
-        (
-            "denoise_x16",
-            CompressorSpec::new(CompressorKind::Denoise, 16.0, 1, &[])?,
-        ),
-        (
-            "powersgd_rank4",
-            CompressorSpec::new(CompressorKind::Powersgd, 1.0, 4, &[])?,
-        ),
-    ])
+fn compressors() -> [(&'static str, Compressor); 4] {
+    [
+        ("dgc_x16", Compressor::dgc(16.0)),
+        ("dgc_x256", Compressor::dgc(256.0)),
+        ("denoise_x16", Compressor::denoise(16.0)),
+        ("powersgd_rank4", Compressor::powersgd(4)),
+    ]
 }
 
 /// Positions where `a` and `b` differ by more than `COMPRESSOR_TOLERANCE` of `b`'s largest
@@ -341,7 +329,7 @@ fn compressor_checks(device: Device) -> Result<Vec<Check>> {
         .map(|(_, p)| p.size())
         .collect();
     let mut checks = Vec::new();
-    for (name, spec) in compressor_specs()? {
+    for (name, spec) in compressors() {
         let mut on_cpu = spec.link(&shapes, Device::Cpu)?;
         let mut on_device = spec.link(&shapes, device)?;
         let (mut moved, mut total, mut worst_kept, mut bits_equal) = (0i64, 0i64, 0.0f64, true);

@@ -11,8 +11,9 @@
 //!   stochastically, which makes it unbiased), 8 bits per element (a sign bit and 7 magnitude
 //!   bits) plus the 32-bit scale.
 
+use super::codec::Encoder;
 use super::message::LevelCode;
-use super::{Encoder, Message, Payload};
+use super::message::{Message, Payload};
 use tch::{Kind, Tensor};
 
 /// The target format of `CastEncoder`.
@@ -66,7 +67,8 @@ impl Encoder for CastEncoder {
 }
 
 /// int8's settings (`Compressor::Int8`; `--compressor int8` and the key `stochastic`).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Int8 {
     /// Round g / scale stochastically (unbiased) instead of to the nearest integer.
     pub stochastic: bool,

@@ -172,7 +172,7 @@ impl ChunkedDct {
     /// n values); with one, `compress(&flatten(parts))`.
     pub fn compress_parts(&self, parts: &[Tensor]) -> Tensor {
         if self.permutation.is_some() || parts.is_empty() {
-            return self.compress(&super::flatten(parts));
+            return self.compress(&super::codec::flatten(parts));
         }
         let mut pieces: Vec<Tensor> = parts.iter().map(|t| t.reshape([-1])).collect();
         let total: i64 = pieces.iter().map(|t| t.numel() as i64).sum();

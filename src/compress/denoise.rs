@@ -28,10 +28,11 @@
 //! parameters concatenated (one flag). `clip` (off by default) bounds the global norm of the
 //! incoming gradient: our reading of the "second clipping" the paper's results mention.
 
+use super::codec::{clip_global_norm, Decoder, Encoder, Scope};
 use super::elementwise;
 use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, Budget, IndexBits};
+use super::message::{Message, Payload};
 use super::topk::{largest, TopK};
-use super::{Decoder, Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
 /// Denoise's settings (`Compressor::Denoise`; on the command line `--compressor denoise --rate R`
@@ -171,7 +172,7 @@ impl DenoiseEncoder {
             .map(|t| t.to_kind(Kind::Float).reshape([-1]))
             .collect();
         let flat = if self.options.clip.is_finite() {
-            super::clip_global_norm(&flat, self.options.clip)
+            clip_global_norm(&flat, self.options.clip)
         } else {
             flat
         };

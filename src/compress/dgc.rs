@@ -33,9 +33,10 @@
 //! rate min(R, 4^(e+1))) or `warmup=reference` (DGC reference implementation: density
 //! R^-(e+1)/(W+1), e < W).
 
+use super::codec::{Encoder, Scope};
 use super::encoding::{sparse_budget, sparse_is_cheaper, truncate_mantissa, Budget, IndexBits};
+use super::message::{Message, Payload};
 use super::topk::{largest, TopK};
-use super::{Encoder, Message, Payload, Scope};
 use tch::{Device, Kind, Tensor};
 
 /// DGC's settings (`Compressor::Dgc`; on the command line `--compressor dgc --rate R` and the
@@ -111,10 +112,12 @@ impl Default for Dgc {
 }
 
 /// DGC's sparsity warm-up over `warmup_epochs` W.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Warmup {
     /// DGC paper (Lin et al. 2018, section 3.3): rate min(R, 4^(e+1)) in epoch e < W, i.e.
     /// density 25%, 6.25%, 1.56%, ... (its 75%, 93.75%, 98.4375%, ... sparsity).
+    #[default]
     Paper,
     /// DGC reference implementation: density max(R^-(e+1)/(W+1), 1/R) in epoch e < W.
     Reference,

@@ -3,9 +3,10 @@
 use tch::{Kind, Tensor};
 
 /// How indices of kept elements are encoded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IndexBits {
     /// 32-bit integers (the paper's COO count).
+    #[default]
     Fixed32,
     /// The smallest width that addresses every element of the tensor: ceil(log2(numel)).
     Minimal,
@@ -45,9 +46,11 @@ pub fn min_index_bits(numel: i64) -> u32 {
 /// None gives 86x exactly. The experiment files use `elements` (DGC's own meaning of the rate,
 /// and the one under which the paper's unit shrinks by the rate); the library's default stays
 /// `bits` (a rate that is exact on the wire).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Budget {
     /// k such that k (value_bits + index_bits) <= 32 numel / rate.
+    #[default]
     Bits,
     /// k = ceil(numel / rate).
     Elements,

@@ -1,7 +1,8 @@
 //! Dense fp32: the uncompressed baseline (rate 1), counted like every other message. Its
 //! receiver is `Unpack`.
 
-use super::{all_reduce_sum, AllReduce, Encoder, Message, Payload};
+use super::codec::{all_reduce_sum, AllReduce, Encoder};
+use super::message::{Message, Payload};
 use crate::error::Result;
 use tch::Tensor;
 

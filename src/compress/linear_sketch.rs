@@ -185,7 +185,7 @@ impl RoundCodec<'_> {
         else {
             return match (self.codec.scheme, &self.codec.sketch) {
                 (Scheme::Freq | Scheme::Cs, Some(sketch)) => sketch.compress_parts(parts),
-                _ => self.encode(&super::flatten(parts)),
+                _ => self.encode(&super::codec::flatten(parts)),
             };
         };
         let mut pieces = Vec::new();

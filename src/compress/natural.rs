@@ -9,7 +9,8 @@
 //! same unbiased rule; above 2^127 the upper neighbour would be infinite and the lower one is
 //! kept (no gradient comes near).
 
-use super::{Encoder, Message, Payload};
+use super::codec::Encoder;
+use super::message::{Message, Payload};
 use tch::{Kind, Tensor};
 
 /// Natural compression's worker side (`Compressor::Natural`, `--compressor natural`):

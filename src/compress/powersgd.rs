@@ -9,18 +9,22 @@
 //! `_should_compress`, default min_rate 2); others, and every vector, are sent dense and exactly.
 //! On the wire: P and Q in fp32, 32 (n + m) r bits.
 
-use super::{all_reduce_sum, copy_state, take_state, AllReduce, Encoder, Message, Payload};
+use super::codec::{all_reduce_sum, copy_state, take_state, AllReduce, Encoder};
+use super::message::{Message, Payload};
 use crate::error::Result;
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
 /// How a parameter's update is viewed as the matrix M [n, m] that PowerSGD approximates.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum MatrixShape {
     /// The paper's: the flat update zero-padded to ceil(sqrt(numel)) rows of ceil(numel / rows)
     /// columns (`shape=square`, the default).
+    #[default]
+    #[serde(rename = "square")]
     NearSquare,
     /// PyTorch's `[shape[0], -1]`: the first dimension as rows (`shape=rows`).
+    #[serde(rename = "rows")]
     Rows,
 }
 

@@ -10,12 +10,14 @@
 //! or in the paper's Elias-gamma code (`elias`, section 3.2), whose length depends on the levels.
 //! No error feedback: QSGD is unbiased without it.
 
+use super::codec::Encoder;
 use super::message::LevelCode;
-use super::{Encoder, Message, Payload};
+use super::message::{Message, Payload};
 use tch::{Kind, Tensor};
 
 /// How QSGD writes its levels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum QsgdEncoding {
     /// A sign bit and ⌈log2(s + 1)⌉ bits per element (`encoding=fixed`).
     #[default]
@@ -39,7 +41,8 @@ pub enum QsgdEncoding {
 /// assert_eq!(received[0].size(), [1000]);
 /// # Ok::<(), dpcomp::error::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Qsgd {
     /// s >= 1, the levels of each magnitude (s = 1: a sign and one bit).
     pub levels: u32,

@@ -14,8 +14,9 @@
 //! add up coordinate by coordinate: W workers exchange them by one all-reduce, and the update
 //! is a function of the sum of their noised gradients (the residuals, too, evolve by their sum).
 
+use super::codec::{mean_of_dense_messages, take_state, AllReduce, Decoder, Encoder};
+use super::message::{Message, Payload};
 use super::sketched::{counted_state, load_counted_state};
-use super::{AllReduce, Decoder, Encoder, Message, Payload};
 use crate::error::Result;
 use crate::host;
 use rand::SeedableRng;
@@ -36,7 +37,8 @@ use tch::{Device, Kind, Tensor};
 /// assert_eq!(received[0].sum(Kind::Float).double_value(&[]), 100.0);
 /// # Ok::<(), dpcomp::error::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default = "RandomK::configured", deny_unknown_fields)]
 pub struct RandomK {
     /// numel / k >= 1 per tensor (dense fp32 bits over message bits).
     pub rate: f64,
@@ -47,6 +49,17 @@ pub struct RandomK {
     pub unbiased: bool,
     /// Keep the unsent elements for the next step.
     pub error_feedback: bool,
+}
+
+impl RandomK {
+    /// The defaults of a `[compression]` table that names no `rate`: rate 1 (every element),
+    /// as for the other compressors with a rate, the rest `Default`'s.
+    pub(crate) fn configured() -> Self {
+        RandomK {
+            rate: 1.0,
+            ..Default::default()
+        }
+    }
 }
 
 impl Default for RandomK {
@@ -158,7 +171,7 @@ impl Encoder for RandomKEncoder {
         reduce: &mut AllReduce,
     ) -> Option<Result<Message>> {
         let message = self.encode(update);
-        Some(super::mean_of_dense_messages(message, workers, reduce))
+        Some(mean_of_dense_messages(message, workers, reduce))
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {
@@ -177,7 +190,7 @@ impl Encoder for RandomKEncoder {
     fn load_state(&mut self, mut state: HashMap<String, Tensor>) -> Result<()> {
         if let Some(residuals) = self.residuals.as_mut() {
             for (i, live) in residuals.iter_mut().enumerate() {
-                let saved = super::take_state(&mut state, &format!("residual.{i}"), &live.size())?;
+                let saved = take_state(&mut state, &format!("residual.{i}"), &live.size())?;
                 tch::no_grad(|| live.copy_(&saved));
             }
         }

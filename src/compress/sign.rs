@@ -17,8 +17,10 @@
 //!
 //! sign(0) is sent as +1 (one bit has no zero).
 
+use super::codec::{Decoder, Encoder};
 use super::message::LevelCode;
-use super::{Decoder, Encoder, Message, Payload, Unpack};
+use super::message::{Message, Payload};
+use super::unpack::Unpack;
 use tch::{Device, Kind, Tensor};
 
 /// ±1 codes of `p` (+1 where p >= 0), int8, built in place.

@@ -27,15 +27,18 @@
 //! step without host reads).
 
 use super::chunked_dct::DctRows;
+use super::codec::{
+    flatten, mean_of_dense_messages, split, take_state, AllReduce, Decoder, Encoder,
+};
 use super::linear_sketch::{Codec, Scheme};
 use super::message::{Message, Payload};
 use super::owlqn::{owlqn, Measurement, OwlqnSettings};
-use super::{flatten, split, take_state, AllReduce, Decoder, Encoder};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
-/// The sketch and its settings (`CompressorSpec::sketch_options`).
+/// The sketch and its settings (`Compressor::Sketch`; in a `[compression]` table `kind` fl-rnd,
+/// fl-freq or fl-cs and the keys its scheme reads, `compress::settings`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sketch {
     /// Which of the paper's sketches (FL-RND, FL-FREQ, FL-CS; FL-STD only inside a federated
@@ -192,7 +195,7 @@ impl Encoder for SketchEncoder {
         reduce: &mut AllReduce,
     ) -> Option<Result<Message>> {
         let message = self.encode(update);
-        Some(super::mean_of_dense_messages(message, workers, reduce))
+        Some(mean_of_dense_messages(message, workers, reduce))
     }
 
     fn state(&self) -> Vec<(String, Tensor)> {

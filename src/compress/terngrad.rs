@@ -6,8 +6,9 @@
 //! optional gradient clipping (to 2.5 standard deviations) is not applied: under DP the
 //! gradients are already clipped per example.
 
+use super::codec::Encoder;
 use super::message::LevelCode;
-use super::{Encoder, Message, Payload};
+use super::message::{Message, Payload};
 use tch::{Kind, Tensor};
 
 /// TernGrad's worker side (`Compressor::TernGrad`, `--compressor terngrad`): no settings and

@@ -13,8 +13,9 @@
 //! Under DP the noise σ C / B per coordinate sets the scale: a threshold well above it sends
 //! mostly signal and noise peaks; one below it sends nearly everything.
 
+use super::codec::Encoder;
 use super::encoding::{truncate_mantissa, IndexBits};
-use super::{Encoder, Message, Payload};
+use super::message::{Message, Payload};
 use tch::{Device, Kind, Tensor};
 
 /// Threshold-v's settings (`Compressor::Threshold`; `--compressor threshold` and the keys
@@ -33,7 +34,8 @@ use tch::{Device, Kind, Tensor};
 /// assert_eq!(Vec::<f32>::try_from(&received[0]).unwrap(), [0.0, -2.0, 0.0, 1.0, 0.0, 3.0]);
 /// # Ok::<(), dpcomp::error::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Threshold {
     /// v > 0: elements with |value| >= v are sent.
     pub threshold: f64,

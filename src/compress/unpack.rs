@@ -3,7 +3,8 @@
 //! into zeros, P Qᵀ). A model-wise message (DGC with `scope = model`) carries one flat payload
 //! for all parameters, which is split into their shapes in order.
 
-use super::{Decoder, Message, Payload, Scope};
+use super::codec::{Decoder, Scope};
+use super::message::{Message, Payload};
 use tch::Tensor;
 
 /// The receiver (`Decoder`) of dense, DGC and PowerSGD messages: stateless, it turns every

@@ -113,26 +113,24 @@ pub(crate) fn sigma(c: &CellLog) -> f64 {
 /// PowerSGD by falling rank.
 fn setting_order(c: &CellLog) -> f64 {
     use crate::compress::CompressorKind as K;
-    match c.config.compression.kind {
+    match c.config.compression.kind() {
         K::Identity => 0.0,
-        K::Dgc | K::Denoise | K::FlRnd | K::FlFreq | K::FlCs => c.config.compression.rate,
-        K::Powersgd => 1e6 / c.config.compression.rank as f64,
+        K::Dgc | K::Denoise | K::FlRnd | K::FlFreq | K::FlCs => c.config.compression.rate(),
+        K::Powersgd => 1e6 / c.config.compression.rank() as f64,
         // The quantisers by their bits per element against fp32's 32.
         K::Fp16 | K::Bf16 => 2.0,
         K::Natural => 32.0 / 9.0,
         K::Int8 => 4.0,
         K::Qsgd => {
-            let levels = c
-                .config
-                .compressor_spec()
-                .ok()
-                .and_then(|s| s.options.get("levels").and_then(|l| l.parse::<u32>().ok()))
-                .unwrap_or(16);
+            let levels = match &c.config.compression.compressor {
+                crate::compress::Compressor::Qsgd(q) => q.levels,
+                _ => crate::compress::Qsgd::default().levels,
+            };
             32.0 / (1 + crate::compress::qsgd::level_bits(levels)) as f64
         }
         K::Terngrad => 16.0,
         K::Signsgd | K::EfSignsgd => 32.0,
-        K::Randomk => c.config.compression.rate,
+        K::Randomk => c.config.compression.rate(),
         K::Threshold => 1e5,
     }
 }

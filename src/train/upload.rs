@@ -35,13 +35,13 @@ impl Upload {
 
 /// The upload of `config` trained on `train_examples` examples with parameters of `shapes`.
 pub fn estimate(config: &TrainConfig, train_examples: i64, shapes: &[Vec<i64>]) -> Result<Upload> {
-    let spec = config.compressor_spec()?;
-    let mut encoder = spec.encoder(shapes, Device::Cpu)?;
+    let compressor = config.compressor()?;
+    let mut encoder = compressor.encoder(shapes, Device::Cpu)?;
     let batch = config.optimizer.batch_size as i64;
     let steps_per_epoch = ((train_examples + batch - 1) / batch) as u64;
     // Epochs after the warm-up all send the same sizes: encode those once.
-    let distinct = match spec.kind {
-        crate::compress::CompressorKind::Dgc => spec.dgc_options()?.warmup_epochs + 1,
+    let distinct = match &compressor {
+        crate::compress::Compressor::Dgc(dgc) => dgc.warmup_epochs + 1,
         _ => 1,
     };
     let mut total = Upload {

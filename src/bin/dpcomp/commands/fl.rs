@@ -30,7 +30,7 @@ pub struct FlArgs {
     /// fl-freq and fl-cs chunks (default n / 1024); fl-cs rows (first|random), lambda (0.01),
     /// iterations (OWL-QN per round, 50 in federated runs); dgc and powersgd theirs.
     #[arg(long = "compressor-option", value_name = "KEY=VALUE")]
-    pub compressor_options: Vec<String>,
+    pub compressor_options: Vec<dpcomp::compress::Setting>,
     /// Deprecated (one more release): --compressor identity|fl-rnd|fl-freq|fl-cs.
     #[arg(long, value_enum, hide = true)]
     pub scheme: Option<dpcomp::compress::linear_sketch::Scheme>,
@@ -202,8 +202,13 @@ pub fn fl_compression(
     };
     let mut options = args.compressor_options.clone();
     let mut legacy_option =
-        |flag: &'static str, applies: bool, option: Option<String>| match (option, applies) {
-            (Some(option), true) => options.push(option),
+        |flag: &'static str, applies: bool, option: Option<(&str, toml::Value)>| match (
+            option, applies,
+        ) {
+            (Some((key, value)), true) => options.push(dpcomp::compress::Setting {
+                key: key.to_string(),
+                value,
+            }),
             (Some(_), false) => ignored.push(flag),
             (None, _) => {}
         };
@@ -212,7 +217,7 @@ pub fn fl_compression(
     legacy_option(
         "--chunks",
         freq_or_cs,
-        args.chunks.map(|p| format!("chunks={p}")),
+        args.chunks.map(|p| ("chunks", p.into())),
     );
     match args.rows {
         Some(DctRows::Random) if kind == CompressorKind::FlFreq => {
@@ -222,22 +227,22 @@ pub fn fl_compression(
             )
             .into())
         }
-        Some(DctRows::Random) => legacy_option("--rows", cs, Some("rows=random".into())),
+        Some(DctRows::Random) => legacy_option("--rows", cs, Some(("rows", "random".into()))),
         Some(DctRows::First) | None => {}
     }
-    legacy_option("--lambda", cs, args.lambda.map(|l| format!("lambda={l}")));
+    legacy_option("--lambda", cs, args.lambda.map(|l| ("lambda", l.into())));
     legacy_option(
         "--owlqn-iterations",
         cs,
-        args.owlqn_iterations.map(|i| format!("iterations={i}")),
+        args.owlqn_iterations
+            .map(|i| ("iterations", (i as i64).into())),
     );
-    let compression = dpcomp::config::CompressionSettings {
+    let compression = dpcomp::config::CompressionSettings::from_flags(
         kind,
-        rate,
-        rank: args.rank,
-        options: options.clone(),
-        ..Default::default()
-    };
+        Some(rate),
+        Some(args.rank),
+        options.clone(),
+    )?;
     let deprecated: Vec<&str> = [
         ("--scheme", args.scheme.is_some()),
         ("--ratio", args.ratio.is_some()),
@@ -333,7 +338,7 @@ pub fn fl_settings(args: &FlArgs) -> Result<dpcomp::fl::FlSettings> {
         s.privacy = Some(FlPrivacy {
             clip: args
                 .clip
-                .unwrap_or(default_clip(full, s.scheme(), s.compression.rate)),
+                .unwrap_or(default_clip(full, s.scheme(), s.compression.rate())),
             noise_multiplier,
             delta: args.delta,
             accountant: args.accountant,
