@@ -1,6 +1,6 @@
 //! Every CSV table under `experiments/` (the committed results, and any table kept in a run
 //! folder) parses as CSV with one field per header column in every row: a compressor label that holds
-//! commas must be quoted, not split (issue 35).
+//! commas must be quoted, not split.
 
 use std::path::{Path, PathBuf};
 

@@ -94,9 +94,11 @@ fn the_committed_training_grid_table_is_regenerated_byte_for_byte() {
     assert!(!results.path().join("cifar10_dgc_conventions").exists());
 }
 
-/// A federated grid: the real 600-client FL-STD-DP run (one cell). Its table and the figures
-/// `--tables-only` redraws equal the committed ones; only the PNG of each figure is copied to
-/// the results folder (its SVG stays in the run folder).
+/// Federated grids: the real 600-client FL-STD-DP run (one cell) and the FL-CS grid at the
+/// paper's scale (240 cells). Their tables equal the committed ones, and so does the figure a
+/// page shows (`docs/results/federated-paper.md`: FL-CS per round on Fashion-MNIST); the other
+/// figures `--tables-only` redraws are not committed (`.gitignore`). Only the PNG of each
+/// figure is copied to the results folder (its SVG stays in the run folder).
 #[test]
 fn the_committed_federated_grid_table_and_figures_are_regenerated_byte_for_byte() {
     let results = regenerate("fl_std_dp_noise", "clients-600");
@@ -115,12 +117,14 @@ fn the_committed_federated_grid_table_and_figures_are_regenerated_byte_for_byte(
             "fl_fashion_mnist_rounds_dp.png"
         ]
     );
-    for figure in drawn {
-        assert_same(
-            results.path(),
-            &format!("fl_std_dp_noise-clients-600/{figure}"),
-        );
+    for figure in &drawn {
+        let bytes = std::fs::read(figures.join(figure)).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG", "{figure}");
     }
+    let results = regenerate("fl_scale", "cpu");
+    assert_same(results.path(), "fl_scale.cpu.csv");
+    assert_same(results.path(), "fl_scale.cpu.md");
+    assert_same(results.path(), "fl_scale/fl_fashion_mnist_rounds.png");
 }
 
 /// `results.md` and `results.csv` of each grid (all four kinds: training, federated, audit, and
