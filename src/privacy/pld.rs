@@ -44,8 +44,9 @@ use super::rdp::log_erfc;
 use super::{validate, validate_delta};
 use crate::error::{Error, Result};
 use realfft::num_complex::Complex;
-use realfft::RealFftPlanner;
-use std::sync::{Mutex, OnceLock};
+use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Grid spacing of the loss values (dp_accounting's default).
 pub const DEFAULT_INTERVAL: f64 = 1e-4;
@@ -393,18 +394,35 @@ fn minimise_over_lambda(
 }
 
 /// The FFT plans of every length used so far: an ε evaluation reuses the plans (and their
-/// twiddle tables) of the evaluations before it, as calibration evaluates ε at nearby σ.
-fn planner() -> &'static Mutex<RealFftPlanner<f64>> {
-    static PLANNER: OnceLock<Mutex<RealFftPlanner<f64>>> = OnceLock::new();
-    PLANNER.get_or_init(|| Mutex::new(RealFftPlanner::new()))
+/// twiddle tables) of the evaluations before it, as calibration evaluates ε at nearby σ. Each
+/// length's plans come from a planner of their own: a planner shared across lengths picks a
+/// length's algorithm from what it planned before, so ε would differ in its last bits with the
+/// lengths a process happened to evaluate first (a run's ε from `dpcomp epsilon`'s).
+struct Plans {
+    forward: HashMap<usize, Arc<dyn RealToComplex<f64>>>,
+    inverse: HashMap<usize, Arc<dyn ComplexToReal<f64>>>,
+}
+
+fn plans() -> std::sync::MutexGuard<'static, Plans> {
+    static PLANS: OnceLock<Mutex<Plans>> = OnceLock::new();
+    PLANS
+        .get_or_init(|| {
+            Mutex::new(Plans {
+                forward: HashMap::new(),
+                inverse: HashMap::new(),
+            })
+        })
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
 }
 
 /// The real FFT of `values` zero-padded to `n` (n >= values.len()).
 fn forward_fft(values: &[f64], n: usize) -> Vec<Complex<f64>> {
-    let plan = planner()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .plan_fft_forward(n);
+    let plan = plans()
+        .forward
+        .entry(n)
+        .or_insert_with(|| RealFftPlanner::new().plan_fft_forward(n))
+        .clone();
     let mut input = vec![0.0; n];
     input[..values.len()].copy_from_slice(values);
     let mut spectrum = plan.make_output_vec();
@@ -417,10 +435,11 @@ fn forward_fft(values: &[f64], n: usize) -> Vec<Complex<f64>> {
 /// imaginary parts of the zero and (even n) Nyquist frequencies are exactly 0 in every spectrum
 /// formed here (products and powers of real numbers), and are set so.
 fn inverse_fft(mut spectrum: Vec<Complex<f64>>, n: usize) -> Vec<f64> {
-    let plan = planner()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .plan_fft_inverse(n);
+    let plan = plans()
+        .inverse
+        .entry(n)
+        .or_insert_with(|| RealFftPlanner::new().plan_fft_inverse(n))
+        .clone();
     spectrum[0].im = 0.0;
     if n.is_multiple_of(2) {
         spectrum[n / 2].im = 0.0;
