@@ -77,7 +77,7 @@ pub fn config(epochs: usize) -> TrainConfig {
     config.optimizer.momentum = 0.9;
     config.privacy.noise_multiplier = Some(1.0);
     config.privacy.max_grad_norm = 1.0;
-    config.set_compressor(&Compressor::dgc(4.0))?;
+    config.compression.compressor = Compressor::dgc(4.0);
     config.device = DeviceChoice::Cpu;
     config
 }

@@ -105,7 +105,7 @@ fn residual_of(error_feedback: bool, residual_decay: Option<f64>) -> Result<f64>
     match (error_feedback, residual_decay) {
         (true, decay) => Ok(decay.unwrap_or(1.0)),
         (false, None) => Ok(0.0),
-        (false, Some(decay)) if decay == 0.0 => Ok(0.0),
+        (false, Some(0.0)) => Ok(0.0),
         (false, Some(decay)) => Err(Error::bad_value(
             "compression.residual_decay",
             format!(
