@@ -833,8 +833,32 @@ settings_section! {
     optional {}
 }
 
-/// The keys at the top of `config.toml`, outside every section.
-pub const TOP_LEVEL_KEYS: [&str; 4] = ["task", "seed", "epochs", "device"];
+/// The keys at the top of `config.toml`, outside every section (`parts` is a table of names,
+/// written only when a part of one's own trained the run).
+pub const TOP_LEVEL_KEYS: [&str; 5] = ["task", "seed", "epochs", "device", "parts"];
+
+/// The parts of one's own a run was built with (`TrainerBuilder::optimizer`,
+/// `TrainerBuilder::compressor`), by the names they give themselves: `config.toml`'s `[parts]`,
+/// absent when every part came from the settings. A named part replaces its section's recipe
+/// (`[optimizer]`'s kind and learning rate, `[compression]`'s compressor), and a resumed run
+/// must be given a part of the same name again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OwnParts {
+    /// The optimiser's `Optimizer::name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<String>,
+    /// The compressor's `CompressorFactory::name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compressor: Option<String>,
+}
+
+impl OwnParts {
+    /// Whether every part came from the settings.
+    pub fn is_empty(&self) -> bool {
+        self.optimizer.is_none() && self.compressor.is_none()
+    }
+}
 
 settings_section! {
     /// CUDA's math settings, as PyTorch names and defaults them (`[cuda]`). They
@@ -1046,6 +1070,9 @@ pub struct TrainConfig {
     /// `[cuda]`: TF32 and cuDNN's benchmark mode. Files written without it read PyTorch's defaults.
     #[serde(default)]
     pub cuda: CudaSettings,
+    /// `[parts]`: the parts of one's own the run was built with, by name (absent: none).
+    #[serde(default, skip_serializing_if = "OwnParts::is_empty")]
+    pub parts: OwnParts,
 }
 
 impl TrainConfig {
@@ -1066,6 +1093,7 @@ impl TrainConfig {
             compression: CompressionSettings::default(),
             analysis: AnalysisSettings::default(),
             cuda: CudaSettings::default(),
+            parts: OwnParts::default(),
         }
     }
 

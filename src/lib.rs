@@ -186,6 +186,7 @@ pub mod prelude {
     pub use crate::train::metrics::Summary;
     pub use crate::train::observer::Observer;
     pub use crate::train::optimizer::Optimizer;
+    pub use crate::train::parts::CompressorFactory;
     pub use crate::train::sgd::Sgd;
     pub use crate::train::update::Updater;
     pub use crate::train::{evaluate, Trainer};

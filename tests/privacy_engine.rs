@@ -507,7 +507,7 @@ fn the_builder_names_the_setting_it_needs() {
         ),
         (
             complete().target_epsilon(1.0),
-            "noise_multiplier: set together with target_epsilon",
+            "target_epsilon: with noise_multiplier it is a budget that stops the training early, which needs the training's length",
         ),
         (
             PrivacyEngine::builder()
@@ -876,4 +876,63 @@ fn adaptive_settings_without_adaptive_clipping_are_refused() {
     c.privacy.target_quantile = 0.9;
     let e = c.validate().unwrap_err().to_string();
     assert!(e.contains("target_quantile"), "{e}");
+}
+
+/// σ and a target ε together: σ stays, and the step budget is the most steps whose ε stays
+/// within the target, found against the accountant itself (one more step exceeds it).
+#[test]
+fn a_target_epsilon_given_with_sigma_is_the_step_budget() {
+    // `privatize` draws from LibTorch's global generator, which the trainings here seed.
+    let _serial = common::serial();
+    let params = [Tensor::zeros([2], (Kind::Float, Device::Cpu))];
+    let (sigma, q, delta) = (0.8, 0.01, 1e-5);
+    for (kind, target) in [(AccountantKind::Rdp, 2.0), (AccountantKind::Pld, 2.0)] {
+        let mut engine = PrivacyEngine::builder()
+            .noise_multiplier(sigma)
+            .target_epsilon(target)
+            .accountant(kind)
+            .delta(delta)
+            .sample_rate(q)
+            .dataset_size(10_000)
+            .max_grad_norm(1.0)
+            .epochs(50)
+            .build(&params)
+            .unwrap();
+        assert_eq!(engine.noise_multiplier(), sigma);
+        assert_eq!(engine.target_epsilon(), Some(target));
+        let budget = engine.steps_left().unwrap();
+        assert!(budget > 0 && budget < 5_000, "{kind:?}: budget {budget}");
+        let epsilon = |steps: u64| {
+            dpcomp::privacy::calibrate::epsilon_with(kind, sigma, q, steps, delta).unwrap()
+        };
+        assert!(epsilon(budget) <= target, "{kind:?}: {}", epsilon(budget));
+        assert!(
+            epsilon(budget + 1) > target,
+            "{kind:?}: {}",
+            epsilon(budget + 1)
+        );
+        // Every step spends the budget, and the step after the last is refused without noise.
+        let clipped = Clipped::empty(&params);
+        let mut resumed = dpcomp::privacy::accountant::Accountant::default();
+        resumed.step(sigma, q, budget - 1).unwrap();
+        engine.resume(resumed, None).unwrap();
+        assert_eq!(engine.steps_left(), Some(1));
+        assert!(engine.epsilon_after_next_step().unwrap() <= target);
+        engine.privatize(&clipped).unwrap();
+        assert_eq!(engine.steps_left(), Some(0));
+        assert!(engine.epsilon_after_next_step().unwrap() > target);
+        assert!(engine.privatize(&clipped).is_err());
+    }
+    // A length the target does not cut is the budget itself.
+    let engine = PrivacyEngine::builder()
+        .noise_multiplier(5.0)
+        .target_epsilon(8.0)
+        .delta(delta)
+        .sample_rate(q)
+        .dataset_size(10_000)
+        .max_grad_norm(1.0)
+        .epochs(2)
+        .build(&params)
+        .unwrap();
+    assert_eq!(engine.steps_left(), Some(200));
 }

@@ -28,9 +28,10 @@
 //! `expected_batch_size(E)` instead sets q = E / N exactly; the two agree exactly when B divides
 //! N (q = 1/⌈N/B⌉ is otherwise slightly below B / N: 60,000 and 256 give 1/235 against 1/234.375).
 
-use super::calibrate::noise_multiplier_for;
+use super::calibrate::{noise_multiplier_for, steps_within_epsilon};
 use super::engine::LossReduction;
 use super::engine::{Clipping, PrivacyEngine};
+use super::history::StepBlock;
 use super::noise::NoiseSource;
 use super::AccountantKind;
 use crate::error::{Error, Result};
@@ -40,22 +41,24 @@ use crate::error::{Error, Result};
 /// `target_epsilon`), `delta`, the sampling (`dataset_size` with `batch_size`, or two of
 /// `sample_rate`, `dataset_size`, `expected_batch_size`) and the clipping (`max_grad_norm` or
 /// `clipping`). Optional: `accountant`, `noise_source`, `loss_reduction`. A `target_epsilon`
-/// also needs the length of the training (`epochs` or `steps`), which then is the step budget.
+/// also needs the length of the training (`epochs` or `steps`), which then is the step budget;
+/// given together with `noise_multiplier`, the target shortens that budget to the steps it
+/// allows.
 #[derive(Default)]
 pub struct PrivacyEngineBuilder {
-    noise_multiplier: Option<f64>,
-    target_epsilon: Option<f64>,
-    delta: Option<f64>,
-    accountant: AccountantKind,
-    sample_rate: Option<f64>,
-    dataset_size: Option<u64>,
-    expected_batch_size: Option<f64>,
-    batch_size: Option<u64>,
-    epochs: Option<u64>,
-    steps: Option<u64>,
-    clipping: Option<Clipping>,
-    noise_source: Option<NoiseSource>,
-    loss_reduction: LossReduction,
+    pub(crate) noise_multiplier: Option<f64>,
+    pub(crate) target_epsilon: Option<f64>,
+    pub(crate) delta: Option<f64>,
+    pub(crate) accountant: AccountantKind,
+    pub(crate) sample_rate: Option<f64>,
+    pub(crate) dataset_size: Option<u64>,
+    pub(crate) expected_batch_size: Option<f64>,
+    pub(crate) batch_size: Option<u64>,
+    pub(crate) epochs: Option<u64>,
+    pub(crate) steps: Option<u64>,
+    pub(crate) clipping: Option<Clipping>,
+    pub(crate) noise_source: Option<NoiseSource>,
+    pub(crate) loss_reduction: LossReduction,
 }
 
 impl PrivacyEngineBuilder {
@@ -65,9 +68,12 @@ impl PrivacyEngineBuilder {
         self
     }
 
-    /// The ε the training may spend at `delta`: σ becomes the smallest that keeps the whole
-    /// training (`epochs` or `steps`) within it (`calibrate::noise_multiplier_for`, always on
-    /// the safe side).
+    /// The ε the training may spend at `delta`. Without `noise_multiplier`, σ becomes the
+    /// smallest that keeps the whole training (`epochs` or `steps`) within it
+    /// (`calibrate::noise_multiplier_for`, always on the safe side). With `noise_multiplier`, σ
+    /// stays as given and the target stops the training early: the step budget (`steps_left`)
+    /// becomes the most steps of the training's length whose ε stays within the target
+    /// (`calibrate::steps_within_epsilon`).
     pub fn target_epsilon(mut self, epsilon: f64) -> Self {
         self.target_epsilon = Some(epsilon);
         self
@@ -173,23 +179,38 @@ impl PrivacyEngineBuilder {
         {
             log::warn!("{}", weak_delta(delta, n));
         }
-        let budget = self.budget(sample_rate)?;
-        let sigma = match (self.noise_multiplier, self.target_epsilon) {
-            (Some(sigma), None) => sigma,
+        let length = self.budget(sample_rate)?;
+        let (sigma, budget) = match (self.noise_multiplier, self.target_epsilon) {
+            (Some(sigma), None) => (sigma, length),
             (None, Some(epsilon)) => {
-                let steps = budget.ok_or_else(|| {
+                let steps = length.ok_or_else(|| {
                     Error::bad_value(
                         "target_epsilon",
                         "needs the training's length to calibrate sigma over: set epochs or steps",
                     )
                 })?;
-                noise_multiplier_for(self.accountant, epsilon, sample_rate, steps, delta)?
+                let sigma =
+                    noise_multiplier_for(self.accountant, epsilon, sample_rate, steps, delta)?;
+                (sigma, length)
             }
-            (Some(_), Some(_)) => {
-                return Err(Error::bad_value(
-                    "noise_multiplier",
-                    "set together with target_epsilon: give one (sigma, or the epsilon to calibrate sigma for)",
-                ))
+            (Some(sigma), Some(epsilon)) => {
+                let steps = length.ok_or_else(|| {
+                    Error::bad_value(
+                        "target_epsilon",
+                        "with noise_multiplier it is a budget that stops the training early, which needs the training's length: set epochs or steps",
+                    )
+                })?;
+                let within = steps_within_epsilon(
+                    StepBlock {
+                        noise_multiplier: sigma,
+                        sample_rate,
+                        steps,
+                    },
+                    self.accountant,
+                    epsilon,
+                    delta,
+                )?;
+                (sigma, Some(within))
             }
             (None, None) => {
                 return Err(Error::bad_value(
@@ -207,6 +228,7 @@ impl PrivacyEngineBuilder {
         let noise = self.noise_source.unwrap_or(NoiseSource::Seeded);
         let mut engine = PrivacyEngine::new(sigma, sample_rate, clipping, noise, parameters.len())?;
         engine.set_reporting(self.accountant, delta, expected_batch, budget);
+        engine.set_epsilon_budget(self.target_epsilon);
         engine.set_loss_reduction(self.loss_reduction);
         Ok(engine)
     }
@@ -328,13 +350,20 @@ impl BatchSampling {
                 format!("{batch_size}: expected 1 to the data set's size, {examples} examples (a batch samples each example with probability 1 / ceil(examples / batch_size), at most 1)"),
             ));
         }
-        let steps = examples.div_ceil(batch_size);
+        let steps = steps_per_epoch_of_batches(examples, batch_size);
         Ok(BatchSampling {
             steps_per_epoch: steps,
             sample_rate: 1.0 / steps as f64,
             expected_batch: examples as f64 / steps as f64,
         })
     }
+}
+
+/// Steps in an epoch of `examples` N in batches of `batch_size` B: ⌈N / B⌉ (0 for no examples; a
+/// B of 0 counts as 1). The one rule for an epoch's steps: the `Trainer`'s with or without DP,
+/// and under DP 1 / q (`BatchSampling`).
+pub fn steps_per_epoch_of_batches(examples: u64, batch_size: u64) -> u64 {
+    examples.div_ceil(batch_size.max(1))
 }
 
 /// Steps in an epoch of Poisson sampling at rate q: ⌈1/q⌉ (an epoch is expected to visit every

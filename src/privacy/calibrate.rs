@@ -36,6 +36,51 @@ pub fn epsilon_with(
     Ok(accountant.epsilon(kind, delta)?.0)
 }
 
+/// The most steps, up to `block.steps`, that `block`'s (σ, q) can take with ε at δ within
+/// `target_epsilon` on the `kind` accountant: the budget of a training whose σ is given and whose
+/// target ε stops it early (`PrivacyEngineBuilder` with both). ε grows with the steps, so one
+/// bisection, after a first check that the whole length fits (the usual case, one evaluation).
+/// 0 when not even one step fits (σ = 0 among them: its ε is infinite).
+pub fn steps_within_epsilon(
+    block: StepBlock,
+    kind: AccountantKind,
+    target_epsilon: f64,
+    delta: f64,
+) -> Result<u64> {
+    if !(target_epsilon > 0.0 && target_epsilon.is_finite()) {
+        return Err(Error::bad_value(
+            "target_epsilon",
+            format!("{target_epsilon}: expected a positive, finite epsilon"),
+        ));
+    }
+    let fits = |steps: u64| -> Result<bool> {
+        if steps == 0 {
+            return Ok(true);
+        }
+        let epsilon = epsilon_with(
+            kind,
+            block.noise_multiplier,
+            block.sample_rate,
+            steps,
+            delta,
+        )?;
+        Ok(epsilon <= target_epsilon)
+    };
+    if fits(block.steps)? {
+        return Ok(block.steps);
+    }
+    let (mut lo, mut hi) = (0u64, block.steps); // fits(lo), !fits(hi)
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
 /// Smallest σ (to 1e-6 relative for RDP, 1e-4 for PLD) with ε(σ) <= target. PLD calibration
 /// starts from RDP's σ and searches on a coarse grid before the default one
 /// (`pld_noise_multiplier`).

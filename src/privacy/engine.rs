@@ -501,8 +501,11 @@ pub struct PrivacyEngine {
     delta: f64,
     /// E[B] = qN, what `privatize` divides the noised sum by (in one process).
     expected_batch: f64,
-    /// How many steps the engine may take (`None`: no limit set).
+    /// How many steps the engine may take (`None`: no limit set): the training's length, or
+    /// fewer when a target ε given with σ stops it early.
     step_budget: Option<u64>,
+    /// The target ε the budget was set from (`None`: a budget by length alone, or none).
+    epsilon_budget: Option<f64>,
     /// How the losses `clip`'s per-sample gradients come from were reduced.
     loss_reduction: LossReduction,
 }
@@ -571,6 +574,7 @@ impl PrivacyEngine {
             delta: f64::NAN,
             expected_batch: f64::NAN,
             step_budget: None,
+            epsilon_budget: None,
             loss_reduction: LossReduction::Sum,
         })
     }
@@ -587,6 +591,11 @@ impl PrivacyEngine {
         self.delta = delta;
         self.expected_batch = expected_batch;
         self.step_budget = step_budget;
+    }
+
+    /// The target ε the engine was built with (the builder's `target_epsilon`).
+    pub(super) fn set_epsilon_budget(&mut self, target: Option<f64>) {
+        self.epsilon_budget = target;
     }
 
     /// How the loss whose per-sample gradients `clip` takes was reduced (the builder's
@@ -765,10 +774,25 @@ impl PrivacyEngine {
     }
 
     /// Steps the budget still allows (`None` when the engine was built without `epochs` or
-    /// `steps`).
+    /// `steps`): the training's length less the steps taken, or, when the engine was built with
+    /// both σ and a target ε, the most steps whose ε stays within the target (a loop of one's own
+    /// stops when it reaches 0; `privatize` refuses a step beyond it).
     pub fn steps_left(&self) -> Option<u64> {
         self.step_budget
             .map(|b| b.saturating_sub(self.accountant.steps()))
+    }
+
+    /// The target ε the engine was built with (`None` without one).
+    pub fn target_epsilon(&self) -> Option<f64> {
+        self.epsilon_budget
+    }
+
+    /// ε after one more step at this engine's σ and q: what a training stopped by its target ε
+    /// would have spent (`Trainer`'s stop message says it).
+    pub fn epsilon_after_next_step(&self) -> Result<f64> {
+        let mut next = self.accountant.clone();
+        next.step(self.noise_multiplier, self.sample_rate, 1)?;
+        Ok(next.epsilon(self.accountant_kind, self.delta)?.0)
     }
 
     /// Clips `per_sample` (in the order of the parameters) and sums each parameter's clipped

@@ -28,12 +28,15 @@
 //! ```
 
 use super::observer::Observer;
+use super::optimizer::Optimizer;
+use super::parts::{CompressorFactory, Parts};
 use super::{DataEdit, OwnTask, Trainer};
 use crate::comm::Communicator;
 use crate::config::{TrainConfig, TrainOverrides};
 use crate::data::TaskData;
 use crate::error::{Error, Result};
 use crate::models::Model;
+use crate::privacy::builder::PrivacyEngineBuilder;
 use std::path::{Path, PathBuf};
 
 /// A fresh run's configuration, or the settings a continued run is given again.
@@ -47,7 +50,7 @@ pub struct TrainerBuilder {
     run_dir: PathBuf,
     start: Option<Start>,
     conflicting_start: bool,
-    own: Option<OwnTask>,
+    parts: Parts,
     edit: Option<DataEdit>,
     comm: Option<Box<dyn Communicator>>,
     observers: Vec<Box<dyn Observer>>,
@@ -62,7 +65,7 @@ impl Trainer {
             run_dir: run_dir.as_ref().to_path_buf(),
             start: None,
             conflicting_start: false,
-            own: None,
+            parts: Parts::default(),
             edit: None,
             comm: None,
             observers: Vec::new(),
@@ -99,7 +102,42 @@ impl TrainerBuilder {
     /// resumed run is given the model built as at the start (its weights are then read from
     /// the checkpoint) and the same data.
     pub fn model(mut self, model: Box<dyn Model>, data: TaskData) -> Self {
-        self.own = Some(OwnTask { model, data });
+        self.parts.task = Some(OwnTask { model, data });
+        self
+    }
+
+    /// An optimiser of one's own instead of `[optimizer]`'s kind (whose learning rate and
+    /// momentum it then ignores; the batch size still sets the sampling). Its `Optimizer::state`
+    /// is saved in every checkpoint (`optimizer.safetensors`) and handed back to `load_state` on
+    /// resume; `config.toml` records its `Optimizer::name` (`[parts] optimizer`), and a resumed
+    /// run must be given one of the same name. Under DP it receives the privatised gradient, so
+    /// whatever it does costs no ε.
+    pub fn optimizer(mut self, optimizer: Box<dyn Optimizer>) -> Self {
+        self.parts.optimizer = Some(optimizer);
+        self
+    }
+
+    /// A compressor of one's own (any `Encoder`/`Decoder` pair, made for the model's shapes by
+    /// `factory`) instead of `[compression]`'s. Every message still goes through the wire
+    /// format and is counted in bits; both sides' state is saved in every checkpoint and loaded
+    /// back on resume; `config.toml` records its `CompressorFactory::name`
+    /// (`[parts] compressor`). Compression follows the noise, so it costs no ε.
+    pub fn compressor(mut self, factory: Box<dyn CompressorFactory>) -> Self {
+        self.parts.compressor = Some(factory);
+        self
+    }
+
+    /// The privacy engine's settings, from `PrivacyEngine::builder()`: the noise
+    /// (`noise_multiplier`, or `target_epsilon` to calibrate σ over the run's epochs, or both to
+    /// stop the run when the target is reached), `delta`, `accountant`, `max_grad_norm` or
+    /// `clipping`, `noise_source`. The trainer supplies what it knows, which the builder must
+    /// leave unset: the sampling (q = 1 / ⌈N / B⌉ from its training split and
+    /// `optimizer.batch_size`) and the length (its epochs). They become the run's `[privacy]`
+    /// settings (`config.toml`), from which the trainer builds its engine, so the run's record,
+    /// its ε and a resume without this call agree; the engine's accountant is saved in every
+    /// checkpoint. Given to a resumed run, they must be the run's.
+    pub fn privacy(mut self, engine: PrivacyEngineBuilder) -> Self {
+        self.parts.privacy = Some(engine);
         self
     }
 
@@ -143,7 +181,7 @@ impl TrainerBuilder {
         }
         let mut trainer = match self.start {
             Some(Start::Fresh(config)) => {
-                Trainer::start(config, &self.run_dir, self.own, self.edit, self.comm)?
+                Trainer::start(config, &self.run_dir, self.parts, self.edit, self.comm)?
             }
             Some(Start::Continue(overrides)) => {
                 if self.edit.is_some() {
@@ -152,7 +190,7 @@ impl TrainerBuilder {
                         "applies to a fresh run: a continued run trains on the data its checkpoint was made with",
                     ));
                 }
-                Trainer::continue_run(&self.run_dir, overrides, self.own, self.comm)?
+                Trainer::continue_run(&self.run_dir, overrides, self.parts, self.comm)?
             }
             None => {
                 return Err(Error::bad_value(

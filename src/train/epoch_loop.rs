@@ -10,7 +10,6 @@ use crate::compress::message::paper_gib;
 use crate::config::Sampling;
 use crate::error::{Error, Result};
 use crate::host;
-use crate::privacy::accountant::Accountant;
 use crate::privacy::engine::PrivacyEngine;
 use std::time::Instant;
 use tch::{Kind, Tensor};
@@ -39,23 +38,24 @@ impl Trainer {
     /// Trains the remaining epochs, evaluating and checkpointing after each. Under DP every
     /// step is accounted, and training stops before a step that would exceed --target-epsilon.
     pub fn run(&mut self) -> Result<Summary> {
-        let q = self.sample_rate();
-        let mut budget = self.steps_within_budget()?;
+        // The engine's step budget: the epochs' steps, or fewer when σ is given with a target ε.
+        let mut budget = self.privacy.as_ref().and_then(PrivacyEngine::steps_left);
         if budget == Some(0) && self.state.steps_done == 0 {
             // Not even one step fits the target: refuse rather than "finish" a run that never
             // trained (σ = 0 lands here too: its ε is infinite).
-            let sigma = self.config.privacy.noise_multiplier.unwrap_or(0.0);
-            let mut one = Accountant::default();
-            one.step(sigma, q, 1)?;
-            let eps = one
-                .epsilon(self.config.privacy.accountant, self.config.privacy.delta)?
-                .0;
+            let engine = self
+                .privacy
+                .as_ref()
+                .expect("a budget comes from an engine");
             return Err(Error::bad_value(
                 "privacy.target_epsilon",
                 format!(
-                    "{}: a single step at noise multiplier {sigma} and sampling rate {q:.6} already spends epsilon {eps:.4} (delta {}); raise the target or the noise multiplier",
-                    self.config.privacy.target_epsilon.unwrap_or(f64::NAN),
-                    self.config.privacy.delta
+                    "{}: a single step at noise multiplier {} and sampling rate {:.6} already spends epsilon {:.4} (delta {}); raise the target or the noise multiplier",
+                    engine.target_epsilon().unwrap_or(f64::NAN),
+                    engine.noise_multiplier(),
+                    engine.sample_rate(),
+                    engine.epsilon_after_next_step()?,
+                    engine.delta()
                 ),
             ));
         }
@@ -430,7 +430,7 @@ impl Trainer {
                 }),
             noise: self.noise_label(),
             stopped: self.state.stopped.clone(),
-            compressor: self.config.compression_label()?,
+            compressor: super::parts::compressor_label(&self.config)?,
             upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
             upstream_paper_gib: paper_gib(self.state.upstream_paper_bits),
             workers: (self.workers() > 1).then_some(self.workers()),

@@ -27,6 +27,7 @@ pub mod input_canaries;
 pub mod metrics;
 pub mod observer;
 pub mod optimizer;
+pub mod parts;
 pub mod private;
 pub mod sgd;
 mod start;
@@ -36,7 +37,6 @@ pub mod update;
 pub mod upload;
 
 pub use evaluate::{evaluate, evaluation_sums};
-use start::steps_per_epoch_of;
 pub use step::{epoch_seed, train_step};
 
 use crate::config::TrainConfig;
@@ -44,6 +44,7 @@ use crate::data::TaskData;
 use crate::error::Result;
 use crate::models::Model;
 use crate::privacy::accountant::Accountant;
+use crate::privacy::builder::steps_per_epoch_of_batches;
 use crate::privacy::engine::PrivacyEngine;
 use crate::run_lock::RunLock;
 use checkpoint::TrainState;
@@ -191,15 +192,20 @@ impl Trainer {
         self.privacy.as_ref().map(|e| e.noise_label().to_string())
     }
 
-    /// Sampling rate q of one DP step: 1 / (steps per epoch), as Opacus sets it.
+    /// Sampling rate q of one DP step: 1 / (steps per epoch), as Opacus sets it (the privacy
+    /// engine's q under DP).
     pub fn sample_rate(&self) -> f64 {
         1.0 / self.steps_per_epoch() as f64
     }
 
-    /// Steps in an epoch: ceil(n / B) for the n examples of the whole training split (with W
-    /// workers too) and the batch size B; 1 / q under DP.
+    /// Steps in an epoch: ⌈N / B⌉ for the N examples of the whole training split (with W
+    /// workers too) and the batch size B (`privacy::builder::steps_per_epoch_of_batches`, the
+    /// rule the privacy engine's q = 1 / ⌈N / B⌉ comes from).
     pub fn steps_per_epoch(&self) -> i64 {
-        steps_per_epoch_of(self.data.train.len(), self.config.optimizer.batch_size)
+        steps_per_epoch_of_batches(
+            self.data.train.len().max(0) as u64,
+            self.config.optimizer.batch_size as u64,
+        ) as i64
     }
 
     /// The run's settings (with a σ calibrated from a target ε filled in).

@@ -43,6 +43,13 @@ use tch::Tensor;
 /// # Ok::<(), dpcomp::Error>(())
 /// ```
 pub trait Optimizer {
+    /// How `config.toml` names an optimiser of one's own given to the `Trainer`
+    /// (`[parts] optimizer`); a resumed run must be given one of the same name. By default the
+    /// type's path.
+    fn name(&self) -> String {
+        std::any::type_name::<Self>().to_string()
+    }
+
     /// Moves each parameter by its gradient (same order and shapes).
     fn step(&mut self, params: &[Tensor], grads: &[Tensor]);
 

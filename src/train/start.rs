@@ -7,6 +7,7 @@ use super::adam::Adam;
 use super::checkpoint::TrainState;
 use super::exchange::Exchange;
 use super::optimizer::Optimizer;
+use super::parts::{self, Parts};
 use super::sgd::Sgd;
 use super::update::Updater;
 use super::{checkpoint, distributed, metrics, DataEdit, OwnTask, Trainer, RESUME_MAY_CHANGE};
@@ -20,69 +21,93 @@ use crate::run_lock::RunLock;
 use crate::tasks;
 use std::path::Path;
 
-/// ceil(examples / batch size): the steps of one epoch, and 1 / q under DP: the privacy engine
-/// builder's rule for `batch_size` (`privacy::builder::BatchSampling`), which the trainer's
-/// engine is built with.
-pub(super) fn steps_per_epoch_of(examples: i64, batch_size: usize) -> i64 {
-    (examples.max(0) as u64).div_ceil(batch_size.max(1) as u64) as i64
-}
-
-/// σ for a run given `privacy.target_epsilon` and no `privacy.noise_multiplier`: the smallest
-/// that keeps all `epochs` x ⌈N / B⌉ steps at q = 1 / (steps per epoch) within the target at δ
-/// on the configured accountant (`PrivacyEngine::builder().target_epsilon`, Opacus's
-/// `make_private_with_epsilon`); `None` when σ is given or the run is not private.
-pub(super) fn calibrated_sigma(config: &TrainConfig, train_examples: i64) -> Result<Option<f64>> {
-    let (None, Some(target)) = (
-        config.privacy.noise_multiplier,
-        config.privacy.target_epsilon,
-    ) else {
+/// The privacy engine of a private run (`None` when `privacy.noise_multiplier` and
+/// `privacy.target_epsilon` are both unset), from the run's settings and what the trainer knows:
+/// its training split's N and `optimizer.batch_size` B (q = 1 / ⌈N / B⌉, E\[B\] = qN: the
+/// builder's `batch_size` rule, the one formula for an epoch's steps) and its epochs (the
+/// training's length). A target ε calibrates σ over that length when σ is not given; with σ given
+/// (a resumed run records the calibrated one) it is the engine's step budget, which stops the run
+/// early (`PrivacyEngine::steps_left`).
+fn privacy_engine(
+    config: &TrainConfig,
+    params: &[(String, tch::Tensor)],
+    train_examples: i64,
+) -> Result<Option<PrivacyEngine>> {
+    if !config.private() {
         return Ok(None);
-    };
-    let steps_per_epoch = steps_per_epoch_of(train_examples, config.optimizer.batch_size) as u64;
-    let steps = (config.epochs as u64)
-        .checked_mul(steps_per_epoch)
-        .ok_or_else(|| {
-            Error::bad_value(
-                "epochs",
-                format!(
-                    "{}: at {steps_per_epoch} steps an epoch, more steps than can be counted",
-                    config.epochs
-                ),
-            )
+    }
+    let examples = train_examples.max(0) as u64;
+    // Poisson sampling at q = 1 / ceil(N / B) cannot give a batch above N: refused, as the
+    // engine builder refuses it, rather than trained silently at q = 1.
+    let sampling =
+        BatchSampling::new(examples, config.optimizer.batch_size as u64).map_err(|e| match e {
+            Error::BadValue { what, .. } => Error::bad_value("optimizer.batch_size", what),
+            other => other,
         })?;
-    let sigma = crate::privacy::calibrate::noise_multiplier_for(
-        config.privacy.accountant,
-        target,
-        1.0 / steps_per_epoch as f64,
-        steps,
-        config.privacy.delta,
-    )
-    .map_err(|e| match e {
+    let privacy = &config.privacy;
+    let clipping = match privacy.clipping {
+        ClippingMode::Flat => Clipping::Flat {
+            max_norm: privacy.max_grad_norm,
+        },
+        ClippingMode::PerLayer => Clipping::per_layer_even(privacy.max_grad_norm, params.len()),
+        ClippingMode::Adaptive => Clipping::Adaptive(AdaptiveClipping {
+            radius: privacy.max_grad_norm,
+            target_quantile: privacy.target_quantile,
+            learning_rate: privacy.clip_learning_rate,
+            count_noise: privacy
+                .count_noise
+                .unwrap_or_else(|| AdaptiveClipping::default_count_noise(sampling.expected_batch)),
+        }),
+    };
+    let mut builder = PrivacyEngine::builder()
+        .dataset_size(examples)
+        .batch_size(config.optimizer.batch_size as u64)
+        .epochs(config.epochs as u64)
+        .delta(privacy.delta)
+        .accountant(privacy.accountant)
+        .clipping(clipping)
+        .noise_source(if privacy.secure_noise {
+            NoiseSource::secure()
+        } else {
+            NoiseSource::Seeded
+        });
+    if let Some(sigma) = privacy.noise_multiplier {
+        builder = builder.noise_multiplier(sigma);
+    }
+    if let Some(target) = privacy.target_epsilon {
+        builder = builder.target_epsilon(target);
+    }
+    let engine = builder.build(params).map_err(|e| match e {
+        Error::BadValue { field, what } if field == "epochs" => Error::bad_value("epochs", what),
         Error::BadValue { field, what } => Error::bad_value(format!("privacy.{field}"), what),
         other => other,
     })?;
-    Ok(Some(sigma))
+    Ok(Some(engine))
 }
 
 impl Trainer {
     /// A fresh run in `run_dir`, which must not hold another run's checkpoint. Writes
     /// `config.toml` before anything else.
     pub fn new(config: TrainConfig, run_dir: impl AsRef<Path>) -> Result<Self> {
-        Self::start(config, run_dir.as_ref(), None, None, None)
+        Self::start(config, run_dir.as_ref(), Parts::default(), None, None)
     }
 
     pub(crate) fn start(
         mut config: TrainConfig,
         run_dir: &Path,
-        own: Option<OwnTask>,
+        parts: Parts,
         edit: Option<DataEdit>,
         comm: Option<Box<dyn Communicator>>,
     ) -> Result<Self> {
+        if let Some(engine) = &parts.privacy {
+            parts::write_privacy_settings(engine, &mut config.privacy, false)?;
+        }
+        config.parts = parts.names();
         config.validate()?;
         // Record the data folder this run reads, resolved ($DPCOMP_DATA or data/) and
         // absolute, so `eval`, `resume` and analyses find it later from anywhere.
         // (A run of one's own reads no data folder.)
-        if own.is_none() {
+        if parts.task.is_none() {
             let data = crate::data::data_dir(config.data.data_dir.as_deref());
             config.data.data_dir = Some(std::path::absolute(&data).unwrap_or(data));
             // The folder resolved from $DPCOMP_DATA is recorded too: it must be UTF-8 as well.
@@ -90,7 +115,7 @@ impl Trainer {
         }
         if comm.as_ref().is_some_and(|c| c.rank() > 0) {
             // Rank 0 alone touches the run folder.
-            return Self::build(config, run_dir, None, own, edit, comm)
+            return Self::build(config, run_dir, None, parts, edit, comm)
                 .and_then(|t| t.checked_by_workers(""));
         }
         if checkpoint::find(run_dir).is_some() {
@@ -132,7 +157,7 @@ impl Trainer {
         fresh.wrote("config.toml");
         let built = std::fs::write(&config_path, config.to_toml())
             .map_err(|e| Error::io(&config_path, e))
-            .and_then(|()| Self::build(config.clone(), run_dir, Some(lock), own, edit, comm))
+            .and_then(|()| Self::build(config.clone(), run_dir, Some(lock), parts, edit, comm))
             .and_then(|t| t.checked_by_workers(""))
             .and_then(|t| {
                 // A σ calibrated from the target ε is part of the run's settings: a resume
@@ -160,13 +185,13 @@ impl Trainer {
             epochs,
             ..TrainOverrides::default()
         };
-        Self::continue_run(run_dir.as_ref(), changes, None, None)
+        Self::continue_run(run_dir.as_ref(), changes, Parts::default(), None)
     }
 
     pub(crate) fn continue_run(
         run_dir: &Path,
         overrides: TrainOverrides,
-        own: Option<OwnTask>,
+        parts: Parts,
         comm: Option<Box<dyn Communicator>>,
     ) -> Result<Self> {
         let writes = comm.as_ref().is_none_or(|c| c.rank() == 0);
@@ -189,7 +214,12 @@ impl Trainer {
         let config_path = run_dir.join("config.toml");
         let saved = TrainConfig::from_toml_file(&config_path)?;
         let mut config = saved.clone();
-        overrides.apply(&mut config);
+        overrides.apply(&mut config)?;
+        parts.check_against(&saved.parts)?;
+        if let Some(engine) = &parts.privacy {
+            // Compared with the run's [privacy] below, like any setting given again.
+            parts::write_privacy_settings(engine, &mut config.privacy, true)?;
+        }
         // A path given now (`data.data_dir`) is compared and written as TOML text.
         config.check_paths()?;
         let conflicts: Vec<SettingConflict> = saved
@@ -257,7 +287,7 @@ impl Trainer {
                 ),
             ));
         }
-        let mut trainer = Self::build(config, run_dir, lock, own, None, comm)?;
+        let mut trainer = Self::build(config, run_dir, lock, parts, None, comm)?;
         trainer.check_accountant(&state, &dir)?;
         if let (Some(engine), Some(accountant)) =
             (trainer.privacy.as_mut(), state.accountant.clone())
@@ -412,14 +442,15 @@ impl Trainer {
         mut config: TrainConfig,
         run_dir: &Path,
         lock: Option<RunLock>,
-        own: Option<OwnTask>,
+        mut parts: Parts,
         edit: Option<DataEdit>,
         comm: Option<Box<dyn Communicator>>,
     ) -> Result<Self> {
         for warning in config.warnings() {
             log::warn!("{warning}");
         }
-        let (device, data, model) = match (own, &config.task) {
+        parts.check_against(&config.parts)?;
+        let (device, data, model) = match (parts.task.take(), &config.task) {
             (None, _) => tasks::prepare_edited(&config, edit)?,
             (Some(OwnTask { model, data }), TaskName::Own(_)) => {
                 let device = config.device.device()?;
@@ -479,69 +510,32 @@ impl Trainer {
             }
         }
         let shapes: Vec<Vec<i64>> = params.iter().map(|(_, p)| p.size()).collect();
-        let compressor = config.compressor_spec()?.link(&shapes, device)?;
-        let optimizer: Box<dyn Optimizer> = match config.optimizer.kind {
-            OptimizerKind::Sgd => {
-                Box::new(Sgd::new(config.optimizer.lr, config.optimizer.momentum))
-            }
-            OptimizerKind::Adam => Box::new(Adam::new(
-                config.optimizer.lr,
-                config.optimizer.adam_beta1,
-                config.optimizer.adam_beta2,
-                config.optimizer.adam_eps,
-            )),
+        if let Some(engine) = &parts.privacy {
+            parts::check_per_layer(engine, params.len())?;
+        }
+        let compressor = match parts.link(&shapes, device)? {
+            Some(own) => own,
+            None => config.compressor()?.link(&shapes, device)?,
         };
-        if config.private() {
-            // Poisson sampling at q = 1 / ceil(N / B) cannot give a batch above N: refused, as
-            // the engine builder refuses it, rather than trained silently at q = 1.
-            BatchSampling::new(data.train.len() as u64, config.optimizer.batch_size as u64)
-                .map_err(|e| match e {
-                    Error::BadValue { what, .. } => Error::bad_value("optimizer.batch_size", what),
-                    other => other,
-                })?;
-        }
-        if let Some(sigma) = calibrated_sigma(&config, data.train.len())? {
-            config.privacy.noise_multiplier = Some(sigma);
-            config.validate()?;
-        }
-        let privacy = match config.privacy.noise_multiplier {
-            Some(sigma) => {
-                let steps_per_epoch =
-                    steps_per_epoch_of(data.train.len(), config.optimizer.batch_size);
-                let noise = if config.privacy.secure_noise {
-                    NoiseSource::secure()
-                } else {
-                    NoiseSource::Seeded
-                };
-                let clipping = match config.privacy.clipping {
-                    ClippingMode::Flat => Clipping::Flat {
-                        max_norm: config.privacy.max_grad_norm,
-                    },
-                    ClippingMode::PerLayer => {
-                        Clipping::per_layer_even(config.privacy.max_grad_norm, params.len())
-                    }
-                    ClippingMode::Adaptive => {
-                        let expected_batch = data.train.len() as f64 / steps_per_epoch as f64;
-                        Clipping::Adaptive(AdaptiveClipping {
-                            radius: config.privacy.max_grad_norm,
-                            target_quantile: config.privacy.target_quantile,
-                            learning_rate: config.privacy.clip_learning_rate,
-                            count_noise: config.privacy.count_noise.unwrap_or_else(|| {
-                                AdaptiveClipping::default_count_noise(expected_batch)
-                            }),
-                        })
-                    }
-                };
-                // q = 1 / ceil(N / B) and E[B] = qN, the builder's `batch_size` rule.
-                let engine = PrivacyEngine::builder()
-                    .noise_multiplier(sigma)
-                    .dataset_size(data.train.len() as u64)
-                    .batch_size(config.optimizer.batch_size as u64)
-                    .delta(config.privacy.delta)
-                    .accountant(config.privacy.accountant)
-                    .clipping(clipping)
-                    .noise_source(noise)
-                    .build(&params)?;
+        let optimizer: Box<dyn Optimizer> = match parts.optimizer.take() {
+            Some(own) => own,
+            None => match config.optimizer.kind {
+                OptimizerKind::Sgd => {
+                    Box::new(Sgd::new(config.optimizer.lr, config.optimizer.momentum))
+                }
+                OptimizerKind::Adam => Box::new(Adam::new(
+                    config.optimizer.lr,
+                    config.optimizer.adam_beta1,
+                    config.optimizer.adam_beta2,
+                    config.optimizer.adam_eps,
+                )),
+            },
+        };
+        let privacy = match privacy_engine(&config, &params, data.train.len())? {
+            Some(engine) => {
+                // A σ calibrated from the target ε is part of the run's settings from now on.
+                config.privacy.noise_multiplier = Some(engine.noise_multiplier());
+                config.validate()?;
                 Some(engine)
             }
             None => None,
@@ -576,8 +570,12 @@ impl Trainer {
                 // Sharing is sound only when the update depends on the ranks' noised sums
                 // through their total: a gathered compressor decodes each rank's message on
                 // its own, so the released weights would be private only at σ/√W.
-                let kind = config.compression.kind;
-                if !config.privacy.local_noise && !kind.exchanged_by_sum() {
+                let kind = config.compression.kind();
+                let label = match &config.parts.compressor {
+                    Some(own) => format!("{own:?}"),
+                    None => kind.to_string(),
+                };
+                if !config.privacy.local_noise && !parts::exchanged_by_sum(&config) {
                     let summed: Vec<&str> = crate::compress::CompressorKind::ALL
                         .iter()
                         .filter(|k| k.exchanged_by_sum())
@@ -585,7 +583,7 @@ impl Trainer {
                         .collect();
                     return Err(Error::bad_value(
                         "privacy.local_noise",
-                        format!("false with {workers} workers and the {kind} compressor: its messages are gathered and each worker's is decoded on its own, so the weights depend on every worker's message, not only on their sum; with the noise shared among the workers (σ/√W each) they would be private only at σ/√{workers}. Give every worker the whole noise (local_noise = true, `--local-noise`; ε is then each worker's, as reported), or use a compressor whose exchange sums the workers' messages ({})", summed.join(", ")),
+                        format!("false with {workers} workers and the {label} compressor: its messages are gathered and each worker's is decoded on its own, so the weights depend on every worker's message, not only on their sum; with the noise shared among the workers (σ/√W each) they would be private only at σ/√{workers}. Give every worker the whole noise (local_noise = true, `--local-noise`; ε is then each worker's, as reported), or use a compressor whose exchange sums the workers' messages ({})", summed.join(", ")),
                     ));
                 }
                 engine.share_noise_among(if config.privacy.local_noise {
@@ -594,10 +592,17 @@ impl Trainer {
                     workers
                 })?;
             }
-            let spec = config.compressor_spec()?;
-            let decoders = (0..workers)
-                .map(|_| spec.decoder(&shapes, device))
-                .collect::<Result<Vec<_>>>()?;
+            let decoders = match &parts.compressor {
+                Some(own) => (0..workers)
+                    .map(|_| own.decoder(&shapes, device))
+                    .collect::<Result<Vec<_>>>()?,
+                None => {
+                    let compressor = config.compressor()?;
+                    (0..workers)
+                        .map(|_| compressor.decoder(&shapes, device))
+                        .collect::<Result<Vec<_>>>()?
+                }
+            };
             updater.exchange = Some(Exchange::new(comm, decoders));
         }
         let data_print = distributed::data_fingerprint(&data);
