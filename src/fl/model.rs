@@ -24,9 +24,12 @@
 //! built from; client-level DP clips whole updates, not per-sample gradients, so nothing is
 //! recorded (`Ctx::eval`) and local training runs on autograd. Weights start as PyTorch's
 //! layers do (uniform ±1/√fan_in, `nn::uniform_init`). The parameters are handled as one flat
-//! vector (sorted by name), the thing FL sends.
+//! vector (sorted by name), the thing FL sends. Each network is also a `Model`, so the
+//! centralised `Trainer` trains it with per-sample clipping (the same layers, recording).
 
+use crate::data::Features;
 use crate::error::Result;
+use crate::models::Model;
 use crate::nn::{Conv2d, Conv2dConfig, Ctx, Linear, LinearConfig};
 use tch::{nn, Device, Kind, Tensor};
 
@@ -162,7 +165,12 @@ impl FlModel {
 
     /// Logits [B, classes]; an input of another shape than the network reads is an error.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        let ctx = &mut Ctx::eval();
+        self.forward_in(xs, &mut Ctx::eval())
+    }
+
+    /// `forward` in the context `ctx` (which records what per-sample gradients need when the
+    /// `Trainer` trains the network, `Model`).
+    fn forward_in(&self, xs: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
         match &self.net {
             Net::FedavgCnn {
                 conv1,
@@ -229,5 +237,26 @@ impl FlModel {
     /// The parameters' element type (float32 as built).
     pub fn kind(&self) -> Kind {
         self.variables()[0].kind()
+    }
+}
+
+/// A federated network is also a `Model` of one's own for the centralised `Trainer`
+/// (`TrainerBuilder::model`): its features are `Features::Rows`, the tables' rows [B, d] or
+/// Fashion-MNIST's images [B, 1, 28, 28] as `FlData` holds them; its parameters are the
+/// store's, in `variables`' order.
+impl Model for FlModel {
+    fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
+        let Features::Rows(xs) = features else {
+            return Err(crate::models::wrong_features(
+                "federated network",
+                "rows: a table's [batch, features] or images [batch, 1, 28, 28]",
+                features,
+            ));
+        };
+        self.forward_in(xs, ctx)
+    }
+
+    fn var_store(&self) -> &nn::VarStore {
+        &self.vs
     }
 }
