@@ -46,8 +46,19 @@ fn rerun(cell: &str, data: &FlData, rounds: usize) -> (Vec<RoundMetrics>, Vec<Ro
     settings.rounds = rounds;
     let out = tempfile::tempdir().unwrap();
     let folder = out.path().join("cell");
-    dpcomp::fl::run(&settings, data, Some(&folder), false).unwrap();
+    let outcome = dpcomp::fl::FederatedRun::builder()
+        .settings(settings)
+        .data(data)
+        .out(&folder)
+        .build()
+        .unwrap()
+        .run()
+        .unwrap();
     let again = read_rows(&folder.join("metrics.jsonl")).unwrap();
+    assert_eq!(
+        outcome.rounds, again,
+        "{cell}: the rows returned are the rows written"
+    );
     (again, committed)
 }
 

@@ -351,27 +351,38 @@ fn noise_and_radius_settings_that_break_training_are_refused_up_front() {
 /// thrown away), more rounds continue it, and `clear_run` (`--restart`) starts it afresh.
 #[test]
 fn an_interrupted_federated_run_is_never_thrown_away() {
-    use dpcomp::fl::{data::FlData, data::FlDataset, run, run_until, FlSettings};
+    use dpcomp::fl::{data::FlData, data::FlDataset, FederatedRun, FlSettings};
     let _serial = common::serial();
     let Some(data_dir) = common::require_breast_cancer() else {
         return;
     };
     let data = FlData::load(FlDataset::BreastCancer, &data_dir).unwrap();
+    // A run into `dir` to its end (its summary), or stopped after a round.
+    let run = |settings: &FlSettings, dir: &std::path::Path, stop_after: Option<usize>| {
+        let mut run = FederatedRun::builder()
+            .settings(settings.clone())
+            .data(&data)
+            .out(dir);
+        if let Some(round) = stop_after {
+            run = run.stop_after(round);
+        }
+        run.build()?.run().map(|outcome| outcome.summary)
+    };
     let mut settings = FlSettings::defaults(FlDataset::BreastCancer);
     settings.rounds = 4;
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("fl");
-    run_until(&settings, &data, &dir, 2, false).unwrap();
+    run(&settings, &dir, Some(2)).unwrap();
     let mut other = settings.clone();
     other.seed = 1;
-    match run(&other, &data, Some(&dir), false) {
+    match run(&other, &dir, None) {
         Err(Error::ResumeConflict { conflicts, .. }) => {
             assert_eq!(conflicts.len(), 1, "{conflicts:?}");
             assert_eq!(conflicts[0].field, "seed");
         }
         other => panic!(
             "expected a refusal naming the seed, got {:?}",
-            other.map(|s| s.rounds_run)
+            other.map(|s| s.map(|s| s.rounds_run))
         ),
     }
     assert!(
@@ -380,20 +391,20 @@ fn an_interrupted_federated_run_is_never_thrown_away() {
     );
     let mut longer = settings.clone();
     longer.rounds = 6;
-    let s = run(&longer, &data, Some(&dir), false).unwrap();
+    let s = run(&longer, &dir, None).unwrap().unwrap();
     assert_eq!(s.rounds_run, 6);
     let rows = dpcomp::fl::read_rows(&dir.join("metrics.jsonl")).unwrap();
     assert_eq!(rows.len(), 6);
     // A finished run is not replaced silently either; `clear_run` discards it explicitly.
-    assert!(run(&longer, &data, Some(&dir), false).is_err());
+    assert!(run(&longer, &dir, None).is_err());
     dpcomp::fl::clear_run(&dir).unwrap();
-    let s = run(&other, &data, Some(&dir), false).unwrap();
+    let s = run(&other, &dir, None).unwrap().unwrap();
     assert_eq!(s.rounds_run, 4);
     // A folder of the user's is refused.
     let mine = work.path().join("mine");
     std::fs::create_dir(&mine).unwrap();
     std::fs::write(mine.join("config.json"), "{}").unwrap();
-    assert!(run(&settings, &data, Some(&mine), false).is_err());
+    assert!(run(&settings, &mine, None).is_err());
     assert_eq!(
         std::fs::read_to_string(mine.join("config.json")).unwrap(),
         "{}"

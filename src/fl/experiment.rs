@@ -412,16 +412,16 @@ impl FlExperiment {
                         s.compression = compressor.clone();
                         s.privacy = privacy(
                             dp,
-                            default_clip(d.full_clip, s.scheme(), compressor.rate),
+                            default_clip(d.full_clip, s.scheme(), compressor.rate()),
                             scale,
                         );
-                        let setting = match compressor.kind {
-                            CompressorKind::Powersgd => format!("r{}", compressor.rank),
-                            _ => format!("x{}", compressor.rate),
+                        let setting = match compressor.kind() {
+                            CompressorKind::Powersgd => format!("r{}", compressor.rank()),
+                            _ => format!("x{}", compressor.rate()),
                         };
                         let name = format!(
                             "{}-{setting}{}{}",
-                            compressor.kind,
+                            compressor.kind(),
                             if dp { "-dp" } else { "" },
                             scale_suffix(scale)
                         );
@@ -473,7 +473,7 @@ fn axis_value(dataset: &str, name: &str, settings: &FlSettings, axis: &str) -> S
         "dataset" => dataset.to_string(),
         "scheme" => format!("{:?}", settings.scheme()).to_lowercase(),
         "ratio" => settings.paper_ratio().to_string(),
-        "rate" => settings.compression.rate.to_string(),
+        "rate" => settings.compression.rate().to_string(),
         "dp" => settings.privacy.is_some().to_string(),
         "server_momentum" => settings.server_momentum.to_string(),
         "seed" => settings.seed.to_string(),
@@ -580,7 +580,14 @@ pub fn run(
         if progress {
             log::info!("[{}/{total}] {dataset} {name}", i + 1);
         }
-        match super::run(settings, &loaded[dataset], Some(&dir), progress) {
+        let mut cell = super::FederatedRun::builder()
+            .settings(settings.clone())
+            .data(&loaded[dataset])
+            .out(&dir);
+        if progress {
+            cell = cell.observer(super::observer::progress_bars()?);
+        }
+        match cell.build().and_then(|cell| cell.run()) {
             // Another worker runs this cell: leave it to them (workers may share a grid).
             Err(Error::RunInUse { owner, .. }) => {
                 log::warn!("{name}: in use by another process ({owner}), skipped");
@@ -668,11 +675,11 @@ fn order_key(c: &Cell) -> (String, bool, usize, u64, u64, u64) {
         + usize::from(random_rows && c.settings.scheme() == Scheme::Cs);
     // Compressor cells after the sketches, DGC by rate, PowerSGD by rank.
     let k = &c.settings.compression;
-    let (scheme, size) = match k.kind {
-        CompressorKind::Powersgd => (11, k.rank as u64),
+    let (scheme, size) = match k.kind() {
+        CompressorKind::Powersgd => (11, k.rank() as u64),
         CompressorKind::Identity => (scheme, 1_000_000),
         kind if kind.is_sketch() => (scheme, (c.settings.paper_ratio() * 1e6) as u64),
-        _ => (10, (k.rate * 1e6) as u64),
+        _ => (10, (k.rate() * 1e6) as u64),
     };
     (
         c.dataset.clone(),
@@ -1028,17 +1035,20 @@ compressors = [{{ kind = "dgc", rate = 16.0 }}, {{ kind = "powersgd", rank = 2 }
             ]
         );
         let (_, _, cs) = &by_rate[3];
-        assert_eq!(cs.compression.kind, CompressorKind::FlCs);
-        assert_eq!(cs.compression.rate, 20.0);
-        assert!(cs.compression.options.is_empty());
-        assert_eq!(by_rate[5].2.compression.options, ["rows=random"]);
+        assert_eq!(cs.compression.kind(), CompressorKind::FlCs);
+        assert_eq!(cs.compression.rate(), 20.0);
+        assert_eq!(cs.compression.given.to_string(), "rate = 20.0\n");
+        assert_eq!(
+            by_rate[5].2.compression.given.to_string(),
+            "rate = 20.0\nrows = \"random\"\n"
+        );
         // S = S₁ √r of the private sketches.
         let (_, name, private) = &by_rate[12];
         assert_eq!(name, "cs-r0.05-dp");
         assert_eq!(private.privacy.unwrap().clip, 0.5 * 0.05f64.sqrt());
         let powersgd = &by_rate[8].2.compression;
         assert_eq!(
-            (powersgd.kind, powersgd.rank, powersgd.rate),
+            (powersgd.kind(), powersgd.rank(), powersgd.rate()),
             (CompressorKind::Powersgd, 2, 1.0)
         );
         let err = file("rates = [20.0]\nratios = [0.05]")

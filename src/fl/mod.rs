@@ -24,6 +24,12 @@
 //! `compression.kind` the server decodes each message and C is the identity above: clipping,
 //! sum and noise on the n model coordinates.
 //!
+//! A run is built by name (`FederatedRun::builder`, `run.rs`) and goes through its parts in
+//! order: `setup` (w₀, the clients' shards, the server's state, the run folder and a resume),
+//! then per round `round` (the steps above), `evaluate` (the global model after the round) and
+//! `record` (its row of `metrics.jsonl`, the checkpoint; the summary at the end). It reports to
+//! its observers (`observer`) and writes nothing to stderr.
+//!
 //! The settings speak `dpcomp train`'s vocabulary (`FlSettings::compression`, the
 //! `[compression]` section: kind, rate n / m, rank, options); the paper's r = m / n is
 //! 1 / rate, and cells and tables keep the paper's r as their label.
@@ -32,29 +38,31 @@ pub mod checkpoint;
 pub mod client;
 pub mod config_file;
 pub mod data;
+mod evaluate;
 pub mod experiment;
 pub(crate) mod messages;
 pub(crate) mod metrics;
 pub mod model;
+pub mod observer;
+mod record;
+mod round;
+pub mod run;
+mod setup;
 pub mod sparsity;
+
+pub use run::{FederatedRun, FederatedRunBuilder, FlOutcome};
 
 use crate::compress::chunked_dct::DctRows;
 use crate::compress::linear_sketch::Scheme;
-use crate::compress::{Compressor, CompressorKind, CompressorSpec};
+use crate::compress::{Compressor, CompressorKind};
 use crate::config::{AccountantKind, CompressionSettings, DeviceChoice};
 use crate::data::partition::Partition;
 use crate::error::{Error, Result};
-use crate::privacy::engine::{Clipped, Clipping, PrivacyEngine};
-use crate::privacy::noise::NoiseSource;
-use crate::progress_bar::Bar;
-use client::{client_update, LocalTraining};
-use data::{FlData, FlDataset};
-use metrics::Evaluation;
+use client::LocalTraining;
+use data::FlDataset;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-use std::time::Instant;
-use tch::{Kind, Tensor};
 
 /// Client-level DP: every client's message is clipped to `clip` (S), and N(0, σ² S²) is added to
 /// the sum of the sampled clients' messages.
@@ -156,12 +164,18 @@ pub fn scheme_compression(
         Scheme::Freq => (CompressorKind::FlFreq, rate),
         Scheme::Cs => (CompressorKind::FlCs, rate),
     };
-    let mut options = Vec::new();
+    let mut table = toml::Table::new();
+    table.insert("kind".into(), kind.name().into());
+    if kind != CompressorKind::Identity {
+        table.insert("rate".into(), rate.into());
+    }
     if let (Some(p), Scheme::Freq | Scheme::Cs) = (chunks, scheme) {
-        options.push(format!("chunks={p}"));
+        table.insert("chunks".into(), p.into());
     }
     match (rows, scheme) {
-        (DctRows::Random, Scheme::Cs) => options.push("rows=random".to_string()),
+        (DctRows::Random, Scheme::Cs) => {
+            table.insert("rows".into(), "random".into());
+        }
         (DctRows::Random, Scheme::Freq) => {
             return Err(Error::bad_value(
                 "rows",
@@ -172,18 +186,13 @@ pub fn scheme_compression(
     }
     if scheme == Scheme::Cs {
         if lambda != 0.01 {
-            options.push(format!("lambda={lambda}"));
+            table.insert("lambda".into(), lambda.into());
         }
         if iterations != FL_CS_ITERATIONS {
-            options.push(format!("iterations={iterations}"));
+            table.insert("iterations".into(), (iterations as i64).into());
         }
     }
-    Ok(CompressionSettings {
-        kind,
-        rate,
-        options,
-        ..CompressionSettings::default()
-    })
+    CompressionSettings::from_table(table)
 }
 
 impl FlSettings {
@@ -224,11 +233,10 @@ impl FlSettings {
         };
         FlSettings {
             dataset,
-            compression: CompressionSettings {
-                kind: CompressorKind::FlCs,
-                rate: DEFAULT_SKETCH_RATE,
-                ..CompressionSettings::default()
-            },
+            compression: CompressionSettings::new(Compressor::sketch(
+                Scheme::Cs,
+                DEFAULT_SKETCH_RATE,
+            )),
             clients,
             fraction,
             partition: Partition::Iid,
@@ -372,7 +380,7 @@ impl FlSettings {
     /// `clip_noised`, and none of the sketch options the round sets itself.
     fn validate_compression(&self) -> Result<()> {
         let c = &self.compression;
-        if c.kind == CompressorKind::Denoise {
+        if c.kind() == CompressorKind::Denoise {
             return Err(Error::bad_value(
                 "compression.kind",
                 "denoise: federated runs take identity (FL-STD), fl-rnd, fl-freq, fl-cs, dgc or powersgd (denoise's receiver follows a single sender's velocity)",
@@ -388,10 +396,10 @@ impl FlSettings {
             CompressorKind::Dgc,
             CompressorKind::Powersgd,
         ];
-        if !federated.contains(&c.kind) {
+        if !federated.contains(&c.kind()) {
             return Err(Error::bad_value(
                 "compression.kind",
-                format!("{}: federated runs take identity (FL-STD), fl-rnd, fl-freq, fl-cs, dgc or powersgd; the other compressors run in `dpcomp train`", c.kind),
+                format!("{}: federated runs take identity (FL-STD), fl-rnd, fl-freq, fl-cs, dgc or powersgd; the other compressors run in `dpcomp train`", c.kind()),
             ));
         }
         if let Some(c2) = c.clip_noised {
@@ -406,8 +414,7 @@ impl FlSettings {
                 "true: every federated message already goes through its bytes (`fl::messages`); leave it out",
             ));
         }
-        let spec = self.compressor_spec()?;
-        if spec.kind.is_sketch() {
+        if c.kind().is_sketch() {
             let reason = [
                 ("seed", "the sketch's seed is derived from the run's `seed`"),
                 (
@@ -416,10 +423,10 @@ impl FlSettings {
                 ),
             ];
             for (key, why) in reason {
-                if spec.options.contains_key(key) {
+                if c.given.contains_key(key) {
                     return Err(Error::bad_value(
                         "compression.options",
-                        format!("{key}: not an option of a federated {}: {why}", spec.kind),
+                        format!("{key}: not an option of a federated {}: {why}", c.kind()),
                     ));
                 }
             }
@@ -431,7 +438,7 @@ impl FlSettings {
     /// FL-CS), and FL-STD for `identity` and for the compressors of whole updates (`dgc`,
     /// `powersgd`), whose messages the server decodes before the sum.
     pub fn scheme(&self) -> Scheme {
-        match self.compression.kind {
+        match self.compression.kind() {
             CompressorKind::FlRnd => Scheme::Rnd,
             CompressorKind::FlFreq => Scheme::Freq,
             CompressorKind::FlCs => Scheme::Cs,
@@ -442,28 +449,20 @@ impl FlSettings {
     /// The paper's r = m / n of a sketch, 1 / `compression.rate` (what cells are named and
     /// figures are labelled by); 1 for FL-STD and for `dgc` and `powersgd`.
     pub fn paper_ratio(&self) -> f64 {
-        if self.compression.kind.is_sketch() {
-            1.0 / self.compression.rate
+        if self.compression.kind().is_sketch() {
+            1.0 / self.compression.rate()
         } else {
             1.0
         }
     }
 
-    /// `compression` as the command line's `--compressor`, `--rate`, `--rank` and
-    /// `--compressor-option` give it, checked.
-    pub fn compressor_spec(&self) -> Result<CompressorSpec> {
-        let c = &self.compression;
-        CompressorSpec::new(c.kind, c.rate, c.rank, &c.options)
-    }
-
-    /// The typed compressor the round runs (`CompressorSpec::compressor`), with the federated
-    /// defaults: FL-CS's `FL_CS_ITERATIONS` unless `iterations` is given, and the sketch's
-    /// seed derived from `seed`.
+    /// The typed compressor the round runs (`compression.compressor`, checked), with the
+    /// federated defaults: FL-CS's `FL_CS_ITERATIONS` unless `iterations` is given, and the
+    /// sketch's seed derived from `seed`.
     pub fn compressor(&self) -> Result<Compressor> {
-        let spec = self.compressor_spec()?;
-        Ok(match spec.compressor()? {
+        Ok(match self.compression.compressor.clone().validated()? {
             Compressor::Sketch(mut sketch) => {
-                if !spec.options.contains_key("iterations") {
+                if !self.compression.given.contains_key("iterations") {
                     sketch.iterations = FL_CS_ITERATIONS;
                 }
                 sketch.seed = self.seed ^ SKETCH_SEED;
@@ -482,7 +481,7 @@ impl FlSettings {
                 "FL-CS (random rows)".to_string()
             }
             Compressor::Sketch(s) => s.scheme.name().to_string(),
-            _ => format!("{} {}", Scheme::Std.name(), self.compressor_spec()?.label()),
+            _ => format!("{} {}", Scheme::Std.name(), self.compression.label()),
         })
     }
 }
@@ -658,578 +657,17 @@ pub struct FlSummary {
     pub wall_seconds: f64,
 }
 
-/// Runs federated training; writes `config.toml`, `metrics.jsonl` and `summary.json` into `out`
-/// when given.
-pub fn run(
-    settings: &FlSettings,
-    data: &FlData,
-    out: Option<&Path>,
-    progress: bool,
-) -> Result<FlSummary> {
-    Ok(run_with_canaries(settings, data, out, progress, None)?.0)
-}
-
-/// `run` with white-box canary clients (`privacy::canary`): m canary clients, each
-/// included with probability ½ and then Poisson-sampled every round at the clients' rate C. A
-/// sampled canary sends the update C₀ u_i (u_i one model coordinate, or a dense direction)
-/// through the round's encoder like any client, and its message is clipped to S with the
-/// others before the noise: in the sent domain it has norm S unless the encoding drops it
-/// (C₀ = 10³ S, so clipping always binds). The canaries' messages are not counted as traffic.
-/// Returns their scores by both auditors (every round's weights; the final weights).
-pub fn run_with_canaries(
-    settings: &FlSettings,
-    data: &FlData,
-    out: Option<&Path>,
-    progress: bool,
-    canary_settings: Option<crate::privacy::canary::CanarySettings>,
-) -> Result<(FlSummary, Option<crate::privacy::canary::CanaryScores>)> {
-    Ok(
-        run_rounds(settings, data, out, progress, canary_settings, None)?
-            .expect("a run without a stopping round runs to its end"),
-    )
-}
-
-/// Runs `settings` into `out` up to round `last_round` and stops there as a killed run would:
-/// checkpoint saved, no summary. `run` with the same settings and folder continues after it
-/// (`checkpoint`). How the tests interrupt a run.
-pub fn run_until(
-    settings: &FlSettings,
-    data: &FlData,
-    out: &Path,
-    last_round: usize,
-    progress: bool,
-) -> Result<()> {
-    if last_round == 0 || last_round >= settings.rounds {
-        return Err(Error::bad_value(
-            "last_round",
-            format!(
-                "{last_round}: expected a round from 1 to {} (before the run's last)",
-                settings.rounds - 1
-            ),
-        ));
-    }
-    let finished = run_rounds(settings, data, Some(out), progress, None, Some(last_round))?;
-    debug_assert!(finished.is_none());
-    Ok(())
-}
-
-type RunOutcome = (FlSummary, Option<crate::privacy::canary::CanaryScores>);
-
-/// `run_with_canaries`, stopping after round `stop_after` (with its checkpoint, `None`) when
-/// one is given.
-fn run_rounds(
-    settings: &FlSettings,
-    data: &FlData,
-    out: Option<&Path>,
-    progress: bool,
-    canary_settings: Option<crate::privacy::canary::CanarySettings>,
-    stop_after: Option<usize>,
-) -> Result<Option<RunOutcome>> {
-    settings.validate()?;
-    let start = Instant::now();
-    let audited = canary_settings.is_some();
-    let device = settings.device.device()?;
-    let data = data.to_device(device);
-    tch::manual_seed(settings.seed as i64);
-    let mut global_model = data.model(settings.model, device)?;
-    let mut client_model = data.model(settings.model, device)?;
-    let mut w = global_model.flat();
-    let n = w.size()[0];
-    let shapes: Vec<Vec<i64>> = global_model.variables().iter().map(Tensor::size).collect();
-    let mut messages = messages::RoundMessages::new(settings, &shapes, device)?;
-    let labels: Vec<i64> = crate::host::to_vec_i64(&data.train_y.to_device(tch::Device::Cpu))?;
-    // The validation split: a seeded random share of the training examples, in no client's
-    // shard; the clients split the rest.
-    let (kept, validation_index) =
-        validation_split(labels.len(), settings.validation, settings.seed);
-    let kept_labels: Vec<i64> = kept.iter().map(|&i| labels[i as usize]).collect();
-    let shards: Vec<Vec<i64>> = settings
-        .partition
-        .split(&kept_labels, settings.clients, settings.seed)?
-        .into_iter()
-        .map(|shard| shard.into_iter().map(|i| kept[i as usize]).collect())
-        .collect();
-    let validation_set = (!validation_index.is_empty()).then(|| {
-        // At most `eval_examples` of them, as for the test set (a round's evaluation of a large
-        // model otherwise outlasts its training).
-        let count = match settings.eval_examples {
-            0 => validation_index.len(),
-            k => k.min(validation_index.len()),
-        };
-        let index = Tensor::from_slice(&validation_index[..count]).to_device(device);
-        (
-            data.train_x.index_select(0, &index),
-            data.train_y.index_select(0, &index),
-        )
-    });
-    let eval_count = match settings.eval_examples {
-        0 => data.test_y.size()[0],
-        k => i64::try_from(k)
-            .unwrap_or(i64::MAX)
-            .min(data.test_y.size()[0]),
-    };
-    let (test_x, test_y) = (
-        data.test_x.narrow(0, 0, eval_count),
-        data.test_y.narrow(0, 0, eval_count),
-    );
-    // A folder without a checkpoint gets a fresh run only when it is new, empty or an
-    // unfinished dpcomp run's (`run_folder`): checked before the lock creates it.
-    let has_checkpoint = out.is_some_and(|dir| crate::train::checkpoint::find(dir).is_some());
-    let created = out.is_some_and(|dir| !dir.exists());
-    if let (Some(dir), false) = (out, has_checkpoint) {
-        crate::run_folder::check_fresh(dir)?;
-        if dir.join("summary.json").is_file() {
-            return Err(Error::bad_value(
-                "out",
-                format!(
-                    "{}: already holds a finished federated run (summary.json); choose another folder, or discard it with `--restart`",
-                    dir.display()
-                ),
-            ));
-        }
-    }
-    // One writer per run folder (see `run_lock`), held until the run returns.
-    let _lock = out.map(crate::run_lock::RunLock::acquire).transpose()?;
-    // A run continues from its folder's checkpoint when it has one for these settings
-    // (`checkpoint`; other settings are refused); audited runs are never checkpointed.
-    let resumed = match out {
-        Some(dir) if audited && has_checkpoint => {
-            return Err(Error::bad_value(
-                "out",
-                format!(
-                    "{}: holds an interrupted federated run, and an audited run does not resume; choose another folder, or discard it with `--restart`",
-                    dir.display()
-                ),
-            ))
-        }
-        Some(dir) => checkpoint::load(dir, settings)?,
-        None => None,
-    };
-    let rounds_done = resumed.as_ref().map_or(0, |r| r.state.rounds_done);
-    // The rounds already done, as their metrics recorded them.
-    let mut rows: Vec<RoundMetrics> = Vec::new();
-    if let Some(dir) = out {
-        let metrics = dir.join("metrics.jsonl");
-        let fresh = if rounds_done == 0 {
-            // An earlier start's logs, and the settings file of the version before config.toml.
-            Some(crate::run_folder::FreshStart::claim(
-                dir,
-                created,
-                &["metrics.jsonl", config_file::LEGACY_CONFIG_FILE],
-            )?)
-        } else {
-            None
-        };
-        let had_config = dir.join(config_file::CONFIG_FILE).exists();
-        if let Err(e) = config_file::write(dir, settings) {
-            // A start that cannot write its settings (a full disk) leaves what it found.
-            if let Some(mut fresh) = fresh {
-                if !had_config {
-                    fresh.wrote(config_file::CONFIG_FILE);
-                }
-                fresh.undo();
-            }
-            return Err(e);
-        }
-        if rounds_done > 0 {
-            // Rows after the checkpoint (a run killed between its metrics and its save, or a
-            // row half-written when the disk filled up) are dropped: those rounds run again.
-            rows = read_rows_up_to(&metrics, rounds_done)?;
-            if rows.len() < rounds_done {
-                return Err(Error::bad_file(
-                    &metrics,
-                    format!(
-                        "{} rounds recorded, but the checkpoint is after round {rounds_done}; start the run afresh with `--restart`",
-                        rows.len()
-                    ),
-                ));
-            }
-            let mut text = String::new();
-            for row in &rows {
-                text.push_str(&serde_json::to_string(row).expect("metrics serialise"));
-                text.push('\n');
-            }
-            crate::run_folder::replace(&metrics, text.as_bytes())?;
-            if progress {
-                log::info!("resuming {} after round {rounds_done}", dir.display());
-            }
-        }
-    }
-    let binary = data.classes == 2;
-    let metric = if binary {
-        "balanced_accuracy"
-    } else {
-        "accuracy"
-    };
-    // Client-level DP on the privacy engine: each client's message is one "example" clipped to
-    // S, and the noise and the accountant's step happen together once per round. The noise is
-    // seeded (reproducible experiments).
-    let mut engine = settings
-        .privacy
-        .map(|p| {
-            PrivacyEngine::builder()
-                .noise_multiplier(p.noise_multiplier)
-                .sample_rate(settings.fraction)
-                .dataset_size(settings.clients as u64)
-                .delta(p.delta)
-                .accountant(p.accountant)
-                .max_grad_norm(p.clip)
-                .noise_source(NoiseSource::Seeded)
-                .build(std::slice::from_ref(&w))
-        })
-        .transpose()?;
-    let mut canaries = match (canary_settings, settings.privacy) {
-        (None, _) => None,
-        (Some(c), Some(p)) => Some(crate::privacy::canary::GradientCanaries::new(
-            c,
-            std::slice::from_ref(&w),
-            // Clipped to S: the canaries' scores are in units of one clipped message.
-            &Clipping::Flat { max_norm: p.clip },
-            1e3 * p.clip,
-            settings.fraction,
-            // The server adds its update (w += η u): a negative step size for the audit.
-            (-settings.server_learning_rate, settings.server_momentum),
-        )?),
-        (Some(_), None) => {
-            return Err(Error::bad_value(
-                "canaries",
-                "canary clients audit client-level DP: the run needs privacy (`--dp`)",
-            ))
-        }
-    };
-    let mut momentum: Option<Tensor> = None;
-    let mut upstream_total = 0u64;
-    let mut best: Option<(f64, usize)> = None;
-    // (validation metric, round): the round chosen on the validation split.
-    let mut chosen: Option<(f64, usize)> = None;
-    // m: the sketch's length, or (compressors) the elements of the last message.
-    let (mut m, chunks) = messages.sketch_shape().unwrap_or((n, None));
-    let wall_offset = rows.last().map_or(0.0, |r| r.wall_seconds);
-    if let Some(saved) = resumed {
-        if saved.weights.size() != [n] {
-            return Err(Error::bad_value(
-                "checkpoint",
-                format!(
-                    "w has shape {:?}, this run's model has {n} parameters",
-                    saved.weights.size()
-                ),
-            ));
-        }
-        w = saved.weights.to_device(device).to_kind(w.kind());
-        momentum = saved.momentum.map(|t| t.to_device(device));
-        messages.load_state(saved.messages)?;
-        m = saved.state.message_length;
-        if let Some(engine) = engine.as_mut() {
-            let accountant = saved.state.accountant.ok_or_else(|| {
-                Error::bad_value(
-                    "checkpoint",
-                    "a private run's checkpoint must record its accountant",
-                )
-            })?;
-            engine.resume(accountant, None)?;
-            // The generator to where the uninterrupted run's stands (`checkpoint`).
-            let aggregated_length = if messages.is_linear() { m } else { n };
-            engine.replay_noise(
-                &[Tensor::zeros([aggregated_length], (Kind::Float, device))],
-                rounds_done as u64,
-            );
-        }
-        for row in &rows {
-            upstream_total = row.upstream_bits_total;
-            let value = if binary {
-                row.balanced_accuracy
-            } else {
-                row.accuracy
-            };
-            if best.is_none_or(|(b, _)| value > b) {
-                best = Some((value, row.round));
-            }
-            if let Some(v) = row.validation_metric {
-                if chosen.is_none_or(|(b, _)| v > b) {
-                    chosen = Some((v, row.round));
-                }
-            }
-        }
-    }
-    let bar = Bar::new(
-        progress,
-        settings.rounds as u64,
-        "round [{bar:30}] {pos}/{len} {msg} ({elapsed})",
-        "progress",
-    )?;
-    bar.inc(rounds_done as u64);
-    let mut stopped_early = false;
-    for round in rounds_done + 1..=settings.rounds {
-        let sampled = sample_clients(settings.seed, round, settings.clients, settings.fraction);
-        // Clients: each message crosses as bytes; the server aggregates what it reads.
-        let client_start = Instant::now();
-        let aggregated_length = if messages.is_linear() { m } else { n };
-        let mut sum = Tensor::zeros([aggregated_length], (Kind::Float, device));
-        let mut round_clipped = Clipped::empty(&[sum.shallow_clone()]);
-        let mut weight_total = 0.0;
-        let mut norms = Vec::with_capacity(sampled.len());
-        let mut bits = 0u64;
-        for &k in &sampled {
-            let update = client_update(
-                &mut client_model,
-                &w,
-                &data.train_x,
-                &data.train_y,
-                &shards[k],
-                &settings.local,
-                settings.seed ^ ((round * settings.clients + k) as u64).wrapping_mul(0x9E37_79B9),
-            )?;
-            let received = messages.send(&update, round)?;
-            bits += 8 * received.bytes as u64;
-            if !messages.is_linear() {
-                m = received.elements as i64;
-            }
-            let value = received.value;
-            norms.push(crate::host::f64_scalar(&value.norm()));
-            match &engine {
-                Some(engine) => round_clipped.add(engine.clip_update(&value)),
-                None => {
-                    let weight = shards[k].len() as f64;
-                    sum += value * weight;
-                    weight_total += weight;
-                }
-            }
-        }
-        let mut canary_messages = 0;
-        if let (Some(canaries), Some(engine)) = (canaries.as_mut(), &engine) {
-            for i in canaries.sample() {
-                canary_messages += 1;
-                let received = messages.send(&canaries.flat_gradient(i, device), round)?;
-                round_clipped.add(engine.clip_update(&received.value));
-            }
-        }
-        let client_seconds = client_start.elapsed().as_secs_f64();
-        // Server: aggregate, privatise, decode, step.
-        let server_start = Instant::now();
-        // The noise is drawn (and the round counted) even when no client was sampled.
-        let aggregate = match engine.as_mut() {
-            Some(engine) => engine.privatize(&round_clipped)?.remove(0),
-            None if weight_total > 0.0 => sum / weight_total,
-            None => sum,
-        };
-        let beta = settings.server_momentum;
-        let with_momentum = |momentum: &mut Option<Tensor>, d: Tensor| {
-            let u = match momentum.take() {
-                Some(u) if beta > 0.0 => u * beta + d,
-                _ => d,
-            };
-            *momentum = Some(u.shallow_clone());
-            u
-        };
-        let step = if settings.scheme() == Scheme::Cs {
-            // Algorithm 3: momentum and the error in the compressed domain; the decoder adds
-            // η u to its error, reconstructs s by BPDN and keeps e − A s.
-            let u = with_momentum(&mut momentum, aggregate);
-            messages.decode(&(&u * settings.server_learning_rate), round)
-        } else {
-            let d = messages.decode(&aggregate, round);
-            with_momentum(&mut momentum, d) * settings.server_learning_rate
-        };
-        w += step;
-        if let Some(canaries) = canaries.as_mut() {
-            canaries.observe_step(
-                std::slice::from_ref(&w),
-                settings.fraction * settings.clients as f64,
-            );
-        }
-        let server_seconds = server_start.elapsed().as_secs_f64();
-        // Evaluate.
-        global_model.set_flat(&w);
-        let evaluation = evaluate(&global_model, &test_x, &test_y)?;
-        upstream_total += bits;
-        let epsilon = match (&settings.privacy, &engine) {
-            (Some(_), Some(engine)) => Some(engine.epsilon()?),
-            _ => None,
-        };
-        // The clients' clipped messages (a canary's always is).
-        let clipped = crate::host::i64_scalar(&round_clipped.clipped) as usize - canary_messages;
-        let validation_metric = match &validation_set {
-            Some((x, y)) => {
-                let e = evaluate(&global_model, x, y)?;
-                Some(if binary {
-                    e.balanced_accuracy
-                } else {
-                    e.accuracy
-                })
-            }
-            None => None,
-        };
-        let row = RoundMetrics {
-            round,
-            clients: sampled.len(),
-            test_loss: evaluation.loss,
-            accuracy: evaluation.accuracy,
-            balanced_accuracy: evaluation.balanced_accuracy,
-            auroc: evaluation.auroc,
-            upstream_bits: bits,
-            upstream_bits_total: upstream_total,
-            epsilon,
-            validation_metric,
-            clipped_fraction: settings
-                .privacy
-                .map(|_| clipped as f64 / sampled.len().max(1) as f64),
-            message_norm: norms.iter().sum::<f64>() / norms.len().max(1) as f64,
-            client_seconds,
-            server_seconds,
-            wall_seconds: wall_offset + start.elapsed().as_secs_f64(),
-        };
-        if let Some(dir) = out {
-            append_row(&dir.join("metrics.jsonl"), &row)?;
-        }
-        if !row.test_loss.is_finite() {
-            // A diverged model: its "results" would be a NaN model's, so stop and say where.
-            return Err(Error::bad_value(
-                "fl",
-                format!(
-                    "training diverged: non-finite test loss after round {round} (mean message norm {:.4}); lower `local.learning_rate` or `server_learning_rate`",
-                    row.message_norm
-                ),
-            ));
-        }
-        let value = if binary {
-            row.balanced_accuracy
-        } else {
-            row.accuracy
-        };
-        if best.is_none_or(|(b, _)| value > b) {
-            best = Some((value, round));
-        }
-        if let Some(v) = validation_metric {
-            if chosen.is_none_or(|(b, _)| v > b) {
-                chosen = Some((v, round));
-            }
-        }
-        bar.set_message(format!(
-            "{metric} {value:.4}{}",
-            epsilon.map_or(String::new(), |e| format!(" eps {e:.3}"))
-        ));
-        bar.inc(1);
-        rows.push(row);
-        // Early stopping watches the validation split when there is one.
-        let best_round = chosen.or(best).map_or(0, |(_, r)| r);
-        if settings.patience > 0 && round - best_round >= settings.patience {
-            stopped_early = round < settings.rounds;
-            break;
-        }
-        if let (Some(dir), false) = (out, audited || round == settings.rounds) {
-            let state = checkpoint::FlState {
-                rounds_done: round,
-                message_length: m,
-                accountant: engine.as_ref().map(|e| e.accountant().clone()),
-            };
-            checkpoint::save(dir, &state, &w, momentum.as_ref(), &messages.state())?;
-            if stop_after == Some(round) {
-                bar.finish_and_clear();
-                return Ok(None);
-            }
-        }
-    }
-    bar.finish_and_clear();
-    let (best_value, best_round) = best.unwrap_or((f64::NAN, 0));
-    let at_best = &rows[best_round.max(1) - 1];
-    let rounds_run = rows.len();
-    let mean =
-        |f: &dyn Fn(&RoundMetrics) -> f64| rows.iter().map(f).sum::<f64>() / rounds_run as f64;
-    let summary = FlSummary {
-        dataset: settings.dataset.name().to_string(),
-        scheme: settings.scheme_label()?,
-        ratio: m as f64 / n as f64,
-        parameters: n,
-        message_length: m,
-        chunks,
-        clients: settings.clients,
-        fraction: settings.fraction,
-        rounds_run,
-        stopped_early,
-        metric: metric.to_string(),
-        best: best_value,
-        best_round,
-        accuracy_at_best: at_best.accuracy,
-        balanced_accuracy_at_best: at_best.balanced_accuracy,
-        auroc_at_best: at_best.auroc,
-        cost_bits: m as f64 * 32.0 * best_round as f64 * settings.fraction,
-        upstream_bits_at_best: at_best.upstream_bits_total,
-        clip: settings.privacy.map(|p| p.clip),
-        noise_multiplier: settings.privacy.map(|p| p.noise_multiplier),
-        epsilon: rows.last().and_then(|r| r.epsilon),
-        epsilon_at_best: at_best.epsilon,
-        validation_round: chosen.map(|(_, r)| r),
-        test_at_validation_round: chosen.map(|(_, r)| {
-            let row = &rows[r - 1];
-            if binary {
-                row.balanced_accuracy
-            } else {
-                row.accuracy
-            }
-        }),
-        epsilon_at_validation_round: chosen.and_then(|(_, r)| rows[r - 1].epsilon),
-        delta: settings.privacy.map(|p| p.delta),
-        mean_server_seconds: mean(&|r| r.server_seconds),
-        mean_client_seconds: mean(&|r| r.client_seconds),
-        wall_seconds: wall_offset + start.elapsed().as_secs_f64(),
-    };
-    if let Some(dir) = out {
-        let text = serde_json::to_string_pretty(&summary).expect("summary serialises");
-        std::fs::write(dir.join("summary.json"), text)
-            .map_err(|e| Error::io(dir.join("summary.json"), e))?;
-        crate::train::checkpoint::remove(dir);
-    }
-    let scores = canaries.map(|c| c.finish(std::slice::from_ref(&w)));
-    Ok(Some((summary, scores)))
-}
-
-/// (the training examples the clients split, the validation examples): a share `validation`
-/// of the `n` training examples drawn by `seed`, both sorted; all to the clients when 0.
-fn validation_split(n: usize, validation: f64, seed: u64) -> (Vec<i64>, Vec<i64>) {
-    use rand::seq::SliceRandom;
-    use rand::SeedableRng;
-    let held = (validation * n as f64).round() as usize;
-    let mut order: Vec<i64> = (0..n as i64).collect();
-    if held > 0 {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5641_4C49_4441_5445);
-        order.shuffle(&mut rng);
-    }
-    let (mut validation_index, mut kept) = (order[..held].to_vec(), order[held..].to_vec());
-    validation_index.sort_unstable();
-    kept.sort_unstable();
-    (kept, validation_index)
-}
-
-/// Test metrics of `model` on (`x`, `y`), in batches of 2,000.
-fn evaluate(model: &model::FlModel, x: &Tensor, y: &Tensor) -> Result<Evaluation> {
-    let _guard = tch::no_grad_guard();
-    let count = x.size()[0];
-    let logits: Vec<Tensor> = (0..count)
-        .step_by(2000)
-        .map(|start| model.forward(&x.narrow(0, start, (count - start).min(2000))))
-        .collect::<Result<_>>()?;
-    Ok(metrics::evaluate(&Tensor::cat(&logits, 0), y))
-}
-
 fn append_row(path: &Path, row: &RoundMetrics) -> Result<()> {
     let line = serde_json::to_string(row).expect("metrics serialise");
-    crate::run_folder::append_line(path, &line)
+    crate::run_log::append_line(path, &line)
 }
 
 /// The first `rounds` rows of a run's `metrics.jsonl` for a resume: what follows them (rows of
 /// rounds after the checkpoint, a last line cut short by a full disk) is not read, since those
 /// rounds run again.
 fn read_rows_up_to(path: &Path, rounds: usize) -> Result<Vec<RoundMetrics>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .take(rounds)
-        .enumerate()
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
-        })
-        .collect()
+    crate::run_log::read_rows(path, rounds)?
+        .ok_or_else(|| Error::io(path, std::io::Error::from(std::io::ErrorKind::NotFound)))
 }
 
 /// Discards the federated run in the dpcomp run folder `dir` (its checkpoint, logs and
@@ -1241,34 +679,7 @@ pub fn clear_run(dir: &Path) -> Result<()> {
 
 /// The rows of a run's `metrics.jsonl`.
 pub fn read_rows(path: &Path) -> Result<Vec<RoundMetrics>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .enumerate()
-        .map(|(i, l)| {
-            serde_json::from_str(l)
-                .map_err(|e| Error::bad_file(path, format!("line {}: {e}", i + 1)))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod validation_tests {
-    use super::validation_split;
-
-    #[test]
-    fn the_validation_split_is_a_seeded_disjoint_share() {
-        let (kept, held) = validation_split(1000, 0.1, 3);
-        assert_eq!(held.len(), 100);
-        assert_eq!(kept.len(), 900);
-        let mut all: Vec<i64> = kept.iter().chain(&held).copied().collect();
-        all.sort_unstable();
-        assert_eq!(all, (0..1000).collect::<Vec<i64>>());
-        assert_eq!(validation_split(1000, 0.1, 3), (kept, held.clone()));
-        assert_ne!(validation_split(1000, 0.1, 4).1, held);
-        // None held out: every example to the clients, in order (runs without a split unchanged).
-        assert_eq!(validation_split(5, 0.0, 3), ((0..5).collect(), vec![]));
-    }
+    read_rows_up_to(path, usize::MAX)
 }
 
 #[cfg(test)]
@@ -1292,12 +703,18 @@ mod compression_tests {
         assert!(err.starts_with("compression.clip_noised: 5:"), "{err}");
         let err = refused(&|s| s.compression.verify_wire = true);
         assert!(err.starts_with("compression.verify_wire: true:"), "{err}");
-        let err = refused(&|s| s.compression.kind = CompressorKind::Denoise);
+        let err = refused(&|s| {
+            s.compression = CompressionSettings::new(Compressor::Denoise(Default::default()))
+        });
         assert!(err.starts_with("compression.kind: denoise"), "{err}");
-        let err = refused(&|s| s.compression.options = vec!["seed=3".into()]);
+        let err = refused(&|s| {
+            s.compression = toml::from_str("kind = \"fl-cs\"\nrate = 10.0\nseed = 3").unwrap()
+        });
         assert!(err.starts_with("compression.options: seed"), "{err}");
-        let err = refused(&|s| s.compression.rate = 0.5);
-        assert!(err.starts_with("rate: 0.5"), "{err}");
+        let err = refused(&|s| {
+            s.compression = CompressionSettings::new(Compressor::sketch(Scheme::Cs, 0.5))
+        });
+        assert!(err.starts_with("compressor setting rate: 0.5"), "{err}");
         let err = refused(&|s| s.seed = u64::MAX);
         assert!(err.starts_with("seed:"), "{err}");
         // FL-CS's federated default of 50 OWL-QN iterations, unless given.
@@ -1305,17 +722,15 @@ mod compression_tests {
             panic!("fl-cs is a sketch")
         };
         assert_eq!((sketch.iterations, sketch.seed), (FL_CS_ITERATIONS, 0x5eed));
-        settings.compression.options = vec!["iterations=100".into(), "rows=random".into()];
+        settings.compression =
+            toml::from_str("kind = \"fl-cs\"\nrate = 10.0\niterations = 100\nrows = \"random\"")
+                .unwrap();
         let Compressor::Sketch(sketch) = settings.compressor().unwrap() else {
             panic!("fl-cs is a sketch")
         };
         assert_eq!(sketch.iterations, 100);
         assert_eq!(settings.scheme_label().unwrap(), "FL-CS (random rows)");
-        settings.compression = CompressionSettings {
-            kind: CompressorKind::Dgc,
-            rate: 16.0,
-            ..Default::default()
-        };
+        settings.compression = CompressionSettings::new(Compressor::dgc(16.0));
         assert_eq!(settings.scheme(), Scheme::Std);
         assert_eq!(settings.paper_ratio(), 1.0);
         assert_eq!(settings.scheme_label().unwrap(), "FL-STD dgc x16");

@@ -367,13 +367,23 @@ pub fn run(args: FlArgs) -> Result<()> {
             observe: dpcomp::privacy::canary::Observe::Final,
             seed: args.audit_seed,
         });
-    let (summary, scores) = dpcomp::fl::run_with_canaries(
-        &settings,
-        &fl_data,
-        args.out.as_deref(),
-        !args.json,
-        canaries,
-    )?;
+    let mut run = dpcomp::fl::FederatedRun::builder()
+        .settings(settings.clone())
+        .data(&fl_data);
+    if let Some(out) = &args.out {
+        run = run.out(out);
+    }
+    if let Some(canaries) = canaries {
+        run = run.canaries(canaries);
+    }
+    if !args.json {
+        run = run.observer(Box::new(dpcomp::fl::observer::ProgressBars::new()?));
+    }
+    let outcome = run.build()?.run()?;
+    let summary = outcome
+        .summary
+        .context("a federated run without a round to stop after ends with its summary")?;
+    let scores = outcome.canary_scores;
     let audit = match (scores, settings.privacy) {
         (Some(scores), Some(p)) => {
             let m = scores.included.len();
