@@ -160,32 +160,7 @@ impl<'d> FederatedRunBuilder<'d> {
                 self.canaries.is_some(),
             )?;
         }
-        let data = match (self.data, self.data_dir) {
-            (Some(_), Some(dir)) => {
-                return Err(Error::bad_value(
-                    "data_dir",
-                    format!(
-                        "{}: the data was given loaded; give one of data and data_dir",
-                        dir.display()
-                    ),
-                ))
-            }
-            (Some(data), None) if data.dataset != settings.dataset => {
-                return Err(Error::bad_value(
-                    "data",
-                    format!(
-                        "{}: the settings' dataset is {}",
-                        data.dataset.name(),
-                        settings.dataset.name()
-                    ),
-                ))
-            }
-            (Some(data), None) => Data::Given(data),
-            (None, dir) => Data::Loaded(FlData::load(
-                settings.dataset,
-                &crate::data::data_dir(dir.as_deref()),
-            )?),
-        };
+        let data = data_for(&settings, self.data, self.data_dir)?;
         Ok(FederatedRun {
             settings,
             data,
@@ -194,6 +169,37 @@ impl<'d> FederatedRunBuilder<'d> {
             stop_after: self.stop_after,
             observers: self.observers,
         })
+    }
+}
+
+/// The clients' data: given loaded (then it must be the settings' dataset), or loaded from
+/// `data_dir` (dpcomp's data folder when not given); not both.
+fn data_for<'d>(
+    settings: &FlSettings,
+    data: Option<&'d FlData>,
+    data_dir: Option<PathBuf>,
+) -> Result<Data<'d>> {
+    match (data, data_dir) {
+        (Some(_), Some(dir)) => Err(Error::bad_value(
+            "data_dir",
+            format!(
+                "{}: the data was given loaded; give one of data and data_dir",
+                dir.display()
+            ),
+        )),
+        (Some(data), None) if data.dataset != settings.dataset => Err(Error::bad_value(
+            "data",
+            format!(
+                "{}: the settings' dataset is {}",
+                data.dataset.name(),
+                settings.dataset.name()
+            ),
+        )),
+        (Some(data), None) => Ok(Data::Given(data)),
+        (None, dir) => Ok(Data::Loaded(FlData::load(
+            settings.dataset,
+            &crate::data::data_dir(dir.as_deref()),
+        )?)),
     }
 }
 

@@ -60,20 +60,7 @@ pub(crate) fn start(
         Some(dir) => Some(open_folder(dir, settings, canaries.is_some())?),
         None => None,
     };
-    let n = w.size()[0];
-    let (m, chunks) = messages.sketch_shape().unwrap_or((n, None));
-    let engine = privacy_engine(settings, &w)?;
-    let canaries = canary_clients(settings, canaries, &w)?;
-    let mut server = Server {
-        w,
-        momentum: None,
-        messages,
-        engine,
-        canaries,
-        parameters: n,
-        message_length: m,
-        chunks,
-    };
+    let mut server = server(settings, w, messages, canaries)?;
     let (lock, saved, rows) = match folder {
         Some(f) => (Some(f.lock), f.saved, f.rows),
         None => (None, None, Vec::new()),
@@ -94,6 +81,30 @@ pub(crate) fn start(
         evaluator,
         rounds_done,
         _lock: lock,
+    })
+}
+
+/// The server before the first round: w₀, no momentum yet, m and P from the sketch (n for the
+/// compressors, until their first message), the privacy engine and the canary clients.
+fn server(
+    settings: &FlSettings,
+    w: Tensor,
+    messages: RoundMessages,
+    canaries: Option<CanarySettings>,
+) -> Result<Server> {
+    let n = w.size()[0];
+    let (m, chunks) = messages.sketch_shape().unwrap_or((n, None));
+    let engine = privacy_engine(settings, &w)?;
+    let canaries = canary_clients(settings, canaries, &w)?;
+    Ok(Server {
+        w,
+        momentum: None,
+        messages,
+        engine,
+        canaries,
+        parameters: n,
+        message_length: m,
+        chunks,
     })
 }
 
