@@ -795,8 +795,8 @@ impl CompressionOverrides {
             }
             table.insert(key.to_string(), value);
         }
-        section.compressor =
-            crate::compress::Compressor::from_settings(kind, table.clone()).map_err(|e| match e {
+        section.compressor = crate::compress::Compressor::from_settings(kind, table.clone())
+            .map_err(|e| match e {
                 Error::BadValue { field, what } => {
                     let key = field
                         .strip_prefix("compression.")
@@ -1770,6 +1770,52 @@ mod tests {
         flat.sort();
         flat.dedup();
         assert_eq!(flat.len(), n, "a flat key used twice");
+    }
+
+    /// A `--config` file gives the compressor as `[compression]`'s table, as flat keys with
+    /// `compressor_options` (a list or a table), or as the older `options` list: the same
+    /// compressor; a key the kind does not read is refused naming it, the kind and its keys.
+    #[test]
+    fn a_files_compressor_reads_in_every_form() {
+        let resolve = |text: &str| {
+            TrainOverrides::from_toml_str(&format!("task = \"surnames\"\n{text}"), "f.toml")
+                .and_then(TrainOverrides::resolve)
+        };
+        let forms = [
+            "[compression]\nkind = \"dgc\"\nrate = 256.0\nbudget = \"elements\"\n",
+            "compressor = \"dgc\"\nrate = 256\ncompressor_options = [\"budget=elements\"]\n",
+            "compressor = \"dgc\"\nrate = 256\ncompressor_options = { budget = \"elements\" }\n",
+            "[compression]\nkind = \"dgc\"\nrate = 256.0\noptions = [\"budget=elements\"]\n",
+        ];
+        for text in forms {
+            let config = resolve(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(
+                config.compression_label().unwrap(),
+                "dgc x256 (budget=elements)",
+                "{text}"
+            );
+            let written = config.to_toml();
+            assert!(
+                written.contains(
+                    "[compression]\nkind = \"dgc\"\nbudget = \"elements\"\nrate = 256.0\n"
+                ),
+                "{written}"
+            );
+        }
+        let err = resolve("[compression]\nkind = \"dgc\"\nlevels = 4\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("compression.options: `levels` is not a setting of dgc; it accepts: rate, value_bits"),
+            "{err}"
+        );
+        let err = resolve("[compression]\nkind = \"dcg\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown variant `dcg`, expected one of `identity`, `dgc`"),
+            "{err}"
+        );
     }
 
     #[test]
