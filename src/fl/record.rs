@@ -1,12 +1,147 @@
-//! What a federated run records: each round's row of `metrics.jsonl`, the checkpoint after
-//! it, the best round so far (the paper's "best over rounds on the test set", and the round
-//! chosen on the validation split) and, at the end, `summary.json`.
+//! What a federated run records after each round of Algorithm 1 (Kerkouche et al. 2021): its
+//! row of `metrics.jsonl` (`RoundMetrics`), the checkpoint after it (the server's state of
+//! Algorithm 3 included, `checkpoint`), the best round so far (the paper's "best over rounds on
+//! the test set", and the round chosen on the validation split) and, at the end, `summary.json`
+//! (`FlSummary`) with the columns of the paper's tables (the best metric, its round, the cost
+//! r · n · 32 · Round · C).
 
 use super::evaluate::{Evaluated, Metric};
 use super::round::{RoundReport, Server};
-use super::{checkpoint, FlSettings, FlSummary, RoundMetrics};
+use super::{checkpoint, FlSettings};
 use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
 use std::path::Path;
+
+/// One round's record in `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RoundMetrics {
+    /// The round, from 1.
+    pub round: usize,
+    /// The clients sampled this round (canaries not counted).
+    pub clients: usize,
+    /// Mean cross-entropy of the global model on the test examples after the round.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub test_loss: f64,
+    /// Test accuracy after the round, in [0, 1].
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub accuracy: f64,
+    /// Test balanced accuracy (the mean of the per-class recalls) after the round.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub balanced_accuracy: f64,
+    /// Test AUROC after the round (two-class datasets only).
+    pub auroc: Option<f64>,
+    /// Bits the clients sent this round.
+    pub upstream_bits: u64,
+    /// Bits the clients sent since the start, this round included.
+    pub upstream_bits_total: u64,
+    /// ε after this round (DP runs; "inf" at σ 0, never serde_json's null).
+    #[serde(default, with = "crate::json_floats::epsilon_json")]
+    pub epsilon: Option<f64>,
+    /// The metric on the validation split (runs with one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_metric: Option<f64>,
+    /// DP runs: the share of this round's clients whose message was longer than S.
+    pub clipped_fraction: Option<f64>,
+    /// Mean norm of the clients' messages before clipping: non-finite (written as null, read back
+    /// as NaN) when a client's update overflowed, which private runs clip to zero and go on.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub message_norm: f64,
+    /// Seconds of the clients' part of the round: local training, then each message encoded,
+    /// sent as bytes and clipped.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub client_seconds: f64,
+    /// Aggregation, noise and reconstruction.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub server_seconds: f64,
+    /// Seconds since the run started, up to this round's end (a resumed run's earlier starts
+    /// included).
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub wall_seconds: f64,
+}
+
+/// A federated run's outcome, saved as its folder's `summary.json`: the columns of the paper's
+/// tables at the best round, ε, and the run's timings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FlSummary {
+    /// The dataset's name (`FlDataset::name`).
+    pub dataset: String,
+    /// The scheme's label (`FlSettings::scheme_label`): "FL-CS", "FL-STD dgc x16", ...
+    pub scheme: String,
+    /// Actual r = m / n.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub ratio: f64,
+    /// n, the model's parameter count.
+    pub parameters: i64,
+    /// m, the values of a message: the sketch's length (n for FL-STD), or the elements of a
+    /// compressor's last message.
+    pub message_length: i64,
+    /// P, the sketch's DCT chunks (FL-FREQ and FL-CS only).
+    pub chunks: Option<i64>,
+    /// N.
+    pub clients: usize,
+    /// C.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub fraction: f64,
+    /// The rounds run: T_cl, or fewer when stopped early.
+    pub rounds_run: usize,
+    /// Whether early stopping (`patience`) ended the run before its last round.
+    pub stopped_early: bool,
+    /// Accuracy (Fashion-MNIST) or balanced accuracy (two classes): the paper's tables' metric.
+    pub metric: String,
+    /// The highest test value of `metric` over the rounds (the paper's "best" figure).
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub best: f64,
+    /// The first round that reached `best`.
+    pub best_round: usize,
+    /// Test accuracy at `best_round`.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub accuracy_at_best: f64,
+    /// Test balanced accuracy at `best_round`.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub balanced_accuracy_at_best: f64,
+    /// Test AUROC at `best_round` (two-class datasets only).
+    pub auroc_at_best: Option<f64>,
+    /// The paper's cost r n 32 Round C, in bits, at the best round.
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub cost_bits: f64,
+    /// What the clients actually sent up to the best round.
+    pub upstream_bits_at_best: u64,
+    /// S, the clip radius of the clients' messages (DP runs).
+    pub clip: Option<f64>,
+    /// σ (DP runs).
+    pub noise_multiplier: Option<f64>,
+    /// ε after the last round run ("inf" at σ 0; null without DP).
+    #[serde(default, with = "crate::json_floats::epsilon_json")]
+    pub epsilon: Option<f64>,
+    /// ε at the best round (the paper reports ε where it stopped).
+    #[serde(default, with = "crate::json_floats::epsilon_json")]
+    pub epsilon_at_best: Option<f64>,
+    /// With a validation split: the round whose validation metric was highest, the test metric
+    /// there, and ε at that round (an honest alternative to `best`, which picks on the test set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub validation_round: Option<usize>,
+    /// The test value of `metric` at `validation_round`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub test_at_validation_round: Option<f64>,
+    /// ε at `validation_round` (DP runs).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::json_floats::epsilon_json"
+    )]
+    pub epsilon_at_validation_round: Option<f64>,
+    /// δ of the reported ε (DP runs).
+    pub delta: Option<f64>,
+    /// Mean seconds per round of the server's part (`RoundMetrics::server_seconds`).
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub mean_server_seconds: f64,
+    /// Mean seconds per round of the clients' part (`RoundMetrics::client_seconds`).
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub mean_client_seconds: f64,
+    /// Seconds the run took (a resumed run's earlier starts included).
+    #[serde(deserialize_with = "crate::json_floats::nan_if_null")]
+    pub wall_seconds: f64,
+}
 
 /// The rounds run so far (a resumed run's earlier ones included) and what the summary takes
 /// from them.
