@@ -139,14 +139,13 @@ pub fn migrate_json(value: serde_json::Value) -> std::result::Result<serde_json:
     let iterations: usize = field(&mut map, "owlqn_iterations", FL_CS_ITERATIONS)?;
     let compressor: Option<JsonEraCompressor> = field(&mut map, "compressor", None)?;
     let compression = match (scheme, compressor) {
-        (Scheme::Std, Some(c)) => CompressionSettings {
-            kind: c.kind,
-            rate: c.rate,
-            rank: c.rank,
-            options: c.options,
-            clip_noised: None,
-            verify_wire: false,
-        },
+        (Scheme::Std, Some(c)) => CompressionSettings::from_table(toml::Table::from_iter([
+            ("kind".to_string(), toml::Value::from(c.kind.name())),
+            ("rate".to_string(), c.rate.into()),
+            ("rank".to_string(), c.rank.into()),
+            ("options".to_string(), c.options.into()),
+        ]))
+        .map_err(|e| format!("compressor: {e}"))?,
         (scheme, Some(c)) => {
             return Err(format!(
                 "compressor {} with scheme {}: a compressor ran with scheme std only",
@@ -192,14 +191,14 @@ mod tests {
         // FL-CS with every setting off its default: options in `scheme_compression`'s order.
         let cs = from_json(&json_era(&base, fields("cs", 0.05, Some(8), "random", 0.1))).unwrap();
         let c = &cs.compression;
-        assert_eq!((c.kind, c.rate), (CompressorKind::FlCs, 20.0));
-        assert_eq!(c.options, ["chunks=8", "rows=random", "lambda=0.1"]);
+        assert_eq!((c.kind(), c.rate()), (CompressorKind::FlCs, 20.0));
+        assert_eq!(c.to_table().to_string(), "chunks = 8\nkind = \"fl-cs\"\nlambda = 0.1\nrate = 20.0\nrows = \"random\"\nverify_wire = false\n");
         // What a scheme never read is dropped; FL-STD is identity whatever its ratio said.
         let rnd = from_json(&json_era(&base, fields("rnd", 0.2, Some(8), "first", 0.1))).unwrap();
-        assert_eq!(rnd.compression.kind, CompressorKind::FlRnd);
+        assert_eq!(rnd.compression.kind(), CompressorKind::FlRnd);
         assert_eq!(
-            (rnd.compression.rate, rnd.compression.options.len()),
-            (5.0, 0)
+            rnd.compression.compressor,
+            crate::compress::Compressor::sketch(Scheme::Rnd, 5.0)
         );
         let std = from_json(&json_era(&base, fields("std", 0.1, None, "first", 0.01))).unwrap();
         assert_eq!(std.compression, CompressionSettings::default());
@@ -208,9 +207,7 @@ mod tests {
         dgc["compressor"] = serde_json::json!({"kind": "dgc", "rate": 16.0,
             "options": ["error_feedback=false"]});
         let dgc = from_json(&json_era(&base, dgc)).unwrap();
-        assert_eq!(dgc.compression.kind, CompressorKind::Dgc);
-        assert_eq!(dgc.compression.rate, 16.0);
-        assert_eq!(dgc.compression.options, ["error_feedback=false"]);
+        assert_eq!(dgc.compression.label(), "dgc x16 (error_feedback=false)");
         // Today's JSON form reads as it is; both forms at once, or FL-FREQ with random rows
         // (no compressor form), are refused naming what is wrong.
         assert_eq!(from_json(&serde_json::to_string(&cs).unwrap()).unwrap(), cs);
@@ -228,7 +225,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(read(dir.path()).unwrap().is_none());
         let mut settings = FlSettings::defaults(FlDataset::Flchain);
-        settings.compression.options = vec!["rows=random".into(), "iterations=7".into()];
+        settings.compression =
+            toml::from_str("kind = \"fl-cs\"\nrate = 10.0\nrows = \"random\"\niterations = 7")
+                .unwrap();
         settings.privacy = Some(crate::fl::FlPrivacy {
             clip: 0.1,
             noise_multiplier: 1.3,
@@ -241,7 +240,9 @@ mod tests {
         assert!(!dir.path().join(LEGACY_CONFIG_FILE).exists());
         let text = std::fs::read_to_string(dir.path().join(CONFIG_FILE)).unwrap();
         assert!(
-            text.contains("[compression]\nkind = \"fl-cs\"\nrate = 10.0\n"),
+            text.contains(
+                "[compression]\nkind = \"fl-cs\"\niterations = 7\nrate = 10.0\nrows = \"random\"\n"
+            ),
             "{text}"
         );
         assert_eq!(read(dir.path()).unwrap(), Some(settings));
