@@ -18,6 +18,7 @@
 //! seed = 19
 //! ```
 
+use crate::cell_observer::{CellEvent, CellObserver};
 use crate::error::{Error, Result};
 use crate::grid::Experiment;
 use crate::privacy::audit::{AuditOutcome, Guesses};
@@ -119,45 +120,47 @@ impl AuditExperiment {
     }
 
     /// Audits every unfinished cell of `profile` (`only` as for training grids), then writes
-    /// the table of every finished one.
+    /// the table of every finished one. `observer` hears of each cell and gives its trainer's
+    /// observers.
     pub fn run(
         &self,
         profile: &str,
         only: &[(String, String)],
         runs: &Path,
-        progress: bool,
+        observer: &mut dyn CellObserver,
     ) -> Result<Vec<AuditRow>> {
         let cells = self.grid.cells(profile, only)?;
         let root = self.folder(runs, profile);
         std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
         for (i, cell) in cells.iter().enumerate() {
             let dir = root.join(&cell.name);
+            let mut tell = |event: CellEvent<'_>| {
+                observer.cell(&self.grid.name, i, cells.len(), &cell.name, event)
+            };
             if dir.join("audit.json").is_file() {
+                tell(CellEvent::Skipped);
                 continue;
             }
             if let Some(owner) = crate::run_lock::holder(&dir) {
-                log::warn!(
-                    "{}: in use by another process ({owner}), skipped",
-                    cell.name
-                );
+                tell(CellEvent::InUse { owner: &owner });
                 continue;
             }
-            if progress {
-                log::info!(
-                    "[{}/{}] {} {}",
-                    i + 1,
-                    cells.len(),
-                    self.grid.name,
-                    cell.name
-                );
-            }
+            tell(CellEvent::Starting);
             // An audited run does not resume: what an interrupted one left starts over.
             // Only dpcomp's own files go (`run_folder::clear` refuses a folder that is not a
             // dpcomp run folder).
             if dir.exists() {
                 crate::run_folder::clear(&dir)?;
             }
-            audit_training(cell.config.clone(), &dir, &self.settings, false)?;
+            let observers = observer.trainer_observers();
+            audit_training(cell.config.clone(), &dir, &self.settings, observers)?;
+            observer.cell(
+                &self.grid.name,
+                i,
+                cells.len(),
+                &cell.name,
+                CellEvent::Finished { result: None },
+            );
         }
         self.write_tables(profile, runs)
     }

@@ -8,6 +8,7 @@
 //! the convex and federated kinds, their figures.
 
 use crate::audit_experiment::AuditExperiment;
+use crate::cell_observer::CellObserver;
 use crate::convex::experiment::ConvexExperiment;
 use crate::error::{Error, Result};
 use crate::fl::experiment::FlExperiment;
@@ -172,20 +173,21 @@ impl ExperimentFile {
     /// checkpoints; a cell another process holds is left to it), then writes the tables (and
     /// figures) of everything finished. `data_dir` is where the convex and federated kinds
     /// read their data (`None`: `DPCOMP_DATA` or `data/`); training cells name theirs.
+    /// `observer` hears of each cell and gives the observers of its training (`()`: nobody).
     pub fn run(
         &self,
         profile: &str,
         only: &[(String, String)],
         runs: &Path,
         data_dir: Option<&Path>,
-        progress: bool,
+        observer: &mut dyn CellObserver,
     ) -> Result<Outcome> {
         self.check_only(only)?;
         let folder = self.folder(runs, profile);
         let finished = match self {
-            ExperimentFile::Training(e) => grid::run(e, profile, only, runs, progress)?.len(),
+            ExperimentFile::Training(e) => grid::run(e, profile, only, runs, observer)?.len(),
             ExperimentFile::Convex(e) => {
-                let rows = crate::convex::experiment::run(e, profile, data_dir, &folder, progress)?;
+                let rows = crate::convex::experiment::run(e, profile, data_dir, &folder, observer)?;
                 #[cfg(feature = "plot")]
                 crate::plot::convex::draw_figures(&e.grid.data, &e.grid.loss, &rows, &folder)?;
                 no_figures_without_plot(&folder);
@@ -194,13 +196,13 @@ impl ExperimentFile {
             ExperimentFile::Federated(e) => {
                 let data_dir = crate::data::data_dir(data_dir);
                 let cells =
-                    crate::fl::experiment::run(e, profile, only, &data_dir, &folder, progress)?;
+                    crate::fl::experiment::run(e, profile, only, &data_dir, &folder, observer)?;
                 #[cfg(feature = "plot")]
                 crate::plot::fl::figures(&cells, &folder)?;
                 no_figures_without_plot(&folder);
                 cells.len()
             }
-            ExperimentFile::Audit(e) => e.run(profile, only, runs, progress)?.len(),
+            ExperimentFile::Audit(e) => e.run(profile, only, runs, observer)?.len(),
         };
         Ok(Outcome { finished, folder })
     }

@@ -31,6 +31,7 @@
 //! A cell that finishes has its logs packed (`metrics.jsonl.gz`, `grad_error.jsonl.gz`:
 //! `run_log`), which every reader of the cell reads as before.
 
+use crate::cell_observer::{CellEvent, CellObserver};
 use crate::config::{TrainConfig, TrainOverrides};
 use crate::error::{Error, Result};
 pub use crate::results_table::mean_sd;
@@ -40,7 +41,6 @@ use crate::train::{checkpoint, Trainer};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Instant;
 
 /// A training grid file (`experiments/<name>.toml` without a `kind`), as in the example above.
 #[derive(Debug, Clone, Deserialize)]
@@ -416,61 +416,61 @@ pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
 }
 
 /// Runs every cell (skipping finished ones, resuming interrupted ones), then writes the results
-/// table. Returns the rows of all finished cells.
+/// table. `observer` hears of each cell and gives its trainer's observers. Returns the rows of
+/// all finished cells.
 pub fn run(
     experiment: &Experiment,
     profile: &str,
     only: &[(String, String)],
     runs_root: &Path,
-    progress: bool,
+    observer: &mut dyn CellObserver,
 ) -> Result<Vec<Row>> {
     let cells = experiment.cells(profile, only)?;
     let root = runs_root.join(&experiment.name).join(profile);
     std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
-    let started = Instant::now();
     for (i, cell) in cells.iter().enumerate() {
         let dir = root.join(&cell.name);
         let state = cell_state(&dir, &cell.config)?;
-        if progress {
-            log::info!(
-                "[{}/{}] {} {}: {}  ({:.0} s so far)",
-                i + 1,
-                cells.len(),
-                experiment.name,
-                cell.name,
-                match &state {
-                    CellState::Finished => "finished, skipped".to_string(),
-                    CellState::Interrupted { epochs_done } =>
-                        format!("resuming after epoch {epochs_done}"),
-                    CellState::New => "starting".to_string(),
-                },
-                started.elapsed().as_secs_f64()
-            );
-        }
+        let mut tell = |event: CellEvent<'_>| {
+            observer.cell(&experiment.name, i, cells.len(), &cell.name, event)
+        };
         let trainer = match state {
-            CellState::Finished => continue,
-            CellState::Interrupted { .. } => Trainer::resume(&dir, Some(cell.config.epochs)),
-            CellState::New => Trainer::new(cell.config.clone(), &dir),
+            CellState::Finished => {
+                tell(CellEvent::Skipped);
+                continue;
+            }
+            CellState::Interrupted { epochs_done } => {
+                tell(CellEvent::Resuming { epochs_done });
+                Trainer::resume(&dir, Some(cell.config.epochs))
+            }
+            CellState::New => {
+                tell(CellEvent::Starting);
+                Trainer::new(cell.config.clone(), &dir)
+            }
         };
         // Another worker is training this cell: leave it to them (workers may share a grid).
         let mut trainer = match trainer {
             Err(Error::RunInUse { owner, .. }) => {
-                log::warn!(
-                    "{}: in use by another process ({owner}), skipped",
-                    cell.name
-                );
+                tell(CellEvent::InUse { owner: &owner });
                 continue;
             }
             other => other?,
         };
-        if progress {
-            trainer.observe(crate::train::observer::progress_bars()?);
+        for o in observer.trainer_observers() {
+            trainer.observe(o);
         }
         crate::analysis::probe::GradientErrorProbe::install(&mut trainer);
         trainer.run()?;
         // The finished cell's logs are packed once its lock is released with the trainer.
         drop(trainer);
         crate::run_log::pack_run(&dir)?;
+        observer.cell(
+            &experiment.name,
+            i,
+            cells.len(),
+            &cell.name,
+            CellEvent::Finished { result: None },
+        );
     }
     write_results(experiment, profile, runs_root)?;
     collect(&root, &cells)

@@ -87,6 +87,7 @@ pub mod analysis;
 pub(crate) mod audit_experiment;
 #[doc(hidden)]
 pub mod bench;
+pub mod cell_observer;
 pub mod comm;
 pub mod compress;
 pub mod config;

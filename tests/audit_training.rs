@@ -126,7 +126,7 @@ fn settings(kind: CanaryKind) -> AuditSettings {
 
 fn audit(c: TrainConfig, kind: CanaryKind) -> AuditReport {
     let dir = tempfile::tempdir().unwrap();
-    let report = audit_training(c, &dir.path().join("run"), &settings(kind), false).unwrap();
+    let report = audit_training(c, &dir.path().join("run"), &settings(kind), Vec::new()).unwrap();
     let written: AuditReport =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("run/audit.json")).unwrap())
             .unwrap();
@@ -241,7 +241,7 @@ fn an_audit_grid_runs_its_cells_once_and_writes_the_table() {
     .unwrap();
     let experiment = dpcomp::experiment::ExperimentFile::open(&file).unwrap();
     let runs = dir.path().join("runs");
-    let outcome = experiment.run("cpu", &[], &runs, None, false).unwrap();
+    let outcome = experiment.run("cpu", &[], &runs, None, &mut ()).unwrap();
     assert_eq!(outcome.finished, 2);
     let cell = outcome.folder.join("noise_multiplier-0/audit.json");
     let written = std::fs::metadata(&cell).unwrap().modified().unwrap();
@@ -256,7 +256,7 @@ fn an_audit_grid_runs_its_cells_once_and_writes_the_table() {
     );
     assert!(table.contains("20 \"included\""), "{table}");
     // Finished cells are not audited again.
-    let again = experiment.run("cpu", &[], &runs, None, false).unwrap();
+    let again = experiment.run("cpu", &[], &runs, None, &mut ()).unwrap();
     assert_eq!(again.finished, 2);
     assert_eq!(
         std::fs::metadata(&cell).unwrap().modified().unwrap(),

@@ -178,7 +178,7 @@ fn a_grid_packs_finished_cells_and_resumes_packed_ones() {
     };
     let runs = dir.path().join("runs");
     let experiment = write(1);
-    let rows = dpcomp::grid::run(&experiment, "cpu", &[], &runs, false).unwrap();
+    let rows = dpcomp::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
     assert_eq!(rows.len(), 1);
     let cell = runs.join("packed/cpu/seed-0");
     assert!(cell.join("metrics.jsonl.gz").is_file());
@@ -192,7 +192,7 @@ fn a_grid_packs_finished_cells_and_resumes_packed_ones() {
         dpcomp::grid::CellState::Finished
     );
     // Run again: skipped, its packed log untouched.
-    let again = dpcomp::grid::run(&experiment, "cpu", &[], &runs, false).unwrap();
+    let again = dpcomp::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
     assert_eq!(again[0].final_accuracy, rows[0].final_accuracy);
     assert_eq!(
         std::fs::read(cell.join("metrics.jsonl.gz")).unwrap(),
@@ -201,7 +201,7 @@ fn a_grid_packs_finished_cells_and_resumes_packed_ones() {
 
     // Two epochs: the packed cell resumes after its first, keeps that row, and is packed again.
     let longer = write(2);
-    let rows = dpcomp::grid::run(&longer, "cpu", &[], &runs, false).unwrap();
+    let rows = dpcomp::grid::run(&longer, "cpu", &[], &runs, &mut ()).unwrap();
     assert_eq!(rows[0].epochs, 2);
     assert!(!cell.join("metrics.jsonl").exists());
     let history = dpcomp::train::metrics::read(&cell.join("metrics.jsonl")).unwrap();

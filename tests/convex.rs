@@ -364,7 +364,7 @@ seeds = 3
     .unwrap();
     let experiment = ConvexExperiment::from_file(&file).unwrap();
     let out = dir.path().join("out");
-    let rows = run_experiment(&experiment, "cpu", None, &out, false).unwrap();
+    let rows = run_experiment(&experiment, "cpu", None, &out, &mut ()).unwrap();
     assert_eq!(
         rows.len(),
         2 + 2 + 1,
@@ -384,7 +384,7 @@ seeds = 3
     let runs = dir.path().join("runs");
     let outcome = dpcomp::experiment::ExperimentFile::open(&file)
         .unwrap()
-        .run("cpu", &[], &runs, None, false)
+        .run("cpu", &[], &runs, None, &mut ())
         .unwrap();
     assert_eq!(outcome.finished, rows.len());
     assert_eq!(outcome.folder, runs.join("tiny").join("cpu"));

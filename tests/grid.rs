@@ -22,7 +22,7 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
     experiment.base.insert("device".into(), "cpu".into());
     experiment.base.insert("batch_size".into(), 4.into());
     let runs = dir.path().join("runs");
-    let rows = dpcomp::grid::run(&experiment, "cpu", &[], &runs, false).unwrap();
+    let rows = dpcomp::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
 
     // The paper's grid: σ 0, 0.4, 0.8 x DGC rates 1, 16, 256.
     assert_eq!(rows.len(), 9);
@@ -116,7 +116,7 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
         ("rate".to_string(), "1".to_string()),
         ("noise_multiplier".to_string(), "0".to_string()),
     ];
-    let again = dpcomp::grid::run(&experiment, "cpu", &only, &runs, false).unwrap();
+    let again = dpcomp::grid::run(&experiment, "cpu", &only, &runs, &mut ()).unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].cell, cells[0].name);
     assert_eq!(
@@ -127,7 +127,7 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
     // A cell folder with other settings is refused rather than silently mixed.
     let mut changed = experiment.clone();
     changed.base.insert("lr".into(), 0.5.into());
-    let err = dpcomp::grid::run(&changed, "cpu", &only, &runs, false)
+    let err = dpcomp::grid::run(&changed, "cpu", &only, &runs, &mut ())
         .unwrap_err()
         .to_string();
     assert!(err.contains("other settings"), "{err}");
@@ -290,7 +290,7 @@ fn experiment_files_are_routed_by_kind_and_only_convex_sweeps_refuse_only() {
     let runs = dir.path().join("runs");
     let convex = ExperimentFile::open(&root.join("convex.toml")).unwrap();
     let err = convex
-        .run("cpu", &only, &runs, None, false)
+        .run("cpu", &only, &runs, None, &mut ())
         .err()
         .unwrap()
         .to_string();
@@ -345,7 +345,7 @@ fn experiment_files_are_routed_by_kind_and_only_convex_sweeps_refuse_only() {
     };
     assert_eq!(names(&rate_20), names(&five_percent));
     let err = fl
-        .run("cpu", &pairs(&[("rank", "16")]), &runs, None, false)
+        .run("cpu", &pairs(&[("rank", "16")]), &runs, None, &mut ())
         .err()
         .unwrap()
         .to_string();

@@ -9,6 +9,7 @@
 
 use super::preprocess::{self, Preprocess, Scaling};
 use super::{run_seeds, Algorithm, Calibration, ConvexReport, ConvexSettings};
+use crate::cell_observer::{CellEvent, CellObserver};
 use crate::error::{Error, Result};
 use crate::results_table::MarkdownTable;
 use serde::Deserialize;
@@ -172,13 +173,15 @@ impl ConvexExperiment {
 }
 
 /// Runs every setting of `profile`, writes `results.{csv,md}` under `out_dir`, and returns the
-/// rows (`experiment::ExperimentFile::run` then draws the figures). `data_dir` is where `breast_cancer` is read from.
+/// rows (`experiment::ExperimentFile::run` then draws the figures). `data_dir` is where
+/// `breast_cancer` is read from; `observer` hears of each setting as it finishes, with its
+/// result line.
 pub fn run(
     experiment: &ConvexExperiment,
     profile: &str,
     data_dir: Option<&Path>,
     out_dir: &Path,
-    progress: bool,
+    observer: &mut dyn CellObserver,
 ) -> Result<Vec<Row>> {
     let profile_settings = experiment.profiles.get(profile).ok_or_else(|| {
         crate::grid::unknown_profile(&experiment.name, profile, experiment.profiles.keys())
@@ -186,6 +189,7 @@ pub fn run(
     // One writer per results folder (see `run_lock`), held until the tables are written.
     let _lock = crate::run_lock::RunLock::acquire(out_dir)?;
     let seeds: Vec<u64> = (0..profile_settings.seeds).collect();
+    let settings_count = settings_count(experiment);
     let mut rows = Vec::new();
     for data_spec in &experiment.grid.data {
         for loss_spec in &experiment.grid.loss {
@@ -233,20 +237,32 @@ pub fn run(
                             steps: 0,
                         },
                     };
-                    if progress {
-                        log::info!(
-                            "{} {} {:?} epsilon {}: excess risk {:.4} ± {:.4}, test accuracy {:.2}% ± {:.2}{}",
-                            row.data,
-                            row.loss,
-                            row.algorithm,
-                            row.epsilon.map_or("-".into(), |e| e.to_string()),
-                            row.excess_risk.0,
-                            row.excess_risk.1,
-                            100.0 * row.test_accuracy.0,
-                            100.0 * row.test_accuracy.1,
-                            row.infeasible.as_ref().map_or(String::new(), |_| " (infeasible)".into())
-                        );
-                    }
+                    let name = format!(
+                        "{} {} {:?} epsilon {}",
+                        row.data,
+                        row.loss,
+                        row.algorithm,
+                        row.epsilon.map_or("-".into(), |e| e.to_string()),
+                    );
+                    let result = format!(
+                        "excess risk {:.4} ± {:.4}, test accuracy {:.2}% ± {:.2}{}",
+                        row.excess_risk.0,
+                        row.excess_risk.1,
+                        100.0 * row.test_accuracy.0,
+                        100.0 * row.test_accuracy.1,
+                        row.infeasible
+                            .as_ref()
+                            .map_or(String::new(), |_| " (infeasible)".into())
+                    );
+                    observer.cell(
+                        &experiment.name,
+                        rows.len(),
+                        settings_count,
+                        &name,
+                        CellEvent::Finished {
+                            result: Some(&result),
+                        },
+                    );
                     rows.push(row);
                 }
             }
@@ -255,6 +271,24 @@ pub fn run(
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
     write_tables(experiment, profile, &rows, out_dir)?;
     Ok(rows)
+}
+
+/// How many settings (rows) `run` makes: every data x loss x algorithm, each private algorithm
+/// at every ε, the non-private one once.
+fn settings_count(experiment: &ConvexExperiment) -> usize {
+    let per_loss: usize = experiment
+        .grid
+        .algorithm
+        .iter()
+        .map(|&a| {
+            if a == Algorithm::Nonprivate {
+                1
+            } else {
+                experiment.grid.epsilon.len()
+            }
+        })
+        .sum();
+    experiment.grid.data.len() * experiment.grid.loss.len() * per_loss
 }
 
 /// The mean and sample standard deviation, the deviation 0 for a single seed.

@@ -15,6 +15,7 @@ use super::{
     default_clip, read_rows, scheme_compression, FlPrivacy, FlSettings, FlSummary, RoundMetrics,
     FL_CS_ITERATIONS,
 };
+use crate::cell_observer::{CellEvent, CellObserver};
 use crate::compress::chunked_dct::DctRows;
 use crate::compress::linear_sketch::Scheme;
 use crate::compress::CompressorKind;
@@ -557,43 +558,47 @@ pub struct Cell {
 }
 
 /// Runs every cell of `profile` not yet finished, then writes `results.{csv,md}` into `out`
-/// (`experiment::ExperimentFile::run` then draws the figures).
+/// (`experiment::ExperimentFile::run` then draws the figures). `observer` hears of each cell and
+/// gives its rounds' observers.
 pub fn run(
     experiment: &FlExperiment,
     profile: &str,
     only: &[(String, String)],
     data_dir: &Path,
     out: &Path,
-    progress: bool,
+    observer: &mut dyn CellObserver,
 ) -> Result<Vec<Cell>> {
     let cells = experiment.cells_only(profile, only)?;
     let mut loaded: BTreeMap<String, FlData> = BTreeMap::new();
     let total = cells.len();
     for (i, (dataset, name, settings)) in cells.iter().enumerate() {
         let dir = out.join(dataset).join(name);
+        let shown = format!("{dataset} {name}");
         if finished(&dir, settings) {
+            observer.cell(&experiment.name, i, total, &shown, CellEvent::Skipped);
             continue;
         }
         if !loaded.contains_key(dataset) {
             loaded.insert(dataset.clone(), FlData::load(settings.dataset, data_dir)?);
         }
-        if progress {
-            log::info!("[{}/{total}] {dataset} {name}", i + 1);
-        }
+        observer.cell(&experiment.name, i, total, &shown, CellEvent::Starting);
         let mut cell = super::FederatedRun::builder()
             .settings(settings.clone())
             .data(&loaded[dataset])
             .out(&dir);
-        if progress {
-            cell = cell.observer(super::observer::progress_bars()?);
+        for o in observer.round_observers() {
+            cell = cell.observer(o);
         }
         match cell.build().and_then(|cell| cell.run()) {
             // Another worker runs this cell: leave it to them (workers may share a grid).
             Err(Error::RunInUse { owner, .. }) => {
-                log::warn!("{name}: in use by another process ({owner}), skipped");
+                let event = CellEvent::InUse { owner: &owner };
+                observer.cell(&experiment.name, i, total, &shown, event);
             }
             other => {
                 other?;
+                let event = CellEvent::Finished { result: None };
+                observer.cell(&experiment.name, i, total, &shown, event);
             }
         }
     }

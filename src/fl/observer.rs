@@ -55,12 +55,6 @@ pub trait RoundObserver {
     fn finished(&mut self, _summary: &FlSummary) {}
 }
 
-/// The observer a grid's `progress` setting asks for: `ProgressBars`, or an error naming the
-/// `progress` feature when dpcomp was built without it.
-pub(crate) fn progress_bars() -> Result<Box<dyn RoundObserver>> {
-    Ok(Box::new(ProgressBars::new()?))
-}
-
 /// The bar's layout: the rounds done, the last round's metric and ε, the time so far.
 const TEMPLATE: &str = "round [{bar:30}] {pos}/{len} {msg} ({elapsed})";
 

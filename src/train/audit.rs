@@ -92,12 +92,13 @@ pub struct AuditReport {
     pub flagged: bool,
 }
 
-/// Trains `config` into `run_dir` with the canaries of `settings` and audits it.
+/// Trains `config` into `run_dir` with the canaries of `settings` and audits it; `observers`
+/// hear of the training's progress (`Trainer::observe`).
 pub fn audit_training(
     config: TrainConfig,
     run_dir: &Path,
     settings: &AuditSettings,
-    progress: bool,
+    observers: Vec<Box<dyn super::observer::Observer>>,
 ) -> Result<AuditReport> {
     // σ given, or calibrated from the target ε over the run's epochs as a training run does
     // (`Trainer::new`), so that the audit checks the run `train` would make.
@@ -144,8 +145,8 @@ pub fn audit_training(
         .privacy
         .noise_multiplier
         .expect("a private run's σ is given or calibrated at its start");
-    if progress {
-        trainer.observe(super::observer::progress_bars()?);
+    for observer in observers {
+        trainer.observe(observer);
     }
     if settings.kind == CanaryKind::WhiteBox {
         let tensors: Vec<tch::Tensor> = trainer

@@ -243,13 +243,13 @@ pub enum Start {
 /// Trains the run in `run_dir` with `workers` data-parallel workers as threads of this process
 /// (`comm::ThreadGroup`: one computes at a time, each with its own random stream), which is what
 /// an MPI job of as many ranks computes: the in-process reference of the MPI tests, and a way to
-/// try a configuration without MPI. `progress` draws rank 0's progress. Returns every rank's
+/// try a configuration without MPI. `observers` hear of rank 0's progress. Returns every rank's
 /// summary in rank order; when a rank fails, its error (rather than the others' "a rank left").
 pub fn train_in_threads(
     workers: usize,
     start: Start,
     run_dir: &Path,
-    progress: bool,
+    observers: Vec<Box<dyn super::observer::Observer + Send>>,
 ) -> Result<Vec<super::metrics::Summary>> {
     if !(1..=crate::comm::MAX_THREAD_WORKERS).contains(&workers) {
         return Err(Error::bad_value(
@@ -261,6 +261,7 @@ pub fn train_in_threads(
         ));
     }
     let run_dir = run_dir.to_path_buf();
+    let rank_0_observers = std::sync::Mutex::new(observers);
     let results = crate::comm::ThreadGroup::run(workers, move |comm| {
         let rank = comm.rank();
         let comm: Box<dyn Communicator> = Box::new(comm);
@@ -269,8 +270,12 @@ pub fn train_in_threads(
             Start::Fresh(config) => builder.config(config.clone()).build()?,
             Start::Resume(overrides) => builder.resume(overrides.clone()).build()?,
         };
-        if progress && rank == 0 {
-            trainer.observe(super::observer::progress_bars()?);
+        if rank == 0 {
+            let observers =
+                std::mem::take(&mut *rank_0_observers.lock().unwrap_or_else(|e| e.into_inner()));
+            for observer in observers {
+                trainer.observe(observer);
+            }
         }
         trainer.run()
     })?;

@@ -85,22 +85,6 @@ pub trait Observer {
     }
 }
 
-/// The observer a run's `progress` setting (the grid's, the workers', the audit's) asks for:
-/// `ProgressBars`, or an error naming the `progress` feature when dpcomp was built without it.
-pub(crate) fn progress_bars() -> Result<Box<dyn Observer>> {
-    #[cfg(feature = "progress")]
-    {
-        Ok(Box::new(ProgressBars::default()))
-    }
-    #[cfg(not(feature = "progress"))]
-    {
-        Err(crate::error::Error::bad_value(
-            "progress",
-            "progress bars need dpcomp's `progress` feature: add `features = [\"progress\"]` to the dependency, or turn progress off",
-        ))
-    }
-}
-
 /// The command line's observer: an indicatif bar per epoch with live loss, accuracy, ε and
 /// throughput every 50 steps, then one line per epoch, on stderr.
 #[cfg(feature = "progress")]

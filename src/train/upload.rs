@@ -37,8 +37,10 @@ impl Upload {
 pub fn estimate(config: &TrainConfig, train_examples: i64, shapes: &[Vec<i64>]) -> Result<Upload> {
     let compressor = config.compressor()?;
     let mut encoder = compressor.encoder(shapes, Device::Cpu)?;
-    let batch = config.optimizer.batch_size as i64;
-    let steps_per_epoch = ((train_examples + batch - 1) / batch) as u64;
+    let steps_per_epoch = crate::privacy::builder::steps_per_epoch_of_batches(
+        train_examples.max(0) as u64,
+        config.optimizer.batch_size as u64,
+    );
     // Epochs after the warm-up all send the same sizes: encode those once.
     let distinct = match &compressor {
         crate::compress::Compressor::Dgc(dgc) => dgc.warmup_epochs + 1,

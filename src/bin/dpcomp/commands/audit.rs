@@ -119,7 +119,12 @@ pub fn run(args: AuditArgs) -> Result<()> {
         beta: 1.0 - args.confidence,
     };
     let settings_sampling = config.privacy.sampling;
-    let report = audit_training(config, &out, &settings, !args.quiet)?;
+    let observers: Vec<Box<dyn dpcomp::train::observer::Observer>> = if args.quiet {
+        Vec::new()
+    } else {
+        vec![Box::new(dpcomp::train::observer::ProgressBars::default())]
+    };
+    let report = audit_training(config, &out, &settings, observers)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -2,6 +2,7 @@
 //! the logs of the cells that have finished are packed (`dpcomp::run_log`).
 
 use anyhow::{Context, Result};
+use dpcomp::cell_observer::{CellEvent, CellObserver};
 use dpcomp::experiment::ExperimentFile;
 use std::path::PathBuf;
 
@@ -55,7 +56,8 @@ pub fn run(args: GridArgs) -> Result<()> {
     let outcome = if args.tables_only {
         experiment.write_tables(&args.profile, &args.runs)?
     } else {
-        let outcome = experiment.run(&args.profile, &only, &args.runs, None, true)?;
+        let mut lines = CellLines::new();
+        let outcome = experiment.run(&args.profile, &only, &args.runs, None, &mut lines)?;
         // Training cells are packed as each finishes; federated and audit cells here.
         let packed = dpcomp::run_log::pack_below(&outcome.folder)?;
         for (dir, owner) in &packed.in_use {
@@ -75,4 +77,59 @@ pub fn run(args: GridArgs) -> Result<()> {
         outcome.folder.join("results.md").display()
     );
     Ok(())
+}
+
+/// The command line's view of a grid: a line per cell on stderr (its place, name, what happens
+/// to it and the time so far) and progress bars for its training or rounds.
+struct CellLines {
+    started: std::time::Instant,
+}
+
+impl CellLines {
+    fn new() -> Self {
+        CellLines {
+            started: std::time::Instant::now(),
+        }
+    }
+}
+
+impl CellObserver for CellLines {
+    fn cell(
+        &mut self,
+        experiment: &str,
+        index: usize,
+        cells: usize,
+        name: &str,
+        event: CellEvent<'_>,
+    ) {
+        let what = match event {
+            CellEvent::Skipped => return,
+            CellEvent::Starting => "starting".to_string(),
+            CellEvent::Resuming { epochs_done } => format!("resuming after epoch {epochs_done}"),
+            CellEvent::InUse { owner } => {
+                log::warn!("{name}: in use by another process ({owner}), skipped");
+                return;
+            }
+            CellEvent::Finished {
+                result: Some(result),
+            } => result.to_string(),
+            CellEvent::Finished { result: None } => return,
+        };
+        log::info!(
+            "[{}/{cells}] {experiment} {name}: {what}  ({:.0} s so far)",
+            index + 1,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+
+    fn trainer_observers(&mut self) -> Vec<Box<dyn dpcomp::train::observer::Observer>> {
+        vec![Box::new(dpcomp::train::observer::ProgressBars::default())]
+    }
+
+    fn round_observers(&mut self) -> Vec<Box<dyn dpcomp::fl::observer::RoundObserver>> {
+        match dpcomp::fl::observer::ProgressBars::new() {
+            Ok(bars) => vec![Box::new(bars)],
+            Err(_) => Vec::new(),
+        }
+    }
 }

@@ -89,7 +89,12 @@ fn run_in_threads(args: TrainArgs, workers: usize) -> Result<()> {
             out.display()
         );
     }
-    let summaries = train_in_threads(workers, start, &out, !args.quiet)
+    let observers: Vec<Box<dyn dpcomp::train::observer::Observer + Send>> = if args.quiet {
+        Vec::new()
+    } else {
+        vec![Box::new(dpcomp::train::observer::ProgressBars::default())]
+    };
+    let summaries = train_in_threads(workers, start, &out, observers)
         .with_context(|| format!("training {} with {workers} thread workers", out.display()))?;
     let summary = &summaries[0];
     refuse_diverged(summary, &out)?;
