@@ -1075,7 +1075,7 @@ owlqn_iterations = 20
     let experiment = dpcomp::experiment::ExperimentFile::open(&file).unwrap();
     let runs = dir.path().join("runs");
     let outcome = experiment
-        .run("cpu", &[], &runs, Some(&data), false)
+        .run("cpu", &[], &runs, Some(&data), &mut ())
         .unwrap();
     assert_eq!(outcome.finished, 9);
     let md = std::fs::read_to_string(outcome.folder.join("results.md")).unwrap();
