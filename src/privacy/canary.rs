@@ -335,7 +335,7 @@ impl GradientCanaries {
     }
 
     /// Canary `i`'s gradient C u_i over the parameters concatenated in order, \[P\] on `device`
-    /// (a federated canary client's update, `fl::run_with_canaries`).
+    /// (a federated canary client's update, `fl::FederatedRunBuilder::canaries`).
     pub fn flat_gradient(&self, i: i64, device: Device) -> Tensor {
         Tensor::cat(
             &self
