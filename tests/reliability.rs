@@ -554,7 +554,7 @@ fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
     ]);
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("compressor option iterations: 0"),
+        stderr(&out).contains("--compressor-option: iterations: 0: expected at least one OWL-QN iteration"),
         "{}",
         stderr(&out)
     );
@@ -890,15 +890,15 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
     for (flags, expected) in [
         (
             &["--rate", "16"][..],
-            "--rate: 16: the rate applies to dgc, denoise, randomk and the fl sketches, not identity",
+            "--rate: --rate is not a setting of identity; it accepts: none",
         ),
         (
             &["--compressor", "dgc", "--rank", "4"][..],
-            "--rank: 4: the rank applies to powersgd, not dgc",
+            "--rank: --rank is not a setting of dgc; it accepts: rate,",
         ),
         (
             &["--compressor", "powersgd", "--rate", "16"][..],
-            "the rate applies to dgc, denoise, randomk and the fl sketches, not powersgd",
+            "--rate: --rate is not a setting of powersgd; it accepts: rank,",
         ),
         (
             &["--physical-batch-size", "8"][..],
