@@ -554,7 +554,8 @@ fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
     ]);
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("--compressor-option: iterations: 0: expected at least one OWL-QN iteration"),
+        stderr(&out)
+            .contains("--compressor-option: iterations: 0: expected at least one OWL-QN iteration"),
         "{}",
         stderr(&out)
     );
