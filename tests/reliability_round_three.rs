@@ -250,9 +250,11 @@ fn committed_run_folders_without_the_marker_are_still_run_folders() {
         "config.toml",
         "config.json",
         "metrics.jsonl",
+        "metrics.jsonl.gz",
         "summary.json",
         "audit.json",
         "grad_error.jsonl",
+        "grad_error.jsonl.gz",
     ];
     let mut cells = Vec::new();
     let mut stack = vec![runs];
@@ -273,6 +275,11 @@ fn committed_run_folders_without_the_marker_are_still_run_folders() {
         cells.len() > 100,
         "{} committed cells without a marker",
         cells.len()
+    );
+    // The committed cells' logs are packed: the copies hold them, so `clear_run` judges them.
+    assert!(
+        cells.iter().all(|c| c.join("metrics.jsonl.gz").is_file()),
+        "a committed cell without packed logs"
     );
     let root = tempfile::tempdir().unwrap();
     for (i, cell) in cells.iter().enumerate() {
