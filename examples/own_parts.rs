@@ -13,6 +13,7 @@
 
 use dpcomp::compress::{Decoder, Encoder, Message, Payload, Unpack};
 use dpcomp::prelude::*;
+use dpcomp::train::optimizer::take_like;
 use dpcomp::train::parts::CompressorFactory;
 use std::collections::HashMap;
 use std::path::Path;
@@ -72,19 +73,7 @@ impl Optimizer for Nesterov {
         }
         self.velocity = params
             .iter()
-            .map(|(name, p)| {
-                let key = format!("velocity.{name}");
-                let v = saved
-                    .get(&key)
-                    .ok_or_else(|| Error::bad_file(path, format!("missing tensor {key}")))?;
-                if v.size() != p.size() {
-                    return Err(Error::bad_file(
-                        path,
-                        format!("{key}: shape {:?}, expected {:?}", v.size(), p.size()),
-                    ));
-                }
-                Ok(v.to_device(p.device()))
-            })
+            .map(|(name, p)| take_like(saved, &format!("velocity.{name}"), p, path))
             .collect::<Result<_>>()?;
         Ok(())
     }

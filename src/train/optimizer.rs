@@ -66,8 +66,10 @@ pub trait Optimizer {
     ) -> Result<()>;
 }
 
-/// `saved[key]`, checked against `like`'s shape and moved to its device.
-pub(crate) fn take_like(
+/// `saved[key]`, checked against `like`'s shape and moved to its device: how an optimiser's
+/// `load_state` (the built-in ones', or one of one's own) takes each tensor back, with an error
+/// naming `path` and the tensor when it is missing or of another shape.
+pub fn take_like(
     saved: &HashMap<String, Tensor>,
     key: &str,
     like: &Tensor,
