@@ -215,7 +215,6 @@ impl Trainer {
         let saved = TrainConfig::from_toml_file(&config_path)?;
         let mut config = saved.clone();
         overrides.apply(&mut config)?;
-        parts.check_against(&saved.parts)?;
         if let Some(engine) = &parts.privacy {
             // Compared with the run's [privacy] below, like any setting given again.
             parts::write_privacy_settings(engine, &mut config.privacy, true)?;
