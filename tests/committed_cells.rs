@@ -70,14 +70,6 @@ fn rows(dir: &Path, name: &str, n: usize) -> Vec<serde_json::Value> {
         .unwrap_or_else(|| panic!("{}: no {name}", dir.display()))
 }
 
-/// A metrics row without its timings.
-fn without_timings(mut row: serde_json::Value) -> serde_json::Value {
-    for timing in ["wall_seconds", "examples_per_second", "epoch_seconds"] {
-        row.as_object_mut().unwrap().remove(timing);
-    }
-    row
-}
-
 /// Every number of `a` and `b` (JSON of the same shape) within `relative` of each other,
 /// everything else equal.
 fn assert_close(a: &serde_json::Value, b: &serde_json::Value, relative: f64, at: &str) {
@@ -123,7 +115,7 @@ const RECORDED_SINCE: [&str; 4] = [
 
 /// A metrics row without its timings and the fields `RECORDED_SINCE`.
 fn comparable(row: serde_json::Value) -> serde_json::Value {
-    let mut row = without_timings(row);
+    let mut row = common::without_timings(row);
     for field in RECORDED_SINCE {
         row.as_object_mut().unwrap().remove(field);
     }

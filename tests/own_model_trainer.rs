@@ -10,14 +10,6 @@ mod common;
 mod example;
 
 use dpcomp::prelude::*;
-use std::path::Path;
-use tch::Tensor;
-
-fn checkpoint(run_dir: &Path, file: &str) -> Vec<(String, Tensor)> {
-    let mut named = Tensor::read_safetensors(run_dir.join("checkpoint").join(file)).unwrap();
-    named.sort_by(|a, b| a.0.cmp(&b.0));
-    named
-}
 
 #[test]
 fn a_model_of_ones_own_trains_privately_and_resumes_exactly() {
@@ -47,26 +39,20 @@ fn a_model_of_ones_own_trains_privately_and_resumes_exactly() {
         "optimizer.safetensors",
         "compressor.safetensors",
     ] {
-        let (a, b) = (checkpoint(&whole, file), checkpoint(&split, file));
+        let (a, b) = (
+            common::checkpoint_tensors(&whole, file),
+            common::checkpoint_tensors(&split, file),
+        );
         assert_eq!(a.len(), b.len(), "{file}");
         assert!(!a.is_empty(), "{file} is empty");
         for ((name, x), (_, y)) in a.iter().zip(&b) {
             assert!(x.equal(y), "{file}: {name} differs after the resume");
         }
     }
-    let metrics = |d: &Path| std::fs::read_to_string(d.join("metrics.jsonl")).unwrap();
-    let strip = |text: String| -> Vec<serde_json::Value> {
-        text.lines()
-            .map(|l| {
-                let mut row: serde_json::Value = serde_json::from_str(l).unwrap();
-                for timing in ["wall_seconds", "examples_per_second", "epoch_seconds"] {
-                    row.as_object_mut().unwrap().remove(timing);
-                }
-                row
-            })
-            .collect()
-    };
-    assert_eq!(strip(metrics(&whole)), strip(metrics(&split)));
+    assert_eq!(
+        common::metrics_without_timings(&whole),
+        common::metrics_without_timings(&split)
+    );
 
     // ε is the accountant's for 4 epochs of 40 steps at σ 1, q 1/40, δ 1e-5.
     let cli = std::process::Command::new(env!("CARGO_BIN_EXE_dpcomp"))

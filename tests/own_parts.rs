@@ -11,8 +11,7 @@ mod common;
 mod example;
 
 use dpcomp::prelude::*;
-use std::path::{Path, PathBuf};
-use tch::Tensor;
+use std::path::PathBuf;
 
 /// Where the killed child trains (set by the parent test for the child it starts).
 const CHILD_DIR: &str = "DPCOMP_OWN_PARTS_CHILD_DIR";
@@ -37,26 +36,6 @@ fn killed_child() {
     tch::set_num_threads(1);
     example::train(&dir, 4, Some(Box::new(KillMidEpoch))).unwrap();
     unreachable!("the observer kills the run in its third epoch");
-}
-
-fn checkpoint(run_dir: &Path, file: &str) -> Vec<(String, Tensor)> {
-    let mut named = Tensor::read_safetensors(run_dir.join("checkpoint").join(file)).unwrap();
-    named.sort_by(|a, b| a.0.cmp(&b.0));
-    named
-}
-
-fn metrics_without_timings(dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut row: serde_json::Value = serde_json::from_str(l).unwrap();
-            for timing in ["wall_seconds", "examples_per_second", "epoch_seconds"] {
-                row.as_object_mut().unwrap().remove(timing);
-            }
-            row
-        })
-        .collect()
 }
 
 #[test]
@@ -134,7 +113,10 @@ fn a_trainer_of_ones_own_parts_resumes_after_a_kill() {
         "optimizer.safetensors",
         "compressor.safetensors",
     ] {
-        let (a, b) = (checkpoint(&whole, file), checkpoint(&killed, file));
+        let (a, b) = (
+            common::checkpoint_tensors(&whole, file),
+            common::checkpoint_tensors(&killed, file),
+        );
         assert_eq!(a.len(), b.len(), "{file}");
         assert!(!a.is_empty(), "{file} is empty");
         for ((name, x), (_, y)) in a.iter().zip(&b) {
@@ -142,8 +124,8 @@ fn a_trainer_of_ones_own_parts_resumes_after_a_kill() {
         }
     }
     assert_eq!(
-        metrics_without_timings(&whole),
-        metrics_without_timings(&killed)
+        common::metrics_without_timings(&whole),
+        common::metrics_without_timings(&killed)
     );
 
     // ε is the accountant's for 4 epochs of 60 steps at the calibrated σ, q 1/60, δ 1e-5.

@@ -261,3 +261,30 @@ pub fn subcommands(help: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// A checkpoint file's tensors (`<run>/checkpoint/<file>`), sorted by name, for comparing two
+/// runs' checkpoints tensor by tensor.
+pub fn checkpoint_tensors(run_dir: &std::path::Path, file: &str) -> Vec<(String, tch::Tensor)> {
+    let path = run_dir.join("checkpoint").join(file);
+    let mut named = tch::Tensor::read_safetensors(path).unwrap();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    named
+}
+
+/// A `metrics.jsonl` row without its timings, which no two runs share.
+pub fn without_timings(mut row: serde_json::Value) -> serde_json::Value {
+    for timing in ["wall_seconds", "examples_per_second", "epoch_seconds"] {
+        row.as_object_mut().unwrap().remove(timing);
+    }
+    row
+}
+
+/// A run folder's `metrics.jsonl` rows (plain or packed), without their timings.
+pub fn metrics_without_timings(run_dir: &std::path::Path) -> Vec<serde_json::Value> {
+    dpcomp::run_log::read_rows(&run_dir.join("metrics.jsonl"), usize::MAX)
+        .unwrap()
+        .unwrap_or_else(|| panic!("{}: no metrics.jsonl", run_dir.display()))
+        .into_iter()
+        .map(without_timings)
+        .collect()
+}
