@@ -97,7 +97,7 @@ fn cifar10() -> Result<TaskData> {
 
 /// Through the `Trainer`: the private setup is the configuration's lines.
 pub fn with_trainer(run_dir: &Path, s: &Settings) -> Result<Outcome> {
-    let mut config = TrainConfig::own("cifar10-subset-cnn");
+    let mut config = TrainConfig::new("cifar10-subset-cnn");
     config.epochs = s.epochs;
     config.seed = s.seed as u64;
     config.data.limit_train = Some(s.train_images as usize);

@@ -70,7 +70,7 @@ pub fn data() -> TaskData {
 
 /// DP-SGD at σ 1 with momentum, DGC at rate 4, batches of 100 of 4000 (q = 1/40).
 pub fn config(epochs: usize) -> TrainConfig {
-    let mut config = TrainConfig::own("synthetic-gru");
+    let mut config = TrainConfig::new("synthetic-gru");
     config.epochs = epochs;
     config.optimizer.batch_size = 100;
     config.optimizer.lr = 0.1;

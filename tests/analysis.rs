@@ -7,19 +7,20 @@
 mod common;
 
 use common::require_shared_data;
-use dpcomp::analysis::clipping::{sweep, ClippingModel};
-use dpcomp::analysis::gradient_error::{self, measure, CompressorSource, Mechanism};
-use dpcomp::analysis::probe::GradientErrorProbe;
-use dpcomp::analysis::{fixed_batches, BatchGradients};
 use dpcomp::compress::Compressor;
-use dpcomp::config::{DeviceChoice, Task, TrainConfig};
+use dpcomp::config::{DeviceChoice, TrainConfig};
 use dpcomp::nn::Ctx;
-use dpcomp::train::{checkpoint, Trainer};
+use dpcomp::train::checkpoint;
+use dpcomp_lab::analysis::clipping::{sweep, ClippingModel};
+use dpcomp_lab::analysis::gradient_error::{self, measure, CompressorSource, Mechanism};
+use dpcomp_lab::analysis::probe::GradientErrorProbe;
+use dpcomp_lab::analysis::{fixed_batches, BatchGradients};
+use dpcomp_lab::Task;
 use std::path::Path;
 use tch::{Device, Kind, Reduction, Tensor};
 
 fn config(root: &Path) -> TrainConfig {
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.data.limit_train = Some(512);
     c.data.limit_test = Some(256);
     c.data.data_dir = Some(root.to_path_buf());
@@ -51,7 +52,7 @@ fn gradient_error_stages_match_autograd_and_theory() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let t = Trainer::new(config(&root), dir.path()).unwrap();
+    let t = dpcomp_lab::tasks::start(config(&root), dir.path()).unwrap();
     let n = t.data().train.len();
 
     // Fixed batches: the same every time, distinct examples.
@@ -224,7 +225,7 @@ fn clipping_model_minimisers_and_measured_sweep() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let t = Trainer::new(config(&root), dir.path()).unwrap();
+    let t = dpcomp_lab::tasks::start(config(&root), dir.path()).unwrap();
     let batches = fixed_batches(t.data().train.len(), 32, 2);
     let sweeps = sweep(
         "surnames",
@@ -260,11 +261,11 @@ fn clipping_model_minimisers_and_measured_sweep() {
     assert!(s.model_median_minimiser < s.model.median_norm);
     // The sweep file round-trips and figure 6 is drawn from it.
     let out = tempfile::tempdir().unwrap();
-    dpcomp::analysis::clipping::write(out.path(), &sweeps).unwrap();
-    let read = dpcomp::analysis::clipping::read(out.path()).unwrap();
+    dpcomp_lab::analysis::clipping::write(out.path(), &sweeps).unwrap();
+    let read = dpcomp_lab::analysis::clipping::read(out.path()).unwrap();
     assert_eq!(read.len(), 2);
     assert_eq!(read[1].points.len(), s.points.len());
-    let figures = dpcomp::plot::analysis::clipping_figures(&read, out.path()).unwrap();
+    let figures = dpcomp_lab::plot::analysis::clipping_figures(&read, out.path()).unwrap();
     assert!(figures.contains(&out.path().join("clipping_sigma0.8.png")));
     // Without noise the error only falls with C, to zero once no example is clipped.
     let quiet = &sweeps[0];
@@ -290,7 +291,7 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
     // Without the probe installed, a run that names epochs to measure is refused by name
     // before its first step, rather than run without measuring.
     let refused = tempfile::tempdir().unwrap();
-    let err = Trainer::new(measured.clone(), refused.path())
+    let err = dpcomp_lab::tasks::start(measured.clone(), refused.path())
         .unwrap()
         .run()
         .unwrap_err()
@@ -301,7 +302,7 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
     );
     assert!(!refused.path().join("metrics.jsonl").exists());
     let weights = |c: TrainConfig, dir: &Path| {
-        let mut t = Trainer::new(c, dir).unwrap();
+        let mut t = dpcomp_lab::tasks::start(c, dir).unwrap();
         GradientErrorProbe::install(&mut t);
         t.run().unwrap();
         let ckpt = checkpoint::find(dir).unwrap();
@@ -333,7 +334,7 @@ fn training_measures_at_chosen_epochs_without_changing_the_run() {
     );
     // Figures 4 and 5 and the table come from the log.
     let out = grid.path().join("figures");
-    let written = dpcomp::plot::plot(grid.path(), &out, "test").unwrap();
+    let written = dpcomp_lab::plot::plot(grid.path(), &out, "test").unwrap();
     for name in [
         "accuracy_vs_gradient_error.png",
         "gradient_error_bias_variance_epoch0.svg",
@@ -369,7 +370,7 @@ fn a_resumed_run_measures_the_lost_epochs_again_and_no_epoch_twice() {
     c.analysis.grad_error_batches = 1;
     c.analysis.grad_error_draws = 2;
     let dir = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(c, dir.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(c, dir.path()).unwrap();
     GradientErrorProbe::install(&mut t);
     t.run().unwrap();
     drop(t);
@@ -380,7 +381,7 @@ fn a_resumed_run_measures_the_lost_epochs_again_and_no_epoch_twice() {
     (lost.epoch, lost.median_norm) = (2, -1.0);
     records.push(lost);
     gradient_error::write(dir.path(), &records).unwrap();
-    let mut t = Trainer::resume(dir.path(), Some(2)).unwrap();
+    let mut t = dpcomp_lab::tasks::resume(dir.path(), Some(2)).unwrap();
     GradientErrorProbe::install(&mut t);
     t.run().unwrap();
     let records = gradient_error::read(dir.path()).unwrap();

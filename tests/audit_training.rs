@@ -8,11 +8,12 @@ mod common;
 
 use common::require_shared_data;
 use dpcomp::compress::CompressorKind;
-use dpcomp::config::{AccountantKind, DeviceChoice, Task, TrainConfig};
+use dpcomp::config::{AccountantKind, DeviceChoice, TrainConfig};
 use dpcomp::privacy::audit::Guesses;
 use dpcomp::privacy::canary::{CanarySettings, GradientCanaries, Observe};
 use dpcomp::privacy::engine::{Clipped, Clipping};
 use dpcomp::train::audit::{audit_training, AuditReport, AuditSettings, CanaryKind};
+use dpcomp_lab::Task;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
 
@@ -97,7 +98,7 @@ fn gradient_canaries_enter_the_clipped_sum_as_clipped_examples() {
 }
 
 fn config(root: &Path, sigma: f64) -> TrainConfig {
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.epochs = 3;
     c.data.limit_train = Some(2000);
     c.data.limit_test = Some(500);
@@ -126,7 +127,13 @@ fn settings(kind: CanaryKind) -> AuditSettings {
 
 fn audit(c: TrainConfig, kind: CanaryKind) -> AuditReport {
     let dir = tempfile::tempdir().unwrap();
-    let report = audit_training(c, &dir.path().join("run"), &settings(kind), Vec::new()).unwrap();
+    let report = audit_training(
+        dpcomp_lab::tasks::trainer(dir.path().join("run")),
+        c,
+        &settings(kind),
+        Vec::new(),
+    )
+    .unwrap();
     let written: AuditReport =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("run/audit.json")).unwrap())
             .unwrap();
@@ -239,7 +246,7 @@ fn an_audit_grid_runs_its_cells_once_and_writes_the_table() {
         ),
     )
     .unwrap();
-    let experiment = dpcomp::experiment::ExperimentFile::open(&file).unwrap();
+    let experiment = dpcomp_lab::experiment::ExperimentFile::open(&file).unwrap();
     let runs = dir.path().join("runs");
     let outcome = experiment.run("cpu", &[], &runs, None, &mut ()).unwrap();
     assert_eq!(outcome.finished, 2);

@@ -5,7 +5,6 @@
 //! and every flag the page names there must be one the help names. When this fails, regenerate
 //! the page: `bash scripts/cli-docs.sh target/release/dpcomp > docs/guide/cli.md` (and add a
 //! sentence for a new command in the script).
-#![cfg(feature = "cli")]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

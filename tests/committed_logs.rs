@@ -82,7 +82,7 @@ fn every_finished_committed_run_has_its_logs_packed() {
             }
         }
         if run.join("grad_error.jsonl.gz").is_file() {
-            let records = dpcomp::analysis::gradient_error::read(run).unwrap();
+            let records = dpcomp_lab::analysis::gradient_error::read(run).unwrap();
             assert!(!records.is_empty(), "{}", run.display());
             grad_error_logs += 1;
         }
@@ -98,7 +98,8 @@ fn every_finished_committed_run_has_its_logs_packed() {
 #[test]
 fn a_packed_cell_reads_as_its_plain_logs_and_is_finished() {
     let experiment =
-        dpcomp::grid::Experiment::from_file(&repo().join("experiments/cifar10_dgc.toml")).unwrap();
+        dpcomp_lab::grid::Experiment::from_file(&repo().join("experiments/cifar10_dgc.toml"))
+            .unwrap();
     let committed = repo().join("experiments/runs/cifar10_dgc/cpu");
     let copy = tempfile::tempdir().unwrap();
     copy_tree(&committed, copy.path());
@@ -107,14 +108,14 @@ fn a_packed_cell_reads_as_its_plain_logs_and_is_finished() {
     for cell in &cells {
         let dir = copy.path().join(&cell.name);
         assert_eq!(
-            dpcomp::grid::cell_state(&dir, &cell.config).unwrap(),
-            dpcomp::grid::CellState::Finished,
+            dpcomp_lab::grid::cell_state(&dir, &cell.config).unwrap(),
+            dpcomp_lab::grid::CellState::Finished,
             "{}",
             cell.name
         );
         let metrics = dir.join("metrics.jsonl");
         let packed_rows = dpcomp::train::metrics::read(&metrics).unwrap();
-        let packed_errors = dpcomp::analysis::gradient_error::read(&dir).unwrap();
+        let packed_errors = dpcomp_lab::analysis::gradient_error::read(&dir).unwrap();
         assert!(!packed_rows.is_empty() && !packed_errors.is_empty());
         let packed_bytes: Vec<Vec<u8>> = run_log::LOGS
             .iter()
@@ -133,14 +134,14 @@ fn a_packed_cell_reads_as_its_plain_logs_and_is_finished() {
             assert!(!run_log::packed_path(&plain).exists());
         }
         assert_eq!(dpcomp::train::metrics::read(&metrics).unwrap(), packed_rows);
-        let plain_errors = dpcomp::analysis::gradient_error::read(&dir).unwrap();
+        let plain_errors = dpcomp_lab::analysis::gradient_error::read(&dir).unwrap();
         assert_eq!(
             serde_json::to_string(&plain_errors).unwrap(),
             serde_json::to_string(&packed_errors).unwrap()
         );
         assert_eq!(
-            dpcomp::grid::cell_state(&dir, &cell.config).unwrap(),
-            dpcomp::grid::CellState::Finished
+            dpcomp_lab::grid::cell_state(&dir, &cell.config).unwrap(),
+            dpcomp_lab::grid::CellState::Finished
         );
         // Packed again: the committed bytes (the gzip header holds no time or name).
         assert_eq!(run_log::pack_run(&dir).unwrap(), Packing::Packed(2));
@@ -174,11 +175,11 @@ fn a_grid_packs_finished_cells_and_resumes_packed_ones() {
             ),
         )
         .unwrap();
-        dpcomp::grid::Experiment::from_file(&file).unwrap()
+        dpcomp_lab::grid::Experiment::from_file(&file).unwrap()
     };
     let runs = dir.path().join("runs");
     let experiment = write(1);
-    let rows = dpcomp::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
+    let rows = dpcomp_lab::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
     assert_eq!(rows.len(), 1);
     let cell = runs.join("packed/cpu/seed-0");
     assert!(cell.join("metrics.jsonl.gz").is_file());
@@ -188,11 +189,11 @@ fn a_grid_packs_finished_cells_and_resumes_packed_ones() {
     let packed = std::fs::read(cell.join("metrics.jsonl.gz")).unwrap();
     let config = &experiment.cells("cpu", &[]).unwrap()[0].config;
     assert_eq!(
-        dpcomp::grid::cell_state(&cell, config).unwrap(),
-        dpcomp::grid::CellState::Finished
+        dpcomp_lab::grid::cell_state(&cell, config).unwrap(),
+        dpcomp_lab::grid::CellState::Finished
     );
     // Run again: skipped, its packed log untouched.
-    let again = dpcomp::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
+    let again = dpcomp_lab::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
     assert_eq!(again[0].final_accuracy, rows[0].final_accuracy);
     assert_eq!(
         std::fs::read(cell.join("metrics.jsonl.gz")).unwrap(),
@@ -201,7 +202,7 @@ fn a_grid_packs_finished_cells_and_resumes_packed_ones() {
 
     // Two epochs: the packed cell resumes after its first, keeps that row, and is packed again.
     let longer = write(2);
-    let rows = dpcomp::grid::run(&longer, "cpu", &[], &runs, &mut ()).unwrap();
+    let rows = dpcomp_lab::grid::run(&longer, "cpu", &[], &runs, &mut ()).unwrap();
     assert_eq!(rows[0].epochs, 2);
     assert!(!cell.join("metrics.jsonl").exists());
     let history = dpcomp::train::metrics::read(&cell.join("metrics.jsonl")).unwrap();

@@ -5,12 +5,13 @@ mod common;
 
 use common::require_shared_data;
 use dpcomp::compress::CompressorKind;
-use dpcomp::config::{DeviceChoice, Task, TrainConfig};
-use dpcomp::train::{checkpoint, metrics, Trainer};
+use dpcomp::config::{DeviceChoice, TrainConfig};
+use dpcomp::train::{checkpoint, metrics};
+use dpcomp_lab::Task;
 use std::path::Path;
 
 fn config(root: &Path, epochs: usize, limit: usize, sigma: Option<f64>) -> TrainConfig {
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.epochs = epochs;
     c.data.limit_train = Some(limit);
     c.data.limit_test = Some(1000);
@@ -36,7 +37,7 @@ fn with(
 }
 
 fn train(c: TrainConfig, dir: &Path) -> dpcomp::train::metrics::Summary {
-    let mut t = Trainer::new(c, dir).unwrap();
+    let mut t = dpcomp_lab::tasks::start(c, dir).unwrap();
     t.run().unwrap()
 }
 
@@ -176,7 +177,7 @@ fn compressor_state_survives_resume_exactly() {
         assert!(checkpoint::checkpoint_dir(split.path())
             .join("compressor.safetensors")
             .is_file());
-        let mut t = Trainer::resume(split.path(), Some(2)).unwrap();
+        let mut t = dpcomp_lab::tasks::resume(split.path(), Some(2)).unwrap();
         t.run().unwrap();
         let (straight_weights, split_weights) = (weights(straight.path()), weights(split.path()));
         assert!(!straight_weights.is_empty() && straight_weights.len() == split_weights.len());

@@ -500,8 +500,9 @@ fn families_change_bits_never_epsilon() {
     let Some(root) = common::require_shared_data() else {
         return;
     };
-    use dpcomp::config::{DeviceChoice, Task, TrainConfig};
-    let mut base = TrainConfig::paper_defaults(Task::Surnames);
+    use dpcomp::config::DeviceChoice;
+    use dpcomp_lab::Task;
+    let mut base = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     base.epochs = 1;
     base.data.limit_train = Some(1000);
     base.data.limit_test = Some(200);
@@ -520,7 +521,7 @@ fn families_change_bits_never_epsilon() {
         )
         .unwrap();
         let dir = work.path().join(format!("{kind}-{}", options.join("-")));
-        let summary = dpcomp::train::Trainer::new(c, &dir).unwrap().run().unwrap();
+        let summary = dpcomp_lab::tasks::start(c, &dir).unwrap().run().unwrap();
         (summary.epsilon, summary.upstream_gigabits)
     };
     let (epsilon, dense_bits) = run(CompressorKind::Identity, 1.0, &[]);

@@ -141,7 +141,7 @@ fn a_config_missing_later_settings_takes_its_tasks_defaults() {
         bert_dir = \"models/x\"\neval_batch_size = 256\nnoise_multiplier = 0.7\ndelta = 8e-5\n\
         sampling = \"poisson\"\naccountant = \"rdp\"\ngrad_sample = \"tape\"\n";
     let config = TrainConfig::from_table(toml::from_str(old).unwrap(), "old").unwrap();
-    let mut want = TrainConfig::paper_defaults(dpcomp::config::Task::Surnames);
+    let mut want = dpcomp_lab::tasks::paper_defaults(dpcomp_lab::Task::Surnames);
     want.epochs = 3;
     want.optimizer.batch_size = 16;
     want.optimizer.lr = 1.5;
@@ -342,7 +342,7 @@ fn every_committed_grid_cell_is_still_finished_with_the_same_settings() {
         let mut table: toml::Table =
             toml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         let grid = match table.get("kind").and_then(|k| k.as_str()) {
-            None => dpcomp::grid::Experiment::from_file(&path).unwrap(),
+            None => dpcomp_lab::grid::Experiment::from_file(&path).unwrap(),
             // An audit grid's cells are those of the training grid its file holds besides
             // `kind` and `[audit]`.
             Some("audit") => {
@@ -350,7 +350,7 @@ fn every_committed_grid_cell_is_still_finished_with_the_same_settings() {
                 table.remove("audit");
                 let cells = scratch.path().join(path.file_name().unwrap());
                 std::fs::write(&cells, toml::to_string(&table).unwrap()).unwrap();
-                dpcomp::grid::Experiment::from_file(&cells).unwrap()
+                dpcomp_lab::grid::Experiment::from_file(&cells).unwrap()
             }
             Some(_) => continue,
         };
@@ -365,9 +365,9 @@ fn every_committed_grid_cell_is_still_finished_with_the_same_settings() {
                     continue;
                 }
                 assert_eq!(
-                    dpcomp::grid::cell_state(&dir, &cell.config)
+                    dpcomp_lab::grid::cell_state(&dir, &cell.config)
                         .unwrap_or_else(|e| panic!("{}: {e}", dir.display())),
-                    dpcomp::grid::CellState::Finished,
+                    dpcomp_lab::grid::CellState::Finished,
                     "{}",
                     dir.display()
                 );

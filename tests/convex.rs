@@ -6,11 +6,11 @@
 mod common;
 
 use common::Draws;
-use dpcomp::convex::data::{self, FEATURE_NORM_BOUND};
-use dpcomp::convex::gradient_privacy::{lemma13_sufficient, GradientPrivacyProblem};
-use dpcomp::convex::loss::Loss;
-use dpcomp::convex::{run, Algorithm, Calibration, ConvexSettings};
+use dpcomp::data::tabular::{self as data, FEATURE_NORM_BOUND};
 use dpcomp::privacy::calibrate::epsilon_for;
+use dpcomp_lab::convex::gradient_privacy::{lemma13_sufficient, GradientPrivacyProblem};
+use dpcomp_lab::convex::loss::Loss;
+use dpcomp_lab::convex::{run, Algorithm, Calibration, ConvexSettings};
 use tch::{Kind, Tensor};
 
 const LOSSES: [Loss; 5] = [
@@ -218,7 +218,7 @@ fn gradient_perturbation_approaches_nonprivate_sgd_as_epsilon_grows() {
 /// and it beats the classic sqrt(2 log(1.25/δ)) Δ / ε where that applies (ε < 1).
 #[test]
 fn analytic_gaussian_sigma_is_tight_and_below_the_classic_bound() {
-    use dpcomp::convex::output_privacy::{analytic_gaussian_sigma, gaussian_delta};
+    use dpcomp_lab::convex::output_privacy::{analytic_gaussian_sigma, gaussian_delta};
     for (epsilon, delta, sensitivity) in [(0.5, 1e-5, 1.0), (1.0, 1e-6, 3.0), (8.0, 1e-3, 0.2)] {
         let sigma = analytic_gaussian_sigma(epsilon, delta, sensitivity).unwrap();
         assert!(gaussian_delta(epsilon, sigma, sensitivity) <= delta);
@@ -257,8 +257,8 @@ fn analytic_gaussian_sigma_is_tight_and_below_the_classic_bound() {
 /// (the bound holds with probability 1 - γ over the draws), for all four losses and both domains.
 #[test]
 fn theorem7_sensitivity_bounds_the_average_iterate_on_neighbouring_data() {
-    use dpcomp::convex::output_privacy::OutputPrivacyProblem;
-    use dpcomp::convex::sgd::{average_iterate, SgdSettings};
+    use dpcomp_lab::convex::output_privacy::OutputPrivacyProblem;
+    use dpcomp_lab::convex::sgd::{average_iterate, SgdSettings};
     let (x, y) = points(60, 5, 4);
     // The neighbour: example 7 replaced by a far point with the other label.
     let x2 = x.copy();
@@ -323,8 +323,8 @@ fn theorem7_sensitivity_bounds_the_average_iterate_on_neighbouring_data() {
 /// experiment writes a row per setting (infeasible ones marked) and a figure per data set.
 #[test]
 fn seeds_side_by_side_equal_single_runs_and_the_experiment_writes_its_outputs() {
-    use dpcomp::convex::experiment::{run as run_experiment, ConvexExperiment};
-    use dpcomp::convex::sgd::{average_iterate, average_iterates, SgdSettings};
+    use dpcomp_lab::convex::experiment::{run as run_experiment, ConvexExperiment};
+    use dpcomp_lab::convex::sgd::{average_iterate, average_iterates, SgdSettings};
     let (x, y) = points(50, 4, 9);
     for (radius, noise) in [(Some(1.0), 0.3), (None, 0.0)] {
         let settings = SgdSettings {
@@ -382,7 +382,7 @@ seeds = 3
     assert_eq!(table.matches("| synthetic:120:4 |").count(), 5);
     // The experiment runner (what `dpcomp grid` calls) writes the same table and the figures.
     let runs = dir.path().join("runs");
-    let outcome = dpcomp::experiment::ExperimentFile::open(&file)
+    let outcome = dpcomp_lab::experiment::ExperimentFile::open(&file)
         .unwrap()
         .run("cpu", &[], &runs, None, &mut ())
         .unwrap();
@@ -401,7 +401,7 @@ seeds = 3
 /// rows' own statistics is flagged as outside ε.
 #[test]
 fn private_preprocessing_is_charged_to_the_budget_and_train_statistics_are_flagged() {
-    use dpcomp::convex::preprocess::{Preprocess, Scaling};
+    use dpcomp::data::preprocess::{Preprocess, Scaling};
     let _serial = common::serial();
     let Some(root) = common::require_breast_cancer() else {
         return;

@@ -6,7 +6,6 @@
 
 mod common;
 
-use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{
@@ -14,6 +13,7 @@ use dpcomp::nn::{
 };
 use dpcomp::privacy::grad_sample::clip_and_sum;
 use dpcomp::train::private::{per_sample_in_order, PerSampleBatch};
+use dpcomp_lab::bench::device_check::per_example_gradients;
 use tch::{nn, Device, Kind, Tensor};
 
 /// y = x ⊙ w + b per feature (w, b in R^d): a learned per-feature scale and shift.

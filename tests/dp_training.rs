@@ -4,7 +4,7 @@
 mod common;
 
 use common::require_shared_data;
-use dpcomp::config::{GradSampleMode, Task, TrainConfig};
+use dpcomp::config::{GradSampleMode, TrainConfig};
 use dpcomp::data::{names, sampler, Dataset};
 use dpcomp::models::{Model, SurnamesLstm};
 use dpcomp::privacy::engine::{Clipping, PrivacyEngine};
@@ -12,7 +12,8 @@ use dpcomp::privacy::noise::{noisy_mean, NoiseSource};
 use dpcomp::train::private::{dp_step, DpSettings, StepTotals};
 use dpcomp::train::sgd::Sgd;
 use dpcomp::train::update::Updater;
-use dpcomp::train::{checkpoint, train_step, Trainer};
+use dpcomp::train::{checkpoint, train_step};
+use dpcomp_lab::Task;
 use tch::{Device, Kind, Tensor};
 
 fn tiny_names() -> Dataset {
@@ -177,7 +178,7 @@ fn secure_noise_is_not_a_function_of_the_seed() {
         let mut c = dp_config(&root, 1);
         c.privacy.secure_noise = secure;
         let dir = work.path().join(name);
-        let mut t = Trainer::new(c, &dir).unwrap();
+        let mut t = dpcomp_lab::tasks::start(c, &dir).unwrap();
         let summary = t.run().unwrap();
         let mut weights =
             Tensor::read_safetensors(checkpoint::checkpoint_dir(&dir).join("model.safetensors"))
@@ -195,7 +196,7 @@ fn secure_noise_is_not_a_function_of_the_seed() {
     let batches = |secure: bool, name: &str| {
         let mut c = dp_config(&root, 1);
         c.privacy.secure_noise = secure;
-        let t = Trainer::new(c, work.path().join(name)).unwrap();
+        let t = dpcomp_lab::tasks::start(c, work.path().join(name)).unwrap();
         let first = t.epoch_batches(0);
         assert!(first.len() > 10, "{} batches", first.len());
         first
@@ -445,7 +446,7 @@ fn poisson_batches_have_the_expected_size() {
 }
 
 fn dp_config(root: &std::path::Path, epochs: usize) -> TrainConfig {
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.epochs = epochs;
     c.data.limit_train = Some(640);
     c.data.limit_test = Some(500);
@@ -464,14 +465,14 @@ fn resumed_dp_run_continues_its_epsilon() {
     };
     let straight = tempfile::tempdir().unwrap();
     let accountant = dp_config(&root, 3).privacy.accountant;
-    let mut t = Trainer::new(dp_config(&root, 3), straight.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(dp_config(&root, 3), straight.path()).unwrap();
     let whole = t.run().unwrap();
     let split = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(dp_config(&root, 1), split.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(dp_config(&root, 1), split.path()).unwrap();
     t.run().unwrap();
     // The first trainer holds the run folder until dropped (one writer per folder).
     drop(t);
-    let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
+    let mut t = dpcomp_lab::tasks::resume(split.path(), Some(3)).unwrap();
     assert_eq!(
         t.accountant().unwrap().steps(),
         20,
@@ -515,7 +516,7 @@ fn target_epsilon_stops_before_exceeding_it() {
     c.privacy.target_epsilon = Some(4.0);
     c.privacy.accountant = dpcomp::config::AccountantKind::Rdp;
     let dir = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(c, dir.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(c, dir.path()).unwrap();
     let summary = t.run().unwrap();
     let eps = summary.epsilon.unwrap();
     assert!(eps <= 4.0, "{eps}");
@@ -538,7 +539,7 @@ fn surnames_dp_training_learns_something() {
     // The full training set at the paper's σ 0.8, with the clipping radius its clipping model
     // recommends at that σ (C* about 0.03-0.1, Figure 3.12) instead of 3.0, at which two epochs
     // stay below the majority class.
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.epochs = 2;
     c.data.data_dir = Some(root);
     c.device = dpcomp::config::DeviceChoice::Cpu;
@@ -546,7 +547,7 @@ fn surnames_dp_training_learns_something() {
     c.privacy.max_grad_norm = 0.1;
     let accountant = c.privacy.accountant;
     let dir = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(c, dir.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(c, dir.path()).unwrap();
     let summary = t.run().unwrap();
     // The majority class (Russian) is about 47% of the test set; measured 62.9% after two epochs.
     assert!(
@@ -571,7 +572,7 @@ fn target_epsilon_with_the_pld_accountant() {
     c.privacy.target_epsilon = Some(2.0);
     c.privacy.accountant = dpcomp::config::AccountantKind::Pld;
     let dir = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(c, dir.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(c, dir.path()).unwrap();
     let summary = t.run().unwrap();
     let steps = t.accountant().unwrap().steps();
     let eps = |n| dpcomp::privacy::pld::epsilon(1.0 / 20.0, 0.8, n, 8e-5).unwrap();
@@ -674,7 +675,7 @@ fn poisson_steps_divide_by_the_expected_batch() {
     let trainer = |name: &str, edit: &dyn Fn(&mut TrainConfig)| {
         let mut c = dp_config(&root, 1);
         edit(&mut c);
-        Trainer::new(c, work.path().join(name)).unwrap()
+        dpcomp_lab::tasks::start(c, work.path().join(name)).unwrap()
     };
     // 640 examples in batches of 32: 20 steps, q = 1/20, q N = 32.
     let poisson = trainer("poisson", &|_| {});

@@ -11,12 +11,12 @@
 
 mod common;
 
-use dpcomp::config::Task;
 use dpcomp::data::Features;
 use dpcomp::models::Model;
 use dpcomp::nn::Ctx;
 use dpcomp::train::checkpoint::save_weights;
-use dpcomp::train::Trainer;
+use dpcomp_lab::Task;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use tch::{Device, Kind, Tensor};
@@ -190,7 +190,7 @@ fn a_trained_surnames_lstm_loads_strictly_into_pytorch_and_gives_the_same_logits
     let work = tempfile::tempdir().unwrap();
     let mut config = common::small_surnames(&data, 1, 256, 64);
     config.privacy.noise_multiplier = Some(1.0);
-    let mut trainer = Trainer::new(config, work.path().join("run")).unwrap();
+    let mut trainer = dpcomp_lab::tasks::start(config, work.path().join("run")).unwrap();
     trainer.run().unwrap();
     let classes = trainer.data().classes.len() as i64;
     let Features::Tokens { ids, lengths } = &trainer.data().test.features else {
@@ -234,7 +234,8 @@ fn the_cifar_cnn_loads_strictly_into_pytorch_and_gives_the_same_logits() {
         return;
     };
     tch::manual_seed(7);
-    let model = dpcomp::tasks::build_model(Task::Cifar10, 10, Device::Cpu, Path::new("")).unwrap();
+    let model =
+        dpcomp_lab::tasks::build_model(Task::Cifar10, 10, Device::Cpu, Path::new("")).unwrap();
     let images = common::Draws::new(7).randn(&[4, 3, 32, 32], Kind::Float);
     let forward = |kind: Kind| {
         let images = Features::Images(images.to_kind(kind));

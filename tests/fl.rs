@@ -1072,7 +1072,7 @@ owlqn_iterations = 20
 "#,
     )
     .unwrap();
-    let experiment = dpcomp::experiment::ExperimentFile::open(&file).unwrap();
+    let experiment = dpcomp_lab::experiment::ExperimentFile::open(&file).unwrap();
     let runs = dir.path().join("runs");
     let outcome = experiment
         .run("cpu", &[], &runs, Some(&data), &mut ())
@@ -1085,14 +1085,14 @@ owlqn_iterations = 20
         .find(|l| l.starts_with("| breast_cancer | no | FL-STD |"))
         .expect("one row for the three seeds");
     // Three seeds: the mean of the three best values, and their sample deviation.
-    let (_, records) = dpcomp::csv_table::read(&outcome.folder.join("results.csv")).unwrap();
+    let (_, records) = dpcomp_lab::csv_table::read(&outcome.folder.join("results.csv")).unwrap();
     let bests: Vec<f64> = records
         .iter()
         .filter(|f| f[3] == "false")
         .map(|f| f[9].parse().unwrap())
         .collect();
     assert_eq!(bests.len(), 3);
-    let (mean, sd) = dpcomp::grid::mean_sd(&bests);
+    let (mean, sd) = dpcomp_lab::grid::mean_sd(&bests);
     assert!(
         row.contains(&format!("| - | 3 | {mean:.4} ± {:.4} |", sd.unwrap())),
         "{row} vs {bests:?}"
@@ -1370,7 +1370,8 @@ fn committed_federated_cells_are_finished_and_tabulate_as_committed() {
         ("fl_std_dp_noise", "clients-600"),
     ] {
         let experiment =
-            dpcomp::experiment::ExperimentFile::open(&root.join(format!("{file}.toml"))).unwrap();
+            dpcomp_lab::experiment::ExperimentFile::open(&root.join(format!("{file}.toml")))
+                .unwrap();
         let folder = experiment.folder(&runs, profile);
         for cell in experiment.list(profile, &[], &runs).unwrap() {
             if folder.join(&cell.name).join("summary.json").is_file() {
@@ -1382,9 +1383,9 @@ fn committed_federated_cells_are_finished_and_tabulate_as_committed() {
         if profile == "full" || !committed.is_file() {
             continue;
         }
-        let cells = dpcomp::fl::experiment::read_cells(&folder).unwrap();
+        let cells = dpcomp_lab::fl_experiment::read_cells(&folder).unwrap();
         let out = tempfile::tempdir().unwrap();
-        dpcomp::fl::experiment::write_results(&cells, out.path()).unwrap();
+        dpcomp_lab::fl_experiment::write_results(&cells, out.path()).unwrap();
         for table in ["results.csv", "results.md"] {
             assert_eq!(
                 std::fs::read_to_string(out.path().join(table)).unwrap(),
@@ -1786,7 +1787,7 @@ fn a_federated_network_is_a_model_the_trainer_trains() {
         test: Dataset::new(Features::Rows(data.test_x), data.test_y, None),
         classes: vec!["malignant".into(), "benign".into()],
     };
-    let mut config = TrainConfig::own("breast-cancer-mlp");
+    let mut config = TrainConfig::new("breast-cancer-mlp");
     config.epochs = 6;
     config.optimizer.batch_size = 50;
     config.optimizer.lr = 0.5;

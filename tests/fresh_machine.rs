@@ -75,7 +75,7 @@ fn the_main_job_trains_on_the_shipped_names_with_no_data_folder_set() {
     let accuracy = summary["last_test_accuracy"]
         .as_f64()
         .unwrap_or_else(|| panic!("no last_test_accuracy in {summary}"));
-    let test = dpcomp::tasks::load_data(&config).unwrap().test;
+    let test = dpcomp_lab::tasks::load_data(&config).unwrap().test;
     let counts = test.labels.bincount(None::<tch::Tensor>, 18);
     let counts = Vec::<i64>::try_from(&counts).unwrap();
     let majority = *counts.iter().max().unwrap() as f64 / test.len() as f64;

@@ -5,7 +5,6 @@
 
 mod common;
 
-use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::data::Features;
 use dpcomp::models::{BertClassifier, BertConfig, CifarCnn, Model, ResNet18, SurnamesLstm};
 use dpcomp::nn::Ctx;
@@ -14,6 +13,7 @@ use dpcomp::privacy::grad_sample::{
     clip_and_sum, clipped_sums, patches, per_sample_gradients, per_sample_to_every_output,
     pixel_grams, tape_runs_in_autograd, Activations, BackwardPasses, PerSample,
 };
+use dpcomp_lab::bench::device_check::per_example_gradients;
 use std::collections::HashMap;
 use tch::{Device, Kind, Reduction, Tensor};
 

@@ -4,9 +4,9 @@
 
 mod common;
 
-use dpcomp::experiment::ExperimentFile;
-use dpcomp::grid::{cell_state, CellState, Experiment};
 use dpcomp::privacy::calibrate::epsilon_for;
+use dpcomp_lab::experiment::ExperimentFile;
+use dpcomp_lab::grid::{cell_state, CellState, Experiment};
 
 #[test]
 fn cifar100_grid_runs_end_to_end_on_tiny_files() {
@@ -22,7 +22,7 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
     experiment.base.insert("device".into(), "cpu".into());
     experiment.base.insert("batch_size".into(), 4.into());
     let runs = dir.path().join("runs");
-    let rows = dpcomp::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
+    let rows = dpcomp_lab::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
 
     // The paper's grid: σ 0, 0.4, 0.8 x DGC rates 1, 16, 256.
     assert_eq!(rows.len(), 9);
@@ -68,7 +68,7 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
     }
     // What `dpcomp grid --list` estimates without training is what the runs sent.
     let cells = experiment.cells("cpu", &[]).unwrap();
-    let estimates = dpcomp::grid::upload_estimates(&cells);
+    let estimates = dpcomp_lab::grid::upload_estimates(&cells);
     for (r, estimate) in rows.iter().zip(estimates) {
         let estimate = estimate.unwrap();
         assert_eq!(estimate.gigabits(), r.upstream_gigabits, "{}", r.cell);
@@ -82,7 +82,8 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
     assert_eq!(csv.lines().count(), 10);
 
     // The figures, from the logs: PNG and SVG of each.
-    let figures = dpcomp::plot::plot(&root, &dir.path().join("figures"), "cifar100_dgc").unwrap();
+    let figures =
+        dpcomp_lab::plot::plot(&root, &dir.path().join("figures"), "cifar100_dgc").unwrap();
     // Four figures and accuracy against upload, each in PNG and SVG.
     assert_eq!(figures.len(), 10);
     for f in &figures {
@@ -116,7 +117,7 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
         ("rate".to_string(), "1".to_string()),
         ("noise_multiplier".to_string(), "0".to_string()),
     ];
-    let again = dpcomp::grid::run(&experiment, "cpu", &only, &runs, &mut ()).unwrap();
+    let again = dpcomp_lab::grid::run(&experiment, "cpu", &only, &runs, &mut ()).unwrap();
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].cell, cells[0].name);
     assert_eq!(
@@ -127,7 +128,7 @@ fn cifar100_grid_runs_end_to_end_on_tiny_files() {
     // A cell folder with other settings is refused rather than silently mixed.
     let mut changed = experiment.clone();
     changed.base.insert("lr".into(), 0.5.into());
-    let err = dpcomp::grid::run(&changed, "cpu", &only, &runs, &mut ())
+    let err = dpcomp_lab::grid::run(&changed, "cpu", &only, &runs, &mut ())
         .unwrap_err()
         .to_string();
     assert!(err.contains("other settings"), "{err}");
@@ -340,7 +341,7 @@ fn experiment_files_are_routed_by_kind_and_only_convex_sweeps_refuse_only() {
     let rate_20 = fl
         .list("cpu", &pairs(&[("rate", "20"), ("scheme", "cs")]), &runs)
         .unwrap();
-    let names = |cells: &[dpcomp::experiment::CellListing]| -> Vec<String> {
+    let names = |cells: &[dpcomp_lab::experiment::CellListing]| -> Vec<String> {
         cells.iter().map(|c| c.name.clone()).collect()
     };
     assert_eq!(names(&rate_20), names(&five_percent));
@@ -430,7 +431,7 @@ fn table_valued_axes_bundle_settings_under_a_label() {
         "noise_multiplier-0.8_rate-256_seed-1_variant-denoise-model-clip"
     );
     assert_eq!(
-        dpcomp::grid::without_seed(&full[1].name),
+        dpcomp_lab::grid::without_seed(&full[1].name),
         "noise_multiplier-0.8_rate-256_variant-denoise-model-clip"
     );
     // A bundle without a label cannot name its cells.
@@ -499,7 +500,7 @@ fn full_profiles_estimate_the_papers_bandwidths() {
         let mut cells = experiment.cells("full", &only).unwrap();
         cells.retain(|c| c.config.seed == 0);
         assert_eq!(cells.len(), 3, "{file}");
-        let uploads: Vec<_> = dpcomp::grid::upload_estimates(&cells)
+        let uploads: Vec<_> = dpcomp_lab::grid::upload_estimates(&cells)
             .into_iter()
             .map(|u| u.unwrap())
             .collect();
@@ -553,7 +554,7 @@ fn a_summary_with_null_numbers_reads_as_nan_in_the_table() {
         )
         .unwrap();
     }
-    let rows = dpcomp::grid::write_results(&experiment, "cpu", dir.path()).unwrap();
+    let rows = dpcomp_lab::grid::write_results(&experiment, "cpu", dir.path()).unwrap();
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[0].final_accuracy, 0.5);
     let r = &rows[1];
@@ -566,7 +567,7 @@ fn a_summary_with_null_numbers_reads_as_nan_in_the_table() {
         "{r:?}"
     );
 
-    let (header, records) = dpcomp::csv_table::read(&root.join("results.csv")).unwrap();
+    let (header, records) = dpcomp_lab::csv_table::read(&root.join("results.csv")).unwrap();
     assert_eq!(header.len(), 14);
     let column = |name: &str| header.iter().position(|h| h == name).unwrap();
     assert_eq!(records.len(), 2);
@@ -578,7 +579,7 @@ fn a_summary_with_null_numbers_reads_as_nan_in_the_table() {
     let md = std::fs::read_to_string(root.join("results.md")).unwrap();
     assert!(md.contains("| NaN% |"), "{md}");
 
-    let logs = dpcomp::plot::read_cells(&root).unwrap();
+    let logs = dpcomp_lab::plot::read_cells(&root).unwrap();
     assert_eq!(logs.len(), 2);
     assert!(logs.iter().any(|c| c.summary.final_accuracy.is_nan()));
 }
@@ -590,7 +591,7 @@ fn a_summary_with_null_numbers_reads_as_nan_in_the_table() {
 fn an_ablation_is_drawn_beside_the_grid_it_varies() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/runs");
     let dir = tempfile::tempdir().unwrap();
-    let figures = dpcomp::plot::plot_beside(
+    let figures = dpcomp_lab::plot::plot_beside(
         &root.join("surnames_ablation/full"),
         &[root.join("surnames_dgc/full")],
         dir.path(),
@@ -611,7 +612,7 @@ fn an_ablation_is_drawn_beside_the_grid_it_varies() {
     }
     // Alone, the ablation's figure has only its own arms.
     let alone = tempfile::tempdir().unwrap();
-    dpcomp::plot::plot(
+    dpcomp_lab::plot::plot(
         &root.join("surnames_ablation/full"),
         alone.path(),
         "ablation",

@@ -12,12 +12,10 @@ mod common;
 
 use common::require_shared_data;
 use dpcomp::compress::CompressorKind;
-use dpcomp::config::{
-    ClippingMode, DeviceChoice, GradSampleMode, OptimizerKind, Task, TrainConfig,
-};
+use dpcomp::config::{ClippingMode, DeviceChoice, GradSampleMode, OptimizerKind, TrainConfig};
 use dpcomp::host;
 use dpcomp::train::observer::Observer;
-use dpcomp::Trainer;
+use dpcomp_lab::Task;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -53,7 +51,7 @@ fn reads_per_step(config: TrainConfig) -> Vec<u64> {
         per_step: per_step.clone(),
         last: 0,
     };
-    let mut trainer = Trainer::builder(dir.path())
+    let mut trainer = dpcomp_lab::tasks::trainer(dir.path())
         .config(config)
         .observer(Box::new(observer))
         .build()
@@ -170,7 +168,7 @@ fn only(labels: &[&str]) -> Vec<Variant> {
 /// A private one-epoch run of `task` on `train` examples at (expected) batch `batch`, about
 /// `train / batch` Poisson steps, on the CPU.
 fn base(task: Task, data: &Path, train: usize, batch: usize) -> TrainConfig {
-    let mut c = TrainConfig::paper_defaults(task);
+    let mut c = dpcomp_lab::tasks::paper_defaults(task);
     c.model.bert_dir = common::bert_dir();
     c.epochs = 1;
     c.seed = 3;
@@ -297,10 +295,13 @@ const DIRECT: [(&str, &str); 14] = [
         "host::nonzero (the one-argument where is nonzero)",
     ),
     (".masked_select(", "host::masked_select"),
-    (".unique", "a host function of its own in src/host.rs"),
+    (
+        ".unique",
+        "a host function of its own in crates/dpcomp/src/host.rs",
+    ),
     (
         ".repeat_interleave",
-        "a host function of its own in src/host.rs",
+        "a host function of its own in crates/dpcomp/src/host.rs",
     ),
 ];
 
@@ -377,16 +378,17 @@ fn the_guard_knows_a_read_from_other_conversions() {
     }
 }
 
-/// Every `.rs` file under `src/` but `src/host.rs` and the application (`src/bin/`) reads
-/// tensor values only through `dpcomp::host`, so that the count of `host::reads` is complete.
+/// Every `.rs` file of the framework and the lab (`crates/*/src/`) but `crates/dpcomp/src/host.rs`
+/// reads tensor values only through `dpcomp::host`, so that the count of `host::reads` is complete.
 /// Comment lines (and the documentation's examples in them) are not code of the library.
 #[test]
 fn every_read_in_the_library_goes_through_the_host_module() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(&crates.join("dpcomp/src"), &mut files);
+    rust_files(&crates.join("dpcomp-lab/src"), &mut files);
     assert!(files.len() > 50, "found only {} library files", files.len());
-    let host = src.join("host.rs");
+    let host = crates.join("dpcomp/src/host.rs");
     let mut offending = Vec::new();
     for file in files.iter().filter(|f| **f != host) {
         let text = std::fs::read_to_string(file).unwrap();
@@ -444,7 +446,7 @@ fn two_thread_workers_read_only_their_exchanges_transfers() {
                 per_step: per_step.clone(),
                 last: 0,
             };
-            let mut trainer = Trainer::builder(&run)
+            let mut trainer = dpcomp_lab::tasks::trainer(&run)
                 .config(c.clone())
                 .communicator(Box::new(comm))
                 .observer(Box::new(observer))

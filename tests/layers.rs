@@ -6,12 +6,12 @@
 
 mod common;
 
-use dpcomp::bench::device_check::per_example_gradients;
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{AttentionConfig, Ctx, Gru, Linear, LinearConfig, MultiheadAttention};
 use dpcomp::privacy::grad_sample::clip_and_sum;
 use dpcomp::train::private::{per_sample_in_order, PerSampleBatch};
+use dpcomp_lab::bench::device_check::per_example_gradients;
 use tch::{nn, Device, Kind, Reduction, Tensor};
 
 fn max_rel_diff(a: &Tensor, b: &Tensor) -> f64 {

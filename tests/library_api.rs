@@ -3,9 +3,10 @@
 
 mod common;
 
-use dpcomp::config::{Task, TrainConfig};
+use dpcomp::config::TrainConfig;
 use dpcomp::privacy::calibrate::noise_multiplier_for;
 use dpcomp::train::Trainer;
+use dpcomp_lab::Task;
 
 #[test]
 fn the_trainer_with_only_a_target_epsilon_calibrates_sigma_and_ends_at_the_target() {
@@ -17,7 +18,7 @@ fn the_trainer_with_only_a_target_epsilon_calibrates_sigma_and_ends_at_the_targe
     let mut config = common::small_surnames(&root, 2, 512, 128);
     config.privacy.target_epsilon = Some(3.0);
     assert_eq!(config.privacy.noise_multiplier, None);
-    let mut trainer = Trainer::new(config.clone(), work.path().join("run")).unwrap();
+    let mut trainer = dpcomp_lab::tasks::start(config.clone(), work.path().join("run")).unwrap();
     // 512 examples in batches of 32: 16 steps an epoch at q 1/16, 32 steps in all.
     assert_eq!(trainer.steps_per_epoch(), 16);
     let want = noise_multiplier_for(
@@ -98,7 +99,7 @@ fn an_observer_sees_every_epochs_metrics_row_and_the_library_is_silent_without_o
     let mut config = common::small_surnames(&root, 3, 320, 64);
     config.privacy.noise_multiplier = Some(1.0);
     let run_dir = work.path().join("run");
-    let mut trainer = Trainer::new(config, &run_dir).unwrap();
+    let mut trainer = dpcomp_lab::tasks::start(config, &run_dir).unwrap();
     let heard = Rc::new(RefCell::new(Heard::default()));
     trainer.observe(Box::new(Recorder(heard.clone())));
     let every_other = Rc::new(RefCell::new(0));
@@ -276,15 +277,15 @@ fn the_updater_takes_the_epoch_so_the_warm_up_runs() {
 fn the_trainer_builder_refuses_contradictory_starts() {
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("run");
-    let config = TrainConfig::paper_defaults(Task::Surnames);
+    let config = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     let err = |b: dpcomp::train::builder::TrainerBuilder| b.build().err().unwrap().to_string();
-    let e = err(Trainer::builder(&dir));
+    let e = err(dpcomp_lab::tasks::trainer(&dir));
     assert!(e.starts_with("trainer: neither config"), "{e}");
-    let e = err(Trainer::builder(&dir)
+    let e = err(dpcomp_lab::tasks::trainer(&dir)
         .config(config.clone())
         .resume(Default::default()));
     assert!(e.starts_with("trainer: given both config"), "{e}");
-    let e = err(Trainer::builder(&dir)
+    let e = err(dpcomp_lab::tasks::trainer(&dir)
         .resume(Default::default())
         .edit_data(Box::new(Ok)));
     assert!(e.starts_with("edit_data: applies to a fresh run"), "{e}");

@@ -12,7 +12,14 @@ use std::path::{Path, PathBuf};
 mod common;
 
 /// The places whose text a user reads, relative to the repository root.
-const USER_TEXT: [&str; 5] = ["src", "docs/guide", "docs/results", "README.md", "examples"];
+const USER_TEXT: [&str; 6] = [
+    "src",
+    "crates",
+    "docs/guide",
+    "docs/results",
+    "README.md",
+    "examples",
+];
 
 /// Whether `b` can be part of a word (so that "tissue 3" and "issued 3" are not references).
 fn word_byte(b: u8) -> bool {
@@ -180,7 +187,6 @@ fn user_text_names_no_issue() {
     );
 }
 
-#[cfg(feature = "cli")]
 mod help {
     use super::common::{help, subcommands};
     use super::references;
@@ -211,7 +217,7 @@ mod help {
         assert!(
             found.is_empty(),
             "the help points at the issue tracker ({} places); the text comes from the doc \
-             comments on the clap structs (src/config.rs, src/bin/dpcomp/**):\n  {}",
+             comments on the clap structs (crates/dpcomp/src/config.rs, src/**):\n  {}",
             found.len(),
             found.join("\n  ")
         );

@@ -187,7 +187,7 @@ fn the_builder_and_the_trainer_sample_the_same_batch_size_alike() {
     // The trainer's own calibration and engine for the same N, B, epochs, ε and δ.
     let _guard = serial();
     let dir = tempfile::tempdir().unwrap();
-    let mut config = TrainConfig::own("sigma-check");
+    let mut config = TrainConfig::new("sigma-check");
     config.device = DeviceChoice::Cpu;
     config.epochs = 20;
     config.optimizer.batch_size = 256;
@@ -279,7 +279,7 @@ fn a_batch_larger_than_the_data_is_refused_by_the_builder_and_the_trainer() {
 
     let _guard = serial();
     let dir = tempfile::tempdir().unwrap();
-    let mut config = TrainConfig::own("big-batch");
+    let mut config = TrainConfig::new("big-batch");
     config.device = DeviceChoice::Cpu;
     config.epochs = 1;
     config.optimizer.batch_size = 64;
@@ -374,7 +374,7 @@ fn a_delta_of_one_over_n_or_more_is_warned_about() {
 
     let dir = tempfile::tempdir().unwrap();
     let w = said(&|| {
-        let mut config = TrainConfig::own("weak-delta");
+        let mut config = TrainConfig::new("weak-delta");
         config.device = DeviceChoice::Cpu;
         config.epochs = 1;
         config.optimizer.batch_size = 8;

@@ -3,17 +3,18 @@
 
 mod common;
 
-use dpcomp::bench::device_check::per_example_gradients;
-use dpcomp::config::{OptimizerKind, Task, TrainConfig};
+use dpcomp::config::OptimizerKind;
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear, LinearConfig};
 use dpcomp::privacy::engine::Clipping;
 use dpcomp::train::adam::Adam;
+use dpcomp::train::checkpoint;
 use dpcomp::train::optimizer::Optimizer;
 use dpcomp::train::private::per_sample_in_order;
 use dpcomp::train::update::Updater;
-use dpcomp::train::{checkpoint, Trainer};
+use dpcomp_lab::bench::device_check::per_example_gradients;
+use dpcomp_lab::Task;
 use tch::{nn, Device, Kind, Tensor};
 
 fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
@@ -176,7 +177,7 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
         return;
     };
     let config = |epochs: usize| {
-        let mut c = TrainConfig::paper_defaults(Task::Surnames);
+        let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
         c.epochs = epochs;
         c.data.limit_train = Some(640);
         c.data.limit_test = Some(128);
@@ -196,10 +197,10 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
     };
     let work = tempfile::tempdir().unwrap();
     let (straight, split) = (work.path().join("straight"), work.path().join("split"));
-    let mut t = Trainer::new(config(2), &straight).unwrap();
+    let mut t = dpcomp_lab::tasks::start(config(2), &straight).unwrap();
     let summary = t.run().unwrap();
     drop(t);
-    let mut t = Trainer::new(config(1), &split).unwrap();
+    let mut t = dpcomp_lab::tasks::start(config(1), &split).unwrap();
     t.run().unwrap();
     drop(t);
     let saved = checkpoint::read_momentum(&checkpoint::checkpoint_dir(&split)).unwrap();
@@ -208,7 +209,7 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
         20,
         "640 / 32 steps in one epoch"
     );
-    let mut t = Trainer::resume(&split, Some(2)).unwrap();
+    let mut t = dpcomp_lab::tasks::resume(&split, Some(2)).unwrap();
     let resumed = t.run().unwrap();
     for ((name, a), (_, b)) in weights(&straight).iter().zip(weights(&split)) {
         assert!(a.equal(&b), "{name} differs after the resume");
@@ -217,7 +218,7 @@ fn dp_adam_resumes_to_the_uninterrupted_run() {
     // Adam's momentum is its own: SGD's --momentum is refused beside it.
     let mut bad = config(1);
     bad.optimizer.momentum = 0.9;
-    let e = Trainer::new(bad, work.path().join("bad"))
+    let e = dpcomp_lab::tasks::start(bad, work.path().join("bad"))
         .err()
         .expect("refused")
         .to_string();

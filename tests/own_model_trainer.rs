@@ -92,14 +92,17 @@ fn a_run_of_ones_own_is_not_mistaken_for_a_built_in_task() {
     let run = dir.path().join("own");
     example::train(&run, 1, false).unwrap();
     // Resuming without the model: the built-in path cannot build it and says how to.
-    let err = Trainer::resume(&run, Some(2)).err().unwrap().to_string();
+    let err = dpcomp_lab::tasks::resume(&run, Some(2))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(
         err.contains("model of one's own") && err.contains("TrainerBuilder::model"),
         "{err}"
     );
     // A model handed to a built-in task's configuration, and a name that is a built-in task's.
     let model = Box::new(example::SequenceClassifier::new(0).unwrap());
-    let builtin = TrainConfig::paper_defaults(dpcomp::Task::Surnames);
+    let builtin = dpcomp_lab::tasks::paper_defaults(dpcomp_lab::Task::Surnames);
     let err = Trainer::builder(dir.path().join("b"))
         .config(builtin)
         .model(model, example::data())
@@ -113,7 +116,7 @@ fn a_run_of_ones_own_is_not_mistaken_for_a_built_in_task() {
     );
     let model = Box::new(example::SequenceClassifier::new(0).unwrap());
     let err = Trainer::builder(dir.path().join("c"))
-        .config(TrainConfig::own("cifar10"))
+        .config(TrainConfig::new("cifar10"))
         .model(model, example::data())
         .build()
         .err()

@@ -6,14 +6,14 @@
 
 mod common;
 
-use dpcomp::bench::device_check::per_example_gradients;
-use dpcomp::config::{AccountantKind, ClippingMode, Task, TrainConfig};
+use dpcomp::config::{AccountantKind, ClippingMode};
 use dpcomp::data::{Batch, Features};
 use dpcomp::models::Model;
 use dpcomp::nn::{Ctx, Linear, LinearConfig};
 use dpcomp::privacy::engine::{AdaptiveClipping, Clipped, Clipping, PrivacyEngine};
 use dpcomp::train::private::per_sample_in_order;
-use dpcomp::train::Trainer;
+use dpcomp_lab::bench::device_check::per_example_gradients;
+use dpcomp_lab::Task;
 use std::collections::HashMap;
 use tch::{nn, Device, Kind, Tensor};
 
@@ -363,7 +363,7 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
     };
     let work = tempfile::tempdir().unwrap();
     let config = |clipping: ClippingMode| {
-        let mut c = TrainConfig::paper_defaults(Task::Surnames);
+        let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
         c.epochs = 1;
         c.data.limit_train = Some(1280);
         c.data.limit_test = Some(256);
@@ -374,7 +374,7 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
         c
     };
     let run = |clipping: ClippingMode, name: &str| {
-        let mut t = Trainer::new(config(clipping), work.path().join(name)).unwrap();
+        let mut t = dpcomp_lab::tasks::start(config(clipping), work.path().join(name)).unwrap();
         let summary = t.run().unwrap();
         let weights: Vec<Tensor> = t.params().iter().map(|(_, p)| p.copy()).collect();
         (summary, weights)
@@ -391,7 +391,7 @@ fn per_layer_clipping_trains_at_the_flat_runs_epsilon() {
     assert!(moved > 1e-6, "per-layer clipping changed nothing");
     let mut plain = config(ClippingMode::PerLayer);
     plain.privacy.noise_multiplier = None;
-    let e = Trainer::new(plain, work.path().join("plain"))
+    let e = dpcomp_lab::tasks::start(plain, work.path().join("plain"))
         .err()
         .expect("refused")
         .to_string();
@@ -821,7 +821,7 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
         return;
     };
     let config = |epochs: usize, clipping: ClippingMode| {
-        let mut c = TrainConfig::paper_defaults(Task::Surnames);
+        let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
         c.epochs = epochs;
         c.data.limit_train = Some(640);
         c.data.limit_test = Some(128);
@@ -834,7 +834,7 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
     };
     let work = tempfile::tempdir().unwrap();
     let (straight, split) = (work.path().join("straight"), work.path().join("split"));
-    let mut t = Trainer::new(config(2, ClippingMode::Adaptive), &straight).unwrap();
+    let mut t = dpcomp_lab::tasks::start(config(2, ClippingMode::Adaptive), &straight).unwrap();
     let summary = t.run().unwrap();
     let weights: Vec<Tensor> = t.params().iter().map(|(_, p)| p.copy()).collect();
     let history = t.history().to_vec();
@@ -844,24 +844,25 @@ fn an_adaptive_clipping_run_resumes_to_the_uninterrupted_run() {
         (radii[0] - 0.5).abs() > 0.05,
         "the radius did not move from 0.5: {radii:?}"
     );
-    let mut t = Trainer::new(config(1, ClippingMode::Adaptive), &split).unwrap();
+    let mut t = dpcomp_lab::tasks::start(config(1, ClippingMode::Adaptive), &split).unwrap();
     t.run().unwrap();
     drop(t);
-    let mut t = Trainer::resume(&split, Some(2)).unwrap();
+    let mut t = dpcomp_lab::tasks::resume(&split, Some(2)).unwrap();
     let resumed = t.run().unwrap();
     for ((name, p), w) in t.params().iter().zip(&weights) {
         assert!(p.equal(w), "{name} differs after the resume");
     }
     assert_eq!(t.history()[1].clip_radius, history[1].clip_radius);
     assert_eq!(summary.epsilon, resumed.epsilon);
-    let mut t = Trainer::new(config(2, ClippingMode::Flat), work.path().join("flat")).unwrap();
+    let mut t =
+        dpcomp_lab::tasks::start(config(2, ClippingMode::Flat), work.path().join("flat")).unwrap();
     assert_eq!(t.run().unwrap().epsilon, summary.epsilon);
 }
 
 /// The adaptive settings are refused with another clipping mode (a flag that does not apply).
 #[test]
 fn adaptive_settings_without_adaptive_clipping_are_refused() {
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.privacy.noise_multiplier = Some(1.0);
     c.privacy.count_noise = Some(3.0);
     let e = c.validate().unwrap_err().to_string();

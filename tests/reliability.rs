@@ -6,16 +6,17 @@
 mod common;
 
 use common::require_shared_data;
-use dpcomp::config::{Task, TrainConfig};
+use dpcomp::config::TrainConfig;
 use dpcomp::error::Error;
 use dpcomp::run_lock::{self, RunLock};
-use dpcomp::train::{checkpoint, Trainer};
+use dpcomp::train::checkpoint;
+use dpcomp_lab::Task;
 use std::path::Path;
 use std::process::{Command, Output};
 
 /// A private Surnames run small enough for a test: 300 training names, 2 epochs.
 fn small_private(root: &Path) -> TrainConfig {
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.epochs = 2;
     c.data.limit_train = Some(300);
     c.data.limit_test = Some(200);
@@ -36,7 +37,7 @@ fn one_epoch_run(root: &Path, work: &Path) -> std::path::PathBuf {
 }
 
 fn train(config: TrainConfig, dir: &Path) -> dpcomp::train::metrics::Summary {
-    let mut trainer = Trainer::new(config, dir).unwrap();
+    let mut trainer = dpcomp_lab::tasks::start(config, dir).unwrap();
     trainer.run().unwrap()
 }
 
@@ -190,7 +191,7 @@ fn resume_refuses_a_corrupted_or_altered_checkpoint() {
         dir
     };
     let refused = |dir: &Path, expected: &str| {
-        let err = Trainer::resume(dir, Some(2))
+        let err = dpcomp_lab::tasks::resume(dir, Some(2))
             .err()
             .expect("the resume was accepted");
         assert!(err.to_string().contains(expected), "{err}");
@@ -268,7 +269,7 @@ fn resume_refuses_a_corrupted_or_altered_checkpoint() {
 
     // The untouched copy resumes, and its ε is the uninterrupted run's.
     let good = fresh("good");
-    let mut trainer = Trainer::resume(&good, Some(2)).unwrap();
+    let mut trainer = dpcomp_lab::tasks::resume(&good, Some(2)).unwrap();
     let resumed = trainer.run().unwrap();
     let straight = train(small_private(&root), &work.path().join("straight"));
     assert_eq!(resumed.epsilon, straight.epsilon);
@@ -401,7 +402,7 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
     let mut config = small_private(&root);
     config.privacy.target_epsilon = Some(0.001);
     let run = work.path().join("tiny-target");
-    let mut trainer = Trainer::new(config.clone(), &run).unwrap();
+    let mut trainer = dpcomp_lab::tasks::start(config.clone(), &run).unwrap();
     let err = trainer.run().expect_err("an unreachable target trained");
     assert!(err.to_string().contains("already spends epsilon"), "{err}");
     assert!(!run.join("metrics.jsonl").exists());
@@ -409,7 +410,8 @@ fn a_budget_that_one_step_exceeds_is_refused_and_sigma_zero_is_infinite() {
 
     config.privacy.noise_multiplier = Some(0.0);
     config.privacy.target_epsilon = Some(5.0);
-    let mut trainer = Trainer::new(config.clone(), work.path().join("sigma0-target")).unwrap();
+    let mut trainer =
+        dpcomp_lab::tasks::start(config.clone(), work.path().join("sigma0-target")).unwrap();
     let err = trainer.run().unwrap_err().to_string();
     assert!(
         err.starts_with("privacy.target_epsilon:") && err.contains("inf"),
@@ -621,9 +623,9 @@ fn non_finite_settings_are_refused_and_divergence_stops_with_an_error() {
 /// solver's tolerance) at every radius, for every algorithm whose output lies in the ball.
 #[test]
 fn excess_empirical_risk_is_never_negative() {
-    use dpcomp::convex::{self, loss::Loss, Algorithm, Calibration, ConvexSettings};
+    use dpcomp_lab::convex::{self, loss::Loss, Algorithm, Calibration, ConvexSettings};
     // |w*| 4: points with margin |<x, w*>| >= 1 inside the unit ball (|w*| <= 1 would have none).
-    let data = dpcomp::convex::data::synthetic(2000, 10, 4.0, 4).unwrap();
+    let data = dpcomp::data::tabular::synthetic(2000, 10, 4.0, 4).unwrap();
     for radius in [0.1, 1.0, 100.0, 1e30] {
         for (algorithm, loss) in [
             (Algorithm::Nonprivate, "hinge"),
@@ -801,7 +803,7 @@ fn bert_configs_and_stored_settings_are_checked_before_any_tensor() {
     let out = dpcomp(&["eval", "--checkpoint", &run.display().to_string()]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("batch_size: 0"), "{}", stderr(&out));
-    let err = Trainer::resume(&run, Some(2))
+    let err = dpcomp_lab::tasks::resume(&run, Some(2))
         .err()
         .expect("batch size 0 was resumed");
     assert!(err.to_string().contains("batch_size"), "{err}");
@@ -921,7 +923,7 @@ fn flags_that_do_not_apply_are_refused_or_warned() {
         );
     }
     // With DP the physical batch applies and is accepted.
-    let mut config = TrainConfig::paper_defaults(Task::Surnames);
+    let mut config = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     config.privacy.noise_multiplier = Some(1.0);
     config.privacy.physical_batch_size = Some(8);
     config.validate().unwrap();

@@ -6,9 +6,8 @@
 mod common;
 
 use common::require_shared_data;
-use dpcomp::config::{Task, TrainConfig};
 use dpcomp::error::Error;
-use dpcomp::train::Trainer;
+use dpcomp_lab::Task;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -183,20 +182,20 @@ fn a_half_written_metrics_row_does_not_stop_the_resume() {
     };
     let work = tempfile::tempdir().unwrap();
     let run = work.path().join("run");
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.epochs = 2;
     c.data.limit_train = Some(200);
     c.data.limit_test = Some(50);
     c.data.data_dir = Some(root.clone());
     c.device = dpcomp::config::DeviceChoice::Cpu;
-    let mut trainer = Trainer::new(c, &run).unwrap();
+    let mut trainer = dpcomp_lab::tasks::start(c, &run).unwrap();
     trainer.run().unwrap();
     drop(trainer);
     let metrics = run.join("metrics.jsonl");
     let mut text = std::fs::read_to_string(&metrics).unwrap();
     text.push_str("{\"epoch\":3,\"steps\":12,\"train_lo");
     std::fs::write(&metrics, text).unwrap();
-    let mut resumed = Trainer::resume(&run, Some(3)).unwrap();
+    let mut resumed = dpcomp_lab::tasks::resume(&run, Some(3)).unwrap();
     let s = resumed.run().unwrap();
     assert_eq!(s.epochs, 3);
     let rows = dpcomp::train::metrics::read(&metrics).unwrap();
@@ -222,13 +221,13 @@ fn a_resume_on_other_data_is_refused() {
         std::fs::copy(f, data.join("names").join(f.file_name().unwrap())).unwrap();
     }
     let run = work.path().join("run");
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.epochs = 1;
     c.data.limit_train = Some(200);
     c.data.limit_test = Some(50);
     c.data.data_dir = Some(data.clone());
     c.device = dpcomp::config::DeviceChoice::Cpu;
-    let mut trainer = Trainer::new(c, &run).unwrap();
+    let mut trainer = dpcomp_lab::tasks::start(c, &run).unwrap();
     trainer.run().unwrap();
     drop(trainer);
     // Rotate the files' contents: each language's names now sit under the next language.
@@ -240,7 +239,7 @@ fn a_resume_on_other_data_is_refused() {
         let target = data.join("names").join(f.file_name().unwrap());
         std::fs::write(target, &texts[(i + 1) % texts.len()]).unwrap();
     }
-    match Trainer::resume(&run, Some(2)) {
+    match dpcomp_lab::tasks::resume(&run, Some(2)) {
         Err(Error::BadValue { field, what }) => {
             assert_eq!(field, "data.data_dir");
             assert!(what.contains("other data"), "{what}");
@@ -324,7 +323,7 @@ fn noise_and_radius_settings_that_break_training_are_refused_up_front() {
         "{}",
         stderr(&out)
     );
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.privacy.noise_multiplier = Some(1.0);
     c.privacy.clipping = dpcomp::config::ClippingMode::Adaptive;
     let mut engine_settings = dpcomp::privacy::engine::AdaptiveClipping::new(1.0, 10.0);
@@ -421,15 +420,16 @@ fn bad_settings_elsewhere_are_errors_naming_what_was_typed() {
     assert!(shards.split(&[0, 1, 0, 1], 2, 0).is_err());
     // synthetic:10:1000 never ended (rejection sampling of margin-1 points).
     let started = Instant::now();
-    let e = dpcomp::convex::data::synthetic(10, 1000, 4.0, 0)
+    let e = dpcomp::data::tabular::synthetic(10, 1000, 4.0, 0)
         .err()
         .unwrap()
         .to_string();
     assert!(e.contains("1000 dimensions"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(30));
     // The grid's --only with a value no cell has "finished" 0 cells with exit 0.
-    let grid = dpcomp::grid::Experiment::from_file(Path::new("experiments/surnames_clipping.toml"))
-        .unwrap();
+    let grid =
+        dpcomp_lab::grid::Experiment::from_file(Path::new("experiments/surnames_clipping.toml"))
+            .unwrap();
     let only = vec![("setting".to_string(), "sigma-9".to_string())];
     let e = grid.cells("cpu", &only).err().unwrap().to_string();
     assert!(e.contains("sigma-0.4-C-3"), "{e}");

@@ -154,7 +154,7 @@ fn the_committed_tables_of_every_kind_are_regenerated_byte_for_byte() {
 /// committed `results.csv` (`read_rows`) give the committed `results.md` and `results.csv` again.
 #[test]
 fn the_committed_convex_tables_are_rewritten_byte_for_byte() {
-    use dpcomp::convex::experiment::{read_rows, write_tables, ConvexExperiment};
+    use dpcomp_lab::convex::experiment::{read_rows, write_tables, ConvexExperiment};
     let experiment = ConvexExperiment::from_file(&repo().join("experiments/convex.toml")).unwrap();
     let rows = read_rows(&repo().join("experiments/results/convex.cpu.csv")).unwrap();
     let out = tempfile::tempdir().unwrap();

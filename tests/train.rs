@@ -4,15 +4,16 @@ mod common;
 
 use common::require_shared_data;
 use dpcomp::config::{
-    CompressionOverrides, OptimizerOverrides, PrivacyOverrides, Task, TrainConfig, TrainOverrides,
+    CompressionOverrides, OptimizerOverrides, PrivacyOverrides, TrainConfig, TrainOverrides,
 };
-use dpcomp::train::{checkpoint, metrics, Trainer};
+use dpcomp::train::{checkpoint, metrics};
+use dpcomp_lab::Task;
 use std::path::Path;
 use std::process::Command;
 use tch::Tensor;
 
 fn surnames_config(root: &Path, epochs: usize, limit_train: Option<usize>) -> TrainConfig {
-    let mut c = TrainConfig::paper_defaults(Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Surnames);
     c.epochs = epochs;
     c.data.limit_train = limit_train;
     c.data.data_dir = Some(root.to_path_buf());
@@ -57,7 +58,8 @@ fn surnames_two_epochs_beat_the_majority_class_by_far() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut trainer = Trainer::new(surnames_config(&root, 2, None), dir.path()).unwrap();
+    let mut trainer =
+        dpcomp_lab::tasks::start(surnames_config(&root, 2, None), dir.path()).unwrap();
     let summary = trainer.run().unwrap();
     // Majority class is 47%; two epochs of the paper's settings reach about 70%.
     assert!(
@@ -83,11 +85,13 @@ fn resume_equals_an_uninterrupted_run() {
         return;
     };
     let straight = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(surnames_config(&root, 3, Some(1500)), straight.path()).unwrap();
+    let mut t =
+        dpcomp_lab::tasks::start(surnames_config(&root, 3, Some(1500)), straight.path()).unwrap();
     t.run().unwrap();
 
     let split = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(surnames_config(&root, 1, Some(1500)), split.path()).unwrap();
+    let mut t =
+        dpcomp_lab::tasks::start(surnames_config(&root, 1, Some(1500)), split.path()).unwrap();
     t.run().unwrap();
     // A stray line from after the checkpoint (a run killed between the two writes) is dropped.
     let line = std::fs::read_to_string(split.path().join("metrics.jsonl")).unwrap();
@@ -98,7 +102,7 @@ fn resume_equals_an_uninterrupted_run() {
     .unwrap();
     // The first trainer holds the run folder until dropped (one writer per folder).
     drop(t);
-    let mut t = Trainer::resume(split.path(), Some(3)).unwrap();
+    let mut t = dpcomp_lab::tasks::resume(split.path(), Some(3)).unwrap();
     assert_eq!(t.state().epochs_done, 1);
     assert_eq!(t.history().len(), 1);
     t.run().unwrap();
@@ -120,17 +124,17 @@ fn momentum_buffers_survive_resume() {
     config.optimizer.momentum = 0.5;
     config.optimizer.lr = 0.5;
     let straight = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(config.clone(), straight.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(config.clone(), straight.path()).unwrap();
     t.run().unwrap();
     let split = tempfile::tempdir().unwrap();
     config.epochs = 1;
-    let mut t = Trainer::new(config, split.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(config, split.path()).unwrap();
     t.run().unwrap();
     assert!(checkpoint::checkpoint_dir(split.path())
         .join("optimizer.safetensors")
         .is_file());
     drop(t);
-    let mut t = Trainer::resume(split.path(), Some(2)).unwrap();
+    let mut t = dpcomp_lab::tasks::resume(split.path(), Some(2)).unwrap();
     t.run().unwrap();
     assert_same_weights(straight.path(), split.path());
 }
@@ -245,14 +249,14 @@ fn cifar10_cnn_learns_on_a_subset() {
     let Some(root) = common::require_cifar10() else {
         return;
     };
-    let mut c = TrainConfig::paper_defaults(Task::Cifar10);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Cifar10);
     c.epochs = 2;
     c.data.limit_train = Some(2560);
     c.data.limit_test = Some(2000);
     c.data.data_dir = Some(root);
     c.device = dpcomp::config::DeviceChoice::Cpu;
     let dir = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(c, dir.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(c, dir.path()).unwrap();
     let summary = t.run().unwrap();
     // Chance is 10%; 2 x 20 steps reach about 25-30%.
     assert!(
@@ -276,7 +280,10 @@ fn config_file_then_flags_then_errors() {
         },
         ..Default::default()
     };
-    let config = flags.or(from_file).resolve().unwrap();
+    let config = flags
+        .or(from_file)
+        .resolve_over(dpcomp_lab::tasks::known_defaults)
+        .unwrap();
     assert_eq!(
         (
             config.task,
@@ -285,7 +292,7 @@ fn config_file_then_flags_then_errors() {
             config.optimizer.batch_size,
             config.privacy.max_grad_norm
         ),
-        (Task::Cifar10.into(), 7, 0.01, 128, 5.0)
+        (Task::Cifar10.name().into(), 7, 0.01, 128, 5.0)
     );
 
     std::fs::write(&file, "task = \"cifar10\"\nepoch = 7\n").unwrap();
@@ -297,17 +304,20 @@ fn config_file_then_flags_then_errors() {
         "{err}"
     );
 
-    let err = TrainOverrides::default().resolve().unwrap_err().to_string();
+    let err = TrainOverrides::default()
+        .resolve_over(dpcomp_lab::tasks::known_defaults)
+        .unwrap_err()
+        .to_string();
     assert!(err.starts_with("task: missing"), "{err}");
     let err = TrainOverrides {
-        task: Some(Task::Snli),
+        task: Some(Task::Snli.name().into()),
         optimizer: OptimizerOverrides {
             lr: Some(-1.0),
             ..Default::default()
         },
         ..Default::default()
     }
-    .resolve()
+    .resolve_over(dpcomp_lab::tasks::known_defaults)
     .unwrap_err()
     .to_string();
     assert!(err.contains("lr") && err.contains("positive"), "{err}");
@@ -320,7 +330,7 @@ fn config_file_then_flags_then_errors() {
         (1.0, f64::INFINITY, "noise_multiplier"),
     ] {
         let err = TrainOverrides {
-            task: Some(Task::Surnames),
+            task: Some(Task::Surnames.name().into()),
             privacy: PrivacyOverrides {
                 max_grad_norm: Some(clip),
                 noise_multiplier: Some(sigma),
@@ -328,14 +338,14 @@ fn config_file_then_flags_then_errors() {
             },
             ..Default::default()
         }
-        .resolve()
+        .resolve_over(dpcomp_lab::tasks::known_defaults)
         .unwrap_err()
         .to_string();
         assert!(err.contains(field), "clip {clip} sigma {sigma}: {err}");
     }
     // C = ∞ (clipping off, the oracle mode) stays allowed.
     let config = TrainOverrides {
-        task: Some(Task::Surnames),
+        task: Some(Task::Surnames.name().into()),
         privacy: PrivacyOverrides {
             max_grad_norm: Some(f64::INFINITY),
             noise_multiplier: Some(0.0),
@@ -343,7 +353,7 @@ fn config_file_then_flags_then_errors() {
         },
         ..Default::default()
     }
-    .resolve()
+    .resolve_over(dpcomp_lab::tasks::known_defaults)
     .unwrap();
     assert!(config.privacy.max_grad_norm.is_infinite());
 
@@ -363,7 +373,7 @@ fn config_file_then_flags_then_errors() {
         ..Default::default()
     }
     .or(TrainOverrides::from_toml_file(&file).unwrap())
-    .resolve()
+    .resolve_over(dpcomp_lab::tasks::known_defaults)
     .unwrap();
     assert_eq!(
         config.compression_label().unwrap(),
@@ -374,7 +384,7 @@ fn config_file_then_flags_then_errors() {
     };
     assert_eq!(dgc.value_bits, 12);
     let err = TrainOverrides {
-        task: Some(Task::Surnames),
+        task: Some(Task::Surnames.name().into()),
         compression: CompressionOverrides {
             compressor: Some(dpcomp::compress::CompressorKind::Powersgd),
             compressor_options: Some(dpcomp::compress::Setting::parse_all(&["rate=3"]).unwrap()),
@@ -382,7 +392,7 @@ fn config_file_then_flags_then_errors() {
         },
         ..Default::default()
     }
-    .resolve()
+    .resolve_over(dpcomp_lab::tasks::known_defaults)
     .unwrap_err()
     .to_string();
     assert!(
@@ -390,7 +400,7 @@ fn config_file_then_flags_then_errors() {
         "{err}"
     );
     let err = TrainOverrides {
-        task: Some(Task::Surnames),
+        task: Some(Task::Surnames.name().into()),
         optimizer: OptimizerOverrides {
             momentum: Some(0.9),
             ..Default::default()
@@ -404,7 +414,7 @@ fn config_file_then_flags_then_errors() {
         },
         ..Default::default()
     }
-    .resolve()
+    .resolve_over(dpcomp_lab::tasks::known_defaults)
     .unwrap_err()
     .to_string();
     assert!(
@@ -417,9 +427,9 @@ fn config_file_then_flags_then_errors() {
         return;
     };
     let run = dir.path().join("run");
-    let mut t = Trainer::new(surnames_config(&root, 1, Some(100)), &run).unwrap();
+    let mut t = dpcomp_lab::tasks::start(surnames_config(&root, 1, Some(100)), &run).unwrap();
     t.run().unwrap();
-    let err = Trainer::new(surnames_config(&root, 1, Some(100)), &run)
+    let err = dpcomp_lab::tasks::start(surnames_config(&root, 1, Some(100)), &run)
         .err()
         .unwrap()
         .to_string();
@@ -430,7 +440,7 @@ fn config_file_then_flags_then_errors() {
     // Missing data folder: the error names it and the way out.
     let mut c = surnames_config(Path::new("/nonexistent"), 1, None);
     c.data.data_dir = Some("/nonexistent".into());
-    let err = Trainer::new(c, dir.path().join("other"))
+    let err = dpcomp_lab::tasks::start(c, dir.path().join("other"))
         .err()
         .unwrap()
         .to_string();
@@ -445,14 +455,14 @@ fn cifar100_resnet_trains_end_to_end_on_tiny_files_in_the_official_layout() {
     let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     common::write_tiny_cifar100(&dir.path().join("data"), 12, 5);
-    let mut c = TrainConfig::paper_defaults(Task::Cifar100);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Cifar100);
     c.epochs = 2;
     c.optimizer.batch_size = 4;
     c.data.data_dir = Some(dir.path().join("data"));
     c.device = dpcomp::config::DeviceChoice::Cpu;
     c.data.augment = true;
     let run = dir.path().join("run");
-    let mut t = Trainer::new(c, &run).unwrap();
+    let mut t = dpcomp_lab::tasks::start(c, &run).unwrap();
     assert_eq!(t.model().parameter_count(), 11_373_732);
     let summary = t.run().unwrap();
     assert_eq!(summary.epochs, 2);
@@ -470,7 +480,7 @@ fn snli_bert_trains_only_its_last_layer_end_to_end() {
     let Some(root) = common::require_snli() else {
         return;
     };
-    let mut c = TrainConfig::paper_defaults(Task::Snli);
+    let mut c = dpcomp_lab::tasks::paper_defaults(Task::Snli);
     c.data.limit_train = Some(64);
     c.data.limit_test = Some(64);
     c.data.max_seq_len = 48;
@@ -478,7 +488,7 @@ fn snli_bert_trains_only_its_last_layer_end_to_end() {
     c.model.bert_dir = common::bert_dir();
     c.device = dpcomp::config::DeviceChoice::Cpu;
     let dir = tempfile::tempdir().unwrap();
-    let mut t = Trainer::new(c, dir.path()).unwrap();
+    let mut t = dpcomp_lab::tasks::start(c, dir.path()).unwrap();
     let frozen_before: Vec<(String, Tensor)> = t
         .model()
         .var_store()

@@ -225,7 +225,7 @@ pub fn small_surnames(
     train: usize,
     test: usize,
 ) -> dpcomp::config::TrainConfig {
-    let mut c = dpcomp::config::TrainConfig::paper_defaults(dpcomp::config::Task::Surnames);
+    let mut c = dpcomp_lab::tasks::paper_defaults(dpcomp_lab::Task::Surnames);
     c.epochs = epochs;
     c.data.limit_train = Some(train);
     c.data.limit_test = Some(test);
