@@ -30,7 +30,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersg
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_vs_pytorch import CifarCnn  # noqa: E402  (the same architecture as ours)
 
-LR, CLIP = 0.1, 5.0  # the paper's CIFAR-10 settings (src/config.rs)
+LR, CLIP = 0.1, 5.0  # the paper's CIFAR-10 settings (crates/dpcomp/src/config.rs)
 
 
 def ddp_worker(rank, world, args, hook, port, out):

@@ -13,28 +13,28 @@ reports (`layer_shapes`), seeded N(0, 1) values:
   re-written here): threshold from the top of a 1% sample, adjusted up to 10 times by x1.3/x0.7
   until the selection is within [0.7, 1.3] k, then the values at the selected positions; the
   receiver scatters them; the residual keeps the rest. Same k as ours (32 numel / (256 x 64)).
-- Denoise (the compression paper's algorithm as src/compress/denoise.rs reads it, layer-wise,
+- Denoise (the compression paper's algorithm as crates/dpcomp/src/compress/denoise.rs reads it, layer-wise,
   β 0.9, decay 0.9, fp32 values and 32-bit indices): per layer v = lerp(v, g, 1 - β); the
   candidates v and a + r (a = v - v_prev, r the residual) each keep their k = 32 numel / (rate x
   64) largest magnitudes (`torch.topk`); the one whose dropped part has the smaller squared norm
   is sent (a Python `if` on the comparison: one host read, free on the CPU); sender's mirror and
   receiver each replace their velocity by a sent velocity or add a sent acceleration (zero +
   `index_add_`); r = decay (v - mirror); the update is the receiver's velocity.
-- FL-RND (the federated paper's sketch, src/compress/linear_sketch.rs): the update flattened
+- FL-RND (the federated paper's sketch, crates/dpcomp/src/compress/linear_sketch.rs): the update flattened
   (`torch.cat`), m = round(n / rate) coordinates drawn without replacement from a per-step seeded
   generator (NumPy's `Generator.choice(replace=False)`, Floyd's algorithm as Rust's
   `rand::seq::index::sample` uses for small m / n), sorted; sent values `flat[idx]`; the
   receiver zero-fills them back and splits into the parameters' shapes.
-- FL-FREQ (src/compress/chunked_dct.rs without the shuffle): the flat update zero-padded into
+- FL-FREQ (crates/dpcomp/src/compress/chunked_dct.rs without the shuffle): the flat update zero-padded into
   P = ceil(n / 1024) chunks of L = ceil(n / P), the first round(L / rate) coefficients of each
   chunk's orthonormal DCT-II sent; the receiver zero-fills the others and inverts. The DCT is
   torch-dct's (zh217/torch-dct, `dct(x, norm='ortho')` and `idct`, re-written here), the eager
-  PyTorch DCT people use: Makhoul's (1980) one-FFT algorithm, the same as our src/compress/dct.rs.
+  PyTorch DCT people use: Makhoul's (1980) one-FFT algorithm, the same as our crates/dpcomp/src/compress/dct.rs.
 
 Not compared: FL-CS, whose receiver runs 100 OWL-QN iterations of basis pursuit (with host reads
 in every line search) per message; a lean peer of that solver is more than this script's scope.
 
-Both sides run with the allocator settings dpcomp gives itself (src/allocator.rs: glibc serves
+Both sides run with the allocator settings dpcomp gives itself (crates/dpcomp/src/allocator.rs: glibc serves
 every allocation from the heap and never trims it, so freed tensors are reused instead of being
 page-faulted in again): the script re-executes itself with MALLOC_MMAP_MAX_=0 and
 MALLOC_TRIM_THRESHOLD_ set, glibc's environment form of the same two mallopt calls

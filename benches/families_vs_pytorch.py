@@ -46,7 +46,7 @@ The printed ratio is peer time / dpcomp time (median of rounds); >= 1 means ours
 fast. `--jsonl PATH` appends the rows (with every round's times) to PATH.
 
 `--variants` times instead, on the same shapes, eager replicas of our op sequences (the ATen ops
-src/compress/*.rs and message.rs's `to_dense` issue through tch, in order) beside rewrites of
+crates/dpcomp/src/compress/*.rs and message.rs's `to_dense` issue through tch, in order) beside rewrites of
 them and the peers, to find which ops cost where ours is slower (`check_variants` first tests the
 rewrites against ours: equal where deterministic, unbiased where stochastic).
 
@@ -66,7 +66,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compress_vs_pytorch import dpcomp, print_results  # noqa: E402
 
-# The paper's clipping radius per task (src/config.rs `paper_defaults`): the noise scale σ C / B.
+# The paper's clipping radius per task (crates/dpcomp-lab/src/tasks.rs `paper_defaults`): the noise scale σ C / B.
 CLIP = {"surnames": 3.0, "cifar10": 5.0, "cifar100": 1000.0, "snli": 21.0}
 
 
@@ -293,7 +293,7 @@ def time_peer(make, shapes, steps, scale):
     return total / steps, peer
 
 
-# --variants: eager replicas of ours (the op sequence of src/compress/*.rs, as tch issues it to
+# --variants: eager replicas of ours (the op sequence of crates/dpcomp/src/compress/*.rs, as tch issues it to
 # the same ATen kernels) beside rewrites of it and the GRACE peer, to see which ops cost.
 MIN_NORMAL = 2.0 ** -126
 

@@ -8,8 +8,8 @@ same model on the same data at the same settings in Opacus (ghost clipping, Pois
 and in dpcomp, and prints per epoch the test accuracy of each, the norm of each one's fc1 weight
 against the noise's random-walk prediction, and the ε each one's RDP accountant reports.
 
-Settings (dpcomp's `TrainConfig::paper_defaults(cifar10)`, src/config.rs):
-  - model: the paper's CNN, src/models/cifar_cnn.rs, 361,290 parameters (asserted): three blocks
+Settings (dpcomp's `dpcomp_lab::tasks::paper_defaults(Task::Cifar10)`, crates/dpcomp/src/config.rs):
+  - model: the paper's CNN, crates/dpcomp/src/models/cifar_cnn.rs, 361,290 parameters (asserted): three blocks
     [Conv 3x3 no padding -> InstanceNorm2d (no affine) -> ReLU -> AvgPool 2 -> Dropout2d 0.1]
     of 32, 64, 128 filters, then fc1 512->256, ReLU, Dropout 0.25, fc2 256->512, ReLU,
     Dropout 0.25, fc3 512->10. The PyTorch module uses dpcomp's parameter names
@@ -17,7 +17,7 @@ Settings (dpcomp's `TrainConfig::paper_defaults(cifar10)`, src/config.rs):
   - data: the first --train-size training images in file order (data_batch_1.bin, ...), which is
     dpcomp's --limit-train; the test set's first --test-size images (default all 10,000);
     pixels / 255 normalised by CIFAR-10's per-channel mean (0.4914, 0.4822, 0.4465) and std
-    (0.2470, 0.2435, 0.2616) (src/data/cifar.rs); no augmentation (dpcomp's default).
+    (0.2470, 0.2435, 0.2616) (crates/dpcomp/src/data/cifar.rs); no augmentation (dpcomp's default).
   - DP-SGD: σ 0.8, C 5 (flat clipping), Poisson sampling at q = B / N with expected batch
     B 128 (noised sum divided by B in both), plain SGD lr 0.1 (momentum 0), δ 1e-5, RDP
     accountant, one seed for both (initial weights, batches, noise; the generators differ, so
@@ -31,7 +31,7 @@ about √n times that. When a weight's norm equals it, the weight is the accumul
 
 dpcomp's weights per epoch: `dpcomp train` keeps only its last checkpoint, and a run resumed
 after epoch k draws exactly what the uninterrupted run draws in epoch k + 1
-(src/train/checkpoint.rs; checked: the weights after a resumed epoch 2 equal an uninterrupted
+(crates/dpcomp/src/train/checkpoint.rs; checked: the weights after a resumed epoch 2 equal an uninterrupted
 2-epoch run's bit for bit), so the script trains dpcomp one epoch per invocation (`--resume
 --epochs k`) and reads fc1 from checkpoint/model.safetensors after each; dpcomp's test accuracy
 and ε per epoch come from its metrics.jsonl. dpcomp runs in a subprocess (one thread) while
@@ -82,7 +82,7 @@ class Block(nn.Module):
 
 
 class CifarCnn(nn.Module):
-    """dpcomp's CifarCnn (src/models/cifar_cnn.rs), with its parameter names."""
+    """dpcomp's CifarCnn (crates/dpcomp/src/models/cifar_cnn.rs), with its parameter names."""
 
     def __init__(self, classes=10):
         super().__init__()

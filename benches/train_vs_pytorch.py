@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 LAST_PEAK = None
 DTYPES = {"F32": torch.float32, "I64": torch.int64, "U8": torch.uint8}
-# The paper's learning rates and clipping radii (src/config.rs).
+# The paper's learning rates and clipping radii (crates/dpcomp/src/config.rs).
 SETTINGS = {"surnames": (2.0, 3.0, 18), "cifar10": (0.1, 5.0, 10), "cifar100": (1.0, 1000.0, 100)}
 
 
