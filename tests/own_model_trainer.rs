@@ -86,43 +86,51 @@ fn a_model_of_ones_own_trains_privately_and_resumes_exactly() {
 }
 
 #[test]
-fn a_run_of_ones_own_is_not_mistaken_for_a_built_in_task() {
+fn a_run_of_ones_own_is_not_mistaken_for_a_papers_task() {
     let _serial = common::serial();
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("own");
     example::train(&run, 1, false).unwrap();
-    // Resuming without the model: the built-in path cannot build it and says how to.
+    // Resuming through the lab's tasks (what `dpcomp train --resume` does): "synthetic-gru" is
+    // not one of them, and the error says how such a run resumes.
     let err = dpcomp_lab::tasks::resume(&run, Some(2))
         .err()
         .unwrap()
         .to_string();
     assert!(
-        err.contains("model of one's own") && err.contains("TrainerBuilder::model"),
+        err.starts_with("task:")
+            && err.contains("model of one's own")
+            && err.contains("TrainerBuilder::model"),
         "{err}"
     );
-    // A model handed to a built-in task's configuration, and a name that is a built-in task's.
-    let model = Box::new(example::SequenceClassifier::new(0).unwrap());
-    let builtin = dpcomp_lab::tasks::paper_defaults(dpcomp_lab::Task::Surnames);
-    let err = Trainer::builder(dir.path().join("b"))
-        .config(builtin)
-        .model(model, example::data())
+    // Resuming through the framework with neither the model nor a task source: refused before
+    // anything is read or written, naming both ways.
+    let before = std::fs::read(run.join("config.toml")).unwrap();
+    let err = Trainer::builder(&run)
+        .resume(TrainOverrides::default())
         .build()
         .err()
         .unwrap()
         .to_string();
     assert!(
-        err.starts_with("task:") && err.contains("built-in"),
+        err.starts_with("task:")
+            && err.contains("TrainerBuilder::model")
+            && err.contains("TrainerBuilder::tasks"),
         "{err}"
     );
-    let model = Box::new(example::SequenceClassifier::new(0).unwrap());
+    assert_eq!(std::fs::read(run.join("config.toml")).unwrap(), before);
+    // A fresh run of a name with neither: refused the same way, and no folder is left behind.
     let err = Trainer::builder(dir.path().join("c"))
         .config(TrainConfig::new("cifar10"))
-        .model(model, example::data())
         .build()
         .err()
         .unwrap()
         .to_string();
-    assert!(err.starts_with("task:"), "{err}");
+    assert!(
+        err.starts_with("task:") && err.contains("TrainerBuilder::tasks"),
+        "{err}"
+    );
+    assert!(!dir.path().join("c").exists());
 }
 
 /// `data.limit_train` and `limit_test` apply to data of one's own as to a built-in task's (they

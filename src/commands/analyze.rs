@@ -120,7 +120,7 @@ pub struct GradientErrorArgs {
 }
 
 #[derive(Debug, clap::Args)]
-#[command(mut_arg("task", dpcomp_lab::tasks::task_arg))]
+#[command(mut_arg("task", super::task_arg))]
 pub struct ClippingArgs {
     /// TOML file with training settings (as `dpcomp train --config`); flags override it.
     #[arg(long)]

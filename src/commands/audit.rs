@@ -8,7 +8,7 @@ use dpcomp::train::audit::{audit_training, AuditSettings, CanaryKind};
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-#[command(mut_arg("task", dpcomp_lab::tasks::task_arg))]
+#[command(mut_arg("task", super::task_arg))]
 pub struct AuditArgs {
     /// TOML file with any of the training settings below (flags override it).
     #[arg(long)]

@@ -17,6 +17,17 @@ pub mod train;
 
 use dpcomp::comm::Communicator;
 
+/// `--task` of the commands over `TrainOverrides`: one of the lab's four tasks, each listed with
+/// its description in `--help` (`#[command(mut_arg("task", task_arg))]`).
+pub fn task_arg(arg: clap::Arg) -> clap::Arg {
+    use clap::ValueEnum;
+    let values: Vec<clap::builder::PossibleValue> = dpcomp_lab::Task::ALL
+        .iter()
+        .filter_map(|t| t.to_possible_value())
+        .collect();
+    arg.value_parser(clap::builder::PossibleValuesParser::new(values))
+}
+
 /// The MPI job this process belongs to, or one process (`dpcomp::comm::world`).
 pub fn world() -> anyhow::Result<(Box<dyn Communicator>, &'static str)> {
     Ok(dpcomp::comm::world()?)

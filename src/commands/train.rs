@@ -11,7 +11,7 @@ use dpcomp_lab::tasks::{self, PaperTasks, Task};
 use std::path::PathBuf;
 
 #[derive(Debug, clap::Args)]
-#[command(mut_arg("task", dpcomp_lab::tasks::task_arg))]
+#[command(mut_arg("task", super::task_arg))]
 pub struct TrainArgs {
     /// TOML file with any of the settings below (flags override it).
     #[arg(long)]

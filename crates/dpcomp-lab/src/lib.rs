@@ -1,7 +1,7 @@
 //! dpcomp-lab: the papers' lab on the dpcomp framework. The four tasks of Lin 2022 with their
 //! defaults ([`tasks`]), experiment files and grids ([`experiment`], [`grid`]), the federated
 //! and audit experiments, figures ([`plot`], feature `plot`), measurements ([`analysis`]),
-//! DP-SGD for convex losses ([`convex`], Wang et al. 2022) and the benchmarks ([`bench`]).
+//! DP-SGD for convex losses ([`convex`], Wang et al. 2022) and the benchmarks ([`mod@bench`]).
 //! The `dpcomp` command line runs all of it; a program of one's own needs only the framework.
 //!
 //! The papers, cited in these docs by author and year: Lin 2022, "On the Interaction Between

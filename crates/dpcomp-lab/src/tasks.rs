@@ -290,15 +290,3 @@ pub fn resume(run_dir: impl AsRef<Path>, epochs: Option<usize>) -> Result<Traine
     };
     trainer(run_dir).resume(changes).build()
 }
-
-/// `--task` of a command line over `TrainOverrides`: one of the four tasks, each listed with its
-/// description in `--help` (`#[command(mut_arg("task", dpcomp_lab::tasks::task_arg))]`).
-#[cfg(feature = "cli")]
-pub fn task_arg(arg: clap::Arg) -> clap::Arg {
-    use clap::ValueEnum;
-    let values: Vec<clap::builder::PossibleValue> = Task::ALL
-        .iter()
-        .filter_map(|t| t.to_possible_value())
-        .collect();
-    arg.value_parser(clap::builder::PossibleValuesParser::new(values))
-}

@@ -227,12 +227,13 @@ settings_section! {
         /// sgd or adam (DP-Adam under --noise-multiplier) [default: sgd].
         kind / optimizer: OptimizerKind = OptimizerKind::Sgd, arg(long, value_enum);
         /// Examples per step; under Poisson sampling the expected batch, q = batch / N [default:
-        /// the paper's: Surnames 32, CIFAR-10 128, CIFAR-100 64, SNLI 32].
+        /// the task's; 64 for `TrainConfig::new`, the papers' tasks Surnames 32, CIFAR-10 128,
+        /// CIFAR-100 64, SNLI 32].
         batch_size / batch_size: usize = 64, arg(long);
-        /// Learning rate [default: the paper's: Surnames 2.0, CIFAR-10 0.1, CIFAR-100 1.0, SNLI
-        /// 0.05].
+        /// Learning rate [default: the task's; 0.1 for `TrainConfig::new`, the papers' tasks
+        /// Surnames 2.0, CIFAR-10 0.1, CIFAR-100 1.0, SNLI 0.05].
         lr / lr: f64 = 0.1, arg(long);
-        /// SGD momentum, 0 <= m < 1 [default: 0, the paper's plain SGD].
+        /// SGD momentum, 0 <= m < 1 [default: 0, plain SGD as in the papers].
         momentum / momentum: f64 = 0.0, arg(long);
         /// Adam's β1 [default: 0.9].
         adam_beta1 / adam_beta1: f64 = 0.9, arg(long);
@@ -249,9 +250,11 @@ settings_section! {
     /// `noise_multiplier` the run is not private and only `max_grad_norm` applies.
     PrivacySettings, overrides PrivacyOverrides, section "privacy", heading "Privacy" {
         /// Clipping radius C (the global gradient norm is clipped even without privacy; inf
-        /// disables that) [default: the paper's: Surnames 3, CIFAR-10 5, CIFAR-100 1000, SNLI 21].
+        /// disables that) [default: the task's; 1 for `TrainConfig::new`, the papers' tasks
+        /// Surnames 3, CIFAR-10 5, CIFAR-100 1000, SNLI 21].
         max_grad_norm / max_grad_norm: f64 = 1.0, arg(long);
-        /// δ of the reported (ε, δ) [default: the paper's: Surnames 8e-5, CIFAR 1e-5, SNLI 1/N].
+        /// δ of the reported (ε, δ) [default: the task's; 1e-5 for `TrainConfig::new`, the papers'
+        /// tasks Surnames 8e-5, CIFAR 1e-5, SNLI 1/N].
         delta / delta: f64 = 1e-5, arg(long);
         /// How batches are drawn: Poisson (each example with probability q, what the accountants
         /// assume) or shuffled fixed-size batches [default: poisson].
@@ -1489,7 +1492,8 @@ pub struct TrainOverrides {
     /// [default: 0].
     #[cfg_attr(feature = "cli", arg(long))]
     pub seed: Option<u64>,
-    /// Passes over the training set [default: the paper's, 100; SNLI 1].
+    /// Passes over the training set [default: the task's; 10 for `TrainConfig::new`, the papers'
+    /// tasks 100, SNLI 1].
     #[cfg_attr(feature = "cli", arg(long))]
     pub epochs: Option<usize>,
     /// auto picks CUDA when LibTorch sees a GPU [default: auto].

@@ -1,4 +1,4 @@
-//! The paper's four models (Lin 2022, "tasks"), built
+//! A model zoo: the four models of Lin 2022's tasks (their settings are the lab's), built
 //! only from layers whose per-sample gradients can be taken (no fused LSTM, no BatchNorm).
 
 pub mod bert;
