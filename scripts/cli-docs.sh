@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes docs/guide/cli.md from the dpcomp binary's own help, so that the page cannot drift from
 # the flags clap parses: `bash scripts/cli-docs.sh [path/to/dpcomp] > docs/guide/cli.md`.
-# tests/cli_docs.rs fails when a command or flag in `dpcomp ... --help` is missing from the page
+# tests/project/cli_docs.rs fails when a command or flag in `dpcomp ... --help` is missing from the page
 # (or the page names one the binary does not have); rerun this script when it does.
 set -euo pipefail
 bin="${1:-target/release/dpcomp}"
@@ -48,7 +48,7 @@ cat <<'HEAD'
 
 Every command and subcommand, with the help text the binary prints for it (`dpcomp <command>
 --help`). This page is generated from that help by `scripts/cli-docs.sh`, and
-`tests/cli_docs.rs` fails when a flag is added to or removed from the binary without the page
+`tests/project/cli_docs.rs` fails when a flag is added to or removed from the binary without the page
 following, so the flags below are exactly the binary's.
 
 Flags of `train` can also be written in a TOML file given with `--config`: by their names

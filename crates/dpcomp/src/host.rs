@@ -6,7 +6,7 @@
 //! waits for the queue to drain, and so does an op whose result's *size* depends on the data
 //! (`nonzero`, `masked_select`), because the host has to learn the size before it can allocate.
 //! Without a GPU that is proven by counting: the library reads tensor values only through this
-//! module, each call adds one to a counter of the calling thread, and `tests/host_reads.rs`
+//! module, each call adds one to a counter of the calling thread, and `tests/training/host_reads.rs`
 //! trains with every compressor and mode and asserts that the steps add nothing.
 //! The same file's `every_read_in_the_library_goes_through_the_host_module` keeps it that way:
 //! it fails on a direct read anywhere else in `src/` (the application in `src/bin/` is exempt).

@@ -2,7 +2,7 @@
 //!
 //! - **Per-sample gradients** of the four models (Surnames LSTM, CIFAR-10 CNN, ResNet-18 and a
 //!   small BERT; the pretrained MiniLM too when its folder is given) against per-example autograd
-//!   on the same device, in f64, exactly as `tests/grad_sample.rs` does on the CPU: every
+//!   on the same device, in f64, exactly as `tests/layers/grad_sample.rs` does on the CPU: every
 //!   parameter's [B, ...] gradients, and the per-sample norms the clipping uses.
 //! - **Compressors** on the device against the same compressor on the CPU, fed the same three
 //!   updates: message bits equal, reconstructions and carried state (error feedback, momentum,
@@ -103,7 +103,7 @@ fn max_abs(t: &Tensor) -> f64 {
     }
 }
 
-/// The models and batches of `tests/grad_sample.rs`, built on the CPU from fixed seeds and
+/// The models and batches of `tests/layers/grad_sample.rs`, built on the CPU from fixed seeds and
 /// moved to `device`, so every device checks the same numbers.
 fn per_sample_checks(device: Device, bert_dir: Option<&std::path::Path>) -> Result<Vec<Check>> {
     let mut cases: Vec<(&str, Box<dyn Model>, Features, Tensor)> = Vec::new();
@@ -196,7 +196,7 @@ fn per_sample_checks(device: Device, bert_dir: Option<&std::path::Path>) -> Resu
 }
 
 /// Per-example autograd, the oracle of every per-sample-gradient check (here and in
-/// `tests/grad_sample.rs`): parameter name -> [B, ...] gradients, one example at a time, each
+/// `tests/layers/grad_sample.rs`): parameter name -> [B, ...] gradients, one example at a time, each
 /// example's forward in evaluation mode on the features' device.
 pub fn per_example_gradients(
     model: &dyn Model,
@@ -258,7 +258,7 @@ fn per_sample_gap(
         &losses.sum(Kind::Double),
     )?;
     // Gradients that are zero in exact arithmetic (a bias before a norm) are compared at the
-    // model's scale, as in tests/grad_sample.rs.
+    // model's scale, as in tests/layers/grad_sample.rs.
     let scale = oracle.values().map(max_abs).fold(0.0, f64::max);
     let mut worst = (0.0f64, String::new());
     let mut norms = Vec::new();

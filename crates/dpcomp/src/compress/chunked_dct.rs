@@ -115,7 +115,7 @@ impl ChunkedDct {
             }
         };
         // The first rows only: FL-CS's random rows stay on the FFT path, whose rounding its
-        // iterative reconstruction (and tests/fl.rs's bit-identical runs) is pinned to.
+        // iterative reconstruction (and tests/federated/fl.rs's bit-identical runs) is pinned to.
         let matrix = (row_index.is_none()
             && kept <= MATRIX_MAX_ROWS
             && kept * chunk_length <= MATRIX_MAX_ELEMENTS)

@@ -24,7 +24,7 @@
 //! and tch gives no access to that generator's state. So a resumed run seeds it and builds the
 //! model as the first start did, then draws and drops one round's noise per round done
 //! (`PrivacyEngine::replay_noise`): its generator then stands where the uninterrupted run's
-//! does, and the rounds after the resume draw the same noise (`tests/fl.rs` compares a resumed
+//! does, and the rounds after the resume draw the same noise (`tests/federated/fl.rs` compares a resumed
 //! private FL-CS run with an uninterrupted one, round by round).
 
 use crate::error::{Error, Result};

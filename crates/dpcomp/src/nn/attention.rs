@@ -2,7 +2,7 @@
 //! attention as a layer of its own. Its trainable parameters are four `Linear` layers (query,
 //! key, value, output), each of which records itself on the tape; softmax(Q Kᵀ / √d) V only mixes
 //! positions of one example, so the per-sample gradients of the four projections are the
-//! linear layers' g_i = Σ_t b_it x_itᵀ with no record of its own (`tests/layers.rs` checks them
+//! linear layers' g_i = Σ_t b_it x_itᵀ with no record of its own (`tests/layers/layers_tests.rs` checks them
 //! against per-example autograd).
 
 use super::input::{expect_dim, kernel_error};

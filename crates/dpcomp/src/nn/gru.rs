@@ -10,7 +10,7 @@
 //! In training and private training the recurrence runs without autograd and backpropagation
 //! through time is written by hand (`gate_gradients`): every gate gradient is dh_t times a factor
 //! known from the forward pass, so the backward loop is one multiply and one matrix product per
-//! step. `tests/layers.rs` checks it against autograd and the forward pass against PyTorch's GRU.
+//! step. `tests/layers/layers_tests.rs` checks it against autograd and the forward pass against PyTorch's GRU.
 
 use super::input::{at_least, expect_dim};
 use super::per_sample::{outer, Activations, PerSample};

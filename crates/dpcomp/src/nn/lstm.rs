@@ -10,7 +10,7 @@
 //! would create about ten nodes per time step, and their bookkeeping costs more than the
 //! arithmetic at these sizes. The hand-written backward walks the steps once with a handful of
 //! fused tensor operations each and then forms every weight gradient as one contraction over all
-//! time steps. `tests/lstm.rs` checks it against autograd through `forward_autograd`.
+//! time steps. `tests/layers/lstm.rs` checks it against autograd through `forward_autograd`.
 
 use super::input::{at_least, expect_dim};
 use super::per_sample::{outer, Activations, PerSample};

@@ -11,7 +11,7 @@
 //! Abadi et al. 2016, Algorithm 1) is one weighted contraction per parameter.
 //!
 //! What each layer kind contributes is its record's `nn::Recorded::per_sample`; the recipes
-//! and their norms and sums are `nn::per_sample`. `tests/grad_sample.rs` checks everything
+//! and their norms and sums are `nn::per_sample`. `tests/layers/grad_sample.rs` checks everything
 //! here against per-example autograd.
 //!
 //! Memory. Where every layer runs in autograd, the backward pass asks only for the

@@ -1,5 +1,5 @@
 //! Differential privacy: accountants and noise calibration. Everything here decides
-//! privacy and has an oracle or golden-value test in `tests/accountant.rs`.
+//! privacy and has an oracle or golden-value test in `tests/privacy/accountant.rs`.
 
 pub mod accountant;
 pub mod analytic_gaussian;

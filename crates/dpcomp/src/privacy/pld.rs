@@ -1,7 +1,7 @@
 //! A tight accountant: the privacy loss distribution (PLD) of the Poisson-subsampled Gaussian
 //! mechanism, discretised pessimistically and composed numerically by FFT (Koskela, Jälkö and
 //! Honkela 2020; Meiser and Mohammadi 2018; the method of Google's `dp_accounting` PLD
-//! accountant, against whose values `tests/accountant.rs` checks it).
+//! accountant, against whose values `tests/privacy/accountant.rs` checks it).
 //!
 //! For one step with sampling rate q and noise σ (sensitivity 1), under add-or-remove adjacency
 //! there are two pairs of distributions; ε is the larger of the two:
@@ -60,7 +60,7 @@ const TAIL_MASS: f64 = 1e-15;
 const TAIL_FRACTION: f64 = 1e-6;
 /// Smallest δ the PLD accountant answers. Each step keeps at most `Z_TAIL` = 12 standard
 /// deviations and sends the rest (Φ(−12) ≈ 2e-33 a step) to infinite loss, which 10^7 steps
-/// keep below `TAIL_FRACTION` δ down to δ = 1e-20; `tests/accountant.rs` checks the tilted composition
+/// keep below `TAIL_FRACTION` δ down to δ = 1e-20; `tests/privacy/accountant.rs` checks the tilted composition
 /// against the exact Gaussian and one-step values and against RDP to that δ. Below it the
 /// accountant refuses (use RDP, which has no such floor).
 pub const MIN_PLD_DELTA: f64 = 1e-20;
@@ -941,7 +941,7 @@ impl std::fmt::Display for RdpFallback {
 }
 
 /// Most steps one block may have for the PLD composition to run; longer histories get the RDP
-/// bound (`RdpFallback::TooManySteps`). `tests/accountant.rs` checks the composition against
+/// bound (`RdpFallback::TooManySteps`). `tests/privacy/accountant.rs` checks the composition against
 /// RDP and the lower bounds up to here.
 pub const MAX_PLD_STEPS: u64 = 10_000_000;
 

@@ -1,0 +1,10 @@
+//! W data-parallel workers over threads and MPI.
+//!
+//! One test binary (it links LibTorch once); each module is the tests of one concern.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod distributed;
+#[cfg(feature = "mpi")]
+mod mpi;

@@ -1,0 +1,9 @@
+//! Federated runs and their committed cells.
+//!
+//! One test binary (it links LibTorch once); each module is the tests of one concern.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod fl;
+mod fl_committed_cells;
