@@ -2,7 +2,7 @@
 with One (1) Training Run", NeurIPS 2023): the p-value of v right guesses out of r about m
 canaries under (eps, delta)-DP, and the largest eps refuted at confidence 1 - p, computed with
 scipy's binomial distribution as the paper's algorithm states it. Golden values for
-tests/audit.rs. scipy is not a dependency of the project; to regenerate:
+tests/privacy/audit.rs. scipy is not a dependency of the project; to regenerate:
 
     .venv/bin/pip install scipy   # if missing
     .venv/bin/python benches/audit_reference.py

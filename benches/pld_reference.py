@@ -1,5 +1,5 @@
 """Reference epsilons from Google's dp_accounting PLD accountant (add-or-remove adjacency,
-Poisson-sampled Gaussian), used as golden values in tests/accountant.rs. dp_accounting is not a
+Poisson-sampled Gaussian), used as golden values in tests/privacy/accountant.rs. dp_accounting is not a
 dependency of the project; to regenerate:
 
     .venv/bin/pip install --target /tmp/dpa dp-accounting
