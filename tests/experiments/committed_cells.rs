@@ -1,15 +1,15 @@
-//! Same seeds, same results: committed cells of the training and convex grids
+//! Same seeds, same results: committed cells of the training, audit and convex grids
 //! (experiments/runs, experiments/results), run again from their experiment files through
-//! `dpcomp grid` (training cells for their first epoch), give the numbers their committed logs
-//! and tables hold. (The federated grids' cells are `tests/federated/fl_committed_cells.rs`.) The cells read
-//! the Surnames names and the breast-cancer table the repository ships (data/), so these run on
-//! a fresh clone.
+//! `dpcomp grid` (training and audit cells for their first epoch), give the numbers their
+//! committed logs and tables hold. (The federated grids' cells are
+//! `tests/federated/fl_committed_cells.rs`.) The cells read the Surnames names and the
+//! breast-cancer table the repository ships (data/), so these run on a fresh clone.
 //!
 //! Exactly equal: every metric of the epoch (losses, accuracies, ε, clipped fraction, payload
 //! bits) and each convex table row. Not compared: timings, which no two runs share, and what the
-//! rows recorded differently then (`RECORDED_SINCE`). The gradient-error rows (sums of squares
-//! over 118k weights in f64) agree to 1e-12 relative: LibTorch's CPU reductions add in an order
-//! that depends on the vector width and the thread count.
+//! rows recorded differently then (`RECORDED_SINCE`, `AUDIT_RECORDED_SINCE`). The gradient-error
+//! rows (sums of squares over 118k weights in f64) agree to 1e-12 relative: LibTorch's CPU
+//! reductions add in an order that depends on the vector width and the thread count.
 
 use crate::common;
 use std::path::{Path, PathBuf};
@@ -112,11 +112,14 @@ const RECORDED_SINCE: [&str; 4] = [
     "host_reads_per_step",
 ];
 
-/// A metrics row without its timings and the fields `RECORDED_SINCE`.
-fn comparable(row: serde_json::Value) -> serde_json::Value {
+/// What the committed audit cells' rows did not record: `host_reads_per_step`.
+const AUDIT_RECORDED_SINCE: [&str; 1] = ["host_reads_per_step"];
+
+/// A metrics row without its timings and the fields `recorded_since`.
+fn comparable(row: serde_json::Value, recorded_since: &[&str]) -> serde_json::Value {
     let mut row = common::without_timings(row);
-    for field in RECORDED_SINCE {
-        row.as_object_mut().unwrap().remove(field);
+    for field in recorded_since {
+        row.as_object_mut().unwrap().remove(*field);
     }
     row
 }
@@ -145,7 +148,7 @@ fn training_cells_run_again_to_their_committed_first_epoch() {
         let metrics = |d: &Path| {
             rows(d, "metrics.jsonl", 1)
                 .into_iter()
-                .map(comparable)
+                .map(|row| comparable(row, &RECORDED_SINCE))
                 .collect::<Vec<_>>()
         };
         assert_eq!(metrics(&again), metrics(&committed), "{cell}");
@@ -158,6 +161,79 @@ fn training_cells_run_again_to_their_committed_first_epoch() {
             let at = format!("{cell} grad_error epoch {}", c["epoch"]);
             assert_close(a, c, 1e-12, &at);
         }
+    }
+}
+
+/// Surnames audit cells at σ 0.8 (1,000 canaries of seed 19, 100 guesses): the white-box grid's
+/// uncompressed and PowerSGD rank-1 cells and the black-box grid's uncompressed cell, each run
+/// again for its first epoch. Every metric of that epoch equals the committed log's (the
+/// canaries' draws come from the audit's own generator and no setting of an epoch depends on how
+/// many follow it), and `audit.json` holds what is fixed before the run (the canaries drawn in,
+/// the guesses, the confidence, δ, the bound's maximum, σ and q) as committed, with the steps
+/// and accounted ε of the committed first epoch. The audited lower bound itself needs the
+/// whole run (ten epochs) and is not compared. The grids' DGC and Denoise cells are not run
+/// again: their sampled top-k breaks ties on the CPU differently since they were committed, so
+/// they no longer reproduce bit for bit.
+#[test]
+fn audit_cells_run_again_to_their_committed_first_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    for (file, compressor) in [
+        ("audit_surnames.toml", "none"),
+        ("audit_surnames.toml", "powersgd-r1"),
+        ("audit_surnames_blackbox.toml", "none"),
+    ] {
+        let experiment = shortened(file, "cpu", 1, dir.path());
+        let only = format!("compressor={compressor}");
+        grid(&experiment, "cpu", &[&only, "noise_multiplier=0.8"], &runs);
+        let name = file.trim_end_matches(".toml");
+        let cell = format!("compressor-{compressor}_noise_multiplier-0.8");
+        let at = format!("{name}/{cell}");
+        let again = runs.join(name).join("cpu").join(&cell);
+        let committed = root()
+            .join("experiments/runs")
+            .join(name)
+            .join("cpu")
+            .join(&cell);
+        let first =
+            |d: &Path| comparable(rows(d, "metrics.jsonl", 1).remove(0), &AUDIT_RECORDED_SINCE);
+        let (row, committed_row) = (first(&again), first(&committed));
+        assert_eq!(row, committed_row, "{at}: the first epoch");
+        let report = |d: &Path| -> serde_json::Value {
+            let path = d.join("audit.json");
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        };
+        let (report, committed_report) = (report(&again), report(&committed));
+        for field in [
+            "task",
+            "compressor",
+            "kind",
+            "observe",
+            "dense",
+            "noise_multiplier",
+            "sample_rate",
+            "max_bound",
+        ] {
+            assert_eq!(
+                report[field], committed_report[field],
+                "{at}: audit.json {field}"
+            );
+        }
+        for field in ["canaries", "included", "guesses", "confidence", "delta"] {
+            assert_eq!(
+                report["outcome"][field], committed_report["outcome"][field],
+                "{at}: audit.json outcome.{field}"
+            );
+        }
+        assert_eq!(
+            report["steps"], committed_row["steps"],
+            "{at}: audit.json steps"
+        );
+        assert_eq!(
+            report["accounted_epsilon"], committed_row["epsilon"],
+            "{at}: audit.json accounted_epsilon"
+        );
     }
 }
 
