@@ -13,7 +13,6 @@
 
 pub mod analysis;
 pub(crate) mod audit_experiment;
-#[allow(missing_docs)]
 pub mod bench;
 pub mod cell_observer;
 pub mod convex;

@@ -29,9 +29,12 @@ use dpcomp::train::update::Updater;
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
+/// `dpcomp bench comm`: the common settings, the compressors, the measured and the modelled
+/// worker counts.
 #[derive(Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct CommBenchArgs {
+    /// Task, batch (per worker), device and step counts.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub setup: BenchSetup,
     /// Compressors, comma-separated: KIND[:N[:KEY=VALUE...]], N the rate (DGC, Denoise, the
@@ -105,13 +108,21 @@ pub fn parse_compressor(text: &str) -> Result<CompressionSettings> {
 /// bytes per step.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CommRow {
+    /// The compressor's label with its settings ("dgc x256", "powersgd r1").
     pub compressor: String,
+    /// The compressor's kind ("identity", "dgc", "powersgd", ...).
     pub kind: String,
+    /// W: the ranks of the job.
     pub workers: usize,
+    /// The whole step (compute, encode, communication and decode), in seconds.
     pub step_seconds: f64,
+    /// Everything outside the exchange (forward, backward, clip, update), in seconds.
     pub compute_seconds: f64,
+    /// Encoding the message, in seconds.
     pub encode_seconds: f64,
+    /// Inside the collectives, waiting for the slowest rank included, in seconds.
     pub comm_seconds: f64,
+    /// Decoding the received messages, in seconds.
     pub decode_seconds: f64,
     /// Bytes rank 0 handed to MPI per step (its message, or the vectors it all-reduced).
     pub sent_bytes: f64,
@@ -119,7 +130,9 @@ pub struct CommRow {
     pub received_bytes: f64,
     /// Bytes of rank 0's message per step whatever W (what one worker uploads).
     pub message_bytes: f64,
+    /// The model's trainable parameters.
     pub parameters: i64,
+    /// Examples per rank and step.
     pub batch_size: i64,
 }
 
@@ -214,7 +227,9 @@ pub fn worker(args: &CommBenchArgs, comm: Shared) -> Result<Vec<CommRow>> {
 /// A link of `gigabits` per second and `latency_us` microseconds per message.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Link {
+    /// Bandwidth B, in gigabits per second.
     pub gigabits: f64,
+    /// Latency α of one message, in microseconds.
     pub latency_us: f64,
 }
 
@@ -367,9 +382,13 @@ pub fn comm_bench(args: CommBenchArgs) -> Result<()> {
 /// One cell of the link model.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelRow {
+    /// The modelled link.
     pub link: Link,
+    /// W: the modelled workers.
     pub workers: usize,
+    /// The compressor's label, as in [`CommRow::compressor`].
     pub compressor: String,
+    /// The modelled step (`model_step`), in seconds.
     pub step_seconds: f64,
     /// The identity's modelled step / this one's (> 1: the compressor pays for itself).
     pub speedup: f64,

@@ -19,11 +19,14 @@ use dpcomp::nn::Ctx;
 use std::time::Instant;
 use tch::{Reduction, Tensor};
 
+/// `dpcomp bench compress`: the common settings, the compressor and the noise on its input.
 #[derive(Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct CompressBenchArgs {
+    /// Task, batch, device and step counts.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub setup: BenchSetup,
+    /// The compressor timed.
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub compressor: CompressorKind,
     /// DGC/Denoise rate (dense fp32 bits / message bits).
@@ -47,6 +50,10 @@ pub struct CompressBenchArgs {
     pub noise_multiplier: f64,
 }
 
+/// Times the compressor's compress + decompress of noisy real gradients against the model's
+/// backward pass in alternating rounds, and the message's trip to bytes and back, then prints
+/// the mean times, their ratios and the wire bits a step against dense fp32 (a line, or JSON
+/// with `--json`).
 pub fn compress_bench(args: CompressBenchArgs) -> Result<()> {
     let setup = &args.setup;
     let Prepared {

@@ -25,9 +25,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use tch::{Device, Kind, Reduction, Tensor};
 
+/// `dpcomp check-device`: the device checked, an optional pretrained BERT, where to write the
+/// report.
 #[derive(Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct CheckDeviceArgs {
+    /// The device checked (against per-example autograd on it, and against the CPU).
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value = "auto"))]
     pub device: dpcomp::config::DeviceChoice,
     /// Also check the pretrained BERT in this folder (skipped when the folder has no weights).
@@ -41,10 +44,17 @@ pub struct CheckDeviceArgs {
 /// One comparison: `error` must be at most `tolerance`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
+    /// What was compared: `per_sample_gradients/MODEL`, `per_sample_norms/MODEL` or
+    /// `compressor/NAME`.
     pub name: String,
+    /// The largest relative gap (per-sample checks), or the share of positions that differ
+    /// (compressors; infinite when the message bits differ).
     pub error: f64,
+    /// The largest `error` that passes.
     pub tolerance: f64,
+    /// Whether `error` is at most `tolerance`.
     pub passed: bool,
+    /// The comparison in words: sizes, and where the largest gap is or how many positions moved.
     pub detail: String,
 }
 
@@ -60,10 +70,14 @@ impl Check {
     }
 }
 
+/// The outcome of `dpcomp check-device`, printed and optionally written as JSON.
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// The device checked, as LibTorch names it (`Cpu`, `Cuda(0)`).
     pub device: String,
+    /// Whether every check passed.
     pub passed: bool,
+    /// Every comparison, per-sample checks first, then the compressors.
     pub checks: Vec<Check>,
 }
 
@@ -75,6 +89,8 @@ pub const COMPRESSOR_TOLERANCE: f64 = 1e-4;
 /// Share of positions allowed to differ beyond that (a rounding tie at the k-th element).
 pub const MOVED_POSITIONS_TOLERANCE: f64 = 1e-3;
 
+/// Runs the per-sample gradient checks and the compressor checks on the chosen device and
+/// returns their report (printing and writing it is the caller's).
 pub fn run(args: &CheckDeviceArgs) -> Result<Report> {
     let device = args.device.device()?;
     let mut checks = per_sample_checks(device, args.bert_dir.as_deref())?;

@@ -24,58 +24,79 @@ use serde::Serialize;
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
+/// `dpcomp bench fl-reconstruction`: the model sizes, FL-CS's ratio and solver, and the client
+/// round the reconstruction is compared with.
 #[derive(Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct FlBenchArgs {
-    /// Model sizes n.
+    /// Model sizes n (parameters of the MLP 784-h-10, h chosen to come close), comma-separated.
     #[cfg_attr(
         feature = "cli",
         arg(long, value_delimiter = ',', default_value = "100000,1000000")
     )]
     pub sizes: Vec<i64>,
-    /// r = m / n.
+    /// FL-CS's ratio r = m / n: measurements sent per model parameter.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.1))]
     pub ratio: f64,
     /// OWL-QN iterations per reconstruction (the experiment's 50).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 50))]
     pub iterations: usize,
-    /// Clients per round, local steps and batch of the client round it is compared with.
+    /// Clients in the round of client training the reconstruction is compared with.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub clients: usize,
+    /// Local SGD steps of each client in that round.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 10))]
     pub local_steps: usize,
+    /// Examples per local SGD step.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 20))]
     pub batch: usize,
     /// Alternating timed rounds (client round, reconstruction).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 3))]
     pub rounds: usize,
+    /// Print the speed and recovery tables as one JSON object instead of text.
     #[cfg_attr(feature = "cli", arg(long))]
     pub json: bool,
 }
 
+/// One model size's timings (medians over the timed rounds) and reconstruction errors.
 #[derive(Debug, Serialize)]
 pub struct SpeedRow {
+    /// n: the model's parameters.
     pub parameters: i64,
+    /// P: the chunks the sketch splits the update into.
     pub chunks: i64,
+    /// m: the measurements in one message.
     pub message_length: i64,
+    /// One round of client training, in seconds.
     pub client_round_seconds: f64,
+    /// One OWL-QN reconstruction (λ, solve and unshuffle), in seconds.
     pub owlqn_seconds: f64,
     /// Applications of A in one reconstruction (line searches included).
     pub owlqn_evaluations: usize,
+    /// FISTA on the same problem for as many iterations as OWL-QN, in seconds.
     pub fista_seconds: f64,
+    /// Zero filling (Aᵀy: the dropped DCT coefficients taken as zero), in seconds.
     pub zero_fill_seconds: f64,
     /// OWL-QN reconstruction / one round of client training.
     pub ratio_to_client_round: f64,
-    /// ‖D(C(Δ)) − Δ‖ / ‖Δ‖ for the real update, OWL-QN and zero filling.
+    /// ‖D(C(Δ)) − Δ‖ / ‖Δ‖ with D the OWL-QN reconstruction, Δ the last client update of the
+    /// last round.
     pub update_error_owlqn: f64,
+    /// The same relative error with zero filling as D.
     pub update_error_zero_fill: f64,
 }
 
+/// Recovery of k-sparse chunks of length 1024 at one ratio and sparsity: the relative error
+/// ‖ŝ − s‖ / ‖s‖, mean of 8 chunks, from the first or from random DCT rows.
 #[derive(Debug, Serialize)]
 pub struct RecoveryRow {
+    /// r = m / n of the sketch.
     pub ratio: f64,
+    /// k: the nonzero coordinates of each chunk.
     pub sparsity: i64,
+    /// The relative error with the first m/P DCT rows (FL-CS's choice).
     pub error_first_rows: f64,
+    /// The relative error with m/P random DCT rows.
     pub error_random_rows: f64,
 }
 
@@ -83,6 +104,9 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
     dpcomp::host::f64_scalar(&(a - b).norm()) / dpcomp::host::f64_scalar(&b.norm()).max(1e-30)
 }
 
+/// Times FL-CS's reconstruction against a round of client training for each model size (on
+/// the CPU), measures the recovery of k-sparse chunks from first versus random DCT rows, and
+/// prints both tables (text, or JSON with `--json`).
 pub fn fl_bench(args: FlBenchArgs) -> Result<()> {
     tch::manual_seed(0);
     let device = Device::Cpu;

@@ -35,9 +35,10 @@ use tch::{Device, Kind, Tensor};
 #[derive(Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct BenchSetup {
+    /// The task whose model and batch shapes are benchmarked.
     #[cfg_attr(feature = "cli", arg(long, value_enum))]
     pub task: Task,
-    /// Default: the paper's batch size for the task.
+    /// Examples in the benchmarked batch (default: the paper's batch size for the task).
     #[cfg_attr(feature = "cli", arg(long))]
     pub batch_size: Option<i64>,
     /// Timed steps (of each kind), at least 1.
@@ -49,18 +50,22 @@ pub struct BenchSetup {
     /// Sequence length of the synthetic batch (Surnames 12, SNLI 64 by default).
     #[cfg_attr(feature = "cli", arg(long))]
     pub seq_len: Option<i64>,
+    /// Where the model and the steps run.
     #[cfg_attr(feature = "cli", arg(long, value_enum, default_value = "auto"))]
     pub device: DeviceChoice,
     /// BERT folder for --task snli (architecture from its config.json; weights do not matter).
     #[cfg_attr(feature = "cli", arg(long, default_value = "models/all-MiniLM-L6-v2"))]
     pub bert_dir: PathBuf,
+    /// Print the results as one JSON object instead of text.
     #[cfg_attr(feature = "cli", arg(long))]
     pub json: bool,
 }
 
+/// `dpcomp bench train`: the common settings and where to write the batch.
 #[derive(Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct TrainBenchArgs {
+    /// Task, batch, device and step counts.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub setup: BenchSetup,
     /// Write the batch as safetensors (features and `labels`).
@@ -107,14 +112,18 @@ pub fn synthetic_batch(
     }
 }
 
+/// `dpcomp bench dp`: the common settings and the DP step's noise and per-sample gradients.
 #[derive(Debug)]
 #[cfg_attr(feature = "cli", derive(clap::Args))]
 pub struct DpBenchArgs {
+    /// Task, batch, device and step counts.
     #[cfg_attr(feature = "cli", command(flatten))]
     pub setup: BenchSetup,
     /// Alternating rounds the timed steps are split into.
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 4))]
     pub rounds: usize,
+    /// Noise multiplier σ of the DP step (Gaussian noise of standard deviation σ C on the
+    /// clipped sum, C the paper's clipping radius for the task).
     #[cfg_attr(feature = "cli", arg(long, default_value_t = 0.8))]
     pub noise_multiplier: f64,
     /// Draw the DP step's noise from the secure source (an OS-seeded ChaCha12 stream on the CPU,
@@ -273,6 +282,9 @@ impl BenchSetup {
     }
 }
 
+/// Times the non-private step and the DP-SGD step in alternating rounds on the same batch,
+/// after measuring each one's peak memory on a step of its own, and prints their mean step
+/// times, ratio, host reads a step and peaks (a line, or JSON with `--json`).
 pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     let setup = &args.setup;
     let Prepared {
@@ -425,6 +437,10 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Times the non-private training step on the task's synthetic batch (after `warmup` untimed
+/// steps) and prints its mean and median step time and host reads a step (a line, or with
+/// `--json` a JSON object that adds the parameter count and peak device memory); writes the
+/// batch first with `--batch-out`.
 pub fn train_bench(args: TrainBenchArgs) -> Result<()> {
     let setup = &args.setup;
     let Prepared {
