@@ -44,6 +44,15 @@ fn every_committed_run_config_reads_keeps_its_values_and_round_trips() {
     for path in &files {
         let config =
             TrainConfig::from_toml_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        // The framework reads a run's file over `TrainConfig::new`'s defaults, the lab over its
+        // task's (the paper's): every committed file holds the settings where those differ, so
+        // both read the same run.
+        assert_eq!(
+            dpcomp_lab::tasks::config_from_file(path).unwrap(),
+            config,
+            "{}: read differently over the paper's defaults",
+            path.display()
+        );
         let written = config.to_toml();
         let again: TrainConfig =
             TrainConfig::from_table(toml::from_str(&written).unwrap(), "again").unwrap();
@@ -140,7 +149,12 @@ fn a_config_missing_later_settings_takes_its_tasks_defaults() {
         max_grad_norm = 2.0\nseed = 4\ndevice = \"cpu\"\naugment = false\nmax_seq_len = 128\n\
         bert_dir = \"models/x\"\neval_batch_size = 256\nnoise_multiplier = 0.7\ndelta = 8e-5\n\
         sampling = \"poisson\"\naccountant = \"rdp\"\ngrad_sample = \"tape\"\n";
-    let config = TrainConfig::from_table(toml::from_str(old).unwrap(), "old").unwrap();
+    let config = TrainConfig::from_table_over(
+        toml::from_str(old).unwrap(),
+        "old",
+        dpcomp_lab::tasks::defaults,
+    )
+    .unwrap();
     let mut want = dpcomp_lab::tasks::paper_defaults(dpcomp_lab::Task::Surnames);
     want.epochs = 3;
     want.optimizer.batch_size = 16;

@@ -175,10 +175,11 @@ pub fn prepare(config: &TrainConfig) -> Result<(Device, TaskData, Box<dyn Model>
     Ok((device, dpcomp::train::hold_on_device(data, device), model))
 }
 
-/// Loads the task's train and test splits from the data folder, applying `limit_train`.
+/// Loads the task's train and test splits from the data folder, applying `limit_train` and
+/// `limit_test`.
 pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
     let root = data::data_dir(config.data.data_dir.as_deref());
-    let mut data = match Task::of(config)? {
+    let data = match Task::of(config)? {
         Task::Surnames => names::load(&root.join("names"), config.seed)?,
         Task::Cifar10 => {
             cifar::load_cifar10(&root.join("cifar-10-batches-bin"), config.data.augment)?
@@ -208,13 +209,7 @@ pub fn load_data(config: &TrainConfig) -> Result<TaskData> {
             ))
         }
     };
-    if let Some(n) = config.data.limit_train {
-        data.train = data.train.truncate(n as i64);
-    }
-    if let Some(n) = config.data.limit_test {
-        data.test = data.test.truncate(n as i64);
-    }
-    Ok(data)
+    Ok(data.limited(config.data.limit_train, config.data.limit_test))
 }
 
 /// The BERT folder: `dir` itself when absolute or present from the working directory; a relative

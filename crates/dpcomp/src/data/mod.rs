@@ -374,6 +374,20 @@ pub struct TaskData {
     pub classes: Vec<String>,
 }
 
+impl TaskData {
+    /// The first `limit_train` training and `limit_test` test examples (`None`: all), as
+    /// `[data] limit_train` / `limit_test` ask of every run.
+    pub fn limited(mut self, limit_train: Option<usize>, limit_test: Option<usize>) -> TaskData {
+        if let Some(n) = limit_train {
+            self.train = self.train.truncate(n as i64);
+        }
+        if let Some(n) = limit_test {
+            self.test = self.test.truncate(n as i64);
+        }
+        self
+    }
+}
+
 /// Resolves the data directory: the flag, else `DPCOMP_DATA`, else `data/`.
 pub fn data_dir(flag: Option<&Path>) -> PathBuf {
     match flag {

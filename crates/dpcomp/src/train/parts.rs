@@ -66,8 +66,8 @@ pub trait CompressorFactory {
 pub trait TaskSource: Send + Sync {
     /// The model (fresh weights, built on `config.device`, seeded from `config.seed` if the
     /// source wants a reproducible start) and the data, on the host, with `config.data`'s
-    /// limits and then `edit` applied. An error names the task when the source does not make
-    /// it.
+    /// limits (`TaskData::limited`) and then `edit` applied. An error names the task when the
+    /// source does not make it.
     fn prepare(
         &self,
         config: &TrainConfig,

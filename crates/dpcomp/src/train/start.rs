@@ -439,17 +439,13 @@ impl Trainer {
         let own_model = parts.task.is_some();
         let (model, data) = match (parts.task.take(), &parts.tasks) {
             (Some(OwnTask { model, data }), _) => {
-                // `data.limit_train` / `limit_test` apply to data of one's own as to a source's.
-                let mut data = match edit {
+                // `data.limit_train` / `limit_test` apply to data of one's own as to a source's,
+                // and before an edit, as a source applies them.
+                let data = data.limited(config.data.limit_train, config.data.limit_test);
+                let data = match edit {
                     Some(edit) => edit(data)?,
                     None => data,
                 };
-                if let Some(n) = config.data.limit_train {
-                    data.train = data.train.truncate(n as i64);
-                }
-                if let Some(n) = config.data.limit_test {
-                    data.test = data.test.truncate(n as i64);
-                }
                 (model, data)
             }
             (None, Some(source)) => source.prepare(&config, edit)?,
