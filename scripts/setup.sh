@@ -157,6 +157,20 @@ if ! command -v mpicc >/dev/null 2>&1 || ! command -v mpiexec >/dev/null 2>&1 \
     fi
 fi
 
+# Gloo's headers for the `gloo` feature (crates/dpcomp/src/comm/gloo.rs: W workers over PyTorch's
+# c10d, launched by torchrun): Debian's libgloo-dev. Where it cannot be installed,
+# DPCOMP_CARGO_FEATURES (below) builds without the feature and says so.
+if [ ! -f /usr/include/gloo/config.h ]; then
+    if [ -n "$apt" ]; then
+        log "installing Gloo's headers (libgloo-dev) from Debian"
+        $apt install -y -qq libgloo-dev >/dev/null 2>&1 \
+            || { $apt update -qq >/dev/null 2>&1 && $apt install -y -qq libgloo-dev >/dev/null 2>&1; } \
+            || log "could not install libgloo-dev: building without c10d on Gloo (torchrun)"
+    else
+        log "Gloo's headers missing and apt-get needs root: building without c10d on Gloo (install libgloo-dev for it)"
+    fi
+fi
+
 # Fashion-MNIST for `dpcomp fl` comes from Debian's dataset-fashion-mnist (four IDX .gz files in
 # /usr/share/datasets/fashion-mnist). Installed where apt can run (as root or with password-less
 # sudo); elsewhere the FL tests that need it say they skip.
@@ -176,14 +190,22 @@ fi
 export VIRTUAL_ENV="$root/.venv"
 export PATH="$root/.venv/bin:$PATH"
 export LIBTORCH_USE_PYTORCH=1
-# The cargo features of scripts/run.sh's and scripts/test.sh's builds: the defaults (with MPI)
-# where MPICH and libclang are installed, else without MPI.
+# The cargo features of scripts/run.sh's and scripts/test.sh's builds: the defaults (MPI and
+# c10d on Gloo) where MPICH, libclang and Gloo's headers are installed, else those that are.
+dpcomp_features=""
 if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1 \
     && ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
-    export DPCOMP_CARGO_FEATURES=""
-else
-    export DPCOMP_CARGO_FEATURES="--no-default-features"
+    dpcomp_features="mpi"
 fi
+if [ -f /usr/include/gloo/config.h ]; then
+    dpcomp_features="${dpcomp_features:+$dpcomp_features,}gloo"
+fi
+case "$dpcomp_features" in
+    "mpi,gloo") export DPCOMP_CARGO_FEATURES="" ;;
+    "") export DPCOMP_CARGO_FEATURES="--no-default-features" ;;
+    *) export DPCOMP_CARGO_FEATURES="--no-default-features --features $dpcomp_features" ;;
+esac
+unset dpcomp_features
 # DPCOMP_DATA is the data folder (data/README.md); unset, dpcomp reads data/ in the checkout.
 # The project's own machines keep the data sets in one folder that their checkouts share,
 # shared/data beside the checkout: where DPCOMP_DATA is unset and that folder exists, it is

@@ -54,6 +54,27 @@ fn main() {
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .flag_if_supported("-w")
         .compile("dpcomp_grad_hook");
+    // The `gloo` feature: a c10d process group on Gloo (`comm::gloo`), against the wheel's
+    // c10d headers and Gloo's own from the system (Debian's libgloo-dev).
+    println!("cargo:rerun-if-changed=src/gloo.cpp");
+    if std::env::var_os("CARGO_FEATURE_GLOO").is_some() {
+        if !Path::new("/usr/include/gloo/config.h").exists() {
+            panic!(
+                "the `gloo` feature needs Gloo's headers in /usr/include/gloo (Debian's libgloo-dev, \
+                 which scripts/setup.sh installs); build without the feature otherwise"
+            );
+        }
+        cc::Build::new()
+            .cpp(true)
+            .std("c++17")
+            .file("src/gloo.cpp")
+            .include(&include)
+            .include(include.join("torch/csrc/api/include"))
+            .define("USE_C10D_GLOO", None)
+            .define("_GLIBCXX_USE_CXX11_ABI", "1")
+            .flag_if_supported("-w")
+            .compile("dpcomp_gloo");
+    }
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
     if !lib_dir.join("libtorch_cuda.so").exists() {

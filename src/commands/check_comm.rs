@@ -1,6 +1,7 @@
 //! `dpcomp check-comm`: every collective of the workers' transport, checked and timed (what to
-//! run on a new hostfile before a long job): `mpiexec -n W dpcomp check-comm`, or W threads of
-//! one process with `--threads W`.
+//! run on a new hostfile before a long job): `mpiexec -n W dpcomp check-comm`, `torchrun
+//! --nproc-per-node W --no-python dpcomp check-comm`, or W threads of one process with
+//! `--threads W`.
 
 use anyhow::{bail, Result};
 use dpcomp::comm::check::{check_collectives, CheckRow};
@@ -9,7 +10,8 @@ use dpcomp::comm::{Communicator, ThreadGroup};
 #[derive(Debug, clap::Args)]
 pub struct CheckCommArgs {
     /// W workers as W threads of this process (no MPI; W 1 to 256); without it, the MPI job
-    /// this process belongs to (under mpiexec), or one process. Refused under a launcher of
+    /// this process belongs to (under mpiexec), its c10d process group on Gloo (under torchrun),
+    /// or one process. Refused under a launcher of
     /// several processes, which would each run a check of their own.
     #[arg(long)]
     pub threads: Option<usize>,

@@ -6,5 +6,7 @@
 mod common;
 
 mod distributed;
+#[cfg(feature = "gloo")]
+mod gloo;
 #[cfg(feature = "mpi")]
 mod mpi;

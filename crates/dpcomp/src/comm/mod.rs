@@ -14,6 +14,8 @@
 //! naming the collective on every rank, never a hang.
 
 pub mod check;
+#[cfg(feature = "gloo")]
+pub mod gloo;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 pub mod staging;
@@ -191,12 +193,18 @@ pub fn end_job_on_panic(comm: &Shared) {
     }));
 }
 
-/// The MPI job this process belongs to, when an MPI launcher started it (and the `mpi` feature
-/// is built), or one process; with the transport's name ("MPI", "one process").
+/// The job this process belongs to: a c10d process group on Gloo when torchrun's variables are
+/// set (and the `gloo` feature is built), the MPI job when an MPI launcher started it (and the
+/// `mpi` feature is built), or one process; with the transport's name ("c10d on Gloo", "MPI",
+/// "one process").
 ///
 /// A build without the `mpi` feature started by a launcher with several processes is an error
 /// naming the feature: each rank would otherwise train alone, W copies of a one-worker run.
 pub fn world() -> Result<(Box<dyn Communicator>, &'static str)> {
+    #[cfg(feature = "gloo")]
+    if gloo::Rendezvous::launched(|name| std::env::var(name).ok()) {
+        return Ok((Box::new(gloo::GlooComm::from_env()?), "c10d on Gloo"));
+    }
     #[cfg(feature = "mpi")]
     if mpi::launched_by_mpi() {
         let comm = mpi::MpiComm::init().ok_or_else(|| Error::Comm {
