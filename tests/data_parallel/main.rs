@@ -1,4 +1,4 @@
-//! W data-parallel workers over threads and MPI.
+//! W data-parallel workers over threads, MPI and c10d on Gloo.
 //!
 //! One test binary (it links LibTorch once); each module is the tests of one concern.
 
