@@ -70,8 +70,8 @@ pub(crate) struct OwnTask {
 
 pub use crate::data::DataEdit;
 
-/// A model, its data and optimiser, and where the run writes. Built by `Trainer::new`,
-/// `Trainer::resume` or `Trainer::builder`; its parts are read through accessors, so the
+/// A model, its data and optimiser, and where the run writes. Built by `Trainer::builder`
+/// (a fresh run or a resumed one); its parts are read through accessors, so the
 /// engine's invariants (no noise without an accountant step, the run folder's one writer)
 /// cannot be bypassed.
 ///
