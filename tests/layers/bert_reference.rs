@@ -49,6 +49,9 @@ fn max_abs_diff(ours: &Tensor, expected: &Value) -> f64 {
 
 #[test]
 fn minilm_hidden_states_match_transformers() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     let reference = reference();
     let model = BertClassifier::from_pretrained(&common::bert_dir(), Device::Cpu, 3).unwrap();
     let ids = int_matrix(&reference["input_ids"]);
@@ -112,6 +115,9 @@ fn minilm_hidden_states_match_transformers() {
 
 #[test]
 fn bert_prefixed_checkpoints_load_too() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     // bert-base-cased names its tensors `bert.*` and may carry an MLM head: write such a copy of
     // the MiniLM weights and check it loads to the same encoder.
     let dir = tempfile::tempdir().unwrap();

@@ -37,6 +37,9 @@ fn untouched(vs: &nn::VarStore) {
 
 #[test]
 fn linear_refuses_a_width_below_one() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let p = vs.root();
     let config = LinearConfig::default();
@@ -88,6 +91,9 @@ fn linear_refuses_a_width_below_one() {
 
 #[test]
 fn embedding_refuses_an_empty_table() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let p = vs.root();
     for (num, dim, field, message) in [
@@ -125,6 +131,9 @@ fn embedding_refuses_an_empty_table() {
 
 #[test]
 fn lstm_and_gru_refuse_a_width_below_one() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let p = vs.root();
     for (input, hidden, argument, value) in [
@@ -161,6 +170,9 @@ fn lstm_and_gru_refuse_a_width_below_one() {
 
 #[test]
 fn group_norm_refuses_groups_that_do_not_divide_the_channels() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let p = vs.root();
     for (groups, channels, field, message) in [
@@ -213,6 +225,9 @@ fn group_norm_refuses_groups_that_do_not_divide_the_channels() {
 
 #[test]
 fn layer_norm_refuses_an_empty_width_and_an_eps_that_is_not_positive_and_finite() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let p = vs.root();
     refused(
@@ -248,6 +263,9 @@ fn layer_norm_refuses_an_empty_width_and_an_eps_that_is_not_positive_and_finite(
 
 #[test]
 fn instance_norm_refuses_no_channels() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let p = vs.root();
     for channels in [0, -4] {
@@ -266,6 +284,9 @@ fn instance_norm_refuses_no_channels() {
 /// The constructors that already returned a `Result` keep their messages (the same helper).
 #[test]
 fn conv2d_messages_are_unchanged() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     let vs = nn::VarStore::new(Device::Cpu);
     let p = vs.root();
     let stride0 = Conv2dConfig {
@@ -297,6 +318,9 @@ fn conv2d_messages_are_unchanged() {
 /// The models pass their layers' errors on instead of panicking.
 #[test]
 fn models_pass_a_layers_error_on() {
+    // Building layers draws from LibTorch's global generator, which the seeded tests of
+    // this binary hold: draw only under the same lock.
+    let _serial = crate::common::serial();
     refused(
         SurnamesLstm::new(Device::Cpu, 0),
         "Linear out_dim",
