@@ -288,3 +288,23 @@ pub fn metrics_without_timings(run_dir: &std::path::Path) -> Vec<serde_json::Val
         .map(without_timings)
         .collect()
 }
+
+/// Every `.rs` file of the framework and the lab (`crates/dpcomp/src`, `crates/dpcomp-lab/src`):
+/// the library code the source guards read.
+pub fn library_rust_files() -> Vec<PathBuf> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let crates = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let mut files = Vec::new();
+    walk(&crates.join("dpcomp/src"), &mut files);
+    walk(&crates.join("dpcomp-lab/src"), &mut files);
+    files
+}

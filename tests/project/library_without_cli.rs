@@ -4,28 +4,11 @@
 //! failure names the file; the test command also builds the lean core for real
 //! (`tests/dependent-crate`, `default-features = false`).
 
-use std::path::{Path, PathBuf};
-
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            if path.file_name().is_some_and(|n| n == "bin") {
-                continue;
-            }
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
+use std::path::Path;
 
 #[test]
 fn clap_only_behind_the_cli_feature_and_anyhow_only_in_the_binary() {
-    let mut files = Vec::new();
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
-    rust_files(&crates.join("dpcomp/src"), &mut files);
-    rust_files(&crates.join("dpcomp-lab/src"), &mut files);
+    let files = crate::common::library_rust_files();
     assert!(files.len() > 50, "found only {} library files", files.len());
     let mut offending = Vec::new();
     for file in &files {

@@ -16,7 +16,7 @@ use dpcomp::host;
 use dpcomp::train::observer::Observer;
 use dpcomp_lab::Task;
 use std::cell::RefCell;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 
 /// The host reads of each step: the counter at `step_finished` minus the counter at the
@@ -331,20 +331,6 @@ fn direct_read(code: &str) -> Option<(&'static str, &'static str)> {
     None
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            if path.file_name().is_some_and(|n| n == "bin") {
-                continue;
-            }
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn the_guard_knows_a_read_from_other_conversions() {
     for read in [
@@ -382,12 +368,9 @@ fn the_guard_knows_a_read_from_other_conversions() {
 /// Comment lines (and the documentation's examples in them) are not code of the library.
 #[test]
 fn every_read_in_the_library_goes_through_the_host_module() {
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
-    let mut files = Vec::new();
-    rust_files(&crates.join("dpcomp/src"), &mut files);
-    rust_files(&crates.join("dpcomp-lab/src"), &mut files);
+    let files = crate::common::library_rust_files();
     assert!(files.len() > 50, "found only {} library files", files.len());
-    let host = crates.join("dpcomp/src/host.rs");
+    let host = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/dpcomp/src/host.rs");
     let mut offending = Vec::new();
     for file in files.iter().filter(|f| **f != host) {
         let text = std::fs::read_to_string(file).unwrap();
