@@ -127,7 +127,6 @@ pub struct GlooComm {
     group: *mut c_void,
     rank: usize,
     size: usize,
-    timeout: Duration,
     traffic: Traffic,
 }
 
@@ -191,7 +190,6 @@ impl GlooComm {
             group,
             rank: rendezvous.rank,
             size: rendezvous.world_size,
-            timeout,
             traffic: Traffic::default(),
         })
     }
@@ -200,11 +198,6 @@ impl GlooComm {
     pub fn from_env() -> Result<GlooComm> {
         let rendezvous = Rendezvous::from_env(|name| std::env::var(name).ok())?;
         GlooComm::connect(&rendezvous, collective_timeout())
-    }
-
-    /// The timeout of the rendezvous and of every collective.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
     }
 
     /// The result of an FFI collective: an error naming the rank and the collective.
