@@ -37,6 +37,84 @@ fn shared_settings(config: &TrainConfig) -> String {
     shared.to_toml()
 }
 
+/// How many differing settings an error lists before it says how many more there are.
+const LISTED_DIFFERENCES: usize = 8;
+
+/// Every setting in which `theirs` differs from `mine` (two `shared_settings` texts), by its
+/// dotted TOML key (`optimizer.lr`), in key order, with its value in each (`None`: unset there).
+fn settings_that_differ(mine: &str, theirs: &str) -> Vec<(String, Option<String>, Option<String>)> {
+    fn flatten(prefix: &str, table: &toml::Table, into: &mut Vec<(String, String)>) {
+        for (key, value) in table {
+            let key = if prefix.is_empty() {
+                key.clone()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            match value {
+                toml::Value::Table(inner) => flatten(&key, inner, into),
+                other => into.push((key, other.to_string())),
+            }
+        }
+    }
+    let settings = |text: &str| -> std::collections::BTreeMap<String, String> {
+        let mut flat = Vec::new();
+        match text.parse::<toml::Table>() {
+            Ok(table) => flatten("", &table, &mut flat),
+            // Only another build's serialisation could fail to parse: the whole text is the setting.
+            Err(_) => flat.push(("(the whole configuration)".to_string(), text.to_string())),
+        }
+        flat.into_iter().collect()
+    };
+    let (mine, theirs) = (settings(mine), settings(theirs));
+    let keys: std::collections::BTreeSet<&String> = mine.keys().chain(theirs.keys()).collect();
+    keys.into_iter()
+        .filter(|key| mine.get(*key) != theirs.get(*key))
+        .map(|key| {
+            (
+                key.clone(),
+                mine.get(key).cloned(),
+                theirs.get(key).cloned(),
+            )
+        })
+        .collect()
+}
+
+/// Checks that every rank runs rank 0's configuration (but for the data folder and the device);
+/// the error, the same on every rank, names each setting that differs and its value on rank 0
+/// and on each rank that differs (`optimizer.lr is 0.5 on rank 0 but 0.25 on rank 1`).
+fn check_same_settings(comm: &mut dyn Communicator, config: &TrainConfig) -> Result<()> {
+    let all = comm.all_gather(shared_settings(config).as_bytes())?;
+    let zero = String::from_utf8_lossy(&all[0]).into_owned();
+    let mut differences = Vec::new();
+    for (rank, theirs) in all.iter().enumerate().skip(1) {
+        if *theirs == all[0] {
+            continue;
+        }
+        let theirs = String::from_utf8_lossy(theirs);
+        for (key, on_zero, on_rank) in settings_that_differ(&zero, &theirs) {
+            let value = |v: Option<String>| v.unwrap_or_else(|| "unset".to_string());
+            differences.push(format!(
+                "{key} is {} on rank 0 but {} on rank {rank}",
+                value(on_zero),
+                value(on_rank)
+            ));
+        }
+    }
+    if differences.is_empty() {
+        return Ok(());
+    }
+    let more = differences.len().saturating_sub(LISTED_DIFFERENCES);
+    differences.truncate(LISTED_DIFFERENCES);
+    let mut listed = differences.join("; ");
+    if more > 0 {
+        listed.push_str(&format!("; and {more} more"));
+    }
+    Err(comm.error(format!(
+        "the configuration differs between ranks: {listed} (every rank must run the same \
+         configuration; only the data folder and the device may differ)"
+    )))
+}
+
 /// A cheap fingerprint of a split: its size, its labels (summed, and weighted by position so that
 /// a reordering shows) and its features' shapes and sums. Two workers reading different files,
 /// limits or preprocessing differ in it.
@@ -84,7 +162,8 @@ fn fingerprint_with(data: &Dataset, float: impl Fn(f64) -> String) -> String {
 
 /// Checks, on every rank, that all W workers run the same settings on the same data from the
 /// same weights and (when resuming) the same checkpoint state; any difference is an error on
-/// every rank naming what differs (`Communicator::check_same`, `comm::weights`).
+/// every rank naming what differs: the settings that differ and their values on each rank, or
+/// the data, the checkpoint's state or the weights (`Communicator::check_same`, `comm::weights`).
 pub fn check_workers_agree(
     comm: &mut dyn Communicator,
     config: &TrainConfig,
@@ -92,7 +171,7 @@ pub fn check_workers_agree(
     params: &[(String, Tensor)],
     state: &str,
 ) -> Result<()> {
-    comm.check_same("the configuration", shared_settings(config).as_bytes())?;
+    check_same_settings(comm, config)?;
     let data_print = format!(
         "train: {}; test: {}",
         fingerprint(&data.train),
@@ -314,5 +393,60 @@ mod tests {
             }
         }
         assert_ne!(worker_seed(42, 1), worker_seed(43, 1));
+    }
+
+    #[test]
+    fn the_settings_that_differ_are_named_with_both_values() {
+        let mut zero = TrainConfig::new("surnames");
+        zero.optimizer.lr = 0.5;
+        let mut one = zero.clone();
+        assert!(settings_that_differ(&shared_settings(&zero), &shared_settings(&one)).is_empty());
+        one.optimizer.lr = 0.25;
+        one.privacy.noise_multiplier = Some(1.0);
+        one.data.data_dir = Some("/elsewhere".into()); // may differ between machines
+        let differ = settings_that_differ(&shared_settings(&zero), &shared_settings(&one));
+        assert_eq!(
+            differ,
+            [
+                (
+                    "optimizer.lr".to_string(),
+                    Some("0.5".to_string()),
+                    Some("0.25".to_string())
+                ),
+                (
+                    "privacy.noise_multiplier".to_string(),
+                    None,
+                    Some("1.0".to_string())
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn workers_with_another_setting_fail_naming_it_on_every_rank() {
+        let epochs = TrainConfig::new("surnames").epochs;
+        let results = crate::comm::ThreadGroup::run(3, move |mut comm| {
+            let mut config = TrainConfig::new("surnames");
+            config.optimizer.momentum = 0.0;
+            if comm.rank() == 2 {
+                config.optimizer.momentum = 0.9;
+                config.epochs = epochs + 1;
+            }
+            check_same_settings(&mut comm, &config)
+        })
+        .unwrap();
+        for (rank, result) in results.iter().enumerate() {
+            let message = result.as_ref().unwrap_err().to_string();
+            assert!(
+                message.contains("the configuration differs between ranks")
+                    && message.contains("optimizer.momentum is 0.0 on rank 0 but 0.9 on rank 2")
+                    && message.contains(&format!(
+                        "epochs is {epochs} on rank 0 but {} on rank 2",
+                        epochs + 1
+                    ))
+                    && !message.contains("rank 1:"),
+                "rank {rank}: {message}"
+            );
+        }
     }
 }
