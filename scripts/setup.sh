@@ -171,6 +171,21 @@ if [ ! -f /usr/include/gloo/config.h ]; then
     fi
 fi
 
+# The headers the `nccl` feature compiles against (crates/dpcomp/src/comm/nccl.rs: CUDA workers
+# over c10d on NCCL, launched by torchrun). torch's CUDA wheel already installs NCCL's nccl.h
+# (nvidia-nccl-cu13) and the CUDA runtime's headers (nvidia-cuda-runtime); c10d's headers also
+# include the CUDA compiler's runtime and CCCL headers, which come from two header-only packages
+# of the wheel's CUDA version, 13.0. Nothing here needs a GPU. Without a CUDA wheel (or where
+# pip cannot install them) DPCOMP_CARGO_FEATURES (below) builds without the feature.
+nvidia="$("$venv_python" -c 'import os, torch; print(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia"))')"
+if [ -f "$nvidia/nccl/include/nccl.h" ] && [ -f "$nvidia/cu13/include/cuda_runtime_api.h" ] \
+    && { [ ! -f "$nvidia/cu13/include/crt/host_config.h" ] || [ ! -f "$nvidia/cu13/include/cccl/cuda/std/version" ]; }; then
+    log "installing nvidia-cuda-crt==13.0.88 and nvidia-cuda-cccl==13.0.85 into .venv (CUDA headers for NCCL, no GPU needed)"
+    "$venv_python" -m pip install --quiet --disable-pip-version-check --no-deps \
+        "nvidia-cuda-crt==13.0.88" "nvidia-cuda-cccl==13.0.85" \
+        || log "could not install nvidia-cuda-crt and nvidia-cuda-cccl: building without c10d on NCCL"
+fi
+
 # Fashion-MNIST for `dpcomp fl` comes from Debian's dataset-fashion-mnist (four IDX .gz files in
 # /usr/share/datasets/fashion-mnist). Installed where apt can run (as root or with password-less
 # sudo); elsewhere the FL tests that need it say they skip.
@@ -190,8 +205,9 @@ fi
 export VIRTUAL_ENV="$root/.venv"
 export PATH="$root/.venv/bin:$PATH"
 export LIBTORCH_USE_PYTORCH=1
-# The cargo features of scripts/run.sh's and scripts/test.sh's builds: the defaults (MPI and
-# c10d on Gloo) where MPICH, libclang and Gloo's headers are installed, else those that are.
+# The cargo features of scripts/run.sh's and scripts/test.sh's builds: the defaults (MPI, c10d
+# on Gloo and on NCCL) where MPICH, libclang, Gloo's headers and NCCL's and CUDA's headers are
+# installed, else those that are (NCCL needs Gloo for its host-side collectives).
 dpcomp_features=""
 if command -v mpicc >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1 \
     && ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
@@ -200,8 +216,14 @@ fi
 if [ -f /usr/include/gloo/config.h ]; then
     dpcomp_features="${dpcomp_features:+$dpcomp_features,}gloo"
 fi
+dpcomp_nvidia="$root/.venv/lib/python3*/site-packages/nvidia"
+if [ -f /usr/include/gloo/config.h ] && ls $dpcomp_nvidia/nccl/include/nccl.h $dpcomp_nvidia/cu13/include/cuda_runtime_api.h \
+    $dpcomp_nvidia/cu13/include/crt/host_config.h $dpcomp_nvidia/cu13/include/cccl/cuda/std/version >/dev/null 2>&1; then
+    dpcomp_features="${dpcomp_features:+$dpcomp_features,}nccl"
+fi
+unset dpcomp_nvidia
 case "$dpcomp_features" in
-    "mpi,gloo") export DPCOMP_CARGO_FEATURES="" ;;
+    "mpi,gloo,nccl") export DPCOMP_CARGO_FEATURES="" ;;
     "") export DPCOMP_CARGO_FEATURES="--no-default-features" ;;
     *) export DPCOMP_CARGO_FEATURES="--no-default-features --features $dpcomp_features" ;;
 esac

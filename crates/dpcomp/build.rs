@@ -17,6 +17,14 @@
 //! With a CUDA build of LibTorch it compiles `src/cuda_memory.cpp` (peak device memory from
 //! LibTorch's caching allocator, through c10's headers) and sets `cfg(dpcomp_cuda_memory)`;
 //! without one, device memory is reported as unavailable.
+//!
+//! With the `nccl` feature it compiles `src/nccl.cpp` (a c10d process group on NCCL,
+//! `comm::nccl`) and sets `cfg(dpcomp_nccl)` where the headers are present: NCCL's `nccl.h`
+//! (the wheel's dependency nvidia-nccl-cu13) and the CUDA runtime's headers (nvidia-cuda-runtime,
+//! with nvidia-cuda-crt and nvidia-cuda-cccl, which scripts/setup.sh installs), beside the
+//! wheel's `torch` folder, and LibTorch's `libtorch_cuda`. None of them needs a GPU. Where one is
+//! missing the build goes on without NCCL and says which (a cargo warning); the binary then
+//! reports that this build has no NCCL when a run asks for it.
 use std::path::Path;
 
 fn main() {
@@ -29,6 +37,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/conv_grad.cpp");
     println!("cargo:rerun-if-changed=src/avg_pool.cpp");
     println!("cargo::rustc-check-cfg=cfg(dpcomp_cuda_memory)");
+    println!("cargo::rustc-check-cfg=cfg(dpcomp_nccl)");
     let lib_dir = std::env::var("DEP_TCH_LIBTORCH_LIB").expect(
         "torch-sys did not report LibTorch's lib folder (DEP_TCH_LIBTORCH_LIB): build with scripts/setup.sh's environment",
     );
@@ -75,6 +84,7 @@ fn main() {
             .flag_if_supported("-w")
             .compile("dpcomp_gloo");
     }
+    nccl(lib_dir, &include);
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");
     if !lib_dir.join("libtorch_cuda.so").exists() {
@@ -96,4 +106,69 @@ fn main() {
         .flag_if_supported("-w")
         .compile("dpcomp_cuda_memory");
     println!("cargo:rustc-cfg=dpcomp_cuda_memory");
+}
+
+/// The `nccl` feature: `src/nccl.cpp` against the wheel's c10d headers and the NVIDIA packages'
+/// headers in the same site-packages folder, linked to libtorch_cuda and libc10_cuda, and
+/// `cfg(dpcomp_nccl)`; where something is missing, a warning naming it and no `cfg`.
+fn nccl(lib_dir: &Path, include: &Path) {
+    println!("cargo:rerun-if-changed=src/nccl.cpp");
+    if std::env::var_os("CARGO_FEATURE_NCCL").is_none() {
+        return;
+    }
+    // torch/lib -> site-packages, where pip puts the nvidia-* packages beside torch.
+    let site = lib_dir
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(lib_dir)
+        .join("nvidia");
+    let nccl_include = site.join("nccl/include");
+    let cuda_include = site.join("cu13/include");
+    let needs = [
+        (
+            lib_dir.join("libtorch_cuda.so"),
+            "a CUDA build of LibTorch (torch 2.11.0 from PyPI is one)",
+        ),
+        (
+            nccl_include.join("nccl.h"),
+            "nvidia-nccl-cu13 (installed with torch)",
+        ),
+        (
+            cuda_include.join("cuda_runtime_api.h"),
+            "nvidia-cuda-runtime (installed with torch)",
+        ),
+        (
+            cuda_include.join("crt/host_config.h"),
+            "nvidia-cuda-crt 13.0 (scripts/setup.sh installs it)",
+        ),
+        (
+            cuda_include.join("cccl/cuda/std/version"),
+            "nvidia-cuda-cccl 13.0 (scripts/setup.sh installs it)",
+        ),
+    ];
+    if let Some((path, from)) = needs.iter().find(|(path, _)| !path.exists()) {
+        println!(
+            "cargo:warning=the `nccl` feature is built without NCCL: {} is missing (from {from}); \
+             a run that asks for NCCL will say so",
+            path.display()
+        );
+        return;
+    }
+    cc::Build::new()
+        .cpp(true)
+        .std("c++17")
+        .file("src/nccl.cpp")
+        .include(include)
+        .include(include.join("torch/csrc/api/include"))
+        .include(&nccl_include)
+        .include(&cuda_include)
+        .include(cuda_include.join("cccl"))
+        .define("USE_C10D_NCCL", None)
+        .define("USE_CUDA", None)
+        .define("_GLIBCXX_USE_CXX11_ABI", "1")
+        .flag_if_supported("-w")
+        .compile("dpcomp_nccl");
+    println!("cargo:rustc-link-lib=dylib=torch_cuda");
+    println!("cargo:rustc-link-lib=dylib=c10_cuda");
+    println!("cargo:rustc-cfg=dpcomp_nccl");
 }
