@@ -1,11 +1,12 @@
 //! `dpcomp check-comm`: every collective of the workers' transport, checked and timed (what to
 //! run on a new hostfile before a long job): `mpiexec -n W dpcomp check-comm`, `torchrun
-//! --nproc-per-node W --no-python dpcomp check-comm`, or W threads of one process with
-//! `--threads W`.
+//! --nproc-per-node W --no-python dpcomp check-comm` (c10d on Gloo; with `--device cuda`, on
+//! NCCL where built, and the tensor collectives on the GPU too), or W threads of one process
+//! with `--threads W`.
 
 use anyhow::{bail, Result};
-use dpcomp::comm::check::{check_collectives, CheckRow};
-use dpcomp::comm::{Communicator, ThreadGroup};
+use dpcomp::comm::check::{check_collectives, check_tensor_collectives, CheckRow};
+use dpcomp::comm::{CommChoice, Communicator, ThreadGroup};
 
 #[derive(Debug, clap::Args)]
 pub struct CheckCommArgs {
@@ -18,6 +19,15 @@ pub struct CheckCommArgs {
     /// f32 values in the all-reduce (0 to 268,435,456, 1 GiB a worker).
     #[arg(long, default_value_t = 1 << 20)]
     pub elements: usize,
+    /// Also check the tensor collectives (`all_reduce_tensor`, `all_gather_tensor`) on this
+    /// device, and choose the transport for it (see --comm). Without it, the host collectives
+    /// only, on the transport for the CPU.
+    #[arg(long, value_enum)]
+    pub device: Option<dpcomp::config::DeviceChoice>,
+    /// Under torchrun, the c10d backend: auto (NCCL for --device cuda where this build has it,
+    /// Gloo otherwise), gloo, or nccl (CUDA only; host collectives on Gloo).
+    #[arg(long, value_enum, default_value_t = CommChoice::Auto)]
+    pub comm: CommChoice,
     #[arg(long)]
     pub json: bool,
 }
@@ -48,6 +58,19 @@ fn report(size: usize, transport: &str, rows: &[CheckRow], json: bool) -> Result
 /// The most values `--elements` takes: 2^28 f32, 1 GiB a worker (each holds its own).
 pub const MAX_ELEMENTS: usize = 1 << 28;
 
+/// The host collectives' rows, then the tensor collectives' on `device` where one is given.
+fn check_all(
+    comm: &mut dyn Communicator,
+    elements: usize,
+    device: Option<tch::Device>,
+) -> dpcomp::Result<Vec<CheckRow>> {
+    let mut rows = check_collectives(comm, elements)?;
+    if let Some(device) = device {
+        rows.extend(check_tensor_collectives(comm, elements, device)?);
+    }
+    Ok(rows)
+}
+
 pub fn run(args: CheckCommArgs) -> Result<()> {
     if args.elements > MAX_ELEMENTS {
         bail!(
@@ -65,9 +88,13 @@ pub fn run(args: CheckCommArgs) -> Result<()> {
             );
         }
         let elements = args.elements;
+        let device = match args.device {
+            Some(choice) => Some(choice.device()?),
+            None => None,
+        };
         let handles: Vec<_> = ThreadGroup::ranks(size)
             .into_iter()
-            .map(|mut comm| std::thread::spawn(move || check_collectives(&mut comm, elements)))
+            .map(|mut comm| std::thread::spawn(move || check_all(&mut comm, elements, device)))
             .collect();
         let mut first = None;
         for handle in handles {
@@ -78,8 +105,13 @@ pub fn run(args: CheckCommArgs) -> Result<()> {
         }
         return report(size, "threads", &first.unwrap_or_default(), args.json);
     }
-    let (mut comm, transport): (Box<dyn Communicator>, &str) = super::world()?;
-    match check_collectives(comm.as_mut(), args.elements) {
+    let device = match args.device {
+        Some(choice) => Some(choice.device()?),
+        None => None,
+    };
+    let (mut comm, transport): (Box<dyn Communicator>, &str) =
+        super::world_on(device.unwrap_or(tch::Device::Cpu), args.comm)?;
+    match check_all(comm.as_mut(), args.elements, device) {
         Ok(rows) => {
             if comm.rank() == 0 {
                 report(comm.size(), transport, &rows, args.json)?;

@@ -28,9 +28,14 @@ pub fn task_arg(arg: clap::Arg) -> clap::Arg {
     arg.value_parser(clap::builder::PossibleValuesParser::new(values))
 }
 
-/// The MPI job this process belongs to, or one process (`dpcomp::comm::world`).
-pub fn world() -> anyhow::Result<(Box<dyn Communicator>, &'static str)> {
-    Ok(dpcomp::comm::world()?)
+/// The job this process belongs to for a run on `device`: under torchrun the c10d backend
+/// `--comm` names (auto: NCCL for CUDA where built, Gloo for the CPU), else the MPI job or one
+/// process (`dpcomp::comm::world_on`).
+pub fn world_on(
+    device: tch::Device,
+    comm: dpcomp::comm::CommChoice,
+) -> anyhow::Result<(Box<dyn Communicator>, &'static str)> {
+    Ok(dpcomp::comm::world_on(device, comm)?)
 }
 
 /// `flag`'s W workers as threads of this process: 1 to `comm::MAX_THREAD_WORKERS`.

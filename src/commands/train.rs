@@ -1,7 +1,7 @@
 //! `dpcomp train`: one training run (or its resumption) into a run folder.
 
 use anyhow::{Context, Result};
-use dpcomp::comm::{Communicator, Shared};
+use dpcomp::comm::{CommChoice, Communicator, Shared};
 use dpcomp::config::{TrainConfig, TrainOverrides};
 use dpcomp::data;
 use dpcomp::error::Error;
@@ -34,6 +34,11 @@ pub struct TrainArgs {
     /// workers are the job's ranks and this flag is not needed.
     #[arg(long, value_name = "W")]
     pub thread_workers: Option<usize>,
+    /// Under torchrun, the c10d backend the workers exchange over: auto (NCCL for a CUDA run
+    /// where this build has it, Gloo for the CPU), gloo, or nccl (CUDA only: the messages go
+    /// GPU to GPU; small host-side values over Gloo). Outside torchrun only auto applies.
+    #[arg(long, value_enum, default_value_t = CommChoice::Auto)]
+    pub comm: CommChoice,
     #[command(flatten)]
     pub settings: TrainOverrides,
 }
@@ -43,17 +48,34 @@ pub fn run(args: TrainArgs) -> Result<()> {
         super::check_thread_workers("--thread-workers", workers)?;
         return run_in_threads(args, workers);
     }
-    let (world, _) = super::world()?;
+    let (world, transport) = super::world_on(run_device(&args)?, args.comm)?;
     if world.size() == 1 {
-        return run_with(args, None);
+        return run_with(args, None, transport);
     }
     // W ranks of an MPI job: an error on any rank ends the whole job (the others would wait
     // for it in their next collective), after saying which rank failed and why.
     let shared = Shared::new(world);
     dpcomp::comm::end_job_on_panic(&shared);
-    run_with(args, Some(shared.clone())).inspect_err(|e| {
+    run_with(args, Some(shared.clone()), transport).inspect_err(|e| {
         dpcomp::comm::end_job(&mut shared.clone(), &format!("{e:#}"));
     })
+}
+
+/// The device the run trains on, as its settings resolve it (the flag, else --config's file,
+/// else a resumed run's config.toml, else auto), for the choice of its transport.
+fn run_device(args: &TrainArgs) -> Result<tch::Device> {
+    let file = match &args.config {
+        Some(path) => TrainOverrides::from_toml_file(path)?.device,
+        None => None,
+    };
+    let saved = match (&args.out, args.resume) {
+        (Some(out), true) => TrainOverrides::from_toml_file(&out.join("config.toml"))
+            .ok()
+            .and_then(|o| o.device),
+        _ => None,
+    };
+    let choice = args.settings.device.or(file).or(saved).unwrap_or_default();
+    Ok(choice.device()?)
 }
 
 /// The settings a fresh run starts with: the TOML file's, overridden by the flags.
@@ -113,8 +135,9 @@ fn run_in_threads(args: TrainArgs, workers: usize) -> Result<()> {
     Ok(())
 }
 
-/// One process's part of the run: all of it, or rank `comm.rank()`'s of an MPI job.
-fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
+/// One process's part of the run: all of it, or rank `comm.rank()`'s of a job over
+/// `transport`.
+fn run_with(args: TrainArgs, comm: Option<Shared>, transport: &str) -> Result<()> {
     let rank = comm.as_ref().map_or(0, |c| c.rank());
     let boxed = |c: Shared| -> Box<dyn Communicator> { Box::new(c) };
     let mut calibrating = false;
@@ -155,7 +178,7 @@ fn run_with(args: TrainArgs, comm: Option<Shared>) -> Result<()> {
     if !quiet {
         if trainer.workers() > 1 {
             eprintln!(
-                "{} data-parallel workers over MPI (this is rank 0)",
+                "{} data-parallel workers over {transport} (this is rank 0)",
                 trainer.workers()
             );
         }

@@ -1,4 +1,4 @@
-//! W data-parallel workers over threads, MPI and c10d on Gloo.
+//! W data-parallel workers over threads, MPI and c10d on Gloo and NCCL.
 //!
 //! One test binary (it links LibTorch once); each module is the tests of one concern.
 
@@ -10,3 +10,5 @@ mod distributed;
 mod gloo;
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
