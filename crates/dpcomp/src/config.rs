@@ -17,18 +17,36 @@ pub enum DeviceChoice {
     Auto,
     /// The CPU.
     Cpu,
-    /// The first CUDA device; an error when there is none.
+    /// This process's CUDA device (`this_process_gpu`); an error when there is none.
     Cuda,
+}
+
+/// The GPU of this process among `gpus`: the one `LOCAL_RANK` names (torchrun starts one
+/// process per GPU and sets it), wrapped around when a machine runs more processes than it has
+/// GPUs (so they share them); the first where it is unset or not a number.
+pub fn this_process_gpu(local_rank: Option<&str>, gpus: usize) -> usize {
+    match local_rank.and_then(|r| r.trim().parse::<usize>().ok()) {
+        Some(rank) if gpus > 0 => rank % gpus,
+        _ => 0,
+    }
 }
 
 impl DeviceChoice {
     /// The device this choice resolves to on this machine; `Cuda` without a GPU is an error
-    /// naming `device`.
+    /// naming `device`. A CUDA device is this process's (`this_process_gpu`).
     pub fn device(self) -> Result<tch::Device> {
+        let gpu = || {
+            let gpus = tch::Cuda::device_count().max(0) as usize;
+            tch::Device::Cuda(this_process_gpu(
+                std::env::var("LOCAL_RANK").ok().as_deref(),
+                gpus,
+            ))
+        };
         match self {
-            DeviceChoice::Auto => Ok(tch::Device::cuda_if_available()),
+            DeviceChoice::Auto if tch::Cuda::is_available() => Ok(gpu()),
+            DeviceChoice::Auto => Ok(tch::Device::Cpu),
             DeviceChoice::Cpu => Ok(tch::Device::Cpu),
-            DeviceChoice::Cuda if tch::Cuda::is_available() => Ok(tch::Device::Cuda(0)),
+            DeviceChoice::Cuda if tch::Cuda::is_available() => Ok(gpu()),
             DeviceChoice::Cuda => Err(Error::bad_value(
                 "device",
                 "cuda requested but LibTorch finds no CUDA device",
@@ -1653,6 +1671,16 @@ impl TrainOverrides {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_process_takes_the_gpu_its_local_rank_names() {
+        assert_eq!(this_process_gpu(None, 4), 0);
+        assert_eq!(this_process_gpu(Some("3"), 4), 3);
+        // More processes than GPUs share them; a malformed rank or no GPU: the first.
+        assert_eq!(this_process_gpu(Some("5"), 4), 1);
+        assert_eq!(this_process_gpu(Some("x"), 4), 0);
+        assert_eq!(this_process_gpu(Some("2"), 0), 0);
+    }
 
     #[test]
     fn flat_keys_name_their_sections_fields() {
