@@ -17,7 +17,8 @@ pub enum DeviceChoice {
     Auto,
     /// The CPU.
     Cpu,
-    /// This process's CUDA device (`this_process_gpu`); an error when there is none.
+    /// This process's CUDA device: under torchrun the one LOCAL_RANK names, else the first; an
+    /// error when there is none.
     Cuda,
 }
 
