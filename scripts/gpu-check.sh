@@ -13,14 +13,17 @@
 #      random weights: the pretrained ones do not travel, see gpu-kit.sh); every epoch logs the
 #      host reads its steps made on the device (`host_reads_per_step`), and CIFAR-10
 #      with DGC x256 runs twice, with and without the message's bytes made each step
-#      (`--verify-wire`), for the step time the bytes cost;
+#      (`--verify-wire`), for the step time the bytes cost; then data-parallel over c10d under
+#      torchrun: NCCL with one rank and Gloo on the device's tensors with two ranks, every
+#      collective checked (check-comm) and a short Surnames training each against one process
+#      and two thread workers on the same device, with step time and host reads per step;
 #   4. then, while minutes remain, unfinished `full` cells of the grids whose data travel
 #      complete (Surnames: the paper grids and the ablation), resumable; run folders
 #      packed into runs.tar.gz.
 #
 # It reads the kit that scripts/gpu-kit.sh made (gpu-kit/). Files written (at most 8, flat):
-# gpu_check.json (summary and ratios), check_device.json, benches.json, trainings.json, log.txt,
-# runs.tar.gz. Exit status: non-zero when a correctness check failed.
+# gpu_check.json (summary and ratios), check_device.json, benches.json, trainings.json, c10d.json,
+# log.txt, runs.tar.gz. Exit status: non-zero when a correctness check failed.
 #
 #   bash scripts/gpu-check.sh --device cuda                 # there, ~8 minutes
 #   bash scripts/gpu-check.sh --device cpu                  # the rehearsal here, shortened
@@ -43,7 +46,7 @@ while [ $# -gt 0 ]; do
         --minutes) minutes="$2"; shift 2 ;;
         --quick) quick=1; shift ;;
         --grids) grids="$2"; shift 2 ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "gpu-check.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -230,6 +233,118 @@ train snli_dp_random_minilm --task snli --epochs 1 --noise-multiplier 0.8 --bert
 train cifar10_dp_dgc256 --task cifar10 --epochs 1 --noise-multiplier 0.8 --compressor dgc --rate 256 $limit_cifar
 train cifar10_dp_dgc256_bytes --task cifar10 --epochs 1 --noise-multiplier 0.8 --compressor dgc --rate 256 \
     --verify-wire $limit_cifar
+# --- 3b. data-parallel over c10d (torchrun) ----------------------------------------------------
+# NCCL with one rank (on the CPU rehearsal, where NCCL cannot run: Gloo) and Gloo on the
+# device's tensors with two ranks: check-comm checks every collective, the tensor ones on the
+# device; the same short non-private Surnames training runs under torchrun and, as the
+# reference, in one process and as two thread workers on the same device (same seed: the same
+# initial weights, drawn by the device's generator, and the same batches), and once on the CPU
+# (for information: the device's generator draws other initial weights). Written to c10d.json.
+log "3b. data-parallel over c10d"
+c10d="$work/c10d"
+mkdir -p "$c10d"
+one_comm=nccl
+[ "$device" = cpu ] && one_comm=auto
+c10d_flags="--task surnames --epochs 1 --limit-train 1280 --limit-test 256"
+[ "$quick" = 1 ] && c10d_flags="--task surnames --epochs 1 --limit-train 320 --limit-test 64"
+launch() {  # processes, dpcomp arguments...: one torchrun job on this machine
+    local n="$1"; shift
+    DPCOMP_COLLECTIVE_TIMEOUT=120 "$py" -m torch.distributed.run --standalone --nproc-per-node "$n" \
+        --no-python "$dpcomp" "$@"
+}
+if "$py" -c 'import torch.distributed.run' 2>/dev/null; then
+    launch 1 check-comm --device "$device" --comm "$one_comm" --json > "$c10d/check_one_rank.json" 2> "$c10d/check_one_rank.err" \
+        || log "check-comm, one rank, --comm $one_comm FAILED: $(tail -n 3 "$c10d/check_one_rank.err")"
+    launch 2 check-comm --device "$device" --comm gloo --json > "$c10d/check_gloo_two_ranks.json" 2> "$c10d/check_gloo_two_ranks.err" \
+        || log "check-comm, two ranks over Gloo FAILED: $(tail -n 3 "$c10d/check_gloo_two_ranks.err")"
+    c10d_train() {  # name, how (one|threads|cpu|torchrun N COMM)...
+        local name="$1" how="$2"; shift 2
+        local t0=$(date +%s) ok=0
+        case "$how" in
+            one) "$dpcomp" train --device "$device" $c10d_flags --quiet --out "$runs/$name" && ok=1 ;;
+            threads) "$dpcomp" train --device "$device" $c10d_flags --quiet --thread-workers 2 --out "$runs/$name" && ok=1 ;;
+            cpu) "$dpcomp" train --device cpu $c10d_flags --quiet --out "$runs/$name" && ok=1 ;;
+            torchrun) launch "$1" train --device "$device" --comm "$2" $c10d_flags --quiet --out "$runs/$name" && ok=1 ;;
+        esac
+        if [ "$ok" = 1 ]; then log "train $name: $(( $(date +%s) - t0 )) s"; else log "train $name FAILED"; fi
+    }
+    c10d_train c10d_one_process one
+    c10d_train c10d_torchrun_one_rank torchrun 1 "$one_comm"
+    c10d_train c10d_thread_workers threads
+    c10d_train c10d_torchrun_gloo_two_ranks torchrun 2 gloo
+    [ "$device" = cuda ] && c10d_train c10d_cpu_one_process cpu
+else
+    log "torch.distributed.run not importable: c10d checks skipped"
+fi
+"$py" - "$c10d" "$runs" "$device" "$one_comm" "$out/c10d.json" <<'PY' || failed=1
+import json, os, sys
+c10d, runs, device, one_comm, out = sys.argv[1:6]
+# The kit's tolerance for a device against its reference (check-device's compressors): 1e-4 of
+# the larger magnitude.
+TOLERANCE = 1e-4
+report = {"device": device, "tolerance": TOLERANCE, "checks": [], "runs": {}}
+
+def check(name, passed, detail, error=None):
+    report["checks"].append({"name": name, "passed": bool(passed), "error": error,
+                             "tolerance": TOLERANCE if error is not None else None, "detail": detail})
+
+for label, comm, ranks in [("check_one_rank", one_comm, 1), ("check_gloo_two_ranks", "gloo", 2)]:
+    try:
+        result = json.load(open(os.path.join(c10d, label + ".json")))
+        names = [r["collective"] for r in result["rank0"]]
+        want = ["all_reduce_sum", "all_gather", "broadcast", "barrier", "all_reduce_tensor", "all_gather_tensor"]
+        check(f"c10d/{label}", result["workers"] == ranks and names == want,
+              f"--comm {comm}, {ranks} rank(s) over {result['transport']}: every collective's result checked on every rank, the tensor ones on {device}")
+        report[label] = result
+    except Exception as e:
+        err = os.path.join(c10d, label + ".err")
+        tail = open(err).read()[-1500:] if os.path.exists(err) else ""
+        check(f"c10d/{label}", False, f"no result ({e}): {tail}")
+
+def last(name):
+    path = os.path.join(runs, name, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    rows = [json.loads(l) for l in open(path) if l.strip()]
+    return rows[-1] if rows else None
+
+for name in ["c10d_one_process", "c10d_torchrun_one_rank", "c10d_thread_workers",
+             "c10d_torchrun_gloo_two_ranks", "c10d_cpu_one_process"]:
+    row = last(name)
+    if row is None:
+        continue
+    steps = max(row.get("steps") or 0, 1)
+    report["runs"][name] = {
+        "train_loss": row["train_loss"], "test_loss": row["test_loss"],
+        "test_accuracy": row["test_accuracy"], "steps": row.get("steps"),
+        "step_ms": 1e3 * row["epoch_seconds"] / steps,
+        "host_reads_per_step": row.get("host_reads_per_step"),
+        "comm_seconds": (row.get("workers") or {}).get("comm_seconds"),
+    }
+
+def difference(a, b):
+    keys = ["train_loss", "test_loss"]
+    scale = max(max(abs(a[k]), abs(b[k])) for k in keys) or 1.0
+    return max(abs(a[k] - b[k]) for k in keys) / scale
+
+for run, reference, what in [
+        ("c10d_torchrun_one_rank", "c10d_one_process", f"one rank under torchrun (--comm {one_comm}) against one process"),
+        ("c10d_torchrun_gloo_two_ranks", "c10d_thread_workers", "two ranks over Gloo against two thread workers")]:
+    a, b = report["runs"].get(run), report["runs"].get(reference)
+    if a is None or b is None:
+        check(f"c10d/{run}", False, f"{what}: {run if a is None else reference} did not finish")
+        continue
+    error = difference(a, b)
+    check(f"c10d/{run}", error <= TOLERANCE,
+          f"{what} on {device}: train and test loss within {TOLERANCE} of the larger", error)
+if "c10d_cpu_one_process" in report["runs"]:
+    report["cpu_reference_difference"] = difference(report["runs"]["c10d_one_process"], report["runs"]["c10d_cpu_one_process"])
+report["passed"] = all(c["passed"] for c in report["checks"])
+json.dump(report, open(out, "w"), indent=1)
+print("c10d checks:", sum(c["passed"] for c in report["checks"]), "of", len(report["checks"]), "passed")
+sys.exit(0 if report["passed"] else 1)
+PY
+
 "$py" - "$runs" "$out/trainings.json" <<'PY'
 import json, os, sys
 runs, rows = sys.argv[1], {}
@@ -275,6 +390,7 @@ tar -czf "$out/runs.tar.gz" -C "$work" --exclude='checkpoint' --exclude='checkpo
 import json, os, sys
 out, device, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 check = json.load(open(os.path.join(out, "check_device.json")))
+c10d = json.load(open(os.path.join(out, "c10d.json"))) if os.path.exists(os.path.join(out, "c10d.json")) else {}
 benches = {b["bench"]: b.get("result") for b in json.load(open(os.path.join(out, "benches.json")))}
 trainings = json.load(open(os.path.join(out, "trainings.json")))
 table = []
@@ -311,8 +427,10 @@ if plain.get("examples_per_second") and made.get("examples_per_second"):
                   "examples_per_second_through_bytes": made["examples_per_second"],
                   "ratio_step_time_bytes_over_in_memory": plain["examples_per_second"] / made["examples_per_second"],
                   "same_upstream_bits": plain.get("upstream_bits") == made.get("upstream_bits")}
-summary = {"device": device, "seconds": seconds, "correct": check["passed"],
-           "failed_checks": [c["name"] for c in check["checks"] if not c["passed"]],
+summary = {"device": device, "seconds": seconds, "correct": check["passed"] and c10d.get("passed", False),
+           "failed_checks": [c["name"] for c in check["checks"] + c10d.get("checks", []) if not c["passed"]],
+           "c10d": {"passed": c10d.get("passed"), "runs": c10d.get("runs"),
+                    "cpu_reference_difference": c10d.get("cpu_reference_difference")},
            "failed_benches": [k for k, v in benches.items() if v is None],
            "steps": table, "compressors": compress, "host_reads_per_step": host_reads,
            "message_bytes_in_the_step": bytes_cost, "trainings_last_epoch": final}

@@ -2,8 +2,9 @@
 # Prepares, here, everything a CUDA machine without network or cargo needs to run
 # scripts/gpu-check.sh, in the ignored folder gpu-kit/:
 #
-#   gpu-kit/dpcomp.gz          the release binary, stripped and gzipped (it finds LibTorch through
-#                              LD_LIBRARY_PATH there; gpu-check.sh sets it from python3's torch)
+#   gpu-kit/dpcomp.gz          the release binary (without MPI; with c10d on Gloo and NCCL where
+#                              their headers are here), stripped and gzipped (it finds LibTorch
+#                              through LD_LIBRARY_PATH there; gpu-check.sh sets it from python3's torch)
 #   gpu-kit/wheels/            opacus==1.6.0 (pure Python; numpy, scipy and opt-einsum are in the
 #                              device image, see the device tool's KINDS.md), installed offline
 #   gpu-kit/data/              names (all of it), SNLI dev and test, and a CIFAR-10 subset: the
@@ -42,7 +43,7 @@ while [ $# -gt 0 ]; do
         --no-wheels) wheels=0; shift ;;
         --cifar-train) train="$2"; shift 2 ;;
         --cifar-test) test="$2"; shift 2 ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "gpu-kit.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -50,8 +51,12 @@ log() { echo "[gpu-kit] $*" >&2; }
 
 if [ -z "$bin" ]; then
     source scripts/setup.sh
-    # Without the `mpi` feature: the GPU machine has no MPI library (one process there).
-    cargo build --release --quiet --no-default-features --target-dir target/gpu-kit
+    # Without the `mpi` feature: the GPU machine has no MPI library. With c10d on Gloo and NCCL
+    # where Gloo's headers are here (they need only LibTorch there), for gpu-check.sh's torchrun
+    # jobs; NCCL compiles where its headers are (build.rs).
+    c10d=""
+    [ -f /usr/include/gloo/config.h ] && c10d="--features gloo,nccl"
+    cargo build --release --quiet --no-default-features $c10d --target-dir target/gpu-kit
     bin=target/gpu-kit/release/dpcomp
 fi
 [ -x "$bin" ] || { echo "gpu-kit.sh: --bin $bin: not an executable" >&2; exit 2; }

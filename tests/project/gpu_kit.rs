@@ -1,8 +1,8 @@
 //! The GPU kit's rehearsal on the CPU (issue 15), so that the path a CUDA machine runs never rots:
 //! `scripts/gpu-kit.sh` packs this build's binary and a data subset, `scripts/gpu-check.sh
 //! --device cpu --quick` unpacks and runs every stage of the check from the kit alone (correctness,
-//! benchmarks against eager PyTorch and Opacus, three short trainings) and the JSON it writes is
-//! read back here.
+//! benchmarks against eager PyTorch and Opacus, three short trainings, data-parallel runs under
+//! torchrun) and the JSON it writes is read back here.
 
 use crate::common;
 use std::path::{Path, PathBuf};
@@ -196,6 +196,54 @@ fn gpu_check_rehearsal_on_cpu() {
             assert_eq!(reads, 0.0, "{name}");
         }
     }
+    // 3b. Data-parallel over c10d under torchrun: every collective checked with one rank and
+    // with two over Gloo, the tensor ones on the device; the trainings equal their references on
+    // the same device (on the CPU bit for bit: one rank trains as one process, and Gloo's sums
+    // of two are the thread workers'), each with a step time and its host reads.
+    let c10d = read_json(&out.join("c10d.json"));
+    assert_eq!(c10d["passed"], true, "{c10d}");
+    let names: Vec<&str> = c10d["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "c10d/check_one_rank",
+            "c10d/check_gloo_two_ranks",
+            "c10d/c10d_torchrun_one_rank",
+            "c10d/c10d_torchrun_gloo_two_ranks"
+        ]
+    );
+    assert_eq!(
+        c10d["check_one_rank"]["transport"], "c10d on Gloo",
+        "{c10d}"
+    );
+    assert_eq!(c10d["check_gloo_two_ranks"]["workers"], 2, "{c10d}");
+    for check in c10d["checks"].as_array().unwrap().iter().skip(2) {
+        assert_eq!(check["error"].as_f64(), Some(0.0), "{check}");
+    }
+    for name in ["c10d_torchrun_one_rank", "c10d_torchrun_gloo_two_ranks"] {
+        let run = &c10d["runs"][name];
+        assert!(run["step_ms"].as_f64().unwrap() > 0.0, "{name}: {run}");
+        assert!(
+            run["host_reads_per_step"].as_f64().unwrap() >= 0.0,
+            "{name}: {run}"
+        );
+    }
+    assert_eq!(
+        c10d["runs"]["c10d_torchrun_one_rank"]["host_reads_per_step"],
+        c10d["runs"]["c10d_one_process"]["host_reads_per_step"]
+    );
+    // Each of the two ranks' seconds in the exchange.
+    let comm_seconds = c10d["runs"]["c10d_torchrun_gloo_two_ranks"]["comm_seconds"]
+        .as_array()
+        .unwrap();
+    assert_eq!(comm_seconds.len(), 2, "{c10d}");
+    assert!(comm_seconds.iter().all(|s| s.as_f64().unwrap() > 0.0));
+
     // With and without the message's bytes made: the same bits, a step time for each.
     let bytes = &summary["message_bytes_in_the_step"];
     assert_eq!(bytes["same_upstream_bits"], true, "{bytes}");
