@@ -7,7 +7,9 @@
 //! through `train::exchange`, and times each step's parts: compute (everything outside the
 //! exchange), encode, communication (inside the collectives, waiting for the slowest rank
 //! included) and decode, with the bytes each rank handed to MPI. Rank 0 prints the medians over
-//! the timed steps.
+//! the timed steps. A worker runs in whatever job `comm::world()` finds, so `torchrun
+//! --nproc-per-node W --no-python dpcomp bench comm --worker --json ...` measures the same step
+//! over c10d on Gloo (`benches/comm_vs_ddp.py` runs it both ways against PyTorch DDP).
 //!
 //! The link model (`model_step`) puts the measured compute, encode and decode (decode per
 //! message, for the gathered compressors whose receivers decode all W) beside the standard ring
@@ -38,7 +40,8 @@ pub struct CommBenchArgs {
     #[cfg_attr(feature = "cli", command(flatten))]
     pub setup: BenchSetup,
     /// Compressors, comma-separated: KIND[:N[:KEY=VALUE...]], N the rate (DGC, Denoise, the
-    /// sketches) or the rank (PowerSGD): identity, dgc:256, powersgd:1:shape=rows, denoise:16.
+    /// sketches, random-k) or the rank (PowerSGD), omitted for the kinds without either:
+    /// identity, dgc:256, powersgd:1:shape=rows, denoise:16, fp16.
     #[cfg_attr(
         feature = "cli",
         arg(
@@ -60,7 +63,7 @@ pub struct CommBenchArgs {
         arg(long, value_delimiter = ',', default_value = "2,4,8,16,32,64")
     )]
     pub model_workers: Vec<usize>,
-    /// Run as one rank of the job (what `bench comm` launches under mpiexec).
+    /// Run as one rank of the job (what `bench comm` launches under mpiexec; torchrun works too).
     #[cfg_attr(feature = "cli", arg(long, hide = true))]
     pub worker: bool,
 }
@@ -69,21 +72,19 @@ pub struct CommBenchArgs {
 pub fn parse_compressor(text: &str) -> Result<CompressionSettings> {
     let mut parts = text.split(':');
     let name = parts.next().unwrap_or_default();
-    let kinds = [
-        CompressorKind::Identity,
-        CompressorKind::Dgc,
-        CompressorKind::Powersgd,
-        CompressorKind::Denoise,
-        CompressorKind::FlRnd,
-        CompressorKind::FlFreq,
-        CompressorKind::FlCs,
-    ];
-    let kind = kinds.into_iter().find(|k| k.name() == name).ok_or_else(|| {
-        Error::bad_value(
-            "--compressors",
-            format!("{text:?}: unknown compressor {name:?}; expected identity, dgc, powersgd, denoise, fl-rnd, fl-freq or fl-cs"),
-        )
-    })?;
+    let kind = CompressorKind::ALL
+        .into_iter()
+        .find(|k| k.name() == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = CompressorKind::ALL.iter().map(|k| k.name()).collect();
+            Error::bad_value(
+                "--compressors",
+                format!(
+                    "{text:?}: unknown compressor {name:?}; expected one of {}",
+                    names.join(", ")
+                ),
+            )
+        })?;
     let number = match parts.next() {
         Some(n) => n.parse::<f64>().map_err(|_| {
             Error::bad_value(
@@ -124,6 +125,11 @@ pub struct CommRow {
     pub comm_seconds: f64,
     /// Decoding the received messages, in seconds.
     pub decode_seconds: f64,
+    /// Inside the collectives on the rank that spent least there, each step, in seconds: the
+    /// transfer itself, nearly without waiting for a slower rank (`comm_seconds` minus this is
+    /// rank 0's wait for the others).
+    #[serde(default)]
+    pub least_comm_seconds: f64,
     /// Bytes rank 0 handed to MPI per step (its message, or the vectors it all-reduced).
     pub sent_bytes: f64,
     /// Bytes rank 0 received per step.
@@ -194,6 +200,16 @@ pub fn worker(args: &CommBenchArgs, comm: Shared) -> Result<Vec<CommRow>> {
         let all = gather_traffic(&mut gathering, &mine)?;
         let zero: Vec<&TrafficRow> = all.iter().filter(|r| r.rank == 0).collect();
         let of = |f: &dyn Fn(&TrafficRow) -> f64| median(zero.iter().map(|r| f(r)).collect());
+        let least_comm = median(
+            (setup.warmup..setup.warmup + setup.steps)
+                .map(|step| {
+                    all.iter()
+                        .filter(|r| r.step == step as u64)
+                        .map(|r| r.cost.comm_seconds)
+                        .fold(f64::INFINITY, f64::min)
+                })
+                .collect(),
+        );
         let parts = [
             of(&|r| r.compute_seconds),
             of(&|r| r.cost.encode_seconds),
@@ -214,6 +230,7 @@ pub fn worker(args: &CommBenchArgs, comm: Shared) -> Result<Vec<CommRow>> {
             encode_seconds: parts[1],
             comm_seconds: parts[2],
             decode_seconds: parts[3],
+            least_comm_seconds: least_comm,
             sent_bytes: of(&|r| r.cost.traffic.sent as f64),
             received_bytes: of(&|r| r.cost.traffic.received as f64),
             message_bytes,
@@ -475,4 +492,29 @@ fn launch(args: &CommBenchArgs, workers: usize) -> Result<Vec<CommRow>> {
             format!("the {workers}-rank benchmark printed no rows ({e}): {stdout}"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_parses_by_its_name_and_an_unknown_one_names_them() {
+        for (text, kind) in [
+            ("identity", CompressorKind::Identity),
+            ("fp16", CompressorKind::Fp16),
+            ("bf16", CompressorKind::Bf16),
+            ("dgc:256", CompressorKind::Dgc),
+            ("powersgd:2:shape=rows", CompressorKind::Powersgd),
+        ] {
+            assert_eq!(parse_compressor(text).unwrap().kind(), kind, "{text}");
+        }
+        let error = parse_compressor("fp8").unwrap_err().to_string();
+        assert!(
+            error.contains("--compressors") && error.contains("fp16"),
+            "{error}"
+        );
+        let error = parse_compressor("fp16:4").unwrap_err().to_string();
+        assert!(error.contains("rate"), "{error}");
+    }
 }
