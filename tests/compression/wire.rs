@@ -4,6 +4,7 @@
 
 use crate::common;
 use dpcomp::compress::wire::{HEADER_BYTES, PAYLOAD_HEADER_BYTES};
+use dpcomp::compress::wire_on_device;
 use dpcomp::compress::{Compressor, CompressorKind, Message, Payload, Setting};
 use dpcomp::config::CompressionSettings;
 use tch::{Device, Kind, Tensor};
@@ -61,6 +62,7 @@ fn round_trip(name: &str, spec: Compressor) {
             "{name}"
         );
         let decoded = Message::from_bytes(&bytes, Device::Cpu).unwrap();
+        same_bytes_on_the_device(name, &message, &bytes, &decoded);
         assert_eq!(decoded.payloads.len(), message.payloads.len(), "{name}");
         assert_eq!(decoded.flags.len(), message.flags.len(), "{name}");
         for (a, b) in decoded.flags.iter().zip(&message.flags) {
@@ -94,6 +96,64 @@ fn round_trip(name: &str, spec: Compressor) {
             "{name}: {measured} bits for {content} of payload"
         );
     }
+}
+
+/// The bytes made where the tensors live (`wire_on_device`) are `wire`'s, byte for byte, and
+/// read back to the message `wire` reads; a message whose size depends on its values is
+/// refused there (it crosses through host memory).
+fn same_bytes_on_the_device(name: &str, message: &Message, bytes: &[u8], decoded: &Message) {
+    let on_device = match wire_on_device::encode(message) {
+        Ok(on_device) => on_device,
+        Err(e) => {
+            assert!(message.has_pending_size(), "{name}: {e}");
+            assert!(e.to_string().contains("host memory"), "{name}: {e}");
+            return;
+        }
+    };
+    assert!(!message.has_pending_size(), "{name}");
+    assert_eq!(
+        Vec::<u8>::try_from(&on_device.bytes).unwrap(),
+        bytes,
+        "{name}: device bytes"
+    );
+    assert!(
+        on_device.layout.len() < bytes.len().max(14),
+        "{name}: layout"
+    );
+    let read = wire_on_device::decode(&on_device.layout, &on_device.bytes).unwrap();
+    assert_eq!(read.flags.len(), decoded.flags.len(), "{name}");
+    for (a, b) in read.flags.iter().zip(&decoded.flags) {
+        assert_eq!(a.int64_value(&[]), b.int64_value(&[]), "{name}: flag");
+    }
+    for (a, b) in read.payloads.iter().zip(&decoded.payloads) {
+        assert_eq!(
+            bits_of(&a.to_dense()),
+            bits_of(&b.to_dense()),
+            "{name}: device read"
+        );
+        assert_eq!(a.wire_bits(), b.wire_bits(), "{name}");
+    }
+    // A layout cut short, or bytes with one too many, are refused naming what was wrong.
+    let cut = wire_on_device::decode(
+        &on_device.layout[..on_device.layout.len() - 1],
+        &on_device.bytes,
+    );
+    assert!(cut.is_err(), "{name}: a short layout was read");
+    let longer = Tensor::cat(
+        &[
+            on_device.bytes.shallow_clone(),
+            Tensor::zeros([1], (Kind::Uint8, Device::Cpu)),
+        ],
+        0,
+    );
+    let e = match wire_on_device::decode(&on_device.layout, &longer) {
+        Ok(_) => panic!("{name}: bytes with one too many were read"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("1 bytes left after the last payload"),
+        "{name}: {e}"
+    );
 }
 
 #[test]

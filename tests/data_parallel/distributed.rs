@@ -274,6 +274,120 @@ fn exchanged_through_buffers(
     )
 }
 
+/// `f` on two ranks of a c10d process group on Gloo made in this process, one thread each.
+#[cfg(feature = "gloo")]
+fn on_two_gloo_ranks<T: Send + 'static>(
+    f: impl Fn(Box<dyn Communicator>) -> T + Send + Clone + 'static,
+) -> Vec<T> {
+    use dpcomp::comm::gloo::{GlooComm, Rendezvous};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            let f = f.clone();
+            std::thread::spawn(move || {
+                let rendezvous = Rendezvous {
+                    rank,
+                    world_size: 2,
+                    master_addr: "127.0.0.1".into(),
+                    master_port: port,
+                    launcher_hosts_store: false,
+                };
+                let comm =
+                    GlooComm::connect(&rendezvous, std::time::Duration::from_secs(60)).unwrap();
+                f(Box::new(comm))
+            })
+        })
+        .collect();
+    ranks.into_iter().map(|r| r.join().unwrap()).collect()
+}
+
+/// Three steps of `spec`'s exchange as `exchanged`, with the host reads each step made on this
+/// rank's thread and the bits of its messages.
+#[cfg(feature = "gloo")]
+fn exchanged_counting_reads(
+    spec: &Compressor,
+    comm: Box<dyn Communicator>,
+) -> Vec<(Vec<Tensor>, u64, u64)> {
+    let (rank, workers) = (comm.rank(), comm.size());
+    let mut encoder = spec.encoder(&shapes(), Device::Cpu).unwrap();
+    let decoders = (0..workers)
+        .map(|_| spec.decoder(&shapes(), Device::Cpu).unwrap())
+        .collect();
+    let mut exchange = Exchange::new(comm, decoders);
+    (0..3)
+        .map(|step| {
+            let update = update_of(rank, step);
+            let reads = dpcomp::host::HostReads::start();
+            let x = exchange.exchange(encoder.as_mut(), &update).unwrap();
+            (x.update, reads.since(), x.bits)
+        })
+        .collect()
+}
+
+#[cfg(feature = "gloo")]
+#[test]
+fn over_gloo_messages_cross_where_they_live_and_equal_the_thread_transports() {
+    let _serial = common::serial();
+    // The stochastic quantisers draw from the process's generator, which two ranks in one
+    // process share in no fixed order; the processes of `tests/data_parallel/gloo.rs` cover them.
+    let deterministic = every_compressor().into_iter().filter(|spec| {
+        !matches!(
+            spec.kind(),
+            CompressorKind::Qsgd
+                | CompressorKind::Terngrad
+                | CompressorKind::Int8
+                | CompressorKind::Natural
+        )
+    });
+    for spec in deterministic {
+        let label = spec.label();
+        let (spec2, spec3) = (spec.clone(), spec.clone());
+        let threads = ThreadGroup::run(2, move |comm| exchanged(&spec2, Box::new(comm))).unwrap();
+        let gloo = on_two_gloo_ranks(move |comm| exchanged_counting_reads(&spec3, comm));
+        for (rank, (threads, gloo)) in threads.iter().zip(&gloo).enumerate() {
+            let updates: Vec<Vec<Tensor>> = gloo
+                .iter()
+                .map(|(u, _, _)| u.iter().map(Tensor::shallow_clone).collect())
+                .collect();
+            close(
+                &format!("{label}, rank {rank}, over Gloo"),
+                threads,
+                &updates,
+                0.0,
+            );
+            // The bits of the first step: the message's exact bytes (`Message::to_bytes`).
+            let first = spec
+                .encoder(&shapes(), Device::Cpu)
+                .unwrap()
+                .encode(&update_of(rank, 0));
+            if !spec.kind().exchanged_by_sum() {
+                assert_eq!(
+                    gloo[0].2,
+                    8 * first.to_bytes().unwrap().len() as u64,
+                    "{label}: bits"
+                );
+            }
+            let pending = first.has_pending_size();
+            // FL-CS's reconstruction reads values of its own (`tests/training/host_reads.rs`).
+            if spec.kind() == CompressorKind::FlCs {
+                continue;
+            }
+            for (step, (_, reads, _)) in gloo.iter().enumerate() {
+                // A size that depends on the values (threshold-v) is read, and its message
+                // crosses through host memory; every other message crosses with no read.
+                match pending {
+                    true => assert!(*reads > 0, "{label}: the size was not read"),
+                    false => assert_eq!(*reads, 0, "{label}, rank {rank}, step {step}: host reads"),
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn messages_through_reused_host_buffers_change_nothing() {
     let _serial = common::serial();

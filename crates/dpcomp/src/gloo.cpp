@@ -62,6 +62,33 @@ int dpcomp_gloo_allreduce_f32(void* g, float* data, int64_t n, char** err) {
   }
 }
 
+// `t` (a contiguous tensor on the CPU or CUDA) summed over the ranks, in place.
+int dpcomp_gloo_allreduce_tensor(void* g, at::Tensor* t, char** err) {
+  try {
+    std::vector<at::Tensor> ts{*t};
+    static_cast<Group*>(g)->pg->allreduce(ts)->wait();
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e, err);
+  }
+}
+
+// Every rank's `in` (one dimension, the same length everywhere) into `out` (size times as long,
+// on the same device), in rank order.
+int dpcomp_gloo_allgather_tensor(void* g, const at::Tensor* in, at::Tensor* out, int size,
+                                 char** err) {
+  try {
+    const int64_t n = in->numel();
+    std::vector<at::Tensor> inputs{*in};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < size; ++r) outputs[0].push_back(out->narrow(0, r * n, n));
+    static_cast<Group*>(g)->pg->allgather(outputs, inputs)->wait();
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e, err);
+  }
+}
+
 // Every rank's `n` bytes into `out` (size * n bytes, in rank order).
 int dpcomp_gloo_allgather_u8(void* g, uint8_t* in, int64_t n, uint8_t* out, int size,
                              char** err) {

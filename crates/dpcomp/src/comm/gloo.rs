@@ -2,15 +2,20 @@
 //! LibTorch's `c10d::ProcessGroupGloo` over a `c10d::TCPStore` (`src/gloo.cpp`), created from
 //! the variables `torchrun` sets (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`), so
 //! `torchrun --nproc-per-node W --no-python dpcomp train ...` trains with W workers, on one
-//! machine or several. Dense sums are Gloo's all-reduce; byte messages of different lengths are
-//! an all-gather of the lengths, then of the messages padded to the longest (Gloo gathers
-//! tensors of one length), trimmed back. Every collective waits at most the timeout
+//! machine or several. The group takes tensors where they live (`Communicator::moves_tensors`),
+//! on the CPU and on CUDA: a step's sums are Gloo's all-reduce of the gradients' own tensor, and
+//! its byte messages, made on the device (`compress::wire_on_device`), one all-gather of device
+//! memory padded to the longest (Gloo gathers tensors of one length). The host collectives
+//! (configuration checks, metrics, the messages' layouts) move host memory: byte messages of
+//! different lengths are an all-gather of the lengths, then of the messages padded to the
+//! longest, trimmed back. Every collective waits at most the timeout
 //! (`collective_timeout`), then fails with an error naming the rank and the collective.
 
 use super::{collective_timeout, Communicator, Traffic};
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::time::Duration;
+use tch::{Kind, Tensor};
 
 extern "C" {
     #[allow(clippy::too_many_arguments)]
@@ -28,6 +33,18 @@ extern "C" {
         g: *mut c_void,
         data: *mut f32,
         n: i64,
+        err: *mut *mut c_char,
+    ) -> i32;
+    fn dpcomp_gloo_allreduce_tensor(
+        g: *mut c_void,
+        t: *mut torch_sys::C_tensor,
+        err: *mut *mut c_char,
+    ) -> i32;
+    fn dpcomp_gloo_allgather_tensor(
+        g: *mut c_void,
+        input: *const torch_sys::C_tensor,
+        out: *mut torch_sys::C_tensor,
+        size: i32,
         err: *mut *mut c_char,
     ) -> i32;
     fn dpcomp_gloo_allgather_u8(
@@ -350,6 +367,68 @@ impl Communicator for GlooComm {
         // SAFETY: the group is alive.
         let status = unsafe { dpcomp_gloo_barrier(self.group, &mut err) };
         self.check("barrier", status, err)
+    }
+
+    fn moves_tensors(&self) -> bool {
+        true
+    }
+
+    fn all_reduce_tensor(&mut self, flat: &mut Tensor) -> Result<()> {
+        if flat.kind() != Kind::Float || flat.dim() != 1 || !flat.is_contiguous() {
+            return Err(self.error(format!(
+                "all_reduce_tensor of a {:?} tensor of shape {:?}: expected a contiguous f32 vector",
+                flat.kind(),
+                flat.size()
+            )));
+        }
+        if flat.numel() == 0 {
+            return Ok(());
+        }
+        let mut err: *mut c_char = std::ptr::null_mut();
+        // SAFETY: a live tensor handle, exclusively borrowed for the call.
+        let status =
+            unsafe { dpcomp_gloo_allreduce_tensor(self.group, flat.as_mut_ptr(), &mut err) };
+        self.check("all_reduce_tensor", status, err)?;
+        let bytes = 4 * flat.numel() as u64;
+        self.traffic += Traffic {
+            sent: bytes,
+            received: bytes,
+        };
+        Ok(())
+    }
+
+    fn all_gather_tensor(&mut self, bytes: &Tensor) -> Result<Vec<Tensor>> {
+        if bytes.kind() != Kind::Uint8 || bytes.dim() != 1 {
+            return Err(self.error(format!(
+                "all_gather_tensor of a {:?} tensor of shape {:?}: expected a uint8 vector",
+                bytes.kind(),
+                bytes.size()
+            )));
+        }
+        let n = bytes.numel() as i64;
+        let input = bytes.contiguous();
+        let mut out = Tensor::empty([n * self.size as i64], (Kind::Uint8, bytes.device()));
+        if n > 0 {
+            let mut err: *mut c_char = std::ptr::null_mut();
+            // SAFETY: live tensor handles; `out` holds size * n bytes on `bytes`' device.
+            let status = unsafe {
+                dpcomp_gloo_allgather_tensor(
+                    self.group,
+                    input.as_ptr(),
+                    out.as_mut_ptr(),
+                    self.size as i32,
+                    &mut err,
+                )
+            };
+            self.check("all_gather_tensor", status, err)?;
+        }
+        self.traffic += Traffic {
+            sent: n as u64,
+            received: n as u64 * (self.size as u64 - 1),
+        };
+        Ok((0..self.size as i64)
+            .map(|r| out.narrow(0, r * n, n))
+            .collect())
     }
 
     fn take_traffic(&mut self) -> Traffic {

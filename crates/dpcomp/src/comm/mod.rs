@@ -1,12 +1,16 @@
 //! Communication between the W workers of a data-parallel run: the collectives that
 //! gradient compression needs, behind one small trait, so that training code is the same on one
-//! process, on W threads of one process (the tests' reference), and on W processes under MPI.
+//! process, on W threads of one process (the tests' reference), and on W processes under MPI or
+//! c10d (torchrun).
 //!
 //! - `all_reduce_sum`: dense vectors (the identity compressor, PowerSGD's factors, the
 //!   federated DCT sketches, which are linear);
 //! - `all_gather`: byte buffers of different lengths, in rank order, with no padding (MPI's
 //!   `MPI_Allgatherv`): the sparse messages of DGC, Denoise and top-k, each as its exact bytes;
-//! - `broadcast`, `barrier`.
+//! - `broadcast`, `barrier`;
+//! - `all_reduce_tensor`, `all_gather_tensor`: the same on tensors where they live, for a
+//!   transport that moves device memory (c10d's process groups, `moves_tensors`), so that a
+//!   step's messages never pass through the host; the others go through host memory.
 //!
 //! Every implementation counts the bytes it handed to and received from its transport
 //! (`Traffic`), so the bandwidth a run reports is what crossed, measured from the buffers.
@@ -18,13 +22,19 @@ pub mod check;
 pub mod gloo;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(dpcomp_nccl)]
+pub mod nccl;
+pub mod select;
 pub mod staging;
 pub mod threads;
 pub mod weights;
 
 use crate::error::{Error, Result};
+use crate::host;
 use std::time::Duration;
+use tch::{Device, Kind, Tensor};
 
+pub use select::{world_on, CommChoice};
 pub use threads::ThreadGroup;
 
 /// Bytes a rank handed to its transport and got back from it.
@@ -113,6 +123,41 @@ pub trait Communicator: Send {
     /// Ends the whole job after an error on this rank, so that the others do not wait for it
     /// (under MPI, `MPI_Abort`); a no-op where the other ranks learn of it otherwise.
     fn abort(&mut self, _code: i32) {}
+
+    /// Whether this transport takes tensors where they live (`all_reduce_tensor`,
+    /// `all_gather_tensor`): c10d's process groups do, on the CPU and on CUDA, so a
+    /// data-parallel step's messages never pass through host memory (`train::exchange`). MPI and
+    /// the thread transport move host memory; for them the exchange stages messages on the host
+    /// (`staging`) and the two methods below fall back to a copy through it.
+    fn moves_tensors(&self) -> bool {
+        false
+    }
+
+    /// Sums `flat` (a contiguous one-dimensional f32 tensor) over the ranks, in place, where it
+    /// lives. The default copies it to host memory, sums it there (`all_reduce_sum`) and back:
+    /// one counted transfer (`host::one_transfer`).
+    fn all_reduce_tensor(&mut self, flat: &mut Tensor) -> Result<()> {
+        let mut values = flat
+            .to_device(Device::Cpu)
+            .to_kind(Kind::Float)
+            .contiguous();
+        host::one_transfer(|| host::with_f32_mut(&mut values, |v| self.all_reduce_sum(v)))?;
+        flat.copy_(&values);
+        Ok(())
+    }
+
+    /// Every rank's `bytes` (a one-dimensional uint8 tensor of the same length on every rank),
+    /// in rank order, on `bytes`' device. The default goes through host memory (`all_gather`):
+    /// one counted transfer.
+    fn all_gather_tensor(&mut self, bytes: &Tensor) -> Result<Vec<Tensor>> {
+        let device = bytes.device();
+        let mine = host::one_transfer(|| host::to_bytes(&bytes.to_device(Device::Cpu)));
+        let all = self.all_gather(&mine)?;
+        Ok(all
+            .iter()
+            .map(|b| host::upload(&Tensor::from_slice(b), device))
+            .collect())
+    }
 
     /// An error naming this rank.
     fn error(&self, what: String) -> Error {
@@ -349,6 +394,15 @@ impl Communicator for Shared {
     }
     fn abort(&mut self, code: i32) {
         self.with(|c| c.abort(code))
+    }
+    fn moves_tensors(&self) -> bool {
+        self.with(|c| c.moves_tensors())
+    }
+    fn all_reduce_tensor(&mut self, flat: &mut Tensor) -> Result<()> {
+        self.with(|c| c.all_reduce_tensor(flat))
+    }
+    fn all_gather_tensor(&mut self, bytes: &Tensor) -> Result<Vec<Tensor>> {
+        self.with(|c| c.all_gather_tensor(bytes))
     }
 }
 

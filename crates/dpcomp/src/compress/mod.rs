@@ -42,6 +42,7 @@ pub mod threshold;
 pub mod topk;
 pub mod unpack;
 pub mod wire;
+pub mod wire_on_device;
 
 pub use cast::{Cast, CastEncoder, Int8, Int8Encoder};
 pub(crate) use codec::clip_global_norm;

@@ -47,17 +47,17 @@ pub const HEADER_BYTES: usize = 4 + 1 + 4 + 4;
 /// Kind, dtype, number of dimensions (the dimensions and the body's own fields come after).
 pub const PAYLOAD_HEADER_BYTES: usize = 3;
 
-const DENSE: u8 = 0;
-const SPARSE: u8 = 1;
-const LOW_RANK: u8 = 2;
-const QUANTIZED: u8 = 3;
-const CAST: u8 = 4;
+pub(crate) const DENSE: u8 = 0;
+pub(crate) const SPARSE: u8 = 1;
+pub(crate) const LOW_RANK: u8 = 2;
+pub(crate) const QUANTIZED: u8 = 3;
+pub(crate) const CAST: u8 = 4;
 
-const CODE_SIGN: u8 = 0;
-const CODE_SIGN_MAGNITUDE: u8 = 1;
-const CODE_ELIAS: u8 = 2;
+pub(crate) const CODE_SIGN: u8 = 0;
+pub(crate) const CODE_SIGN_MAGNITUDE: u8 = 1;
+pub(crate) const CODE_ELIAS: u8 = 2;
 
-fn bad(message: impl Into<String>) -> Error {
+pub(crate) fn bad(message: impl Into<String>) -> Error {
     Error::bad_value("message bytes", message.into())
 }
 
@@ -97,13 +97,13 @@ impl<'a> BitWriter<'a> {
     }
 }
 
-struct Reader<'a> {
-    bytes: &'a [u8],
-    at: usize,
+pub(crate) struct Reader<'a> {
+    pub(crate) bytes: &'a [u8],
+    pub(crate) at: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
         let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
         let Some(end) = end else {
             return Err(bad(format!(
@@ -116,10 +116,10 @@ impl<'a> Reader<'a> {
         self.at = end;
         Ok(slice)
     }
-    fn u8(&mut self, what: &str) -> Result<u8> {
+    pub(crate) fn u8(&mut self, what: &str) -> Result<u8> {
         Ok(self.take(1, what)?[0])
     }
-    fn u32(&mut self, what: &str) -> Result<u32> {
+    pub(crate) fn u32(&mut self, what: &str) -> Result<u32> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
@@ -146,7 +146,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn dtype_code(kind: Kind) -> Result<u8> {
+pub(crate) fn dtype_code(kind: Kind) -> Result<u8> {
     match kind {
         Kind::Float => Ok(0),
         Kind::Double => Ok(1),
@@ -263,7 +263,7 @@ fn get_values(
     Ok(host::upload(&values, device))
 }
 
-fn put_shape(out: &mut Vec<u8>, kind: u8, dtype: u8, shape: &[i64]) -> Result<()> {
+pub(crate) fn put_shape(out: &mut Vec<u8>, kind: u8, dtype: u8, shape: &[i64]) -> Result<()> {
     let ndim = u8::try_from(shape.len()).map_err(|_| bad("more than 255 dimensions"))?;
     out.extend_from_slice(&[kind, dtype, ndim]);
     for &d in shape {
@@ -273,7 +273,7 @@ fn put_shape(out: &mut Vec<u8>, kind: u8, dtype: u8, shape: &[i64]) -> Result<()
     Ok(())
 }
 
-fn put_u32(out: &mut Vec<u8>, value: usize, what: &str) -> Result<()> {
+pub(crate) fn put_u32(out: &mut Vec<u8>, value: usize, what: &str) -> Result<()> {
     let v = u32::try_from(value).map_err(|_| bad(format!("{what} {value} outside u32")))?;
     out.extend_from_slice(&v.to_le_bytes());
     Ok(())

@@ -7,7 +7,9 @@
 //!   orthonormalise, all-reduce Q; the sketches averaged in the compressed domain and decoded
 //!   once, FL-CS's reconstruction included, as the federated paper's server does);
 //! - the others (DGC, top-k, Denoise) by all-gather of each worker's exact bytes
-//!   (`compress::wire`), every worker decoding all W messages with one decoder per sender
+//!   (`compress::wire`): through host memory for MPI and the thread transport, and where the
+//!   tensors live for c10d (`Communicator::moves_tensors`: the bytes made and read on the
+//!   device by `compress::wire_on_device`, padded to the longest for one all-gather), every worker decoding all W messages with one decoder per sender
 //!   (Denoise's receiver keeps a velocity per sender) and averaging them in rank order.
 //!
 //! Either way every worker ends with the same update, the mean of the W decoded updates, so the
@@ -15,10 +17,10 @@
 
 use crate::comm::staging::HostStaging;
 use crate::comm::{Communicator, Traffic};
-use crate::compress::{Decoder, Encoder, Message};
+use crate::compress::{wire_on_device, Decoder, Encoder, Message};
 use crate::error::Result;
 use std::time::Instant;
-use tch::{Device, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// What one step's exchange cost this worker.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -46,6 +48,18 @@ pub struct Exchanged {
     /// What the exchange cost this worker: bytes through the transport and the seconds of each
     /// phase.
     pub cost: StepTraffic,
+}
+
+/// Every worker's message of one step, read, with what it cost so far.
+struct Gathered {
+    /// The W messages in rank order.
+    messages: Vec<Message>,
+    /// Bits of this worker's message as handed to the transport (8 x its bytes).
+    bits: u64,
+    encode_seconds: f64,
+    comm_seconds: f64,
+    /// When reading the messages began (decoding counts from there).
+    decode_started: Instant,
 }
 
 /// A worker's end of the exchange: the transport and one decoder per sender.
@@ -111,7 +125,13 @@ impl Exchange {
         let (comm, staging) = (&mut self.comm, &mut self.staging);
         let mut reduce = |flat: &Tensor| -> Result<Tensor> {
             let at = Instant::now();
-            let result = staging.all_reduce(comm.as_mut(), flat);
+            let result = if comm.moves_tensors() {
+                // Summed where it lives, into a vector of its own.
+                let mut sum = flat.to_kind(Kind::Float).reshape([-1]).copy();
+                comm.all_reduce_tensor(&mut sum).map(|()| sum)
+            } else {
+                staging.all_reduce(comm.as_mut(), flat)
+            };
             comm_seconds += at.elapsed().as_secs_f64();
             result
         };
@@ -139,23 +159,15 @@ impl Exchange {
             });
         }
         let message = encoder.encode(grads);
-        // MPI sends host memory: every tensor's copy is queued, the host waits once, and that
-        // one transfer is the step's one counted read (`host::one_transfer`).
-        let bytes = self.staging.message_bytes(&message)?;
-        let encode_seconds = started.elapsed().as_secs_f64();
-        let at = Instant::now();
-        let gathered = self.comm.all_gather(&bytes)?;
-        let comm_seconds = at.elapsed().as_secs_f64();
-        let at = Instant::now();
         let device = grads.first().map_or(Device::Cpu, Tensor::device);
+        let gathered = if self.comm.moves_tensors() && !message.has_pending_size() {
+            self.gather_on_device(&message, started)?
+        } else {
+            self.gather_through_host(&message, started, device)?
+        };
         let mut sum: Option<Vec<Tensor>> = None;
-        for (sender, (bytes, decoder)) in gathered.iter().zip(&mut self.decoders).enumerate() {
-            let received = Message::from_bytes(bytes, device).map_err(|e| {
-                self.comm.error(format!(
-                    "the message rank {sender} sent does not decode: {e}"
-                ))
-            })?;
-            let part = decoder.decode(&received);
+        for (received, decoder) in gathered.messages.iter().zip(&mut self.decoders) {
+            let part = decoder.decode(received);
             sum = Some(match sum {
                 None => part,
                 Some(total) => total.iter().zip(&part).map(|(t, p)| t + p).collect(),
@@ -170,15 +182,112 @@ impl Exchange {
         let update = self.decoders[0].combine(mean);
         let cost = StepTraffic {
             traffic: self.comm.take_traffic(),
-            encode_seconds,
-            comm_seconds,
-            decode_seconds: at.elapsed().as_secs_f64(),
+            encode_seconds: gathered.encode_seconds,
+            comm_seconds: gathered.comm_seconds,
+            decode_seconds: gathered.decode_started.elapsed().as_secs_f64(),
         };
         Ok(Exchanged {
             update,
-            bits: 8 * bytes.len() as u64,
+            bits: gathered.bits,
             paper_bits: message.paper_bits(),
             cost,
+        })
+    }
+
+    /// Every worker's message through host memory (MPI, the thread transport; and a message
+    /// whose size depends on its values): every tensor's copy is queued, the host waits once,
+    /// and that one transfer is the step's one counted read (`host::one_transfer`); the exact
+    /// bytes are all-gathered. The messages in rank order, the bits of this worker's, the
+    /// seconds encoding and in the collective.
+    fn gather_through_host(
+        &mut self,
+        message: &Message,
+        started: Instant,
+        device: Device,
+    ) -> Result<Gathered> {
+        let bytes = self.staging.message_bytes(message)?;
+        let encode_seconds = started.elapsed().as_secs_f64();
+        let at = Instant::now();
+        let gathered = self.comm.all_gather(&bytes)?;
+        let comm_seconds = at.elapsed().as_secs_f64();
+        let decode_started = Instant::now();
+        let messages = gathered
+            .iter()
+            .enumerate()
+            .map(|(sender, bytes)| {
+                Message::from_bytes(bytes, device).map_err(|e| {
+                    self.comm.error(format!(
+                        "the message rank {sender} sent does not decode: {e}"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<Message>>>()?;
+        Ok(Gathered {
+            messages,
+            bits: 8 * bytes.len() as u64,
+            encode_seconds,
+            comm_seconds,
+            decode_started,
+        })
+    }
+
+    /// Every worker's message where the tensors live (c10d, `Communicator::moves_tensors`):
+    /// the bytes are made on the device (`wire_on_device`), the layouts and lengths cross
+    /// through the transport's host collectives (the shapes fix them: nothing is read from the
+    /// device), and the bytes, padded to the longest, by one all-gather of device memory
+    /// (Gloo gathers tensors of one length), each trimmed back and read on the device.
+    fn gather_on_device(&mut self, message: &Message, started: Instant) -> Result<Gathered> {
+        let mine = wire_on_device::encode(message)?;
+        let length = mine.bytes.size()[0];
+        let encode_seconds = started.elapsed().as_secs_f64();
+        let at = Instant::now();
+        let mut head = (length as u64).to_le_bytes().to_vec();
+        head.extend_from_slice(&mine.layout);
+        let heads = self.comm.all_gather(&head)?;
+        let lengths = heads
+            .iter()
+            .enumerate()
+            .map(|(sender, head)| match head.get(..8) {
+                Some(b) => Ok(u64::from_le_bytes(b.try_into().expect("8 bytes")) as i64),
+                None => Err(self.comm.error(format!(
+                    "rank {sender} sent a layout of {} bytes: expected at least 8",
+                    head.len()
+                ))),
+            })
+            .collect::<Result<Vec<i64>>>()?;
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let padded = match longest - length {
+            0 => mine.bytes,
+            pad => Tensor::cat(
+                &[
+                    mine.bytes.shallow_clone(),
+                    Tensor::zeros([pad], (Kind::Uint8, mine.bytes.device())),
+                ],
+                0,
+            ),
+        };
+        let gathered = self.comm.all_gather_tensor(&padded)?;
+        let comm_seconds = at.elapsed().as_secs_f64();
+        let decode_started = Instant::now();
+        let messages = gathered
+            .iter()
+            .zip(&heads)
+            .zip(&lengths)
+            .enumerate()
+            .map(|(sender, ((bytes, head), &n))| {
+                wire_on_device::decode(&head[8..], &bytes.narrow(0, 0, n)).map_err(|e| {
+                    self.comm.error(format!(
+                        "the message rank {sender} sent does not decode: {e}"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<Message>>>()?;
+        Ok(Gathered {
+            messages,
+            bits: 8 * length as u64,
+            encode_seconds,
+            comm_seconds,
+            decode_started,
         })
     }
 }
