@@ -176,7 +176,9 @@ impl Link {
 
 /// Sums a flat f32 vector over the workers of a data-parallel run and returns the sum on the
 /// vector's device, the same on every worker (`comm::Communicator::all_reduce_sum`, through
-/// the exchange's host buffers, `comm::staging`).
+/// the exchange's host buffers, `comm::staging`; or in place where the transport moves
+/// tensors, `Communicator::all_reduce_tensor`). The vector is the caller's own, which it may
+/// find summed afterwards: `all_reduce_sum` hands it one made for the call.
 pub type AllReduce<'a> = dyn FnMut(&Tensor) -> Result<Tensor> + 'a;
 
 /// `tensors` summed over the workers through one call of `reduce` (one flat vector, as MPI

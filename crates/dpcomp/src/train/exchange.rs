@@ -126,8 +126,9 @@ impl Exchange {
         let mut reduce = |flat: &Tensor| -> Result<Tensor> {
             let at = Instant::now();
             let result = if comm.moves_tensors() {
-                // Summed where it lives, into a vector of its own.
-                let mut sum = flat.to_kind(Kind::Float).reshape([-1]).copy();
+                // Summed where it lives, in place: the vector is made for the call
+                // (`compress::AllReduce`), so no copy of it is needed.
+                let mut sum = flat.to_kind(Kind::Float).reshape([-1]).contiguous();
                 comm.all_reduce_tensor(&mut sum).map(|()| sum)
             } else {
                 staging.all_reduce(comm.as_mut(), flat)
