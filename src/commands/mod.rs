@@ -47,6 +47,31 @@ pub fn check_thread_workers(flag: &str, workers: usize) -> anyhow::Result<()> {
              holds its own replica and thread pool); run more as MPI ranks under mpiexec"
         );
     }
+    // A launcher's processes would each run threads of their own: N x W workers in N runs.
+    let torchrun = std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|w| w.trim().parse::<usize>().ok());
+    let launched = [
+        (
+            dpcomp::comm::launched_processes(),
+            "an MPI launcher",
+            "mpiexec -n W",
+        ),
+        (
+            torchrun,
+            "torchrun (WORLD_SIZE)",
+            "torchrun --nproc-per-node W",
+        ),
+    ];
+    for (processes, launcher, launch) in launched {
+        if let Some(n) = processes.filter(|&n| n > 1) {
+            anyhow::bail!(
+                "{flag} {workers}: {launcher} started {n} processes, which would each run \
+                 {workers} workers of their own; run {flag} W as one process, or `{launch} \
+                 dpcomp ...` without {flag}"
+            );
+        }
+    }
     Ok(())
 }
 

@@ -56,9 +56,13 @@ pub fn run(args: TrainArgs) -> Result<()> {
     // for it in their next collective), after saying which rank failed and why.
     let shared = Shared::new(world);
     dpcomp::comm::end_job_on_panic(&shared);
-    run_with(args, Some(shared.clone()), transport).inspect_err(|e| {
+    if let Err(e) = run_with(args, Some(shared.clone()), transport) {
         dpcomp::comm::end_job(&mut shared.clone(), &format!("{e:#}"));
-    })
+        // The error is printed; a transport without an abort (c10d) returns here: exit
+        // rather than print it a second time.
+        std::process::exit(1);
+    }
+    Ok(())
 }
 
 /// The device the run trains on, as its settings resolve it (the flag, else --config's file,

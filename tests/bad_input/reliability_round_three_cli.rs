@@ -218,6 +218,14 @@ fn worker_counts_that_cannot_run_are_refused() {
             "--threads 2: an MPI launcher started 2 processes",
         );
     }
+    // Training's thread workers under torchrun (or any launcher of several) likewise.
+    refused(
+        &dpcomp_with(
+            &["train", "--task", "surnames", "--thread-workers", "2"],
+            &[("WORLD_SIZE", "2")],
+        ),
+        "--thread-workers 2: torchrun (WORLD_SIZE) started 2 processes",
+    );
     // One process of a launcher, or none: the check runs.
     let out = dpcomp_with(
         &["check-comm", "--threads", "2", "--elements", "5"],

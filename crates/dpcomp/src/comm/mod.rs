@@ -206,11 +206,10 @@ pub trait Communicator: Send {
 /// another failing rank's, ends the job and loses output still in flight), then ends the whole
 /// job (`Communicator::abort`), so that no other rank waits for this one.
 pub fn end_job(comm: &mut dyn Communicator, message: &str) {
-    let line = format!(
-        "error: rank {} of {}: {message}\n",
-        comm.rank(),
-        comm.size()
-    );
+    let rank = format!("rank {} of {}: ", comm.rank(), comm.size());
+    // A communicator's own error already names the rank (`Error::Comm`).
+    let message = message.strip_prefix(&rank).unwrap_or(message);
+    let line = format!("error: {rank}{message}\n");
     let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
     std::thread::sleep(Duration::from_millis(500));
     comm.abort(1);
