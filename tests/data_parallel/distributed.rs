@@ -275,10 +275,13 @@ fn exchanged_through_buffers(
 }
 
 /// `f` on `size` ranks of a c10d process group on Gloo made in this process, one thread each.
+/// `f` hands its communicator back: the groups end here once every rank is done, the last rank
+/// first and rank 0, which hosts the store, last (as processes would end), never one while
+/// another is still using it.
 #[cfg(feature = "gloo")]
 fn on_gloo_ranks<T: Send + 'static>(
     size: usize,
-    f: impl Fn(Box<dyn Communicator>) -> T + Send + Clone + 'static,
+    f: impl Fn(Box<dyn Communicator>) -> (T, Box<dyn Communicator>) + Send + Clone + 'static,
 ) -> Vec<T> {
     use dpcomp::comm::gloo::{GlooComm, Rendezvous};
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -303,7 +306,12 @@ fn on_gloo_ranks<T: Send + 'static>(
             })
         })
         .collect();
-    ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    let (results, mut comms): (Vec<T>, Vec<Box<dyn Communicator>>) =
+        ranks.into_iter().map(|r| r.join().unwrap()).unzip();
+    while let Some(comm) = comms.pop() {
+        drop(comm);
+    }
+    results
 }
 
 /// Three steps of `spec`'s exchange as `exchanged`, with the host reads each step made on this
@@ -312,21 +320,22 @@ fn on_gloo_ranks<T: Send + 'static>(
 fn exchanged_counting_reads(
     spec: &Compressor,
     comm: Box<dyn Communicator>,
-) -> Vec<(Vec<Tensor>, u64, u64)> {
+) -> (Vec<(Vec<Tensor>, u64, u64)>, Box<dyn Communicator>) {
     let (rank, workers) = (comm.rank(), comm.size());
     let mut encoder = spec.encoder(&shapes(), Device::Cpu).unwrap();
     let decoders = (0..workers)
         .map(|_| spec.decoder(&shapes(), Device::Cpu).unwrap())
         .collect();
     let mut exchange = Exchange::new(comm, decoders);
-    (0..3)
+    let steps = (0..3)
         .map(|step| {
             let update = update_of(rank, step);
             let reads = dpcomp::host::HostReads::start();
             let x = exchange.exchange(encoder.as_mut(), &update).unwrap();
             (x.update, reads.since(), x.bits)
         })
-        .collect()
+        .collect();
+    (steps, exchange.comm)
 }
 
 #[cfg(feature = "gloo")]

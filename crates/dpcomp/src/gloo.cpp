@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 namespace {
@@ -21,6 +22,17 @@ struct Group {
 int fail(const std::exception& e, char** err) {
   *err = strdup(e.what());
   return 1;
+}
+
+// c10d records every collective in a flight recorder that is one per process and not safe to
+// enter from two groups at once (a crash in its map when the ranks of a test run as threads of
+// one process); the collectives are queued under one lock and waited for outside it.
+std::mutex enqueue_lock;
+
+template <class F>
+c10::intrusive_ptr<c10d::Work> enqueue(F f) {
+  std::lock_guard<std::mutex> guard(enqueue_lock);
+  return f();
 }
 
 at::Tensor bytes(uint8_t* data, int64_t n) {
@@ -55,7 +67,7 @@ void* dpcomp_gloo_new(const char* store_host, int port, const char* device_host,
 int dpcomp_gloo_allreduce_f32(void* g, float* data, int64_t n, char** err) {
   try {
     std::vector<at::Tensor> ts{at::from_blob(data, {n}, at::TensorOptions().dtype(at::kFloat))};
-    static_cast<Group*>(g)->pg->allreduce(ts)->wait();
+    enqueue([&] { return static_cast<Group*>(g)->pg->allreduce(ts); })->wait();
     return 0;
   } catch (const std::exception& e) {
     return fail(e, err);
@@ -66,7 +78,7 @@ int dpcomp_gloo_allreduce_f32(void* g, float* data, int64_t n, char** err) {
 int dpcomp_gloo_allreduce_tensor(void* g, at::Tensor* t, char** err) {
   try {
     std::vector<at::Tensor> ts{*t};
-    static_cast<Group*>(g)->pg->allreduce(ts)->wait();
+    enqueue([&] { return static_cast<Group*>(g)->pg->allreduce(ts); })->wait();
     return 0;
   } catch (const std::exception& e) {
     return fail(e, err);
@@ -82,7 +94,7 @@ int dpcomp_gloo_allgather_tensor(void* g, const at::Tensor* in, at::Tensor* out,
     std::vector<at::Tensor> inputs{*in};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < size; ++r) outputs[0].push_back(out->narrow(0, r * n, n));
-    static_cast<Group*>(g)->pg->allgather(outputs, inputs)->wait();
+    enqueue([&] { return static_cast<Group*>(g)->pg->allgather(outputs, inputs); })->wait();
     return 0;
   } catch (const std::exception& e) {
     return fail(e, err);
@@ -96,7 +108,7 @@ int dpcomp_gloo_allgather_u8(void* g, uint8_t* in, int64_t n, uint8_t* out, int 
     std::vector<at::Tensor> inputs{bytes(in, n)};
     std::vector<std::vector<at::Tensor>> outputs(1);
     for (int r = 0; r < size; ++r) outputs[0].push_back(bytes(out + r * n, n));
-    static_cast<Group*>(g)->pg->allgather(outputs, inputs)->wait();
+    enqueue([&] { return static_cast<Group*>(g)->pg->allgather(outputs, inputs); })->wait();
     return 0;
   } catch (const std::exception& e) {
     return fail(e, err);
@@ -108,7 +120,7 @@ int dpcomp_gloo_broadcast_u8(void* g, uint8_t* data, int64_t n, int root, char**
     std::vector<at::Tensor> ts{bytes(data, n)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    static_cast<Group*>(g)->pg->broadcast(ts, o)->wait();
+    enqueue([&] { return static_cast<Group*>(g)->pg->broadcast(ts, o); })->wait();
     return 0;
   } catch (const std::exception& e) {
     return fail(e, err);
@@ -117,7 +129,7 @@ int dpcomp_gloo_broadcast_u8(void* g, uint8_t* data, int64_t n, int root, char**
 
 int dpcomp_gloo_barrier(void* g, char** err) {
   try {
-    static_cast<Group*>(g)->pg->barrier()->wait();
+    enqueue([&] { return static_cast<Group*>(g)->pg->barrier(); })->wait();
     return 0;
   } catch (const std::exception& e) {
     return fail(e, err);

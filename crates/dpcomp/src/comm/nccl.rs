@@ -350,7 +350,7 @@ mod tests {
         let mut flat = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).to_device(Device::Cuda(0));
         comm.all_reduce_tensor(&mut flat).unwrap();
         assert_eq!(
-            Vec::<f32>::try_from(&flat.to_device(Device::Cpu)).unwrap(),
+            crate::host::to_vec_f32(&flat.to_device(Device::Cpu)).unwrap(),
             [1.0, 2.0, 3.0]
         );
         let e = comm
