@@ -314,13 +314,17 @@ fn on_gloo_ranks<T: Send + 'static>(
     results
 }
 
+/// One step's update, with the host reads the step made and the bits of its message.
+#[cfg(feature = "gloo")]
+type StepRead = (Vec<Tensor>, u64, u64);
+
 /// Three steps of `spec`'s exchange as `exchanged`, with the host reads each step made on this
 /// rank's thread and the bits of its messages.
 #[cfg(feature = "gloo")]
 fn exchanged_counting_reads(
     spec: &Compressor,
     comm: Box<dyn Communicator>,
-) -> (Vec<(Vec<Tensor>, u64, u64)>, Box<dyn Communicator>) {
+) -> (Vec<StepRead>, Box<dyn Communicator>) {
     let (rank, workers) = (comm.rank(), comm.size());
     let mut encoder = spec.encoder(&shapes(), Device::Cpu).unwrap();
     let decoders = (0..workers)
