@@ -152,7 +152,7 @@ pub struct GlooComm {
 unsafe impl Send for GlooComm {}
 
 /// The message an FFI call left in `err`, freed.
-fn take_message(err: *mut c_char) -> String {
+pub(super) fn take_message(err: *mut c_char) -> String {
     if err.is_null() {
         return "no message".to_string();
     }

@@ -15,10 +15,10 @@
 //! and the operation (`[Rank r] Watchdog caught collective operation timeout: WorkNCCL(...,
 //! OpType=ALLREDUCE, ...)`), since the host, which never waited, cannot be handed an error.
 
-use super::gloo::{GlooComm, Rendezvous};
+use super::gloo::{take_message, GlooComm, Rendezvous};
 use super::{collective_timeout, Communicator, Traffic};
 use crate::error::{Error, Result};
-use std::ffi::{c_char, c_void, CStr, CString};
+use std::ffi::{c_char, c_void, CString};
 use std::time::Duration;
 use tch::{Device, Kind, Tensor};
 
@@ -44,21 +44,6 @@ extern "C" {
         err: *mut *mut c_char,
     ) -> i32;
     fn dpcomp_nccl_free(g: *mut c_void);
-}
-
-/// The message an FFI call left in `err`, freed: its first line (c10d's messages carry a C++
-/// trace after it).
-fn take_message(err: *mut c_char) -> String {
-    if err.is_null() {
-        return "no message".to_string();
-    }
-    // SAFETY: the shim wrote a NUL-terminated string from strdup.
-    let text = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .into_owned();
-    // SAFETY: strdup's memory, freed once.
-    unsafe { libc::free(err as *mut c_void) };
-    text.lines().next().unwrap_or("").to_string()
 }
 
 /// The GPU of this rank: `LOCAL_RANK` as `var` reads it, 0 where it is unset; an error names a
