@@ -308,3 +308,58 @@ pub fn library_rust_files() -> Vec<PathBuf> {
     walk(&crates.join("dpcomp-lab/src"), &mut files);
     files
 }
+
+/// The project's Python (`scripts/setup.sh` makes `.venv`; torch, opacus, transformers and
+/// peft are installed there).
+pub fn venv_python() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python")
+}
+
+/// Tiny random Hugging Face checkpoints made offline by `transformers` (`scripts/hf_reference.py
+/// make`: bert, roberta, gpt2, gpt2-cls, llama, llama-sharded, each a `save_pretrained` folder
+/// with `reference.safetensors`: inputs and transformers' logits). Made once per version of the
+/// script under `target/` (a folder named by the script's hash, written beside and renamed into
+/// place, so that test binaries running at once agree) and reused.
+pub fn hf_fixtures() -> PathBuf {
+    use sha2::{Digest, Sha256};
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let script = root.join("scripts/hf_reference.py");
+        let text = std::fs::read(&script).expect("scripts/hf_reference.py");
+        let hash: String = Sha256::digest(&text)
+            .iter()
+            .take(6)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let dir = root.join("target").join(format!("hf-fixtures-{hash}"));
+        if dir.join("done").is_file() {
+            return dir;
+        }
+        let tmp = root
+            .join("target")
+            .join(format!("hf-fixtures-{hash}.{}.tmp", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let output = std::process::Command::new(venv_python())
+            .arg(&script)
+            .args(["make", "--out"])
+            .arg(&tmp)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("TRANSFORMERS_OFFLINE", "1")
+            .output()
+            .expect("run .venv/bin/python (scripts/setup.sh makes it)");
+        assert!(
+            output.status.success(),
+            "scripts/hf_reference.py make failed (transformers is installed by scripts/setup.sh): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        std::fs::write(tmp.join("done"), b"").unwrap();
+        if std::fs::rename(&tmp, &dir).is_err() {
+            // Another test binary made it first.
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        assert!(dir.join("done").is_file(), "{} was not made", dir.display());
+        dir
+    })
+    .clone()
+}

@@ -12,6 +12,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`nn`], [`models`] | layers that record what per-sample gradients need; the [`Model`] trait and a model zoo (LSTM, CNN, ResNet-18, BERT) |
+//! | [`hf`] | Hugging Face transformers in and out: BERT, RoBERTa, GPT-2, Llama; full, last-k, BiTFiT and LoRA fine-tuning |
 //! | [`data`] | datasets, Poisson and shuffled batches, loaders of the public data sets |
 //! | [`privacy`] | the [`privacy::engine::PrivacyEngine`] (clip, noise, account), accountants, σ calibration, audits |
 //! | [`compress`] | typed compressor settings ([`compress::Compressor`]), encoders, decoders and their byte messages |
@@ -91,6 +92,7 @@ pub mod cuda_settings;
 pub mod data;
 pub mod error;
 pub mod fl;
+pub mod hf;
 pub mod host;
 pub mod json_floats;
 pub mod models;

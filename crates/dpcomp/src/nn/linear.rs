@@ -71,7 +71,9 @@ impl Linear {
         let ys = xs
             .f_linear(&self.weight, self.bias.as_ref())
             .map_err(|e| kernel_error(&layer(), e))?;
-        if let Some(tape) = ctx.tape().filter(|_| self.weight.requires_grad()) {
+        let trainable =
+            self.weight.requires_grad() || self.bias.as_ref().is_some_and(Tensor::requires_grad);
+        if let Some(tape) = ctx.tape().filter(|_| trainable) {
             let record = LinearRecord {
                 weight: self.weight.shallow_clone(),
                 bias: self.bias.as_ref().map(Tensor::shallow_clone),
@@ -98,11 +100,14 @@ impl Recorded for LinearRecord {
         let a = Activations::Held(self.input.reshape([batch, -1, input_dim]));
         let b = grad.reshape([batch, -1, output_dim]);
         let mut parameters = Vec::new();
-        if let Some(bias) = &self.bias {
+        if let Some(bias) = self.bias.as_ref().filter(|b| b.requires_grad()) {
             let summed = b.sum_dim_intlist(1, false, b.kind());
             parameters.push((bias.shallow_clone(), PerSample::Direct(summed)));
         }
-        parameters.push((self.weight.shallow_clone(), outer(a, b, self.weight.size())));
+        // A frozen weight (BiTFiT trains the bias alone) costs no per-sample work.
+        if self.weight.requires_grad() {
+            parameters.push((self.weight.shallow_clone(), outer(a, b, self.weight.size())));
+        }
         LayerGradients::of(parameters)
     }
 }

@@ -87,7 +87,7 @@ fn normalise(
     ctx: &mut Ctx,
     layer: &dyn Fn() -> String,
 ) -> Result<Tensor> {
-    let recording = ctx.tape().is_some() && weight.requires_grad();
+    let recording = ctx.tape().is_some() && (weight.requires_grad() || bias.requires_grad());
     let groups = match normalization {
         Normalization::Group { groups } => Some(groups),
         Normalization::Instance => Some(xs.size()[1]),
@@ -400,17 +400,19 @@ impl Recorded for AffineRecord {
         if let Some((mean, rstd)) = &self.statistics {
             return group_norm_per_sample(self, grad, mean, rstd);
         }
-        // x̂ for this layer only, freed with the recipe's temporaries.
-        let normalized = tch::no_grad(|| self.normalization.apply(&self.input));
-        LayerGradients::of(vec![
-            (
-                self.bias.shallow_clone(),
-                PerSample::Direct(sum_except(grad, self.channel_dim)),
-            ),
-            (
+        let mut parameters = vec![(
+            self.bias.shallow_clone(),
+            PerSample::Direct(sum_except(grad, self.channel_dim)),
+        )];
+        // A frozen weight (BiTFiT trains the bias alone) needs no x̂.
+        if self.weight.requires_grad() {
+            // x̂ for this layer only, freed with the recipe's temporaries.
+            let normalized = tch::no_grad(|| self.normalization.apply(&self.input));
+            parameters.push((
                 self.weight.shallow_clone(),
                 PerSample::Direct(sum_except(&(&normalized * grad), self.channel_dim)),
-            ),
-        ])
+            ));
+        }
+        LayerGradients::of(parameters)
     }
 }

@@ -67,10 +67,15 @@ pub struct LayerGradients {
 }
 
 impl LayerGradients {
-    /// Parameters only (the layer's output is on the autograd graph).
+    /// Parameters only (the layer's output is on the autograd graph). Frozen parameters
+    /// (`requires_grad` false: a fine-tuning that trains a layer's bias but not its weight) are
+    /// left out: only trainable parameters are clipped and updated.
     pub fn of(parameters: Vec<(Tensor, PerSample)>) -> Self {
         LayerGradients {
-            parameters,
+            parameters: parameters
+                .into_iter()
+                .filter(|(parameter, _)| parameter.requires_grad())
+                .collect(),
             upstream: None,
         }
     }

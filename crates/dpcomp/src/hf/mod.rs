@@ -1,0 +1,137 @@
+//! Pre-trained transformers from Hugging Face model folders, fine-tuned privately.
+//!
+//! A folder that `save_pretrained` wrote (`config.json`, `model.safetensors` or its shards) is
+//! read into a model built from dpcomp's recorded layers, so that every weight that trains has
+//! per-sample gradients: the BERT family (BERT, RoBERTa), GPT-2 and the Llama family. What
+//! trains is a [`FineTuning`] mode: everything, the last k blocks, the biases (BiTFiT, Ben Zaken
+//! et al. 2022) or LoRA adapters (Hu et al. 2021) on the projections a [`LoraConfig`] names.
+//! The result goes out again as a Hugging Face folder (adapters merged) and, for LoRA, as a
+//! PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`).
+
+pub mod checkpoint;
+pub mod finetune;
+
+pub use checkpoint::{write_safetensors, Checkpoint};
+pub use finetune::FineTuning;
+
+use crate::error::{Error, Result};
+use crate::models::Model;
+use crate::nn::{LoraConfig, LoraLinear};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use tch::Tensor;
+
+/// The architectures dpcomp reads, by `config.json`'s `model_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// `bert`: post-norm encoder, learned positions, token types.
+    Bert,
+    /// `roberta`: BERT's encoder with positions offset past the padding id.
+    Roberta,
+    /// `gpt2`: pre-norm decoder, Conv1D projections stored `[in, out]`, tied `lm_head`.
+    Gpt2,
+    /// `llama`: RMSNorm, rotary positions, SwiGLU, grouped-query attention.
+    Llama,
+}
+
+impl Architecture {
+    /// The architecture `dir/config.json` declares (`model_type`); another one is an error
+    /// naming it and the file.
+    pub fn of_folder(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        #[derive(Deserialize)]
+        struct ModelType {
+            model_type: Option<String>,
+        }
+        let declared: ModelType = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(&path, format!("not a Hugging Face config.json: {e}")))?;
+        match declared.model_type.as_deref() {
+            Some("bert") => Ok(Architecture::Bert),
+            Some("roberta") => Ok(Architecture::Roberta),
+            Some("gpt2") => Ok(Architecture::Gpt2),
+            Some("llama") => Ok(Architecture::Llama),
+            Some(other) => Err(Error::bad_file(
+                &path,
+                format!("model_type {other:?}: expected one of \"bert\", \"roberta\", \"gpt2\", \"llama\""),
+            )),
+            None => Err(Error::bad_file(
+                &path,
+                "no model_type: expected one of \"bert\", \"roberta\", \"gpt2\", \"llama\"",
+            )),
+        }
+    }
+
+    /// The projections LoRA adapts when `LoraConfig::target_modules` is empty: PEFT's defaults
+    /// for the architecture (the attention's query and value).
+    pub fn default_lora_targets(self) -> &'static [&'static str] {
+        match self {
+            Architecture::Bert | Architecture::Roberta => &["query", "value"],
+            Architecture::Gpt2 => &["c_attn"],
+            Architecture::Llama => &["q_proj", "v_proj"],
+        }
+    }
+
+    /// PEFT's `fan_in_fan_out` for the architecture: GPT-2's Conv1D stores its weight `[in, out]`.
+    pub fn fan_in_fan_out(self) -> bool {
+        self == Architecture::Gpt2
+    }
+}
+
+/// What sits on top of the transformer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Head {
+    /// Logits [B, classes] from the pooled sequence (BERT: the pooler on the first token;
+    /// RoBERTa: its classification head on `<s>`; GPT-2 and Llama: `score` on the last real
+    /// token), `*ForSequenceClassification`.
+    SequenceClassification {
+        /// The number of classes.
+        classes: i64,
+    },
+    /// Next-token logits [B, T, vocabulary], `*ForCausalLM` / `GPT2LMHeadModel`.
+    CausalLm,
+}
+
+/// A pre-trained transformer read from a Hugging Face folder: a [`Model`] that can say where its
+/// blocks, heads and projections are (for the fine-tuning modes) and give its weights back under
+/// Hugging Face's names.
+pub trait Pretrained: Model {
+    /// Which architecture it is.
+    fn architecture(&self) -> Architecture;
+
+    /// The name prefixes of its transformer blocks in order (`encoder.layer.0.`, ...).
+    fn block_prefixes(&self) -> Vec<String>;
+
+    /// The name prefixes that train in every mode but full fine-tuning's (a freshly initialised
+    /// classification head); empty for a language model, whose head is pre-trained.
+    fn head_prefixes(&self) -> Vec<String>;
+
+    /// The name prefixes after the last block that train with it in `FineTuning::LastLayers`
+    /// (GPT-2's `ln_f`, Llama's final norm, BERT's pooler).
+    fn final_prefixes(&self) -> Vec<String>;
+
+    /// Every projection that can carry a LoRA adapter, with its adapter where it has one.
+    fn projections(&self) -> Vec<&LoraLinear>;
+
+    /// The weights under the names `transformers` reads, adapters merged (`LoraLinear::merged_weight`),
+    /// in its layouts (GPT-2's Conv1D weights `[in, out]`); tied weights once.
+    fn hf_tensors(&self) -> Vec<(String, Tensor)>;
+
+    /// The `config.json` to write beside them: the one read, with what the head adds
+    /// (`num_labels`, `architectures`).
+    fn hf_config(&self) -> serde_json::Value;
+}
+
+/// The LoRA settings with the architecture's default targets filled in when none are named.
+pub fn lora_for(architecture: Architecture, lora: &LoraConfig) -> LoraConfig {
+    let mut lora = lora.clone();
+    if lora.target_modules.is_empty() {
+        lora.target_modules = architecture
+            .default_lora_targets()
+            .iter()
+            .map(|t| t.to_string())
+            .collect();
+    }
+    lora
+}
