@@ -101,6 +101,8 @@ fn minilm_hidden_states_match_transformers() {
     let pooled = tch::no_grad(|| {
         model
             .pooler
+            .as_ref()
+            .unwrap()
             .forward(&hidden.select(1, 0), &mut Ctx::eval())
             .unwrap()
             .tanh()

@@ -114,6 +114,12 @@ pub trait Pretrained: Model {
     /// Every projection that can carry a LoRA adapter, with its adapter where it has one.
     fn projections(&self) -> Vec<&LoraLinear>;
 
+    /// The name `transformers` gives one of this model's weights (`encoder.layer.0...` ->
+    /// `bert.encoder.layer.0...`); the same name where the model keeps Hugging Face's names.
+    fn hf_name(&self, name: &str) -> String {
+        name.to_string()
+    }
+
     /// The weights under the names `transformers` reads, adapters merged (`LoraLinear::merged_weight`),
     /// in its layouts (GPT-2's Conv1D weights `[in, out]`); tied weights once.
     fn hf_tensors(&self) -> Vec<(String, Tensor)>;
@@ -134,4 +140,58 @@ pub fn lora_for(architecture: Architecture, lora: &LoraConfig) -> LoraConfig {
             .collect();
     }
     lora
+}
+
+/// Whether a weight's name is a LoRA adapter's (`....lora_A.weight`, `....lora_B.weight`).
+pub fn is_adapter(name: &str) -> bool {
+    name.contains(".lora_A.") || name.contains(".lora_B.")
+}
+
+/// Every weight of `model` but its adapters, each projection's with its adapter merged in
+/// (`LoraLinear::merged_weight`), renamed and reshaped by `export` (name, tensor) -> (Hugging
+/// Face's name, tensor), sorted by name: what `Pretrained::hf_tensors` returns for a model whose
+/// layouts are Hugging Face's.
+pub fn merged_state(
+    model: &dyn Pretrained,
+    export: impl Fn(&str, Tensor) -> (String, Tensor),
+) -> Vec<(String, Tensor)> {
+    let merged: std::collections::HashMap<String, Tensor> = model
+        .projections()
+        .into_iter()
+        .map(|p| (format!("{}.weight", p.name), p.merged_weight()))
+        .collect();
+    let mut tensors: Vec<(String, Tensor)> = model
+        .var_store()
+        .variables()
+        .into_iter()
+        .filter(|(name, _)| !is_adapter(name))
+        .map(|(name, var)| {
+            let value = match merged.get(&name) {
+                Some(weight) => weight.shallow_clone(),
+                None => var.detach().copy(),
+            };
+            export(&name, value)
+        })
+        .collect();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    tensors
+}
+
+/// `config` with what a `*ForSequenceClassification` checkpoint of `classes` classes says of
+/// itself: its class in `architectures` and the labels `transformers` counts the classes from
+/// (`id2label`, `label2id`: `LABEL_0`, ...).
+pub fn classifier_config(config: &serde_json::Value, class: &str, classes: i64) -> serde_json::Value {
+    let mut config = config.clone();
+    if let Some(fields) = config.as_object_mut() {
+        fields.insert("architectures".into(), serde_json::json!([class]));
+        let id2label: serde_json::Map<String, serde_json::Value> = (0..classes)
+            .map(|i| (i.to_string(), serde_json::json!(format!("LABEL_{i}"))))
+            .collect();
+        let label2id: serde_json::Map<String, serde_json::Value> = (0..classes)
+            .map(|i| (format!("LABEL_{i}"), serde_json::json!(i)))
+            .collect();
+        fields.insert("id2label".into(), id2label.into());
+        fields.insert("label2id".into(), label2id.into());
+    }
+    config
 }

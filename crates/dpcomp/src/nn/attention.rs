@@ -1,12 +1,13 @@
 //! Multi-head scaled dot-product attention (Vaswani et al. 2017, §3.2.2), the BERT block's
-//! attention as a layer of its own. Its trainable parameters are four `Linear` layers (query,
-//! key, value, output), each of which records itself on the tape; softmax(Q Kᵀ / √d) V only mixes
+//! attention as a layer of its own. Its trainable parameters are four linear layers (query,
+//! key, value, output; each a [`LoraLinear`] that may carry a LoRA adapter), each of which
+//! records itself on the tape; softmax(Q Kᵀ / √d) V only mixes
 //! positions of one example, so the per-sample gradients of the four projections are the
 //! linear layers' g_i = Σ_t b_it x_itᵀ with no record of its own (`tests/layers/layers_tests.rs` checks them
 //! against per-example autograd).
 
 use super::input::{expect_dim, kernel_error};
-use super::{Ctx, Linear, LinearConfig};
+use super::{Ctx, Linear, LinearConfig, LoraLinear};
 use crate::error::{Error, Result};
 use tch::{nn, Tensor};
 
@@ -33,13 +34,13 @@ impl Default for AttentionConfig {
 #[derive(Debug)]
 pub struct MultiheadAttention {
     /// Q = x W_qᵀ + b_q.
-    pub query: Linear,
+    pub query: LoraLinear,
     /// K = m W_kᵀ + b_k, m the memory attended to.
-    pub key: Linear,
+    pub key: LoraLinear,
     /// V = m W_vᵀ + b_v.
-    pub value: Linear,
+    pub value: LoraLinear,
     /// The projection of the heads' concatenation back to `dim`.
-    pub output: Linear,
+    pub output: LoraLinear,
     /// Number of heads; each attends with width dim / heads.
     pub heads: i64,
     /// Dropout on the attention probabilities in training.
@@ -80,9 +81,19 @@ impl MultiheadAttention {
     /// From projections [query, key, value, output] built elsewhere (BERT's checkpoint names
     /// them `attention.self.query`, ..., `attention.output.dense`).
     pub fn from_projections(projections: [Linear; 4], config: AttentionConfig) -> Result<Self> {
+        let adapted = projections.map(|base| LoraLinear {
+            base,
+            adapter: None,
+            name: String::new(),
+        });
+        Self::from_adapted(adapted, config)
+    }
+
+    /// From projections [query, key, value, output] that may carry LoRA adapters.
+    pub fn from_adapted(projections: [LoraLinear; 4], config: AttentionConfig) -> Result<Self> {
         let AttentionConfig { heads, dropout } = config;
         let [query, key, value, output] = projections;
-        let dim = query.weight.size()[0];
+        let dim = query.base.weight.size()[0];
         if heads < 1 || dim % heads != 0 {
             return Err(Error::bad_value(
                 "heads",
@@ -120,7 +131,7 @@ impl MultiheadAttention {
         mask: Option<&Tensor>,
         ctx: &mut Ctx,
     ) -> Result<Tensor> {
-        let dim = self.query.weight.size()[0];
+        let dim = self.query.base.weight.size()[0];
         let layer = || format!("MultiheadAttention({dim}, {} heads)", self.heads);
         let expected = || format!("[batch, steps, {dim}]");
         expect_dim(queries, 3..=3, 2, dim, layer, expected)?;
