@@ -315,7 +315,7 @@ def check(model_dir, reference, adapter):
         if name not in tensors:
             fail(f"{reference} has no tensor `{name}`")
     batch = {
-        name: tensors[name]
+        name: tensors[name].to(torch.int64)
         for name in ("input_ids", "attention_mask", "token_type_ids")
         if name in tensors
     }
