@@ -8,6 +8,7 @@ mod common;
 mod bert_reference;
 mod custom_layer;
 mod grad_sample;
+mod hf_bert;
 mod layer_arguments;
 mod layers_tests;
 mod lstm;

@@ -9,9 +9,11 @@
 //! PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`).
 
 pub mod checkpoint;
+pub mod export;
 pub mod finetune;
 
 pub use checkpoint::{write_safetensors, Checkpoint};
+pub use export::{save_adapter, save_pretrained};
 pub use finetune::FineTuning;
 
 use crate::error::{Error, Result};

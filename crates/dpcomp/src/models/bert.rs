@@ -105,17 +105,21 @@ impl BertConfig {
     /// [`Error::BadFile`] naming the field.
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let config: BertConfig = serde_json::from_str(&text)
-            .map_err(|e| Error::bad_file(path, format!("not a BERT config.json: {e}")))?;
-        if !matches!(config.model_type.as_str(), "bert" | "roberta") {
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::bad_file(path, format!("not a JSON config.json: {e}")))?;
+        // Another architecture's file is named as such, before its fields are missed.
+        if let Some(other) = value
+            .get("model_type")
+            .and_then(|t| t.as_str())
+            .filter(|t| !matches!(*t, "bert" | "roberta"))
+        {
             return Err(Error::bad_file(
                 path,
-                format!(
-                    "model_type {:?}: expected \"bert\" or \"roberta\"",
-                    config.model_type
-                ),
+                format!("model_type {other:?}: expected \"bert\" or \"roberta\""),
             ));
         }
+        let config: BertConfig = serde_json::from_value(value)
+            .map_err(|e| Error::bad_file(path, format!("not a BERT config.json: {e}")))?;
         if config.hidden_act != "gelu" {
             return Err(Error::bad_file(
                 path,
@@ -497,16 +501,19 @@ impl BertClassifier {
         Ok(())
     }
 
-    /// Position ids [1 or B, T]: 0..T for BERT; RoBERTa's count real tokens from its padding id
-    /// + 1 and give padding the padding id (`create_position_ids_from_input_ids`).
+    /// Position ids [B, T] (one row per example, so that the position table's per-sample
+    /// gradients are each example's): 0..T for BERT; RoBERTa's count real tokens from its
+    /// padding id + 1 and give padding the padding id (`create_position_ids_from_input_ids`).
     fn positions(&self, ids: &Tensor) -> Tensor {
-        let t = ids.size()[1];
+        let (b, t) = (ids.size()[0], ids.size()[1]);
         if self.config.is_roberta() {
             let pad = self.config.padding_id();
             let real = ids.ne(pad).to_kind(Kind::Int64);
             real.cumsum(1, Kind::Int64) * &real + pad
         } else {
-            Tensor::arange(t, (Kind::Int64, ids.device())).unsqueeze(0)
+            Tensor::arange(t, (Kind::Int64, ids.device()))
+                .unsqueeze(0)
+                .expand([b, t], false)
         }
     }
 
