@@ -233,8 +233,14 @@ fn the_cifar_cnn_loads_strictly_into_pytorch_and_gives_the_same_logits() {
         return;
     };
     tch::manual_seed(7);
-    let model =
-        dpcomp_lab::tasks::build_model(Task::Cifar10, 10, Device::Cpu, Path::new("")).unwrap();
+    let model = dpcomp_lab::tasks::build_model(
+        Task::Cifar10,
+        10,
+        Device::Cpu,
+        Path::new(""),
+        &dpcomp::hf::FineTuning::default(),
+    )
+    .unwrap();
     let images = common::Draws::new(7).randn(&[4, 3, 32, 32], Kind::Float);
     let forward = |kind: Kind| {
         let images = Features::Images(images.to_kind(kind));

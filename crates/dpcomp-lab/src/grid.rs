@@ -669,6 +669,7 @@ pub fn upload_estimates(cells: &[Cell]) -> Vec<Result<dpcomp::train::upload::Upl
                     data.classes.len() as i64,
                     tch::Device::Cpu,
                     &c.model.bert_dir,
+                    &c.model.fine_tuning_mode()?,
                 )?;
                 let shapes = model
                     .trainable_variables()

@@ -153,7 +153,8 @@ impl TaskSource for PaperTasks {
             Task::Snli => resolve_bert_dir(&config.model.bert_dir)?,
             _ => config.model.bert_dir.clone(),
         };
-        let model = build_model(task, classes, device, &bert_dir)?;
+        let fine_tuning = config.model.fine_tuning_mode()?;
+        let model = build_model(task, classes, device, &bert_dir, &fine_tuning)?;
         Ok((model, data))
     }
 
@@ -249,18 +250,25 @@ pub fn resolve_bert_dir(dir: &Path) -> Result<PathBuf> {
     ))
 }
 
-/// The task's model with fresh weights (BERT: pretrained encoder, fresh head) on `device`.
+/// The task's model with fresh weights (BERT: pretrained encoder, fresh head, training what
+/// `fine_tuning` says) on `device`.
 pub fn build_model(
     task: Task,
     classes: i64,
     device: Device,
     bert_dir: &Path,
+    fine_tuning: &dpcomp::hf::FineTuning,
 ) -> Result<Box<dyn Model>> {
     Ok(match task {
         Task::Surnames => Box::new(SurnamesLstm::new(device, classes)?),
         Task::Cifar10 => Box::new(CifarCnn::new(device, classes)?),
         Task::Cifar100 => Box::new(ResNet18::new(device, classes)?),
-        Task::Snli => Box::new(BertClassifier::from_pretrained(bert_dir, device, classes)?),
+        Task::Snli => Box::new(BertClassifier::from_pretrained_with(
+            bert_dir,
+            device,
+            classes,
+            fine_tuning,
+        )?),
     })
 }
 

@@ -230,14 +230,94 @@ settings_section! {
     }
 }
 
+/// What a fine-tuning of a pre-trained transformer trains (`[model] fine_tuning`; the library's
+/// [`crate::hf::FineTuning`] with its settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "kebab-case")]
+pub enum FineTuningKind {
+    /// Every weight, embeddings included.
+    Full,
+    /// The last `tuned_layers` encoder layers, the pooler and the classifier (the paper's, with
+    /// one layer).
+    #[default]
+    LastLayers,
+    /// The biases of every layer and the classifier (BiTFiT, Ben Zaken et al. 2022).
+    Bitfit,
+    /// LoRA adapters (Hu et al. 2021) on the projections `lora_targets` names, and the classifier.
+    Lora,
+}
+
 settings_section! {
-    /// Pretrained weights a model starts from (`[model]`).
+    /// Pretrained weights a model starts from, and what of them trains (`[model]`).
     ModelSettings, overrides ModelOverrides, section "model", heading "Model" {
-        /// SNLI: the BERT folder (config.json, model.safetensors, tokenizer.json or vocab.txt)
-        /// [default: models/all-MiniLM-L6-v2, installed by scripts/setup.sh].
+        /// SNLI: the BERT or RoBERTa folder (config.json, model.safetensors, tokenizer.json or
+        /// vocab.txt) [default: models/all-MiniLM-L6-v2, installed by scripts/setup.sh].
         bert_dir / bert_dir: PathBuf = PathBuf::from("models/all-MiniLM-L6-v2"), arg(long);
+        /// SNLI: what of the pre-trained encoder trains: the last --tuned-layers layers with the
+        /// pooler (last-layers), every weight (full), the biases (bitfit) or LoRA adapters (lora);
+        /// the classifier trains in every mode [default: last-layers, the paper's].
+        fine_tuning / fine_tuning: FineTuningKind = FineTuningKind::LastLayers, arg(long, value_enum);
+        /// With --fine-tuning last-layers: how many encoder layers train, from the last [default: 1].
+        tuned_layers / tuned_layers: usize = 1, arg(long);
+        /// With --fine-tuning lora: the adapters' rank r [default: 8].
+        lora_rank / lora_rank: i64 = 8, arg(long);
+        /// With --fine-tuning lora: α; the update is scaled by α / r [default: 16].
+        lora_alpha / lora_alpha: f64 = 16.0, arg(long);
+        /// With --fine-tuning lora: dropout on the adapters' input, in [0, 1) [default: 0].
+        lora_dropout / lora_dropout: f64 = 0.0, arg(long);
+        /// With --fine-tuning lora: the adapted modules, comma-separated names or name endings
+        /// (PEFT's target_modules) [default: empty, the architecture's: query,value].
+        lora_targets / lora_targets: String = String::new(), arg(long);
     }
     optional {}
+}
+
+impl ModelSettings {
+    /// The fine-tuning these settings describe; a value out of range is an error naming its
+    /// setting (`model.lora_rank`, ...).
+    pub fn fine_tuning_mode(&self) -> Result<crate::hf::FineTuning> {
+        use crate::hf::FineTuning;
+        Ok(match self.fine_tuning {
+            FineTuningKind::Full => FineTuning::Full,
+            FineTuningKind::Bitfit => FineTuning::BitFit,
+            FineTuningKind::LastLayers => {
+                if self.tuned_layers < 1 {
+                    return Err(Error::bad_value(
+                        "model.tuned_layers",
+                        format!("{}, expected at least 1", self.tuned_layers),
+                    ));
+                }
+                FineTuning::LastLayers {
+                    layers: self.tuned_layers,
+                }
+            }
+            FineTuningKind::Lora => {
+                let lora = crate::nn::LoraConfig {
+                    rank: self.lora_rank,
+                    alpha: self.lora_alpha,
+                    dropout: self.lora_dropout,
+                    target_modules: self
+                        .lora_targets
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|t| !t.is_empty())
+                        .map(String::from)
+                        .collect(),
+                };
+                lora.check().map_err(|e| match e {
+                    Error::BadValue { field, what } => Error::bad_value(
+                        field
+                            .replace("lora.", "model.lora_")
+                            .replace("target_modules", "targets"),
+                        what,
+                    ),
+                    other => other,
+                })?;
+                FineTuning::Lora(lora)
+            }
+        })
+    }
 }
 
 settings_section! {
@@ -1784,5 +1864,46 @@ mod tests {
             unknown.contains("f.toml") && unknown.contains("`privacy.sigma`"),
             "{unknown}"
         );
+    }
+}
+
+#[cfg(test)]
+mod fine_tuning_settings_tests {
+    use super::*;
+    use crate::hf::FineTuning;
+
+    #[test]
+    fn the_settings_make_the_mode_and_bad_values_name_their_setting() {
+        let mut model = ModelSettings::default();
+        assert_eq!(
+            model.fine_tuning_mode().unwrap(),
+            FineTuning::LastLayers { layers: 1 }
+        );
+        model.fine_tuning = FineTuningKind::Lora;
+        model.lora_targets = " query, value ,".into();
+        let FineTuning::Lora(lora) = model.fine_tuning_mode().unwrap() else {
+            panic!("lora expected")
+        };
+        assert_eq!(lora.target_modules, ["query", "value"]);
+        assert_eq!((lora.rank, lora.alpha), (8, 16.0));
+        model.lora_rank = 0;
+        assert_eq!(
+            model.fine_tuning_mode().unwrap_err().to_string(),
+            "model.lora_rank: 0, expected at least 1"
+        );
+        model.lora_rank = 4;
+        model.lora_dropout = 1.5;
+        assert!(model
+            .fine_tuning_mode()
+            .unwrap_err()
+            .to_string()
+            .starts_with("model.lora_dropout: 1.5"));
+        model.fine_tuning = FineTuningKind::LastLayers;
+        model.tuned_layers = 0;
+        assert!(model
+            .fine_tuning_mode()
+            .unwrap_err()
+            .to_string()
+            .starts_with("model.tuned_layers: 0"));
     }
 }

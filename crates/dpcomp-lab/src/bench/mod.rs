@@ -192,7 +192,13 @@ fn bench_model(
             )
         }
         task => (
-            tasks::build_model(task, classes(task), device, bert_dir)?,
+            tasks::build_model(
+                task,
+                classes(task),
+                device,
+                bert_dir,
+                &dpcomp::hf::FineTuning::default(),
+            )?,
             256,
         ),
     })
