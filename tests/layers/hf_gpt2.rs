@@ -168,13 +168,7 @@ fn per_sample_gradients_of_lora_equal_per_example_autograd() {
     let model = classifier(&FineTuning::Lora(lora));
     // B starts at zero, which gives A no gradient: perturb B so both factors are checked.
     tch::manual_seed(11);
-    for projection in model.projections() {
-        if let Some(adapter) = &projection.adapter {
-            tch::no_grad(|| {
-                let _ = adapter.b.weight.shallow_clone().normal_(0.0, 0.3);
-            });
-        }
-    }
+    perturb_adapters(&model);
     let trained = check_oracle(&model);
     let mut expected = vec!["score.weight".to_string()];
     for i in 0..2 {
@@ -467,16 +461,9 @@ fn configs_made_in_code_fill_in_transformers_defaults() {
     );
 }
 
-/// Writes `model`'s export (`hf_tensors`, `hf_config`) and a reference of its own logits on
-/// `features` (`ids` padded as the checkpoint pads), runs `scripts/hf_reference.py check` on
-/// them and returns transformers' logits minus ours.
-fn transformers_diff(model: &Gpt2, features: &Features) -> f64 {
-    let dir = tempfile::tempdir().unwrap();
-    let model_dir = dir.path().join("model");
-    std::fs::create_dir(&model_dir).unwrap();
-    hf::write_safetensors(&model_dir.join("model.safetensors"), &model.hf_tensors()).unwrap();
-    let config = serde_json::to_string_pretty(&model.hf_config()).unwrap();
-    std::fs::write(model_dir.join("config.json"), config).unwrap();
+/// Writes `model`'s logits on `features` (`ids` padded as the checkpoint pads) as a reference
+/// file in `dir`: input_ids, attention_mask, logits.
+fn write_reference(dir: &Path, model: &Gpt2, features: &Features) -> PathBuf {
     let Features::Tokens { ids, lengths } = features else {
         unreachable!()
     };
@@ -486,7 +473,7 @@ fn transformers_diff(model: &Gpt2, features: &Features) -> f64 {
         .lt_tensor(&lengths.unsqueeze(1))
         .to_kind(Kind::Int64);
     let logits = model.forward(features, &mut Ctx::eval()).unwrap();
-    let reference = dir.path().join("reference.safetensors");
+    let reference = dir.join("reference.safetensors");
     hf::write_safetensors(
         &reference,
         &[
@@ -496,16 +483,27 @@ fn transformers_diff(model: &Gpt2, features: &Features) -> f64 {
         ],
     )
     .unwrap();
+    reference
+}
+
+/// `scripts/hf_reference.py check`: transformers' logits of `model_dir` (with the PEFT
+/// `adapter` on it) on the reference's inputs, minus the reference's logits.
+fn python_check(model_dir: &Path, reference: &Path, adapter: Option<&Path>) -> f64 {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/hf_reference.py");
-    let output = std::process::Command::new(common::venv_python())
+    let mut command = std::process::Command::new(common::venv_python());
+    command
         .arg(script)
         .arg("check")
         .arg("--model")
-        .arg(&model_dir)
+        .arg(model_dir)
         .arg("--reference")
-        .arg(&reference)
+        .arg(reference)
         .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1");
+    if let Some(adapter) = adapter {
+        command.arg("--adapter").arg(adapter);
+    }
+    let output = command
         .output()
         .expect("run .venv/bin/python (scripts/setup.sh makes it)");
     assert!(
@@ -517,6 +515,19 @@ fn transformers_diff(model: &Gpt2, features: &Features) -> f64 {
     let line = stdout.lines().last().expect("one JSON line");
     let result: serde_json::Value = serde_json::from_str(line).unwrap();
     result["max_abs_diff"].as_f64().expect("max_abs_diff")
+}
+
+/// Writes `model`'s export (`hf_tensors`, `hf_config`) with `hf::write_safetensors` and a
+/// reference of its own logits, and returns transformers' logits of the export minus ours.
+fn transformers_diff(model: &Gpt2, features: &Features) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let model_dir = dir.path().join("model");
+    std::fs::create_dir(&model_dir).unwrap();
+    hf::write_safetensors(&model_dir.join("model.safetensors"), &model.hf_tensors()).unwrap();
+    let config = serde_json::to_string_pretty(&model.hf_config()).unwrap();
+    std::fs::write(model_dir.join("config.json"), config).unwrap();
+    let reference = write_reference(dir.path(), model, features);
+    python_check(&model_dir, &reference, None)
 }
 
 #[test]
@@ -531,15 +542,9 @@ fn the_export_loads_in_transformers_with_the_same_logits() {
         target_modules: vec!["c_attn".into(), "c_fc".into()],
     };
     let model = classifier(&FineTuning::Lora(lora));
-    let before = model.forward(&oracle_batch().0, &mut Ctx::eval()).unwrap();
-    for projection in model.projections() {
-        if let Some(adapter) = &projection.adapter {
-            tch::no_grad(|| {
-                let _ = adapter.b.weight.shallow_clone().normal_(0.0, 0.3);
-            });
-        }
-    }
     let (features, _) = oracle_batch();
+    let before = model.forward(&features, &mut Ctx::eval()).unwrap();
+    perturb_adapters(&model);
     let after = model.forward(&features, &mut Ctx::eval()).unwrap();
     assert!(
         max_abs_diff(&before, &after) > 1e-3,
@@ -583,4 +588,60 @@ fn the_export_loads_in_transformers_with_the_same_logits() {
         diff < 1e-5,
         "language model: transformers' logits differ by {diff:e}"
     );
+}
+
+/// B drawn away from zero, as training leaves it.
+fn perturb_adapters(model: &Gpt2) {
+    for projection in model.projections() {
+        if let Some(adapter) = &projection.adapter {
+            tch::no_grad(|| {
+                let _ = adapter.b.weight.shallow_clone().normal_(0.0, 0.3);
+            });
+        }
+    }
+}
+
+/// `hf::save_pretrained` and `hf::save_adapter` on GPT-2: the merged folder loads in
+/// transformers and in dpcomp, and the PEFT adapter (`fan_in_fan_out`, the trained `score` as
+/// `modules_to_save`) on the pre-trained folder gives the same logits in peft.
+#[test]
+fn saved_folder_and_peft_adapter_give_the_same_logits() {
+    let _serial = common::serial();
+    tch::manual_seed(14);
+    let base = fixture("gpt2-cls");
+    let lora = LoraConfig {
+        rank: 2,
+        alpha: 4.0,
+        dropout: 0.0,
+        target_modules: vec!["c_attn".into(), "mlp.c_proj".into()],
+    };
+    let model = classifier(&FineTuning::Lora(lora));
+    perturb_adapters(&model);
+    tch::no_grad(|| {
+        let _ = model
+            .score
+            .as_ref()
+            .unwrap()
+            .weight
+            .shallow_clone()
+            .normal_(0.0, 0.3);
+    });
+    let (features, _) = oracle_batch();
+    let out = tempfile::tempdir().unwrap();
+    let reference = write_reference(out.path(), &model, &features);
+    let ours = model.forward(&features, &mut Ctx::eval()).unwrap();
+
+    let merged = out.path().join("merged");
+    hf::save_pretrained(&model, &merged).unwrap();
+    let diff = python_check(&merged, &reference, None);
+    assert!(diff < 1e-5, "merged folder: logits differ by {diff:e}");
+    let head = Head::SequenceClassification { classes: CLASSES };
+    let again = Gpt2::from_pretrained(&merged, Device::Cpu, head, &FineTuning::Full).unwrap();
+    let diff = max_abs_diff(&again.forward(&features, &mut Ctx::eval()).unwrap(), &ours);
+    assert!(diff < 1e-5, "dpcomp reads its export back: {diff:e}");
+
+    let adapter = out.path().join("adapter");
+    hf::save_adapter(&model, &adapter, base.to_str()).unwrap();
+    let diff = python_check(&base, &reference, Some(&adapter));
+    assert!(diff < 1e-5, "PEFT adapter: logits differ by {diff:e}");
 }
