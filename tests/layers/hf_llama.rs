@@ -352,15 +352,23 @@ fn bad_batches_are_refused() {
     assert!(error.contains("max_position_embeddings"), "{error}");
 }
 
-/// Writes the model's export and a reference of `features` with dpcomp's logits, and runs
-/// `scripts/hf_reference.py check` on them: transformers' logits from the export, minus ours.
-fn transformers_diff(model: &Llama, features: &Features) -> f64 {
+/// Writes `model`'s export (`hf::save_pretrained`) and a reference of `features` with
+/// dpcomp's logits, and runs `scripts/hf_reference.py check` on them: the largest difference
+/// between transformers' logits from the export and ours. With `adapter_of`, the export is the
+/// model's PEFT adapter (`hf::save_adapter`) on the base folder `adapter_of` instead.
+fn transformers_diff(model: &Llama, features: &Features, adapter_of: Option<&Path>) -> f64 {
     let dir = tempfile::tempdir().unwrap();
-    let model_dir = dir.path().join("model");
-    std::fs::create_dir(&model_dir).unwrap();
-    hf::write_safetensors(&model_dir.join("model.safetensors"), &model.hf_tensors()).unwrap();
-    let config = serde_json::to_string_pretty(&model.hf_config()).unwrap();
-    std::fs::write(model_dir.join("config.json"), config).unwrap();
+    let export = dir.path().join("export");
+    let (model_dir, adapter) = match adapter_of {
+        None => {
+            hf::save_pretrained(model, &export).unwrap();
+            (export, None)
+        }
+        Some(base) => {
+            hf::save_adapter(model, &export, base.to_str()).unwrap();
+            (base.to_path_buf(), Some(export))
+        }
+    };
     let Features::Tokens { ids, lengths } = features else {
         unreachable!()
     };
@@ -381,7 +389,8 @@ fn transformers_diff(model: &Llama, features: &Features) -> f64 {
     )
     .unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/hf_reference.py");
-    let output = std::process::Command::new(common::venv_python())
+    let mut command = std::process::Command::new(common::venv_python());
+    command
         .arg(script)
         .arg("check")
         .arg("--model")
@@ -389,7 +398,11 @@ fn transformers_diff(model: &Llama, features: &Features) -> f64 {
         .arg("--reference")
         .arg(&reference)
         .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_OFFLINE", "1")
+        .env("TRANSFORMERS_OFFLINE", "1");
+    if let Some(adapter) = &adapter {
+        command.arg("--adapter").arg(adapter);
+    }
+    let output = command
         .output()
         .expect("run .venv/bin/python (scripts/setup.sh makes it)");
     assert!(
@@ -435,7 +448,7 @@ fn the_export_loads_in_transformers_with_the_same_logits() {
             .adapter
             .as_ref()
             .expect("every projection adapted");
-        let _ = tch::no_grad(|| adapter.b.weight.shallow_clone().uniform_(-0.1, 0.1));
+        let _ = tch::no_grad(|| adapter.b.weight.shallow_clone().uniform_(-0.05, 0.05));
     }
     let names: Vec<String> = model.hf_tensors().into_iter().map(|(n, _)| n).collect();
     assert!(names.contains(&"lm_head.weight".to_string()));
@@ -445,17 +458,44 @@ fn the_export_loads_in_transformers_with_the_same_logits() {
     let adapted = model.forward(&features, &mut Ctx::eval()).unwrap();
     let change = max_abs_diff(&adapted, &reference["logits"]);
     assert!(change > 1e-2, "the adapters change the logits: {change:e}");
-    let diff = transformers_diff(&model, &features);
+    let diff = transformers_diff(&model, &features, None);
     assert!(diff < 1e-5, "LoRA-merged language model: {diff:e}");
+    let diff = transformers_diff(&model, &features, Some(&fixture));
+    assert!(
+        diff < 1e-5,
+        "PEFT adapter on the pre-trained model: {diff:e}"
+    );
 
     // A classifier with biases, and a language model whose head is its embedding table.
     let (features, _) = tiny_batch();
     let with_biases = classifier(true, None);
-    let diff = transformers_diff(&with_biases, &features);
+    let diff = transformers_diff(&with_biases, &features, None);
     assert!(diff < 1e-5, "classifier with biases: {diff:e}");
     let tied = Llama::new(tiny_config(false, true), Device::Cpu, Head::CausalLm, None).unwrap();
     let names: Vec<String> = tied.hf_tensors().into_iter().map(|(n, _)| n).collect();
     assert!(!names.contains(&"lm_head.weight".to_string()), "{names:?}");
-    let diff = transformers_diff(&tied, &features);
+    let diff = transformers_diff(&tied, &features, None);
     assert!(diff < 1e-5, "tied language model: {diff:e}");
+}
+
+#[test]
+fn a_trained_tied_table_is_refused_in_a_private_pass() {
+    let _serial = common::serial();
+    tch::manual_seed(17);
+    let tied = Llama::new(tiny_config(false, true), Device::Cpu, Head::CausalLm, None).unwrap();
+    let (features, _) = tiny_batch();
+    FineTuning::Full.apply(&tied).unwrap();
+    let error = tied
+        .forward(&features, &mut Ctx::private())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("tie_word_embeddings"), "{error}");
+    // Evaluation reads it; with the table frozen (the last layers train) a private pass runs.
+    assert_eq!(
+        tied.forward(&features, &mut Ctx::eval()).unwrap().size(),
+        [4, 6, 20]
+    );
+    FineTuning::LastLayers { layers: 1 }.apply(&tied).unwrap();
+    let logits = tied.forward(&features, &mut Ctx::private()).unwrap();
+    assert_eq!(logits.size(), [4, 6, 20]);
 }

@@ -702,8 +702,27 @@ impl Llama {
 impl Model for Llama {
     /// Next-token logits [B, T, vocabulary] (`Head::CausalLm`), or class logits [B, classes]
     /// from each row's last real token (`Head::SequenceClassification`).
+    ///
+    /// # Errors
+    ///
+    /// Besides features the model does not read: a private pass (`Ctx::private`) of a
+    /// language model whose head is tied to a token table that trains. The table is used twice
+    /// (lookup and head) and its per-sample gradients would be the sum of both uses, which
+    /// this model does not form; such a model trains privately with `FineTuning::LastLayers`
+    /// or LoRA, whose tables are frozen.
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
         let (ids, lengths) = self.tokens(features)?;
+        let tied_and_trained = self.head == Head::CausalLm
+            && self.config.tie_word_embeddings
+            && self.embed_tokens.weight.requires_grad();
+        if tied_and_trained && ctx.tape().is_some() {
+            return Err(Error::bad_value(
+                "Llama lm_head",
+                "tied to model.embed_tokens (tie_word_embeddings), which trains: per-sample \
+                 gradients of a table used twice are not formed for Llama; freeze the table \
+                 (fine-tune the last layers or LoRA adapters)",
+            ));
+        }
         let hidden = self.hidden(ids, lengths, ctx)?;
         match self.head {
             Head::CausalLm => self.output.forward(&hidden, ctx),
@@ -787,10 +806,9 @@ impl Pretrained for Llama {
         if let Some(fields) = config.as_object_mut() {
             fields.insert("model_type".into(), "llama".into());
             fields.remove("num_labels");
-            for key in ["dtype", "torch_dtype"] {
-                if fields.contains_key(key) || key == "dtype" {
-                    fields.insert(key.into(), "float32".into());
-                }
+            fields.insert("dtype".into(), "float32".into());
+            if fields.contains_key("torch_dtype") {
+                fields.insert("torch_dtype".into(), "float32".into());
             }
         }
         config
