@@ -14,6 +14,18 @@
 //! The blocks are pre-norm: x + attn(ln_1(x)), then x + mlp(ln_2(x)), and `ln_f` after the last.
 //! Attention is causal with the padding mask (a key past an example's length is never
 //! attended), scaled by 1/√head_dim; the MLP's activation is `gelu_new` (GELU's tanh form).
+//! Position ids are 0..T for every row, what transformers uses with right padding. The blocks
+//! before the first one with a trainable weight (all but the last k in
+//! `FineTuning::LastLayers`), and the embeddings when they are frozen, run without autograd.
+//!
+//! The classifier reads the last real token of each row (index length − 1). transformers pools
+//! the rightmost token that is not `pad_token_id`: the same token wherever the padding id
+//! appears only as padding. A text that ends in the padding id itself (fine-tuning recipes set
+//! GPT-2's pad to its eos) is pooled at that token here and at the one before it there.
+//!
+//! A language model whose token table trains (full fine-tuning) uses the table twice, as the
+//! lookup and as the head; in a private pass both uses are recorded and the table's per-sample
+//! gradients are their sum, its norms formed without instantiating it (`TiedGradient`).
 
 use super::{
     classifier_config, is_adapter, lora_for, merged_state, Architecture, Checkpoint, FineTuning,
@@ -471,7 +483,7 @@ impl Gpt2 {
         Ok(())
     }
 
-    /// The hidden states after `ln_f`, [B, T, n_embd], for ids [B, T] and lengths [B].
+    /// The hidden states after `ln_f`, [B, T, n_embd], for ids [B, T] and lengths \[B\].
     /// `tied`: the link of a language model's tied table on the tape (`tied_head`).
     fn hidden(
         &self,
@@ -560,7 +572,7 @@ impl Gpt2 {
         logits
     }
 
-    /// ids [B, T] and lengths [B] of a token batch, T from 1 to `n_positions` (sizes only).
+    /// ids [B, T] and lengths \[B\] of a token batch, T from 1 to `n_positions` (sizes only).
     fn tokens<'a>(&self, features: &'a Features) -> Result<(&'a Tensor, &'a Tensor)> {
         let Features::Tokens { ids, lengths } = features else {
             return Err(wrong_features("Gpt2", "token sequences", features));
@@ -739,7 +751,7 @@ impl Recorded for TiedEmbeddingRecord {
 
 /// Per-sample gradients of a table used twice, g_i = E_i + H_i with E_i = Σ_t e_{ids_it} b_itᵀ
 /// (the lookup) and H_i = Σ_s g_is h_isᵀ (the head); ||g_i||² = ||E_i||² + ||H_i||² +
-/// 2 Σ_{t,s} g_is[ids_it] ⟨b_it, h_is⟩, without forming g_i.
+/// 2 Σ_{t,s} g_is\[ids_it\] ⟨b_it, h_is⟩, without forming g_i.
 struct TiedGradient {
     ids: Tensor,
     lookup_grad: Tensor,
