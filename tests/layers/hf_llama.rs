@@ -350,6 +350,15 @@ fn bad_batches_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(error.contains("max_position_embeddings"), "{error}");
+    let no_steps = Features::Tokens {
+        ids: Tensor::zeros([2, 0], (Kind::Int64, Device::Cpu)),
+        lengths: Tensor::from_slice(&[0i64, 0]),
+    };
+    let error = model
+        .forward(&no_steps, &mut Ctx::eval())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("sequences of 0 tokens"), "{error}");
 }
 
 /// Writes `model`'s export (`hf::save_pretrained`) and a reference of `features` with

@@ -15,7 +15,9 @@
 //! each row (`transformers` finds it as the last id that is not `pad_token_id`, the same token
 //! for right-padded rows whose tokens are not the padding id).
 
-use super::{classifier_config, lora_for, merged_state, Architecture, Checkpoint, FineTuning};
+use super::{
+    classifier_config, is_adapter, lora_for, merged_state, Architecture, Checkpoint, FineTuning,
+};
 use super::{Head, Pretrained};
 use crate::data::Features;
 use crate::error::{Error, Result};
@@ -603,9 +605,8 @@ impl Llama {
         let model = Llama::new(config, device, head, lora.as_ref())?;
         let checkpoint = Checkpoint::read(dir)?;
         for (name, mut var) in model.vs.variables() {
-            let adapter = name.contains(".lora_A.") || name.contains(".lora_B.");
             let fresh_head = name.starts_with("score.") && !checkpoint.contains(&name);
-            if adapter || fresh_head {
+            if is_adapter(&name) || fresh_head {
                 continue;
             }
             let value = checkpoint.take(&name, &var.size())?;
@@ -615,18 +616,19 @@ impl Llama {
         Ok(model)
     }
 
-    /// The ids [B, T] and lengths [B] of a batch, T within the position table.
+    /// The ids [B, T] and lengths [B] of a batch, T from 1 to the position table's rows (sizes
+    /// only).
     fn tokens<'a>(&self, features: &'a Features) -> Result<(&'a Tensor, &'a Tensor)> {
         let Features::Tokens { ids, lengths } = features else {
             return Err(wrong_features("Llama", "token sequences", features));
         };
         check_token_shape("Llama", ids, lengths)?;
         let steps = ids.size()[1];
-        if steps > self.config.max_position_embeddings {
+        if steps < 1 || steps > self.config.max_position_embeddings {
             return Err(Error::bad_value(
                 "Llama input",
                 format!(
-                    "sequences of {steps} tokens, longer than the model's {} positions (max_position_embeddings)",
+                    "sequences of {steps} tokens, expected 1 to the model's {} positions (max_position_embeddings)",
                     self.config.max_position_embeddings
                 ),
             ));
