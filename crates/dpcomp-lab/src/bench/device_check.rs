@@ -23,7 +23,7 @@ use dpcomp::privacy::grad_sample::{clip_and_sum, per_sample_gradients};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// `dpcomp check-device`: the device checked, an optional pretrained BERT, where to write the
 /// report.
@@ -227,14 +227,11 @@ pub fn per_example_gradients(
         for (_, p) in &params {
             p.shallow_clone().zero_grad();
         }
-        let logits = model.forward(&features.select_trimmed(&index, None), &mut Ctx::eval())?;
-        let loss = logits.cross_entropy_loss::<Tensor>(
-            &labels.index_select(0, &index),
-            None,
-            Reduction::Sum,
-            -100,
-            0.0,
-        );
+        let one = features.select_trimmed(&index, None);
+        let logits = model.forward(&one, &mut Ctx::eval())?;
+        let loss = model
+            .example_losses(&logits, &one, &labels.index_select(0, &index))
+            .sum(logits.kind());
         loss.backward();
         for (name, p) in &params {
             let g = p.grad();
@@ -268,7 +265,7 @@ fn per_sample_gap(
 
     let mut ctx = Ctx::private().without_dropout();
     let logits = model.forward(features, &mut ctx)?;
-    let losses = logits.cross_entropy_loss::<Tensor>(labels, None, Reduction::None, -100, 0.0);
+    let losses = model.example_losses(&logits, features, labels);
     let per_sample = per_sample_gradients(
         ctx.take_tape().expect("private context"),
         &losses.sum(Kind::Double),

@@ -71,6 +71,29 @@ pub trait Model {
     /// The store that owns every parameter (trainable or frozen), for saving and loading.
     fn var_store(&self) -> &nn::VarStore;
 
+    /// Each example's loss, \[B\]: what DP-SGD clips the gradient of. By default the
+    /// cross-entropy of `output` [B, classes] against `labels`; a model whose output is not one
+    /// row of class scores per example overrides it, with `mean_loss` and `correct` (a language
+    /// model: each sequence's mean cross-entropy of its next tokens).
+    fn example_losses(&self, output: &Tensor, _features: &Features, labels: &Tensor) -> Tensor {
+        output.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::None, -100, 0.0)
+    }
+
+    /// The mean of `example_losses` over the batch, the non-private step's loss.
+    fn mean_loss(&self, output: &Tensor, _features: &Features, labels: &Tensor) -> Tensor {
+        output.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, 0.0)
+    }
+
+    /// The sum over the batch of each example's accuracy, a float64 scalar on the output's
+    /// device (no host read): by default how many examples' arg-max class is their label.
+    fn correct(&self, output: &Tensor, _features: &Features, labels: &Tensor) -> Tensor {
+        output
+            .argmax(-1, false)
+            .eq_tensor(labels)
+            .sum(Kind::Int64)
+            .to_kind(Kind::Double)
+    }
+
     /// The parameters that training updates, in a fixed order (sorted by name).
     fn trainable_variables(&self) -> Vec<(String, Tensor)> {
         let mut vars: Vec<(String, Tensor)> = self

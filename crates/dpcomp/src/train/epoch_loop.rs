@@ -102,7 +102,7 @@ impl Trainer {
         let intervals: Vec<usize> = self.observers.iter().map(|o| o.interval()).collect();
         let due = |step: usize, interval: usize| interval > 0 && step % interval == interval - 1;
         let mut loss_sum = Tensor::zeros([], (Kind::Float, self.device));
-        let mut correct = Tensor::zeros([], (Kind::Int64, self.device));
+        let mut correct = Tensor::zeros([], (Kind::Double, self.device));
         let mut clipped = Tensor::zeros([], (Kind::Int64, self.device));
         let mut seen = 0i64;
         let mut steps = 0usize;
@@ -193,7 +193,7 @@ impl Trainer {
                     epoch,
                     step,
                     loss: host::f64_scalar(&loss_sum) / shown,
-                    accuracy: host::i64_scalar(&correct) as f64 / shown,
+                    accuracy: host::f64_scalar(&correct) / shown,
                     epsilon: self.epsilon_shown(live)?,
                     epsilon_is_live: live,
                     upstream_gigabits: self.state.upstream_bits as f64 / 1e9,
@@ -268,7 +268,7 @@ impl Trainer {
         let mut epoch_traffic = None;
         let (mut loss_sum, mut correct, mut clipped) = (
             host::f64_scalar(&loss_sum),
-            host::i64_scalar(&correct) as f64,
+            host::f64_scalar(&correct),
             host::i64_scalar(&clipped) as f64,
         );
         if let Some(exchange) = self.updater.exchange.as_mut() {

@@ -6,7 +6,7 @@ use crate::data::Dataset;
 use crate::error::Result;
 use crate::models::Model;
 use crate::nn::Ctx;
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// Loss (mean cross-entropy) and accuracy of `model` on `data`, in evaluation mode.
 pub fn evaluate(
@@ -21,7 +21,7 @@ pub fn evaluate(
     }
     let all = Tensor::arange(n, (Kind::Int64, Device::Cpu));
     let (loss_sum, correct) = evaluation_sums(model, data, &all, batch_size, device)?;
-    Ok((loss_sum / n as f64, correct as f64 / n as f64))
+    Ok((loss_sum / n as f64, correct / n as f64))
 }
 
 /// Summed cross-entropy and correct predictions of `model` on the examples `index` (CPU int64)
@@ -33,29 +33,26 @@ pub fn evaluation_sums(
     index: &Tensor,
     batch_size: usize,
     device: Device,
-) -> Result<(f64, i64)> {
+) -> Result<(f64, f64)> {
     let n = index.size()[0];
     tch::no_grad(|| {
         let mut loss_sum = Tensor::zeros([], (Kind::Double, device));
-        let mut correct = Tensor::zeros([], (Kind::Int64, device));
+        let mut correct = Tensor::zeros([], (Kind::Double, device));
         let mut start = 0;
         while start < n {
             let len = (batch_size as i64).min(n - start);
             let batch = data.batch(&index.narrow(0, start, len), device, false);
             let logits = model.forward(&batch.features, &mut Ctx::eval())?;
-            loss_sum += logits
-                .cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0)
+            loss_sum += model
+                .mean_loss(&logits, &batch.features, &batch.labels)
                 .to_kind(Kind::Double)
                 * len as f64;
-            correct += logits
-                .argmax(-1, false)
-                .eq_tensor(&batch.labels)
-                .sum(Kind::Int64);
+            correct += model.correct(&logits, &batch.features, &batch.labels);
             start += len;
         }
         Ok((
             crate::host::f64_scalar(&loss_sum),
-            crate::host::i64_scalar(&correct),
+            crate::host::f64_scalar(&correct),
         ))
     })
 }
@@ -86,8 +83,7 @@ impl Trainer {
             self.config.data.eval_batch_size,
             self.device,
         )?;
-        let sums =
-            distributed::sum_over_workers(exchange.comm.as_mut(), &[loss_sum, correct as f64])?;
+        let sums = distributed::sum_over_workers(exchange.comm.as_mut(), &[loss_sum, correct])?;
         Ok((sums[0] / n as f64, sums[1] / n as f64))
     }
 }

@@ -94,13 +94,7 @@ impl InputCanaries {
                 let index = Tensor::arange_start(start, start + len, (Kind::Int64, Device::Cpu));
                 let batch = self.examples.batch(&index, device, false);
                 let logits = model.forward(&batch.features, &mut Ctx::eval())?;
-                let losses = logits.cross_entropy_loss::<Tensor>(
-                    &batch.labels,
-                    None,
-                    tch::Reduction::None,
-                    -100,
-                    0.0,
-                );
+                let losses = model.example_losses(&logits, &batch.features, &batch.labels);
                 let losses =
                     crate::host::to_vec_f64(&losses.to_kind(Kind::Double).to_device(Device::Cpu))
                         .map_err(|e| Error::bad_value("canary losses", e.to_string()))?;

@@ -13,7 +13,7 @@ use crate::nn::PerSample;
 use crate::privacy::canary::GradientCanaries;
 use crate::privacy::engine::{Clipped, PrivacyEngine};
 use crate::privacy::grad_sample::{clipped_sums, per_sample_of, BackwardPasses};
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// How a logical batch is processed (σ, q and the clipping rule are the engine's).
 #[derive(Debug, Clone, Copy)]
@@ -38,11 +38,6 @@ pub struct StepTotals {
     pub clipped: Tensor,
 }
 
-/// How many of the batch's examples the logits classify right (a device tensor, no host read).
-fn correct_of(logits: &Tensor, labels: &Tensor) -> Tensor {
-    logits.argmax(-1, false).eq_tensor(labels).sum(Kind::Int64)
-}
-
 /// Clipped gradient sums in the order of `params`, plus (loss sum, correct), from the recorded
 /// tape of one private forward pass (`privacy::grad_sample::clipped_sums`): in one backward pass
 /// (`--grad-sample tape`) or, where the clipping and the layers allow, two (`two-pass`).
@@ -55,11 +50,10 @@ fn clipped_sums_recorded(
 ) -> Result<(Clipped, [Tensor; 2])> {
     let mut ctx = Ctx::private();
     let logits = model.forward(&batch.features, &mut ctx)?;
-    let losses =
-        logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
+    let losses = model.example_losses(&logits, &batch.features, &batch.labels);
     let clipped = clipped_sums(&mut ctx, params, &losses, engine.clipping(), passes)?;
     let loss_sum = losses.detach().sum(losses.kind());
-    let correct = correct_of(&logits, &batch.labels);
+    let correct = model.correct(&logits, &batch.features, &batch.labels);
     Ok((clipped, [loss_sum, correct]))
 }
 
@@ -76,7 +70,7 @@ fn clipped_sums_oracle(
         .map(|(_, p)| p.zeros_like().detach())
         .collect();
     let mut loss_sum = Tensor::zeros([], (Kind::Float, device));
-    let mut correct = Tensor::zeros([], (Kind::Int64, device));
+    let mut correct = Tensor::zeros([], (Kind::Double, device));
     let mut over = Tensor::zeros([], (Kind::Int64, device));
     let mut norms = Vec::with_capacity(batch.len() as usize);
     for i in 0..batch.len() {
@@ -88,7 +82,9 @@ fn clipped_sums_oracle(
         }
         let mut ctx = Ctx::train();
         let logits = model.forward(&features, &mut ctx)?;
-        let loss = logits.cross_entropy_loss::<Tensor>(&label, None, Reduction::Sum, -100, 0.0);
+        let loss = model
+            .example_losses(&logits, &features, &label)
+            .sum(Kind::Float);
         ctx.backward(&loss);
         let grads: Vec<Tensor> = params
             .iter()
@@ -109,7 +105,7 @@ fn clipped_sums_oracle(
         }
         let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0).any();
         loss_sum += loss.detach().to_kind(Kind::Float);
-        correct += logits.argmax(-1, false).eq_tensor(&label).sum(Kind::Int64);
+        correct += model.correct(&logits, &features, &label);
         over += any.to_kind(Kind::Int64);
     }
     let clipped = Clipped {
@@ -204,8 +200,7 @@ pub fn per_sample_in_order(
         Ctx::private().without_dropout()
     };
     let logits = model.forward(&batch.features, &mut ctx)?;
-    let losses =
-        logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::None, -100, 0.0);
+    let losses = model.example_losses(&logits, &batch.features, &batch.labels);
     let loss_sum = losses.sum(losses.kind());
     let ordered = per_sample_of(&mut ctx, params, &loss_sum)?;
     Ok(PerSampleBatch {

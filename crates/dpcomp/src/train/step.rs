@@ -7,7 +7,7 @@ use crate::data::Batch;
 use crate::error::Result;
 use crate::models::Model;
 use crate::nn::Ctx;
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// The LibTorch seed of epoch `epoch` (0-based) of a run seeded with `seed`: every epoch starts
 /// from its own seed, so resuming at an epoch boundary replays the same random draws.
@@ -54,7 +54,7 @@ pub(super) fn train_step_share(
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
     let mut ctx = Ctx::train();
     let logits = model.forward(&batch.features, &mut ctx)?;
-    let loss = logits.cross_entropy_loss::<Tensor>(&batch.labels, None, Reduction::Mean, -100, 0.0);
+    let loss = model.mean_loss(&logits, &batch.features, &batch.labels);
     for (_, p) in params {
         p.shallow_clone().zero_grad();
     }
@@ -66,10 +66,7 @@ pub(super) fn train_step_share(
     let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
     let _ = clip_global_norm(&grads, max_grad_norm);
     updater.step(&tensors, &grads)?;
-    let correct = logits
-        .argmax(-1, false)
-        .eq_tensor(&batch.labels)
-        .sum(Kind::Int64);
+    let correct = model.correct(&logits, &batch.features, &batch.labels);
     Ok((loss.detach() * batch.len() as f64, correct))
 }
 
@@ -85,6 +82,6 @@ pub(super) fn empty_share_step(
     updater.step(&tensors, &zeros)?;
     Ok((
         Tensor::zeros([], (Kind::Float, device)),
-        Tensor::zeros([], (Kind::Int64, device)),
+        Tensor::zeros([], (Kind::Double, device)),
     ))
 }
