@@ -14,7 +14,7 @@ use dpcomp::privacy::grad_sample::{
 };
 use dpcomp_lab::bench::device_check::per_example_gradients;
 use std::collections::HashMap;
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Device, Kind, Tensor};
 
 /// Per-example autograd: parameter name -> [B, ...] gradients, one example at a time (the
 /// library's oracle, which `dpcomp check-device` runs on any device).
@@ -54,7 +54,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
     let recipes = |every_output: bool| {
         let mut ctx = Ctx::private().without_dropout();
         let logits = model.forward(&features, &mut ctx).unwrap();
-        let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+        let losses = model.example_losses(&logits, &features, &labels);
         let tape = ctx.take_tape().unwrap();
         let loss_sum = losses.sum(Kind::Double);
         if every_output {
@@ -160,7 +160,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
     for passes in [BackwardPasses::One, BackwardPasses::Two] {
         let mut ctx = Ctx::private().without_dropout();
         let logits = model.forward(&features, &mut ctx).unwrap();
-        let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+        let losses = model.example_losses(&logits, &features, &labels);
         in_autograd = tape_runs_in_autograd(ctx.tape().unwrap());
         let params = model.trainable_variables();
         let clipping = Clipping::Flat { max_norm };
@@ -199,7 +199,7 @@ fn check(model: &dyn Model, features: Features, labels: Tensor, max_norm: f64) -
 fn median_norm_guess(model: &dyn Model, features: &Features, labels: &Tensor) -> f64 {
     let mut ctx = Ctx::private().without_dropout();
     let logits = model.forward(features, &mut ctx).unwrap();
-    let losses = logits.cross_entropy_loss::<Tensor>(labels, None, Reduction::None, -100, 0.0);
+    let losses = model.example_losses(&logits, features, labels);
     let per_sample =
         per_sample_gradients(ctx.take_tape().unwrap(), &losses.sum(Kind::Double)).unwrap();
     let norms = clip_and_sum(&per_sample, f64::INFINITY).norms;
@@ -415,10 +415,10 @@ fn an_empty_batch_gives_zero_sums() {
     let model = CifarCnn::new(Device::Cpu, 10).unwrap();
     for passes in [BackwardPasses::One, BackwardPasses::Two] {
         let mut ctx = Ctx::private().without_dropout();
-        let xs = Tensor::zeros([0, 3, 32, 32], (Kind::Float, Device::Cpu));
-        let logits = model.forward(&Features::Images(xs), &mut ctx).unwrap();
+        let features = Features::Images(Tensor::zeros([0, 3, 32, 32], (Kind::Float, Device::Cpu)));
+        let logits = model.forward(&features, &mut ctx).unwrap();
         let labels = Tensor::zeros([0], (Kind::Int64, Device::Cpu));
-        let losses = logits.cross_entropy_loss::<Tensor>(&labels, None, Reduction::None, -100, 0.0);
+        let losses = model.example_losses(&logits, &features, &labels);
         assert!(tape_runs_in_autograd(ctx.tape().unwrap()));
         let params = model.trainable_variables();
         let step = clipped_sums(

@@ -620,6 +620,42 @@ impl Model for Gpt2 {
     fn var_store(&self) -> &nn::VarStore {
         &self.vs
     }
+
+    /// A language model's loss of each sequence: the mean cross-entropy of its next tokens
+    /// (`hf::next_token_losses`); a classifier's, the cross-entropy against its label.
+    fn example_losses(&self, output: &Tensor, features: &Features, labels: &Tensor) -> Tensor {
+        match (&self.score, features) {
+            (None, Features::Tokens { ids, lengths }) => {
+                super::next_token_losses(output, ids, &lengths.to_device(ids.device()))
+            }
+            _ => output.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::None, -100, 0.0),
+        }
+    }
+
+    fn mean_loss(&self, output: &Tensor, features: &Features, labels: &Tensor) -> Tensor {
+        match self.score {
+            None => self
+                .example_losses(output, features, labels)
+                .mean(output.kind()),
+            Some(_) => {
+                output.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, 0.0)
+            }
+        }
+    }
+
+    /// A language model's accuracy of a sequence is its share of next tokens predicted right.
+    fn correct(&self, output: &Tensor, features: &Features, labels: &Tensor) -> Tensor {
+        match (&self.score, features) {
+            (None, Features::Tokens { ids, lengths }) => {
+                super::next_token_accuracy_sum(output, ids, &lengths.to_device(ids.device()))
+            }
+            _ => output
+                .argmax(-1, false)
+                .eq_tensor(labels)
+                .sum(Kind::Int64)
+                .to_kind(Kind::Double),
+        }
+    }
 }
 
 impl Pretrained for Gpt2 {

@@ -8,13 +8,23 @@
 //! The result goes out again as a Hugging Face folder (adapters merged) and, for LoRA, as a
 //! PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`).
 
+//!
+//! The models: [`crate::models::BertClassifier`] (BERT and RoBERTa sequence classifiers),
+//! [`Gpt2`] and [`Llama`] (a [`Head`]: causal language model or sequence classifier). A
+//! language model's example is one sequence: its loss is the mean cross-entropy of its next
+//! tokens ([`next_token_losses`]), whose gradient DP-SGD clips per sequence.
+
 pub mod checkpoint;
 pub mod export;
 pub mod finetune;
+pub mod gpt2;
+pub mod llama;
 
 pub use checkpoint::{write_safetensors, Checkpoint};
 pub use export::{save_adapter, save_pretrained};
 pub use finetune::FineTuning;
+pub use gpt2::{Gpt2, Gpt2Config};
+pub use llama::{Llama, LlamaConfig};
 
 use crate::error::{Error, Result};
 use crate::models::Model;
@@ -182,7 +192,11 @@ pub fn merged_state(
 /// `config` with what a `*ForSequenceClassification` checkpoint of `classes` classes says of
 /// itself: its class in `architectures` and the labels `transformers` counts the classes from
 /// (`id2label`, `label2id`: `LABEL_0`, ...).
-pub fn classifier_config(config: &serde_json::Value, class: &str, classes: i64) -> serde_json::Value {
+pub fn classifier_config(
+    config: &serde_json::Value,
+    class: &str,
+    classes: i64,
+) -> serde_json::Value {
     let mut config = config.clone();
     if let Some(fields) = config.as_object_mut() {
         fields.insert("architectures".into(), serde_json::json!([class]));
@@ -196,4 +210,52 @@ pub fn classifier_config(config: &serde_json::Value, class: &str, classes: i64) 
         fields.insert("label2id".into(), label2id.into());
     }
     config
+}
+
+/// Each sequence's causal language-modelling loss, \[B\]: the mean cross-entropy of its next
+/// tokens, position t's logits against token t + 1, over the positions before its last real
+/// token (`lengths`; right padding is masked). One example is one sequence, so DP-SGD clips
+/// each sequence's gradient. A sequence of one token has no next token: its loss is 0.
+/// `logits` [B, T, V], `ids` [B, T] and `lengths` \[B\] on one device.
+pub fn next_token_losses(logits: &Tensor, ids: &Tensor, lengths: &Tensor) -> Tensor {
+    let (tokens, mask) = next_token_targets(logits, ids, lengths);
+    let size = logits.size();
+    let (b, t, v) = (size[0], size[1], size[2]);
+    let predicted = logits.narrow(1, 0, t - 1).reshape([b * (t - 1), v]);
+    let each = predicted
+        .cross_entropy_loss::<Tensor>(&tokens.reshape([-1]), None, tch::Reduction::None, -100, 0.0)
+        .view([b, t - 1])
+        * &mask;
+    let counts = mask.sum_dim_intlist(1, false, mask.kind()).clamp_min(1.0);
+    each.sum_dim_intlist(1, false, each.kind()) / counts
+}
+
+/// Σ over the batch of each sequence's share of next tokens whose arg-max logit is right (the
+/// accuracy `Model::correct` reports for a language model), a float64 scalar.
+pub fn next_token_accuracy_sum(logits: &Tensor, ids: &Tensor, lengths: &Tensor) -> Tensor {
+    let (tokens, mask) = next_token_targets(logits, ids, lengths);
+    let t = logits.size()[1];
+    let hits = logits
+        .narrow(1, 0, t - 1)
+        .argmax(-1, false)
+        .eq_tensor(&tokens)
+        .to_kind(tch::Kind::Double)
+        * mask.to_kind(tch::Kind::Double);
+    let counts = mask
+        .to_kind(tch::Kind::Double)
+        .sum_dim_intlist(1, false, tch::Kind::Double)
+        .clamp_min(1.0);
+    (hits.sum_dim_intlist(1, false, tch::Kind::Double) / counts).sum(tch::Kind::Double)
+}
+
+/// The next tokens [B, T - 1] and the mask of positions that have one (t + 1 < length), in the
+/// logits' kind.
+fn next_token_targets(logits: &Tensor, ids: &Tensor, lengths: &Tensor) -> (Tensor, Tensor) {
+    let t = ids.size()[1];
+    let tokens = ids.narrow(1, 1, t - 1).to_kind(tch::Kind::Int64);
+    let positions = Tensor::arange(t - 1, (tch::Kind::Int64, ids.device())).unsqueeze(0);
+    let mask = positions
+        .lt_tensor(&(lengths.to_kind(tch::Kind::Int64).unsqueeze(1) - 1))
+        .to_kind(logits.kind());
+    (tokens, mask)
 }

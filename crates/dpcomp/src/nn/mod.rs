@@ -18,6 +18,7 @@ pub mod norm;
 pub mod per_sample;
 pub mod pool;
 mod recurrent;
+pub mod rms_norm;
 pub mod tape;
 
 pub use attention::{AttentionConfig, MultiheadAttention};
@@ -30,6 +31,7 @@ pub use lstm::Lstm;
 pub use norm::{GroupNorm, InstanceNorm2d, LayerNorm};
 pub use per_sample::{PerSample, PerSampleGradient};
 pub use pool::avg_pool2x2;
+pub use rms_norm::RmsNorm;
 pub(crate) use tape::Record;
 pub use tape::{LayerGradients, Recorded, Tape};
 
