@@ -10,6 +10,9 @@ pub enum BenchCommand {
     Train(bench::TrainBenchArgs),
     /// Non-private versus DP-SGD step time and peak memory, side by side.
     Dp(bench::DpBenchArgs),
+    /// Non-private versus DP-SGD step time and peak memory of a pre-trained transformer
+    /// fine-tuned in one mode (LoRA, full, BiTFiT, last layers): MiniLM or GPT-2 small's shape.
+    Finetune(bench::finetune::FinetuneBenchArgs),
     /// A compressor's compress + decompress time against the model's backward pass, and its
     /// wire bits against dense fp32.
     Compress(bench::compress::CompressBenchArgs),
@@ -25,6 +28,7 @@ pub fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Train(args) => bench::train_bench(args)?,
         BenchCommand::Dp(args) => bench::dp_bench(args)?,
+        BenchCommand::Finetune(args) => bench::finetune::finetune_bench(args)?,
         BenchCommand::Compress(args) => bench::compress::compress_bench(args)?,
         BenchCommand::Comm(args) => bench::comm::comm_bench(args)?,
         BenchCommand::FlReconstruction(args) => bench::fl::fl_bench(args)?,

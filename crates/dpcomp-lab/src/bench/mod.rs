@@ -7,6 +7,8 @@
 //! - `dpcomp bench dp`: the non-private step and the DP-SGD step (per-sample clipping and noise)
 //!   in alternating rounds of the same run, their ratio, each one's peak memory and host reads
 //!   a step (`nonprivate_host_reads_per_step`, `dp_host_reads_per_step`).
+//! - `dpcomp bench finetune` (`finetune.rs`): the same for a pre-trained transformer fine-tuned
+//!   in one mode (MiniLM, or a GPT-2-small-shaped language model).
 //! - `dpcomp bench compress` (`compress.rs`): a compressor's overhead against the backward pass.
 //! - `dpcomp bench comm` (`comm.rs`): a data-parallel step with each compressor on W MPI ranks,
 //!   split into compute, encode, communication and decode, and modelled over 1-100 Gb/s links.
@@ -16,6 +18,7 @@
 pub mod comm;
 pub mod compress;
 pub mod device_check;
+pub mod finetune;
 pub mod fl;
 
 use crate::tasks;
@@ -293,16 +296,65 @@ impl BenchSetup {
 /// times, ratio, host reads a step and peaks (a line, or JSON with `--json`).
 pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     let setup = &args.setup;
+    let prepared = setup.prepare()?;
+    let timing = DpTiming {
+        warmup: setup.warmup,
+        steps: setup.steps,
+        rounds: args.rounds,
+        noise_multiplier: args.noise_multiplier,
+        secure_noise: args.secure_noise,
+        grad_sample: args.grad_sample,
+    };
+    let measured = dp_against_nonprivate(&prepared, &timing)?;
+    let label = format!("{} batch {}", setup.task, prepared.batch_size);
+    let fields = serde_json::json!({"task": setup.task});
+    print_dp(&prepared, &timing, &measured, &label, fields, setup.json);
+    Ok(())
+}
+
+/// How `dp_against_nonprivate` times the two steps.
+pub(crate) struct DpTiming {
+    pub warmup: usize,
+    pub steps: usize,
+    pub rounds: usize,
+    pub noise_multiplier: f64,
+    pub secure_noise: bool,
+    pub grad_sample: dpcomp::config::GradSampleMode,
+}
+
+/// What `dp_against_nonprivate` measured: mean step seconds, host reads a step and peak memory of
+/// each step kind.
+pub(crate) struct DpMeasured {
+    pub steps: usize,
+    pub plain: f64,
+    pub dp: f64,
+    pub plain_reads: f64,
+    pub dp_reads: f64,
+    pub plain_peak: Option<u64>,
+    pub dp_peak: Option<u64>,
+    pub plain_device_peak: Option<u64>,
+    pub dp_device_peak: Option<u64>,
+}
+
+/// The non-private step and the DP-SGD step of `prepared`'s model on its batch, in alternating
+/// rounds, after measuring each one's peak memory on a step of its own.
+pub(crate) fn dp_against_nonprivate(prepared: &Prepared, timing: &DpTiming) -> Result<DpMeasured> {
     let Prepared {
         device,
         defaults,
         batch_size,
-        seq_len,
         model,
         batch,
-    } = setup.prepare()?;
+        ..
+    } = prepared;
+    let (device, batch_size) = (*device, *batch_size);
     // Held on the device, as the trainer holds its datasets there.
-    let data = dpcomp::data::Dataset::new(batch.features, batch.labels, None).to_device(device);
+    let data = dpcomp::data::Dataset::new(
+        batch.features.to_device(Device::Cpu),
+        batch.labels.shallow_clone(),
+        None,
+    )
+    .to_device(device);
     let index = Tensor::arange(batch_size, (Kind::Int64, Device::Cpu));
     let plain_batch = data.batch(&index, device, true);
     let params = model.trainable_variables();
@@ -310,7 +362,7 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     let settings = dpcomp::train::private::DpSettings {
         expected_batch: batch_size as f64,
         physical_batch: None,
-        mode: args.grad_sample,
+        mode: timing.grad_sample,
     };
     // Each step adds the host reads it made itself (none on the trainer's path) to
     // its count, then the benchmark reads its loss, so that steps do not queue up unboundedly.
@@ -328,14 +380,14 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         let _ = dpcomp::host::f64_scalar(&loss);
         Ok(())
     };
-    let noise = if args.secure_noise {
+    let noise = if timing.secure_noise {
         dpcomp::privacy::noise::NoiseSource::secure()
     } else {
         dpcomp::privacy::noise::NoiseSource::Seeded
     };
     // A step's cost does not depend on q; the engine counts the benchmark's steps at q = 1.
     let engine = dpcomp::privacy::engine::PrivacyEngine::builder()
-        .noise_multiplier(args.noise_multiplier)
+        .noise_multiplier(timing.noise_multiplier)
         .sample_rate(1.0)
         .expected_batch_size(batch_size as f64)
         .delta(defaults.privacy.delta)
@@ -365,15 +417,15 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
     // torch.cuda.max_memory_allocated reports, so the Python peers compare like with like).
     let (plain_peak, plain_device_peak) = step_peaks(device, || plain_step(&mut sgd))?;
     let (dp_peak, dp_device_peak) = step_peaks(device, || dp_step(&mut sgd))?;
-    for _ in 0..setup.warmup {
+    for _ in 0..timing.warmup {
         plain_step(&mut sgd)?;
         dp_step(&mut sgd)?;
     }
     synchronize(device);
     plain_reads.set(0);
     dp_reads.set(0);
-    let rounds = args.rounds.max(1);
-    let per_round = (setup.steps / rounds).max(1);
+    let rounds = timing.rounds.max(1);
+    let per_round = (timing.steps / rounds).max(1);
     let (mut plain_total, mut dp_total) = (0.0, 0.0);
     for _ in 0..rounds {
         let start = Instant::now();
@@ -389,36 +441,57 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
         synchronize(device);
         dp_total += start.elapsed().as_secs_f64();
     }
-    let steps = (rounds * per_round) as f64;
-    let (plain, dp) = (plain_total / steps, dp_total / steps);
-    let (plain_reads, dp_reads) = (
-        plain_reads.get() as f64 / steps,
-        dp_reads.get() as f64 / steps,
-    );
-    if setup.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "task": setup.task, "batch_size": batch_size, "seq_len": seq_len, "steps": rounds * per_round,
-                "device": format!("{device:?}"), "noise_multiplier": args.noise_multiplier,
-                "max_grad_norm": defaults.privacy.max_grad_norm, "grad_sample": args.grad_sample,
-                "nonprivate_mean_step_seconds": plain, "dp_mean_step_seconds": dp,
-                "ratio_dp_over_nonprivate": dp / plain,
-                "nonprivate_host_reads_per_step": plain_reads, "dp_host_reads_per_step": dp_reads,
-                "host_reads_note": "tensor values a step read to the host or data-dependent ops it ran (dpcomp::host's count), over the timed steps; the benchmark's own read of each step's loss is not included",
-                "nonprivate_peak_rss_bytes": plain_peak, "dp_peak_rss_bytes": dp_peak,
-                "ratio_dp_over_nonprivate_peak_rss": match (plain_peak, dp_peak) {
-                    (Some(a), Some(b)) if a > 0 => Some(b as f64 / a as f64),
-                    _ => None,
-                },
-                "nonprivate_peak_device_bytes": plain_device_peak, "dp_peak_device_bytes": dp_device_peak,
-                "ratio_dp_over_nonprivate_peak_device": match (plain_device_peak, dp_device_peak) {
-                    (Some(a), Some(b)) if a > 0 => Some(b as f64 / a as f64),
-                    _ => None,
-                },
-                "peak_memory_note": "rss: process peak resident memory (VmHWM) during one step of each kind; device: LibTorch's CUDA caching allocator's peak allocated bytes during that step (null on the CPU)",
-            })
-        );
+    let steps = rounds * per_round;
+    Ok(DpMeasured {
+        steps,
+        plain: plain_total / steps as f64,
+        dp: dp_total / steps as f64,
+        plain_reads: plain_reads.get() as f64 / steps as f64,
+        dp_reads: dp_reads.get() as f64 / steps as f64,
+        plain_peak,
+        dp_peak,
+        plain_device_peak,
+        dp_device_peak,
+    })
+}
+
+/// Prints what `dp_against_nonprivate` measured: one JSON object (with `fields` first) or a
+/// line starting with `label`.
+pub(crate) fn print_dp(
+    prepared: &Prepared,
+    timing: &DpTiming,
+    m: &DpMeasured,
+    label: &str,
+    fields: serde_json::Value,
+    json: bool,
+) {
+    let ratio = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) if a > 0 => Some(b as f64 / a as f64),
+        _ => None,
+    };
+    if json {
+        let mut row = serde_json::json!({
+            "batch_size": prepared.batch_size, "seq_len": prepared.seq_len, "steps": m.steps,
+            "device": format!("{:?}", prepared.device), "noise_multiplier": timing.noise_multiplier,
+            "max_grad_norm": prepared.defaults.privacy.max_grad_norm, "grad_sample": timing.grad_sample,
+            "trainable_parameters": prepared.model.trainable_parameter_count(),
+            "parameters": prepared.model.parameter_count(),
+            "nonprivate_mean_step_seconds": m.plain, "dp_mean_step_seconds": m.dp,
+            "ratio_dp_over_nonprivate": m.dp / m.plain,
+            "nonprivate_host_reads_per_step": m.plain_reads, "dp_host_reads_per_step": m.dp_reads,
+            "host_reads_note": "tensor values a step read to the host or data-dependent ops it ran (dpcomp::host's count), over the timed steps; the benchmark's own read of each step's loss is not included",
+            "nonprivate_peak_rss_bytes": m.plain_peak, "dp_peak_rss_bytes": m.dp_peak,
+            "ratio_dp_over_nonprivate_peak_rss": ratio(m.plain_peak, m.dp_peak),
+            "nonprivate_peak_device_bytes": m.plain_device_peak, "dp_peak_device_bytes": m.dp_device_peak,
+            "ratio_dp_over_nonprivate_peak_device": ratio(m.plain_device_peak, m.dp_device_peak),
+            "peak_memory_note": "rss: process peak resident memory (VmHWM) during one step of each kind; device: LibTorch's CUDA caching allocator's peak allocated bytes during that step (null on the CPU)",
+        });
+        if let (Some(row), Some(extra)) = (row.as_object_mut(), fields.as_object()) {
+            for (k, v) in extra {
+                row.insert(k.clone(), v.clone());
+            }
+        }
+        println!("{row}");
     } else {
         let mib = |b: Option<u64>| {
             b.map_or("n/a".to_string(), |b| {
@@ -426,21 +499,19 @@ pub fn dp_bench(args: DpBenchArgs) -> Result<()> {
             })
         };
         println!(
-            "{} batch {}: non-private {:.2} ms, DP {:.2} ms, ratio {:.3}; host reads a step {} / {}; peak RSS {} / {}; peak device {} / {}",
-            setup.task,
-            batch_size,
-            plain * 1e3,
-            dp * 1e3,
-            dp / plain,
-            plain_reads,
-            dp_reads,
-            mib(plain_peak),
-            mib(dp_peak),
-            mib(plain_device_peak),
-            mib(dp_device_peak)
+            "{label}: non-private {:.2} ms, DP {:.2} ms, ratio {:.3}; host reads a step {} / {}; peak RSS {} / {} (ratio {}); peak device {} / {}",
+            m.plain * 1e3,
+            m.dp * 1e3,
+            m.dp / m.plain,
+            m.plain_reads,
+            m.dp_reads,
+            mib(m.plain_peak),
+            mib(m.dp_peak),
+            ratio(m.plain_peak, m.dp_peak).map_or("n/a".into(), |r| format!("{r:.3}")),
+            mib(m.plain_device_peak),
+            mib(m.dp_device_peak)
         );
     }
-    Ok(())
 }
 
 /// Times the non-private training step on the task's synthetic batch (after `warmup` untimed
