@@ -9,7 +9,7 @@ bin="${1:-target/release/dpcomp}"
 # One sentence per command, in the order they are written; subcommands follow their parent.
 commands=(
     ""
-    train audit eval
+    train audit eval export
     data "data fetch"
     grid pack plot epsilon convex fl
     analyze "analyze gradient-error" "analyze clipping" "analyze fl-sparsity"
@@ -21,6 +21,7 @@ declare -A intro=(
     [train]="Trains one of the four built-in tasks (Surnames, CIFAR-10, CIFAR-100, SNLI), with or without DP-SGD and with any compressor, into a run folder; \`--resume\` continues it. Under \`mpiexec -n W\` each rank is one data-parallel worker. See [privacy.md](privacy.md), [compression.md](compression.md) and [distributed.md](distributed.md)."
     [audit]="Trains once as \`train\` would, with canaries, and reports an empirical lower bound on ε beside the accounted ε. It takes every \`train\` flag plus the audit's own. See [auditing.md](auditing.md)."
     [eval]="Reports the test accuracy of a run's checkpoint (the checkpoint's checksums are verified first)."
+    [export]="Writes a finished SNLI run's fine-tuned BERT or RoBERTa as a Hugging Face folder (\`config.json\`, \`model.safetensors\` with LoRA adapters merged, and the tokenizer files) that \`from_pretrained\` reads, or with \`--adapter\` its LoRA adapter as a PEFT folder on the pre-trained model."
     [data]="Dataset management; its one subcommand downloads the official archives. See [install.md](install.md#data)."
     ["data fetch"]="Downloads one dataset's official archive into the data folder, checks its SHA-256 and unpacks it."
     [grid]="Runs every cell of an experiment file (training, \`kind = \"convex\"\`, \`kind = \"fl\"\` or \`kind = \"audit\"\`), skipping finished cells and resuming interrupted ones, packs the logs of the finished cells, then writes the results tables. See [experiments.md](experiments.md)."

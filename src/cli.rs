@@ -2,8 +2,8 @@
 //! code live in one file of `commands/`.
 
 use crate::commands::{
-    analyze, audit, bench, check_comm, check_device, convex, data, epsilon, eval, fl, grid, pack,
-    plot, train,
+    analyze, audit, bench, check_comm, check_device, convex, data, epsilon, eval, export, fl, grid,
+    pack, plot, train,
 };
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -32,6 +32,13 @@ pub enum Command {
     Audit(Box<audit::AuditArgs>),
     /// Report the test accuracy of a run's checkpoint.
     Eval(eval::EvalArgs),
+    /// Write a finished run's fine-tuned model as a Hugging Face folder (LoRA adapters merged,
+    /// tokenizer files included) or, with --adapter, its LoRA adapter as a PEFT folder.
+    ///
+    /// The model is rebuilt from the run's config.toml (the BERT folder it names and its
+    /// fine-tuning) with the weights of its checkpoint. Only runs of a Hugging Face model (task
+    /// snli) can be exported.
+    Export(export::ExportArgs),
     /// Datasets: download the official archives.
     Data {
         #[command(subcommand)]
@@ -84,6 +91,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => train::run(*args),
         Command::Audit(args) => audit::run(*args),
         Command::Eval(args) => eval::run(args),
+        Command::Export(args) => export::run(args),
         Command::Data { command } => data::run(command),
         Command::Grid(args) => grid::run(args),
         Command::Pack(args) => pack::run(args),

@@ -9,6 +9,7 @@ pub mod convex;
 pub mod data;
 pub mod epsilon;
 pub mod eval;
+pub mod export;
 pub mod fl;
 pub mod grid;
 pub mod pack;
