@@ -25,7 +25,7 @@
 //!
 //! A language model whose token table trains (full fine-tuning) uses the table twice, as the
 //! lookup and as the head; in a private pass both uses are recorded and the table's per-sample
-//! gradients are their sum, its norms formed without instantiating it (`TiedGradient`).
+//! gradients are their sum, its norms formed without instantiating it (`nn::tied`).
 
 use super::{
     classifier_config, is_adapter, lora_for, merged_state, Architecture, Checkpoint, FineTuning,
@@ -34,14 +34,11 @@ use super::{
 use crate::data::Features;
 use crate::error::{Error, Result};
 use crate::models::{check_range, check_token_shape, wrong_features, Model};
-use crate::nn::embedding::EmbeddingRecord;
-use crate::nn::per_sample::{outer, Activations, PerSample, PerSampleGradient};
-use crate::nn::{Ctx, Embedding, LayerGradients, LayerNorm, Linear, LinearConfig, LoraConfig};
-use crate::nn::{LoraLinear, Recorded};
+use crate::nn::tied::TiedTable;
+use crate::nn::{Ctx, Embedding, LayerNorm, Linear, LinearConfig, LoraConfig, LoraLinear};
 use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use tch::{nn, Device, Kind, Tensor};
 
 /// The fields of GPT-2's `config.json` that the architecture needs (transformers' `GPT2Config`
@@ -484,12 +481,12 @@ impl Gpt2 {
     }
 
     /// The hidden states after `ln_f`, [B, T, n_embd], for ids [B, T] and lengths \[B\].
-    /// `tied`: the link of a language model's tied table on the tape (`tied_head`).
+    /// `tied`: a language model's tied table on the tape (`tied_table`).
     fn hidden(
         &self,
         ids: &Tensor,
         lengths: &Tensor,
-        tied: Option<&TiedLink>,
+        tied: Option<&TiedTable>,
         ctx: &mut Ctx,
     ) -> Result<Tensor> {
         let c = &self.config;
@@ -506,7 +503,15 @@ impl Gpt2 {
         let positions = positions.view([1, t]).expand([b, t], false);
         let embed = |ctx: &mut Ctx| -> Result<Tensor> {
             let tokens = match tied {
-                Some(link) => self.tied_embedding(ids, link, ctx)?,
+                Some(table) => {
+                    if !matches!(ids.kind(), Kind::Int64 | Kind::Int) {
+                        return Err(Error::bad_value(
+                            "Gpt2 input",
+                            format!("token ids of kind {:?}, expected Int64 or Int", ids.kind()),
+                        ));
+                    }
+                    table.lookup(&self.wte.weight, ids, ctx)?
+                }
                 None => self.wte.forward(ids, ctx)?,
             };
             let xs = tokens + self.wpe.forward(&positions, ctx)?;
@@ -528,48 +533,11 @@ impl Gpt2 {
         self.ln_f.forward(&xs, ctx)
     }
 
-    /// In a private pass of a language model whose token table trains, the link between the
-    /// table's two uses (lookup and head), whose per-sample gradients are summed.
-    fn tied_head(&self, ctx: &mut Ctx) -> Option<TiedLink> {
+    /// In a private pass of a language model whose token table trains, the table's two uses
+    /// (lookup and head), whose per-sample gradients are summed (`nn::tied`).
+    fn tied_table(&self, ctx: &mut Ctx) -> Option<TiedTable> {
         (self.head == Head::CausalLm && self.wte.weight.requires_grad() && ctx.tape().is_some())
-            .then(|| Arc::new(Mutex::new(None)))
-    }
-
-    /// The token lookup, recorded as the first use of the tied table.
-    fn tied_embedding(&self, ids: &Tensor, link: &TiedLink, ctx: &mut Ctx) -> Result<Tensor> {
-        if !matches!(ids.kind(), Kind::Int64 | Kind::Int) {
-            return Err(Error::bad_value(
-                "Gpt2 input",
-                format!("token ids of kind {:?}, expected Int64 or Int", ids.kind()),
-            ));
-        }
-        let ys = Tensor::f_embedding(&self.wte.weight, ids, -1, false, false)
-            .map_err(|e| Error::bad_value("Gpt2 token embedding", e.to_string()))?;
-        if let Some(tape) = ctx.tape() {
-            let record = TiedEmbeddingRecord {
-                lookup: EmbeddingRecord {
-                    weight: self.wte.weight.shallow_clone(),
-                    ids: ids.shallow_clone(),
-                },
-                head: link.clone(),
-            };
-            tape.push(record, &ys);
-        }
-        Ok(ys)
-    }
-
-    /// hidden · wteᵀ, recorded as the second use of the tied table (the hidden states
-    /// already went through `ln_f`).
-    fn tied_logits(&self, hidden: &Tensor, link: TiedLink, ctx: &mut Ctx) -> Tensor {
-        let logits = hidden.linear::<Tensor>(&self.wte.weight, None);
-        if let Some(tape) = ctx.tape() {
-            let record = TiedHeadRecord {
-                input: hidden.detach(),
-                link,
-            };
-            tape.push(record, &logits);
-        }
-        logits
+            .then(TiedTable::default)
     }
 
     /// ids [B, T] and lengths \[B\] of a token batch, T from 1 to `n_positions` (sizes only).
@@ -595,7 +563,7 @@ impl Gpt2 {
 impl Model for Gpt2 {
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
         let (ids, lengths) = self.tokens(features)?;
-        let tied = self.tied_head(ctx);
+        let tied = self.tied_table(ctx);
         let hidden = self.hidden(ids, lengths, tied.as_ref(), ctx)?;
         match (&self.score, tied) {
             (Some(score), _) => {
@@ -605,7 +573,7 @@ impl Model for Gpt2 {
                     .expand([b, 1, d], false);
                 score.forward(&hidden.gather(1, &last, false).squeeze_dim(1), ctx)
             }
-            (None, Some(link)) => Ok(self.tied_logits(&hidden, link, ctx)),
+            (None, Some(table)) => Ok(table.head(&self.wte.weight, &hidden, ctx)),
             (None, None) => Ok(hidden.linear::<Tensor>(&self.wte.weight, None)),
         }
     }
@@ -734,94 +702,6 @@ impl Pretrained for Gpt2 {
     }
 }
 
-/// Where a language model's head hands its record to the token lookup's: (the hidden states
-/// [B, T, n_embd], the logits' gradient [B, T, vocab]), set in the backward pass, which reaches
-/// the head before the lookup.
-type TiedLink = Arc<Mutex<Option<(Tensor, Tensor)>>>;
-
-/// The head's use of the tied table, logits = h · wteᵀ: it leaves its inputs and output
-/// gradient to the lookup's record, which gives the table's one recipe.
-struct TiedHeadRecord {
-    input: Tensor,
-    link: TiedLink,
-}
-
-impl Recorded for TiedHeadRecord {
-    fn per_sample(&self, output_grad: &Tensor) -> LayerGradients {
-        let mut link = self.link.lock().unwrap_or_else(|p| p.into_inner());
-        *link = Some((self.input.shallow_clone(), output_grad.shallow_clone()));
-        LayerGradients::of(Vec::new())
-    }
-}
-
-/// The token lookup of a tied table: its recipe is the sum of the lookup's rows and the head's
-/// outer products (`TiedGradient`).
-struct TiedEmbeddingRecord {
-    lookup: EmbeddingRecord,
-    head: TiedLink,
-}
-
-impl Recorded for TiedEmbeddingRecord {
-    fn per_sample(&self, output_grad: &Tensor) -> LayerGradients {
-        let mut lookup = self.lookup.per_sample(output_grad);
-        let head = self.head.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let (Some((weight, rows)), Some((hidden, logits_grad))) = (lookup.parameters.pop(), head)
-        else {
-            return lookup;
-        };
-        let batch = output_grad.size()[0];
-        let (vocab, width) = (weight.size()[0], weight.size()[1]);
-        let hidden = hidden.reshape([batch, -1, width]);
-        let logits_grad = logits_grad.reshape([batch, -1, vocab]);
-        let gradient = TiedGradient {
-            ids: self.lookup.ids.reshape([batch, -1]).to_kind(Kind::Int64),
-            lookup_grad: output_grad.reshape([batch, -1, width]),
-            hidden: hidden.shallow_clone(),
-            logits_grad: logits_grad.shallow_clone(),
-            lookup: rows,
-            head: outer(Activations::Held(hidden), logits_grad, vec![vocab, width]),
-        };
-        LayerGradients::of(vec![(weight, PerSample::Custom(Box::new(gradient)))])
-    }
-}
-
-/// Per-sample gradients of a table used twice, g_i = E_i + H_i with E_i = Σ_t e_{ids_it} b_itᵀ
-/// (the lookup) and H_i = Σ_s g_is h_isᵀ (the head); ||g_i||² = ||E_i||² + ||H_i||² +
-/// 2 Σ_{t,s} g_is\[ids_it\] ⟨b_it, h_is⟩, without forming g_i.
-struct TiedGradient {
-    ids: Tensor,
-    lookup_grad: Tensor,
-    hidden: Tensor,
-    logits_grad: Tensor,
-    lookup: PerSample,
-    head: PerSample,
-}
-
-impl PerSampleGradient for TiedGradient {
-    fn squared_norms(&self) -> Tensor {
-        let (batch, steps) = (self.logits_grad.size()[0], self.logits_grad.size()[1]);
-        let looked_up = self.ids.size()[1];
-        // at[i, s, t] = g_is[ids_it]; inner[i, s, t] = ⟨h_is, b_it⟩.
-        let index = self
-            .ids
-            .view([batch, 1, looked_up])
-            .expand([batch, steps, looked_up], false);
-        let at = self.logits_grad.gather(2, &index, false);
-        let inner = self.hidden.bmm(&self.lookup_grad.transpose(1, 2));
-        let cross = (at * inner).sum_dim_intlist(&[1i64, 2][..], false, None::<Kind>);
-        let norms = self.lookup.squared_norms() + self.head.squared_norms();
-        &norms + cross.to_kind(norms.kind()) * 2.0
-    }
-
-    fn weighted_sum(&self, c: &Tensor) -> Tensor {
-        self.lookup.weighted_sum(c) + self.head.weighted_sum(c)
-    }
-
-    fn materialize(&self) -> Tensor {
-        self.lookup.materialize() + self.head.materialize()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -858,45 +738,5 @@ mod tests {
             assert!(error.contains(expected), "{error}");
         }
         assert!(tiny().problem().is_none());
-    }
-
-    #[test]
-    fn the_tied_norms_equal_the_norms_of_the_summed_gradients() {
-        tch::manual_seed(1);
-        let (batch, steps, vocab, width) = (3, 5, 7, 4);
-        let opts = (Kind::Double, Device::Cpu);
-        let ids = Tensor::randint(vocab, [batch, steps], (Kind::Int64, Device::Cpu));
-        let lookup_grad = Tensor::randn([batch, steps, width], opts);
-        let hidden = Tensor::randn([batch, steps, width], opts);
-        let logits_grad = Tensor::randn([batch, steps, vocab], opts);
-        let gradient = TiedGradient {
-            ids: ids.shallow_clone(),
-            lookup_grad: lookup_grad.shallow_clone(),
-            hidden: hidden.shallow_clone(),
-            logits_grad: logits_grad.shallow_clone(),
-            lookup: PerSample::Rows {
-                ids,
-                b: lookup_grad,
-                rows: vocab,
-            },
-            head: outer(Activations::Held(hidden), logits_grad, vec![vocab, width]),
-        };
-        let g = gradient.materialize();
-        assert_eq!(g.size(), [batch, vocab, width]);
-        let direct = g
-            .square()
-            .sum_dim_intlist(&[1i64, 2][..], false, Kind::Double);
-        let diff = (gradient.squared_norms() - &direct)
-            .abs()
-            .max()
-            .double_value(&[]);
-        assert!(diff < 1e-9 * direct.max().double_value(&[]), "{diff:e}");
-        let c = Tensor::from_slice(&[0.5f64, -2.0, 1.0]);
-        let want = (&g * c.view([batch, 1, 1])).sum_dim_intlist(0, false, Kind::Double);
-        let diff = (gradient.weighted_sum(&c) - want)
-            .abs()
-            .max()
-            .double_value(&[]);
-        assert!(diff < 1e-9, "{diff:e}");
     }
 }

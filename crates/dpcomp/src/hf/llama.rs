@@ -22,6 +22,7 @@ use super::{Head, Pretrained};
 use crate::data::Features;
 use crate::error::{Error, Result};
 use crate::models::{check_range, check_token_shape, wrong_features, Model};
+use crate::nn::tied::TiedTable;
 use crate::nn::{Ctx, Embedding, Linear, LinearConfig, LoraConfig, LoraLinear, RmsNorm};
 use serde::Deserialize;
 use std::path::Path;
@@ -665,10 +666,18 @@ impl Llama {
     /// one with a trainable weight run without autograd.
     pub fn hidden_states(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
         let (ids, lengths) = self.tokens(features)?;
-        self.hidden(ids, lengths, ctx)
+        self.hidden(ids, lengths, None, ctx)
     }
 
-    fn hidden(&self, ids: &Tensor, lengths: &Tensor, ctx: &mut Ctx) -> Result<Tensor> {
+    /// The hidden states after the final norm; `tied`: a language model's tied table on the
+    /// tape, which then makes the token lookup.
+    fn hidden(
+        &self,
+        ids: &Tensor,
+        lengths: &Tensor,
+        tied: Option<&TiedTable>,
+        ctx: &mut Ctx,
+    ) -> Result<Tensor> {
         let ids = match ids.kind() {
             Kind::Int64 | Kind::Int => ids.shallow_clone(),
             _ => ids.to_kind(Kind::Int64),
@@ -683,7 +692,10 @@ impl Llama {
         let positions = self.positions(lengths, ids.size()[1], kind);
         let c = &self.config;
         let frozen_part = |ctx: &mut Ctx| -> Result<Tensor> {
-            let mut xs = self.embed_tokens.forward(&ids, ctx)?;
+            let mut xs = match tied {
+                Some(table) => table.lookup(&self.embed_tokens.weight, &ids, ctx)?,
+                None => self.embed_tokens.forward(&ids, ctx)?,
+            };
             for block in &self.layers[..frozen] {
                 xs = block.forward(&xs, &positions, c, ctx)?;
             }
@@ -703,31 +715,22 @@ impl Llama {
 
 impl Model for Llama {
     /// Next-token logits [B, T, vocabulary] (`Head::CausalLm`), or class logits [B, classes]
-    /// from each row's last real token (`Head::SequenceClassification`).
-    ///
-    /// # Errors
-    ///
-    /// Besides features the model does not read: a private pass (`Ctx::private`) of a
-    /// language model whose head is tied to a token table that trains. The table is used twice
-    /// (lookup and head) and its per-sample gradients would be the sum of both uses, which
-    /// this model does not form; such a model trains privately with `FineTuning::LastLayers`
-    /// or LoRA, whose tables are frozen.
+    /// from each row's last real token (`Head::SequenceClassification`). A language model whose
+    /// head is tied to a token table that trains uses the table twice; in a private pass both
+    /// uses are recorded and its per-sample gradients are their sum (`nn::tied`).
     fn forward(&self, features: &Features, ctx: &mut Ctx) -> Result<Tensor> {
         let (ids, lengths) = self.tokens(features)?;
-        let tied_and_trained = self.head == Head::CausalLm
+        let tied = (self.head == Head::CausalLm
             && self.config.tie_word_embeddings
-            && self.embed_tokens.weight.requires_grad();
-        if tied_and_trained && ctx.tape().is_some() {
-            return Err(Error::bad_value(
-                "Llama lm_head",
-                "tied to model.embed_tokens (tie_word_embeddings), which trains: per-sample \
-                 gradients of a table used twice are not formed for Llama; freeze the table \
-                 (fine-tune the last layers or LoRA adapters)",
-            ));
-        }
-        let hidden = self.hidden(ids, lengths, ctx)?;
+            && self.embed_tokens.weight.requires_grad()
+            && ctx.tape().is_some())
+        .then(TiedTable::default);
+        let hidden = self.hidden(ids, lengths, tied.as_ref(), ctx)?;
         match self.head {
-            Head::CausalLm => self.output.forward(&hidden, ctx),
+            Head::CausalLm => match &tied {
+                Some(table) => Ok(table.head(&self.embed_tokens.weight, &hidden, ctx)),
+                None => self.output.forward(&hidden, ctx),
+            },
             Head::SequenceClassification { .. } => {
                 let size = hidden.size();
                 let last = (lengths.to_device(hidden.device()).to_kind(Kind::Int64) - 1)

@@ -20,6 +20,7 @@ pub mod pool;
 mod recurrent;
 pub mod rms_norm;
 pub mod tape;
+pub mod tied;
 
 pub use attention::{AttentionConfig, MultiheadAttention};
 pub use conv2d::{Conv2d, Conv2dConfig};
