@@ -13,7 +13,7 @@ commands=(
     data "data fetch"
     grid pack plot epsilon convex fl
     analyze "analyze gradient-error" "analyze clipping" "analyze fl-sparsity"
-    bench "bench train" "bench dp" "bench compress" "bench comm" "bench fl-reconstruction"
+    bench "bench train" "bench dp" "bench finetune" "bench compress" "bench comm" "bench fl-reconstruction"
     check-device check-comm
 )
 declare -A intro=(
@@ -37,6 +37,7 @@ declare -A intro=(
     [bench]="Benchmarks: step times, memory, compressor overhead, communication and reconstruction cost. See [gpu.md](gpu.md) and [../results/benchmarks.md](../results/benchmarks.md)."
     ["bench train"]="Times the non-private training step of a task."
     ["bench dp"]="Times the non-private and the DP step of a task side by side, with peak memory (and peak CUDA memory on a GPU) and host reads per step."
+    ["bench finetune"]="Times the non-private and the DP step of a pre-trained transformer fine-tuned in one mode (MiniLM, or GPT-2 small's shape as a language model), with peak memory and the trainable-parameter count."
     ["bench compress"]="Times a compressor's encode and decode against the backward pass on real gradients, and the message's trip to bytes and back."
     ["bench comm"]="Times W MPI ranks' steps per compressor (compute, encode, communication, decode, bytes) and models the speed-up over a range of links and worker counts. Run it under \`mpiexec\`."
     ["bench fl-reconstruction"]="Times FL-CS's OWL-QN reconstruction at a given model size and ratio."
