@@ -28,7 +28,10 @@
 //! order: `setup` (w₀, the clients' shards, the server's state, the run folder and a resume),
 //! then per round `round` (the steps above), `evaluate` (the global model after the round) and
 //! `record` (its row of `metrics.jsonl`, the checkpoint; the summary at the end). It reports to
-//! its observers (`observer`) and writes nothing to stderr.
+//! its observers (`observer`) and writes nothing to stderr. What it trains is dpcomp's network
+//! for the settings' dataset, or a model of one's own (any `Model`, whose trainable variables
+//! are the vector w: a LoRA fine-tuning federates its adapters) on clients' data of one's own
+//! (`task`, `FederatedRunBuilder::model` and `clients`).
 //!
 //! The settings speak `dpcomp train`'s vocabulary (`FlSettings::compression`, the
 //! `[compression]` section: kind, rate n / m, rank, options); the paper's r = m / n is
@@ -48,6 +51,7 @@ mod round;
 pub mod run;
 mod setup;
 pub mod sparsity;
+mod task;
 
 pub use record::{FlSummary, RoundMetrics};
 pub use run::{FederatedRun, FederatedRunBuilder, FlOutcome};

@@ -63,7 +63,8 @@ pub struct RoundMetrics {
 /// tables at the best round, ε, and the run's timings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FlSummary {
-    /// The dataset's name (`FlDataset::name`).
+    /// The dataset's name (`FlDataset::name`), or `own` for a model of one's own
+    /// (`FederatedRunBuilder::model`).
     pub dataset: String,
     /// The scheme's label (`FlSettings::scheme_label`): "FL-CS", "FL-STD dgc x16", ...
     pub scheme: String,

@@ -8,9 +8,9 @@
 //! 3. `canary_messages`: an audited run's canary clients, clipped with the others;
 //! 4. `Server::step`: the sum noised (DP) or averaged, decoded, and the server's momentum step.
 
-use super::client::client_update;
 use super::messages::RoundMessages;
 use super::model::FlModel;
+use super::task::Task;
 use super::{sample_clients, FlSettings};
 use crate::compress::linear_sketch::Scheme;
 use crate::error::Result;
@@ -19,8 +19,8 @@ use crate::privacy::engine::{Clipped, PrivacyEngine};
 use std::time::Instant;
 use tch::{Kind, Tensor};
 
-/// The clients' side: the data they split, each one's examples, and the model a client trains
-/// (one, reused by every client in turn).
+/// The clients' side of a run on dpcomp's networks (`Task::Fl`): the data they split, each
+/// one's examples, and the model a client trains (one, reused by every client in turn).
 pub(crate) struct Clients {
     /// The training features and labels on the run's device.
     pub x: Tensor,
@@ -83,13 +83,13 @@ struct Aggregation {
 /// Runs round `round` (from 1): the clients' messages, then the server's step on `server.w`.
 pub(crate) fn run_round(
     settings: &FlSettings,
-    clients: &mut Clients,
+    task: &mut Task,
     server: &mut Server,
     round: usize,
 ) -> Result<RoundReport> {
     let sampled = sample_clients(settings.seed, round, settings.clients, settings.fraction);
     let client_start = Instant::now();
-    let mut aggregation = client_messages(settings, clients, server, &sampled, round)?;
+    let mut aggregation = client_messages(settings, task, server, &sampled, round)?;
     canary_messages(server, &mut aggregation, round)?;
     let client_seconds = client_start.elapsed().as_secs_f64();
     let server_start = Instant::now();
@@ -113,19 +113,16 @@ pub(crate) fn run_round(
 /// the server; clipped to S (DP) or weighted by the client's examples (no DP).
 fn client_messages(
     settings: &FlSettings,
-    clients: &mut Clients,
+    task: &mut Task,
     server: &mut Server,
     sampled: &[usize],
     round: usize,
 ) -> Result<Aggregation> {
     let mut aggregation = Aggregation::empty(server, sampled.len());
     for &k in sampled {
-        let update = client_update(
-            &mut clients.model,
+        let update = task.update(
             &server.w,
-            &clients.x,
-            &clients.y,
-            &clients.shards[k],
+            k,
             &settings.local,
             local_seed(settings, round, k),
         )?;
@@ -141,7 +138,7 @@ fn client_messages(
         match &server.engine {
             Some(engine) => aggregation.clipped.add(engine.clip_update(&value)),
             None => {
-                let weight = clients.shards[k].len() as f64;
+                let weight = task.examples(k) as f64;
                 aggregation.weighted += value * weight;
                 aggregation.weight_total += weight;
             }

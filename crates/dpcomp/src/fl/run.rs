@@ -24,8 +24,12 @@
 
 use super::data::FlData;
 use super::observer::{RoundObserver, RunStart};
+use super::setup::Source;
+use super::task::OwnParts;
 use super::{record, round, setup, FlSettings, FlSummary, RoundMetrics};
+use crate::data::Dataset;
 use crate::error::{Error, Result};
+use crate::models::Model;
 use crate::privacy::canary::{CanaryScores, CanarySettings};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -40,10 +44,11 @@ pub struct FederatedRun<'d> {
     observers: Vec<Box<dyn RoundObserver>>,
 }
 
-/// The clients' data: given loaded, or loaded by `build`.
+/// The clients' data: given loaded, or loaded by `build`, or a model and data of one's own.
 enum Data<'d> {
     Given(&'d FlData),
     Loaded(FlData),
+    Own(OwnParts),
 }
 
 /// The settings of a `FederatedRun`, by name; only `settings` must be given.
@@ -56,6 +61,8 @@ pub struct FederatedRunBuilder<'d> {
     canaries: Option<CanarySettings>,
     stop_after: Option<usize>,
     observers: Vec<Box<dyn RoundObserver>>,
+    model: Option<Box<dyn Model>>,
+    clients: Option<(Vec<Dataset>, Dataset)>,
 }
 
 /// What a federated run returns.
@@ -67,6 +74,9 @@ pub struct FlOutcome {
     /// The canary clients' scores by both auditors, every round's weights and the final
     /// weights (audited runs, `FederatedRunBuilder::canaries`).
     pub canary_scores: Option<CanaryScores>,
+    /// The model of one's own (`FederatedRunBuilder::model`) holding the final global weights;
+    /// `None` for dpcomp's networks.
+    pub model: Option<Box<dyn Model>>,
 }
 
 impl FederatedRun<'_> {
@@ -90,6 +100,33 @@ impl<'d> FederatedRunBuilder<'d> {
     /// `data_dir`.
     pub fn data(mut self, data: &'d FlData) -> Self {
         self.data = Some(data);
+        self
+    }
+
+    /// A model of one's own instead of dpcomp's network for the settings' dataset, given with
+    /// the clients' data (`clients`). The run sends the updates of its trainable variables
+    /// (`Model::trainable_variables`, sorted by name, as one float32 vector \[n\]): frozen
+    /// weights stay as they are (LoRA: only the adapters and the head are federated). It starts
+    /// from the weights it holds, trains and is evaluated on the device it lives on (the
+    /// settings' `device` is not read), and comes back with the final global weights in
+    /// `FlOutcome::model`. Such a run has no folder (`out` is refused: its checkpoint would not
+    /// know how to rebuild the model; the summary's `dataset` is `own`). Of the settings,
+    /// `dataset` only named the defaults (`FlSettings::defaults`), `model` must be unset,
+    /// `validation` 0, and `partition` is not read (the clients' data comes split).
+    pub fn model(mut self, model: Box<dyn Model>) -> Self {
+        self.model = Some(model);
+        self
+    }
+
+    /// The clients' data for a model of one's own (`model`): one `Dataset` per client (the
+    /// settings' `clients` of them, none empty), in client order, and the test examples the
+    /// global model is evaluated on after every round (the first `eval_examples` of them, 0:
+    /// all). Features of any kind the model reads (token sequences, text pairs, rows). A
+    /// client's local step is `LocalTraining`'s SGD on the batch's `Model::mean_loss`; the
+    /// evaluation reports the test examples' mean `Model::mean_loss` and mean `Model::correct`
+    /// as the accuracy (the summary's metric; balanced accuracy reports the same, AUROC none).
+    pub fn clients(mut self, clients: Vec<Dataset>, test: Dataset) -> Self {
+        self.clients = Some((clients, test));
         self
     }
 
@@ -160,7 +197,32 @@ impl<'d> FederatedRunBuilder<'d> {
                 self.canaries.is_some(),
             )?;
         }
-        let data = data_for(&settings, self.data, self.data_dir)?;
+        let data = match (self.model, self.clients) {
+            (None, None) => data_for(&settings, self.data, self.data_dir)?,
+            (Some(model), Some((clients, test))) => {
+                let given = (self.data.is_some(), self.data_dir.is_some());
+                own_data(&settings, given, self.out.is_some())?;
+                let parts = OwnParts {
+                    model,
+                    clients,
+                    test,
+                };
+                parts.check(settings.clients)?;
+                Data::Own(parts)
+            }
+            (Some(_), None) => {
+                return Err(Error::bad_value(
+                    "clients",
+                    "not given: a model of one's own (`model`) trains on the clients' data given with `clients`",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::bad_value(
+                    "model",
+                    "not given: the clients' own data (`clients`) needs the model of one's own it trains (`model`)",
+                ))
+            }
+        };
         Ok(FederatedRun {
             settings,
             data,
@@ -203,6 +265,36 @@ fn data_for<'d>(
     }
 }
 
+/// A model of one's own goes with its clients' data only (not `data` or `data_dir`), in a run
+/// without a folder, with settings that leave dpcomp's network and validation split unset.
+/// `given`: whether `data` and `data_dir` were given.
+fn own_data(settings: &FlSettings, given: (bool, bool), out: bool) -> Result<()> {
+    let (data, data_dir) = given;
+    let refused = if data {
+        Some((
+            "data",
+            "the clients' data of a model of one's own is given with `clients`",
+        ))
+    } else if data_dir {
+        Some((
+            "data_dir",
+            "the clients' data of a model of one's own is given with `clients`",
+        ))
+    } else if out {
+        Some(("out", "a run of a model of one's own is not written to a folder (no checkpoint could rebuild the model); read its `FlOutcome`"))
+    } else if settings.model.is_some() {
+        Some(("model", "the settings name one of dpcomp's networks, but a model of one's own is given; leave `FlSettings::model` unset"))
+    } else if settings.validation != 0.0 {
+        Some(("validation", "a validation split is held out of dpcomp's datasets; a model of one's own is evaluated on its test examples, so set it to 0"))
+    } else {
+        None
+    };
+    match refused {
+        Some((field, why)) => Err(Error::bad_value(field, why)),
+        None => Ok(()),
+    }
+}
+
 /// A round to stop after is one before the run's last, in a run with a folder to save its
 /// checkpoint in and no canaries (which are not checkpointed).
 fn check_stop_after(round: usize, settings: &FlSettings, out: bool, audited: bool) -> Result<()> {
@@ -238,14 +330,20 @@ impl FederatedRun<'_> {
         } = self;
         let mut observers = Observers(observers);
         let audited = canaries.is_some();
-        let mut run = setup::start(&settings, data.get(), out.as_deref(), canaries)?;
+        let own = matches!(data, Data::Own(_));
+        let source = match data {
+            Data::Given(data) => Source::Fl(data),
+            Data::Loaded(ref data) => Source::Fl(data),
+            Data::Own(parts) => Source::Own(parts),
+        };
+        let mut run = setup::start(&settings, source, out.as_deref(), canaries)?;
         let earlier_seconds = run.history.wall_seconds();
         let wall = || earlier_seconds + start.elapsed().as_secs_f64();
         observers.tell(&|o| {
             o.started(&RunStart {
                 rounds: settings.rounds,
                 rounds_done: run.rounds_done,
-                metric: run.evaluator.metric.name(),
+                metric: run.task.metric().name(),
                 folder: out.clone(),
             })
         });
@@ -269,13 +367,17 @@ impl FederatedRun<'_> {
                         rounds: run.history.rows,
                         summary: None,
                         canary_scores: None,
+                        model: None,
                     });
                 }
             }
         }
-        let summary = run
+        let mut summary = run
             .history
             .summary(&settings, &run.server, stopped_early, wall())?;
+        if own {
+            summary.dataset = "own".to_string();
+        }
         finish(run, summary, out.as_deref(), &mut observers)
     }
 }
@@ -297,6 +399,7 @@ fn finish(
         canary_scores: run.server.canaries.take().map(|c| c.finish(w)),
         rounds: run.history.rows,
         summary: Some(summary),
+        model: run.task.into_model(),
     })
 }
 
@@ -311,15 +414,6 @@ impl Observers {
     }
 }
 
-impl Data<'_> {
-    fn get(&self) -> &FlData {
-        match self {
-            Data::Given(data) => data,
-            Data::Loaded(data) => data,
-        }
-    }
-}
-
 /// Round `round` (`round::run_round`), the global model evaluated after it, and its row of
 /// metrics; `wall` reads the run's seconds so far.
 fn one_round(
@@ -328,8 +422,8 @@ fn one_round(
     round: usize,
     wall: &dyn Fn() -> f64,
 ) -> Result<RoundMetrics> {
-    let report = round::run_round(settings, &mut run.clients, &mut run.server, round)?;
-    let evaluated = run.evaluator.evaluate(&run.server.w)?;
+    let report = round::run_round(settings, &mut run.task, &mut run.server, round)?;
+    let evaluated = run.task.evaluate(&run.server.w)?;
     let epsilon = run.server.epsilon()?;
     let upstream_before = run.history.upstream_bits_total();
     Ok(record::round_row(

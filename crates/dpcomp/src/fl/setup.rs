@@ -10,6 +10,7 @@ use super::evaluate::Evaluator;
 use super::messages::RoundMessages;
 use super::record::History;
 use super::round::{Clients, Server};
+use super::task::{OwnParts, OwnTask, Task};
 use super::{checkpoint, config_file, FlSettings, RoundMetrics};
 use crate::error::{Error, Result};
 use crate::privacy::canary::{CanarySettings, GradientCanaries};
@@ -21,9 +22,8 @@ use tch::{Kind, Tensor};
 
 /// Everything the rounds work on, as the first round (or a resumed run's next) finds it.
 pub(crate) struct Started {
-    pub clients: Clients,
+    pub task: Task,
     pub server: Server,
-    pub evaluator: Evaluator,
     pub history: History,
     /// The rounds done before (a resumed run's).
     pub rounds_done: usize,
@@ -31,31 +31,57 @@ pub(crate) struct Started {
     pub _lock: Option<RunLock>,
 }
 
-/// Sets up the run of `settings` on `data`, in the folder `out` when given (a resumed run when
+/// What a run trains on: dpcomp's network for the settings' dataset, loaded, or a model and
+/// data of one's own (`task`).
+pub(crate) enum Source<'d> {
+    Fl(&'d FlData),
+    Own(OwnParts),
+}
+
+/// Sets up the run of `settings` on `source`, in the folder `out` when given (a resumed run when
 /// it holds a checkpoint), with canary clients when `canaries` are given. LibTorch's generator
-/// is seeded here, then draws the initial weights (and, each round, the noise): the order of
-/// those draws is what makes a run reproducible from its seed.
+/// is seeded here, then draws the initial weights of dpcomp's networks (and, each round, the
+/// noise): the order of those draws is what makes a run reproducible from its seed. A model of
+/// one's own starts from the weights it holds; its runs have no folder (`FederatedRunBuilder`).
 pub(crate) fn start(
     settings: &FlSettings,
-    data: &FlData,
+    source: Source,
     out: Option<&Path>,
     canaries: Option<CanarySettings>,
 ) -> Result<Started> {
-    let device = settings.device.device()?;
-    let data = data.to_device(device);
-    tch::manual_seed(settings.seed as i64);
-    let global_model = data.model(settings.model, device)?;
-    let client_model = data.model(settings.model, device)?;
-    let w = global_model.flat();
-    let shapes: Vec<Vec<i64>> = global_model.variables().iter().map(Tensor::size).collect();
+    let (task, w, shapes, device) = match source {
+        Source::Fl(given) => {
+            let device = settings.device.device()?;
+            let data = given.to_device(device);
+            tch::manual_seed(settings.seed as i64);
+            let global_model = data.model(settings.model, device)?;
+            let client_model = data.model(settings.model, device)?;
+            let w = global_model.flat();
+            let shapes: Vec<Vec<i64>> = global_model.variables().iter().map(Tensor::size).collect();
+            let (shards, validation_index) = split_examples(settings, &data)?;
+            let evaluator = Evaluator::new(
+                global_model,
+                &data,
+                &validation_index,
+                settings.eval_examples,
+            );
+            let clients = Clients {
+                x: data.train_x.shallow_clone(),
+                y: data.train_y.shallow_clone(),
+                shards,
+                model: client_model,
+            };
+            (Task::Fl { clients, evaluator }, w, shapes, device)
+        }
+        Source::Own(parts) => {
+            let device = parts.model.var_store().device();
+            tch::manual_seed(settings.seed as i64);
+            let own = OwnTask::new(parts, settings.eval_examples);
+            let (w, shapes) = (own.flat(), own.shapes());
+            (Task::Own(own), w, shapes, device)
+        }
+    };
     let messages = RoundMessages::new(settings, &shapes, device)?;
-    let (shards, validation_index) = split_examples(settings, &data)?;
-    let evaluator = Evaluator::new(
-        global_model,
-        &data,
-        &validation_index,
-        settings.eval_examples,
-    );
     let folder = match out {
         Some(dir) => Some(open_folder(dir, settings, canaries.is_some())?),
         None => None,
@@ -70,15 +96,9 @@ pub(crate) fn start(
         restore(&mut server, saved, rounds_done)?;
     }
     Ok(Started {
-        clients: Clients {
-            x: data.train_x.shallow_clone(),
-            y: data.train_y.shallow_clone(),
-            shards,
-            model: client_model,
-        },
+        history: History::new(task.metric(), rows),
+        task,
         server,
-        history: History::new(evaluator.metric, rows),
-        evaluator,
         rounds_done,
         _lock: lock,
     })
