@@ -4,6 +4,8 @@
 //!
 //! - a GPT-2 language model with LoRA on `c_attn` (rank 4), DP-Adam on Poisson batches: its test
 //!   loss falls, its ε is the accountant's for its σ, q and steps, and only the adapters move;
+//!   stopped and resumed from its checkpoint it ends with the weights and logs of a run that
+//!   did not stop;
 //! - the same run as two thread workers with PowerSGD (summed) or DGC (gathered, local noise):
 //!   every step's upload is the size the adapters' shapes give, and the loss still falls;
 //! - a BERT classifier with LoRA at a target ε on a separable text-pair task: σ is calibrated
@@ -454,4 +456,47 @@ fn bert_lora_at_a_target_epsilon_learns_a_separable_pair_task() {
         "test accuracy {}",
         summary.last_test_accuracy
     );
+}
+
+/// The GPT-2 LoRA run of `lm_config` for `epochs` epochs in `run`, fresh or continued.
+fn gpt2_run(run: &Path, epochs: usize, resume: bool) -> Trainer {
+    let model = Box::new(gpt2_lora(5));
+    let builder = Trainer::builder(run);
+    let builder = if resume {
+        builder.resume(TrainOverrides {
+            epochs: Some(epochs),
+            ..TrainOverrides::default()
+        })
+    } else {
+        let mut config = lm_config("gpt2-progressions");
+        config.epochs = epochs;
+        builder.config(config)
+    };
+    let mut trainer = builder.model(model, corpus()).build().unwrap();
+    trainer.run().unwrap();
+    trainer
+}
+
+#[test]
+fn a_gpt2_lora_run_resumed_from_its_checkpoint_continues_exactly() {
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    let straight = gpt2_run(&dir.path().join("straight"), 4, false);
+    let halves = dir.path().join("halves");
+    drop(gpt2_run(&halves, 2, false));
+    // The checkpoint holds every weight, the frozen ones too, as the model was built.
+    let saved = common::checkpoint_tensors(&halves, "model.safetensors");
+    assert_eq!(saved.len(), straight.model().var_store().variables().len());
+    let resumed = gpt2_run(&halves, 4, true);
+    assert_eq!(resumed.state().steps_done, 32);
+    let a = weights(straight.model());
+    let b = weights(resumed.model());
+    for (name, tensor) in &a {
+        assert!(tensor.equal(&b[name]), "{name} differs after the resume");
+    }
+    assert_eq!(
+        common::metrics_without_timings(&dir.path().join("straight")),
+        common::metrics_without_timings(&halves)
+    );
+    assert_eq!(resumed.epsilon().unwrap(), straight.epsilon().unwrap());
 }
