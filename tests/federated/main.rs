@@ -7,3 +7,4 @@ mod common;
 
 mod fl;
 mod fl_committed_cells;
+mod own_model;

@@ -50,6 +50,7 @@ fn perturb_adapters(model: &dyn Pretrained) {
 
 #[test]
 fn the_loss_is_each_sequences_mean_next_token_cross_entropy() {
+    let _serial = common::serial();
     tch::manual_seed(11);
     let Features::Tokens { ids, lengths } = sequences() else {
         unreachable!()
