@@ -6,7 +6,9 @@
 mod common;
 
 mod dp_training;
+mod export_command;
 mod export_to_pytorch;
+mod hf_fine_tuning;
 mod host_reads;
 mod library_api;
 mod optimizer;

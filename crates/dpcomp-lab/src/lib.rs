@@ -43,6 +43,8 @@ mod markdown_doctests {
     pub struct GuideCompression;
     #[doc = include_str!("../../../docs/guide/distributed.md")]
     pub struct GuideDistributed;
+    #[doc = include_str!("../../../docs/guide/fine-tuning.md")]
+    pub struct GuideFineTuning;
     #[doc = include_str!("../../../docs/guide/install.md")]
     pub struct GuideInstall;
     #[doc = include_str!("../../../docs/guide/library.md")]
