@@ -715,7 +715,8 @@ mod tests {
 
     #[test]
     fn bad_configs_are_named_by_field() {
-        let cases: [(fn(&mut Gpt2Config), &str); 5] = [
+        type Change = fn(&mut Gpt2Config);
+        let cases: [(Change, &str); 5] = [
             (
                 |c| c.activation_function = "relu".into(),
                 "activation_function \"relu\"",

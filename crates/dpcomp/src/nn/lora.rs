@@ -253,7 +253,7 @@ mod tests {
         )
         .unwrap();
         let adapter = layer.adapter.as_ref().unwrap();
-        tch::no_grad(|| adapter.b.weight.shallow_clone().uniform_(-1.0, 1.0));
+        let _ = tch::no_grad(|| adapter.b.weight.shallow_clone().uniform_(-1.0, 1.0));
         let x = Tensor::randn([4, 5], (Kind::Float, Device::Cpu));
         let adapted = layer.forward(&x, &mut Ctx::eval()).unwrap();
         let merged = x.linear(&layer.merged_weight(), layer.base.bias.as_ref());
