@@ -263,8 +263,10 @@ fn every_experiment_file_resolves_in_both_profiles() {
                 c.config
                     .validate()
                     .unwrap_or_else(|e| panic!("{} {profile} {}: {e}", path.display(), c.name));
+                // σ given, or calibrated from a target ε: either way per-sample clipping.
                 assert!(
-                    c.config.privacy.noise_multiplier.is_some(),
+                    c.config.privacy.noise_multiplier.is_some()
+                        || c.config.privacy.target_epsilon.is_some(),
                     "{}: every cell clips per sample",
                     c.name
                 );

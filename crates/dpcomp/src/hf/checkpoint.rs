@@ -128,11 +128,8 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Tensor)]) -> Result<()
             _ => (tensor.to_kind(Kind::Float).contiguous(), Dtype::F32),
         };
         let tensor = tensor.to_device(tch::Device::Cpu);
-        let numel = tensor.numel();
-        let mut data = vec![0u8; numel * tensor.kind().elt_size_in_bytes()];
-        tensor
-            .f_copy_data_u8(&mut data, numel)
-            .map_err(|e| Error::bad_value(name.clone(), format!("cannot be written: {e}")))?;
+        // Written once, at the end of a run: the one read of each tensor's bytes.
+        let data = crate::host::to_bytes(&tensor);
         let shape = tensor.size().iter().map(|&d| d as usize).collect();
         bytes.push((name.clone(), data, shape, dtype));
     }

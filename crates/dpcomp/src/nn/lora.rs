@@ -257,9 +257,10 @@ mod tests {
         let x = Tensor::randn([4, 5], (Kind::Float, Device::Cpu));
         let adapted = layer.forward(&x, &mut Ctx::eval()).unwrap();
         let merged = x.linear(&layer.merged_weight(), layer.base.bias.as_ref());
-        assert!(adapted.allclose(&merged, 1e-5, 1e-6, false));
+        let gap = |a: &Tensor, b: &Tensor| crate::host::f64_scalar(&(a - b).abs().max());
+        assert!(gap(&adapted, &merged) < 1e-5);
         // The adapter changed the output (B is no longer zero).
         let plain = layer.base.forward(&x, &mut Ctx::eval()).unwrap();
-        assert!(!adapted.allclose(&plain, 1e-3, 1e-3, false));
+        assert!(gap(&adapted, &plain) > 1e-3);
     }
 }
