@@ -9,7 +9,7 @@
 //! `model.layers.0.input_layernorm.weight`, `model.norm.weight`, `lm_head.weight`,
 //! `score.weight`), so a LoRA adapter sits at `model.layers.0.self_attn.q_proj.lora_A.weight`.
 //!
-//! Inputs are right-padded token sequences (`Features::Tokens`: ids [B, T], lengths [B]);
+//! Inputs are right-padded token sequences (`Features::Tokens`: ids [B, T], lengths \[B\]);
 //! position p of every row has position p, a key is attended to when it is at most the query's
 //! position and within its row's length. The classification head reads the last real token of
 //! each row (`transformers` finds it as the last id that is not `pad_token_id`, the same token
@@ -617,7 +617,7 @@ impl Llama {
         Ok(model)
     }
 
-    /// The ids [B, T] and lengths [B] of a batch, T from 1 to the position table's rows (sizes
+    /// The ids [B, T] and lengths \[B\] of a batch, T from 1 to the position table's rows (sizes
     /// only).
     fn tokens<'a>(&self, features: &'a Features) -> Result<(&'a Tensor, &'a Tensor)> {
         let Features::Tokens { ids, lengths } = features else {
@@ -637,7 +637,7 @@ impl Llama {
         Ok((ids, lengths))
     }
 
-    /// The rotary angles and the attention mask of a batch of `lengths` [B] over `steps`
+    /// The rotary angles and the attention mask of a batch of `lengths` \[B\] over `steps`
     /// positions, the angles in `kind`.
     fn positions(&self, lengths: &Tensor, steps: i64, kind: Kind) -> Positions {
         let device = self.inv_freq.device();

@@ -150,7 +150,7 @@ pub(crate) fn check_image_shape(model: &str, images: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// Padded sequences: `ids` [B, T] and `lengths` [B], both integer.
+/// Padded sequences: `ids` [B, T] and `lengths` \[B\], both integer.
 pub(crate) fn check_token_shape(model: &str, ids: &Tensor, lengths: &Tensor) -> Result<()> {
     let (ids_size, lengths_size) = (ids.size(), lengths.size());
     if ids_size.len() != 2 || lengths_size.len() != 1 || ids_size[0] != lengths_size[0] {
