@@ -592,37 +592,16 @@ impl Model for Gpt2 {
     /// A language model's loss of each sequence: the mean cross-entropy of its next tokens
     /// (`hf::next_token_losses`); a classifier's, the cross-entropy against its label.
     fn example_losses(&self, output: &Tensor, features: &Features, labels: &Tensor) -> Tensor {
-        match (&self.score, features) {
-            (None, Features::Tokens { ids, lengths }) => {
-                super::next_token_losses(output, ids, &lengths.to_device(ids.device()))
-            }
-            _ => output.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::None, -100, 0.0),
-        }
+        super::head_example_losses(self.score.is_none(), output, features, labels)
     }
 
     fn mean_loss(&self, output: &Tensor, features: &Features, labels: &Tensor) -> Tensor {
-        match self.score {
-            None => self
-                .example_losses(output, features, labels)
-                .mean(output.kind()),
-            Some(_) => {
-                output.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, 0.0)
-            }
-        }
+        super::head_mean_loss(self.score.is_none(), output, features, labels)
     }
 
     /// A language model's accuracy of a sequence is its share of next tokens predicted right.
     fn correct(&self, output: &Tensor, features: &Features, labels: &Tensor) -> Tensor {
-        match (&self.score, features) {
-            (None, Features::Tokens { ids, lengths }) => {
-                super::next_token_accuracy_sum(output, ids, &lengths.to_device(ids.device()))
-            }
-            _ => output
-                .argmax(-1, false)
-                .eq_tensor(labels)
-                .sum(Kind::Int64)
-                .to_kind(Kind::Double),
-        }
+        super::head_correct(self.score.is_none(), output, features, labels)
     }
 }
 

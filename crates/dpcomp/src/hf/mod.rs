@@ -259,3 +259,55 @@ fn next_token_targets(logits: &Tensor, ids: &Tensor, lengths: &Tensor) -> (Tenso
         .to_kind(logits.kind());
     (tokens, mask)
 }
+
+/// `Model::example_losses` of a Hugging Face model: each sequence's `next_token_losses` for a
+/// language model (`language_model`) reading token sequences, the cross-entropy against the
+/// labels otherwise.
+pub(crate) fn head_example_losses(
+    language_model: bool,
+    output: &Tensor,
+    features: &crate::data::Features,
+    labels: &Tensor,
+) -> Tensor {
+    match (language_model, features) {
+        (true, crate::data::Features::Tokens { ids, lengths }) => {
+            next_token_losses(output, ids, &lengths.to_device(ids.device()))
+        }
+        _ => output.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::None, -100, 0.0),
+    }
+}
+
+/// `Model::mean_loss` of a Hugging Face model: the mean of `head_example_losses` for a
+/// language model, the mean cross-entropy otherwise.
+pub(crate) fn head_mean_loss(
+    language_model: bool,
+    output: &Tensor,
+    features: &crate::data::Features,
+    labels: &Tensor,
+) -> Tensor {
+    if language_model {
+        head_example_losses(true, output, features, labels).mean(output.kind())
+    } else {
+        output.cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, 0.0)
+    }
+}
+
+/// `Model::correct` of a Hugging Face model: each sequence's share of next tokens predicted
+/// right for a language model (`next_token_accuracy_sum`), arg-max hits otherwise.
+pub(crate) fn head_correct(
+    language_model: bool,
+    output: &Tensor,
+    features: &crate::data::Features,
+    labels: &Tensor,
+) -> Tensor {
+    match (language_model, features) {
+        (true, crate::data::Features::Tokens { ids, lengths }) => {
+            next_token_accuracy_sum(output, ids, &lengths.to_device(ids.device()))
+        }
+        _ => output
+            .argmax(-1, false)
+            .eq_tensor(labels)
+            .sum(tch::Kind::Int64)
+            .to_kind(tch::Kind::Double),
+    }
+}
