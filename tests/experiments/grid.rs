@@ -625,3 +625,54 @@ fn an_ablation_is_drawn_beside_the_grid_it_varies() {
         "the DGC grid's arm drawn alone"
     );
 }
+
+#[test]
+fn a_finished_target_epsilon_cell_is_finished_although_its_run_recorded_sigma() {
+    let _serial = common::serial();
+    let dir = tempfile::tempdir().unwrap();
+    common::write_tiny_cifar100(&dir.path().join("data"), 8, 4);
+    let file = dir.path().join("target.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"name = "target"
+description = "one cell at a target epsilon"
+[base]
+task = "cifar100"
+data_dir = "{}"
+device = "cpu"
+batch_size = 4
+accountant = "pld"
+delta = 1e-5
+[grid]
+target_epsilon = [50.0]
+[profiles.cpu]
+epochs = 1
+"#,
+            dir.path().join("data").display()
+        ),
+    )
+    .unwrap();
+    let experiment = Experiment::from_file(&file).unwrap();
+    let runs = dir.path().join("runs");
+    let rows = dpcomp_lab::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
+    assert_eq!(rows.len(), 1);
+    // The run met ε 50 with the σ it calibrated and wrote into its config.toml.
+    assert!(
+        rows[0].noise_multiplier > 0.0,
+        "{}",
+        rows[0].noise_multiplier
+    );
+    let cells = experiment.cells("cpu", &[]).unwrap();
+    let folder = runs.join("target/cpu").join(&cells[0].name);
+    let saved = std::fs::read_to_string(folder.join("config.toml")).unwrap();
+    assert!(saved.contains("noise_multiplier"), "{saved}");
+    assert_eq!(
+        cell_state(&folder, &cells[0].config).unwrap(),
+        CellState::Finished
+    );
+    // A second process reaching the finished cell skips it instead of refusing the grid.
+    let again = dpcomp_lab::grid::run(&experiment, "cpu", &[], &runs, &mut ()).unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].noise_multiplier, rows[0].noise_multiplier);
+}

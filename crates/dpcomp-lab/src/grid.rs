@@ -378,6 +378,10 @@ pub fn cell_state(dir: &Path, config: &TrainConfig) -> Result<CellState> {
     comparable.epochs = config.epochs;
     // A run records the data folder it resolved; where the data lives is not a setting.
     comparable.data.data_dir = config.data.data_dir.clone();
+    // A target ε is met by the σ the run calibrated and recorded beside it.
+    if config.privacy.target_epsilon.is_some() && config.privacy.noise_multiplier.is_none() {
+        comparable.privacy.noise_multiplier = None;
+    }
     if &comparable != config {
         return Err(Error::bad_value(
             "grid",
@@ -502,7 +506,11 @@ pub(crate) fn collect(root: &Path, cells: &[Cell]) -> Result<Vec<Row>> {
         rows.push(Row {
             cell: cell.name.clone(),
             task: c.task.to_string(),
-            noise_multiplier: c.privacy.noise_multiplier.unwrap_or(0.0),
+            // The σ the run used: a target ε's calibrated one, which the cell does not name.
+            noise_multiplier: summary
+                .noise_multiplier
+                .or(c.privacy.noise_multiplier)
+                .unwrap_or(0.0),
             epsilon: summary.epsilon.filter(|e| e.is_finite()),
             delta: c.privacy.delta,
             compressor: c.compression_label()?,
