@@ -346,6 +346,15 @@ fn ghost_and_instantiated_norms_agree_on_both_sides_of_the_cost_rule() {
     }
     assert!(ghost_is_cheaper(4, 3, 40, 30) && !ghost_is_cheaper(4, 50, 4, 6));
     assert!(ghost_is_cheaper(1 << 20, 50, 4096, 4096), "memory guard");
+    // Against a gradient too large to keep, the ghost norm only has to beat forming it: GPT-2's
+    // attention projection at 128 tokens (128² · 3072 = 50M against (128 + 16) · 768 · 2304 =
+    // 255M an example), though not against a kept one (24 · 768 · 2304 = 42M); a 3x3
+    // convolution's 225 positions still instantiate.
+    use dpcomp::privacy::grad_sample::ghost_is_cheaper_than_dropped;
+    assert!(
+        ghost_is_cheaper_than_dropped(8, 128, 768, 2304) && !ghost_is_cheaper(8, 128, 768, 2304)
+    );
+    assert!(!ghost_is_cheaper_than_dropped(64, 225, 288, 64));
 }
 
 #[test]

@@ -241,6 +241,13 @@ fn sigma_zero_and_infinite_c_is_plain_sgd() {
         .map(|(w, v)| (v - w).abs().max().double_value(&[]))
         .fold(0.0, f64::max);
     assert!(moved > 1e-6, "the step moved no weight");
+    // The plain step lets its gradients go once applied (set to none, as PyTorch's zero_grad
+    // does by default), and the next step starts from none.
+    for (name, p) in &pb {
+        assert!(!p.grad().defined(), "{name} still holds its gradient");
+    }
+    sgd_dp_step(&a, &data, &index, 0.5, &dp, 0.0, f64::INFINITY);
+    let _ = train_step(&b, &pb, &mut sgd_b, &batch, f64::INFINITY).unwrap();
     assert_eq!(pa.len(), pb.len());
     for ((name, x), (_, y)) in pa.iter().zip(&pb) {
         let diff = (x - y).abs().max().double_value(&[]);

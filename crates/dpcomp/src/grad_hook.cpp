@@ -172,4 +172,15 @@ int32_t dpcomp_edges_reach_another(DpcompEdge **edges, int64_t count, uint8_t *r
     return -1;
   }
 }
+
+// Drops a tensor's accumulated gradient, so that its memory goes (what PyTorch's
+// zero_grad(set_to_none=True) does for a parameter). 0 on success, -1 on any error.
+int32_t dpcomp_clear_grad(at::Tensor *tensor) {
+  try {
+    tensor->mutable_grad().reset();
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
 }

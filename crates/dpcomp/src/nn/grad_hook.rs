@@ -34,6 +34,7 @@ extern "C" {
         outputs: *mut *mut C_tensor,
     ) -> i32;
     fn dpcomp_edges_reach_another(edges: *const *mut c_void, count: i64, reaches: *mut u8) -> i32;
+    fn dpcomp_clear_grad(tensor: *mut C_tensor) -> i32;
 }
 
 /// Where a tensor's gradient enters the autograd graph: its node and which of the node's
@@ -181,6 +182,20 @@ pub fn on_grad(
     on_grad_at(&GradEdge::of(tensor)?, callback)
 }
 
+/// Drops `tensor`'s accumulated gradient (`.grad()` is undefined afterwards, and its memory is
+/// freed once no other handle holds it): PyTorch's `zero_grad(set_to_none=True)`.
+pub fn clear_grad(tensor: &Tensor) -> Result<()> {
+    let mut tensor = tensor.shallow_clone();
+    // SAFETY: a valid tensor handle for the call; only its gradient slot changes.
+    if unsafe { dpcomp_clear_grad(tensor.as_mut_ptr()) } != 0 {
+        return Err(Error::bad_value(
+            "tensor",
+            "LibTorch could not drop the tensor's gradient",
+        ));
+    }
+    Ok(())
+}
+
 /// For each tensor on the autograd graph, whether the backward pass from it goes on to another
 /// of `tensors` (one upstream of it). A backward pass asked for the gradients of those that do
 /// not (the earliest) runs through every other one's node, so their hooks fire, while holding
@@ -215,6 +230,20 @@ pub fn edges_reach_another(edges: &[&GradEdge]) -> Result<Vec<bool>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cleared_gradient_is_undefined_and_the_next_backward_starts_from_zero() {
+        let x = Tensor::from_slice(&[1.0f32, 2.0]).set_requires_grad(true);
+        (&x * 3.0).sum(tch::Kind::Float).backward();
+        assert!(x.grad().defined());
+        clear_grad(&x).unwrap();
+        assert!(!x.grad().defined());
+        (&x * 5.0).sum(tch::Kind::Float).backward();
+        assert!(crate::host::equal(
+            &x.grad(),
+            &Tensor::from_slice(&[5.0f32, 5.0])
+        ));
+    }
 
     #[test]
     fn the_hook_sees_the_gradient_during_backward_and_goes_with_its_tensor() {

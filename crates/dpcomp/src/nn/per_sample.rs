@@ -246,16 +246,30 @@ pub fn ghost_is_cheaper(batch: i64, steps: i64, input: i64, output: i64) -> bool
         || batch * input * output > MAX_INSTANTIATED
 }
 
+/// Whether the ghost norm is cheaper than an instantiated g that would not be kept (larger than
+/// `KEEP_INSTANTIATED_FACTOR` allows): such a g is formed (B T in out), written and read for its
+/// norm (two of the three passes `MEMORY_WEIGHT` counts), and dropped, and the clipped sum is
+/// then the same contraction the ghost norm needs. So the ghost norm is cheaper when
+/// T² (in + out) < (T + 2 MEMORY_WEIGHT / 3) in out: for a transformer's projections at
+/// T = 128 (GPT-2's 768 x 2304 attention projection: 50M against 255M multiply-adds an
+/// example), not for a convolution's many positions.
+pub fn ghost_is_cheaper_than_dropped(batch: i64, steps: i64, input: i64, output: i64) -> bool {
+    steps * steps * (input + output) < (steps + 2 * MEMORY_WEIGHT / 3) * input * output
+        || batch * input * output > MAX_INSTANTIATED
+}
+
 /// An instantiated g is kept when it has at most this many times the elements of the input the
 /// book-keeping holds for the layer anyway; a larger one is formed twice (norm, then clipped sum
 /// by contraction) rather than held.
 pub const KEEP_INSTANTIATED_FACTOR: i64 = 8;
 
 /// The per-sample gradient recipe for g_i = Σ_t b_it a_itᵀ (a [B, T, in], b [B, T, out]).
-/// The ghost norm is used where `ghost_is_cheaper` says so. Otherwise g is instantiated, and kept
-/// (its clipped sum is then one GEMV) when it has at most `KEEP_INSTANTIATED_FACTOR` times the
-/// elements of the input the book-keeping holds for this layer anyway; a larger g is formed for
-/// the norm, dropped, and the clipped sum taken by contraction (to bound memory). ResNet-18's
+/// An instantiated g is kept (its clipped sum is then one GEMV) when it has at most
+/// `KEEP_INSTANTIATED_FACTOR` times the elements of the input the book-keeping holds for this
+/// layer anyway; a larger g is formed for the norm, dropped, and the clipped sum taken by
+/// contraction (to bound memory). The ghost norm is used where it costs less than the
+/// instantiation that would happen: `ghost_is_cheaper` against a kept g,
+/// `ghost_is_cheaper_than_dropped` against a dropped one. ResNet-18's
 /// largest instantiated g, layer2's 3x3 128->128 convolution at batch 64, is 4.5x its input, so
 /// there every one is kept; the rule bounds what an unusual layer can hold. A kept g is formed
 /// and held in chunks of examples (`PerSample::Parts`), no allocation larger than
@@ -263,8 +277,13 @@ pub const KEEP_INSTANTIATED_FACTOR: i64 = 8;
 pub fn outer(a: Activations, b: Tensor, shape: Vec<i64>) -> PerSample {
     let (batch, steps, input) = a.dims();
     let output = b.size()[2];
-    let ghost = ghost_is_cheaper(batch, steps, input, output);
-    if !ghost && batch * input * output <= KEEP_INSTANTIATED_FACTOR * a.held_elements() {
+    let keepable = batch * input * output <= KEEP_INSTANTIATED_FACTOR * a.held_elements();
+    let ghost = if keepable {
+        ghost_is_cheaper(batch, steps, input, output)
+    } else {
+        ghost_is_cheaper_than_dropped(batch, steps, input, output)
+    };
+    if !ghost && keepable {
         let parts = chunks(batch, a.chunk_len(input * output))
             .map(|(start, len)| {
                 let mut full = vec![len];
@@ -381,16 +400,22 @@ impl PerSample {
                     }
                     return sum.expect("at least one chunk").view(shape.as_slice());
                 }
-                let mut sum = Tensor::zeros([output, input], (b.kind(), b.device()));
+                // The first chunk's product is the sum so far (0 + x = x): no zero buffer.
+                let mut sum: Option<Tensor> = None;
                 for (start, len) in chunks(batch, a.chunk_len(0)) {
                     let weighted = b.narrow(0, start, len) * c.narrow(0, start, len);
                     let a = a.rows(start, len);
-                    sum += weighted
+                    let part = weighted
                         .reshape([-1, output])
                         .tr()
                         .mm(&a.reshape([-1, input]));
+                    match sum.as_mut() {
+                        Some(total) => *total += part,
+                        None => sum = Some(part),
+                    }
                 }
-                sum.view(shape.as_slice())
+                sum.unwrap_or_else(|| Tensor::zeros([output, input], (b.kind(), b.device())))
+                    .view(shape.as_slice())
             }
             PerSample::Direct(g) => weighted_sum_of(g, c),
             PerSample::Parts(parts) => {
@@ -410,13 +435,24 @@ impl PerSample {
             PerSample::Rows { ids, b, rows } => {
                 let d = b.size()[2];
                 let weighted = (b * c.view([-1, 1, 1])).reshape([-1, d]);
-                Tensor::zeros([*rows, d], (b.kind(), b.device())).index_add(
-                    0,
-                    &ids.reshape([-1]),
-                    &weighted,
-                )
+                let mut sum = Tensor::zeros([*rows, d], (b.kind(), b.device()));
+                let _ = sum.index_add_(0, &ids.reshape([-1]), &weighted);
+                sum
             }
             PerSample::Custom(g) => g.weighted_sum(c),
+        }
+    }
+
+    /// `sum` += Σ_i c_i g_i, in place where the form allows (embedding rows are added into
+    /// `sum` without a parameter-sized temporary).
+    pub fn add_weighted_sum_to(&self, c: &Tensor, sum: &mut Tensor) {
+        match self {
+            PerSample::Rows { ids, b, .. } => {
+                let d = b.size()[2];
+                let weighted = (b * c.to_kind(b.kind()).view([-1, 1, 1])).reshape([-1, d]);
+                let _ = sum.index_add_(0, &ids.reshape([-1]), &weighted);
+            }
+            _ => *sum += self.weighted_sum(c),
         }
     }
 

@@ -143,7 +143,11 @@ impl PerSampleGradient for TiedGradient {
     }
 
     fn weighted_sum(&self, c: &Tensor) -> Tensor {
-        self.lookup.weighted_sum(c) + self.head.weighted_sum(c)
+        // The lookup's rows go into the head's sum in place: one [vocabulary, width] buffer
+        // rather than three.
+        let mut sum = self.head.weighted_sum(c);
+        self.lookup.add_weighted_sum_to(c, &mut sum);
+        sum
     }
 
     fn materialize(&self) -> Tensor {

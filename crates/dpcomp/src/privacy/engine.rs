@@ -341,6 +341,26 @@ impl<'a> StepClipping<'a> {
         squared: &[Tensor],
         scale: Option<f64>,
     ) -> Clipped {
+        self.clip_each(per_sample.iter().map(|(_, r)| r), squared, scale)
+    }
+
+    /// `clip_with_squared_norms` that takes the recipes and lets each go as soon as its clipped
+    /// sum is formed, so that the sums do not accumulate beside every layer's recipe (its
+    /// activations, output gradients and any instantiated per-sample gradients).
+    pub(crate) fn clip_consuming(
+        &self,
+        per_sample: Vec<(Tensor, PerSample)>,
+        squared: &[Tensor],
+    ) -> Clipped {
+        self.clip_each(per_sample.into_iter().map(|(_, r)| r), squared, None)
+    }
+
+    fn clip_each<R: std::borrow::Borrow<PerSample>>(
+        &self,
+        per_sample: impl Iterator<Item = R>,
+        squared: &[Tensor],
+        scale: Option<f64>,
+    ) -> Clipped {
         let scaled: Vec<Tensor>;
         let squared = match scale {
             Some(b) => {
@@ -351,11 +371,10 @@ impl<'a> StepClipping<'a> {
         };
         let (factors, norms) = self.factors(squared);
         let sums = per_sample
-            .iter()
             .zip(&factors)
-            .map(|((_, r), c)| match scale {
-                Some(b) => r.weighted_sum(&(c * b)),
-                None => r.weighted_sum(c),
+            .map(|(r, c)| match scale {
+                Some(b) => r.borrow().weighted_sum(&(c * b)),
+                None => r.borrow().weighted_sum(c),
             })
             .collect();
         let any = Tensor::stack(&factors.iter().map(|f| f.lt(1.0)).collect::<Vec<_>>(), 0)

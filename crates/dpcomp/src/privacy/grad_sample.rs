@@ -45,8 +45,8 @@ use std::sync::{Arc, Mutex};
 use tch::{Kind, Tensor};
 
 pub use crate::nn::per_sample::{
-    ghost_is_cheaper, outer, patches, pixel_grams, Activations, PerSample, PerSampleGradient,
-    KEEP_INSTANTIATED_FACTOR, MAX_INSTANTIATED, MEMORY_WEIGHT,
+    ghost_is_cheaper, ghost_is_cheaper_than_dropped, outer, patches, pixel_grams, Activations,
+    PerSample, PerSampleGradient, KEEP_INSTANTIATED_FACTOR, MAX_INSTANTIATED, MEMORY_WEIGHT,
 };
 
 /// Adds d(root)/d(output) to the gradients of the records in `targets`.
@@ -396,7 +396,7 @@ pub fn clipped_sums<'a>(
                 .into_iter()
                 .map(|(p, (recipe, squares))| ((p, recipe), squares))
                 .unzip();
-        return Ok(clipping.clip_with_squared_norms(&recipes, &squared));
+        return Ok(clipping.clip_consuming(recipes, &squared));
     }
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
     let squared = in_parameter_order(squared_norms_in_backward(tape, &loss_sum)?, params)?;

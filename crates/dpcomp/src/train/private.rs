@@ -133,7 +133,9 @@ pub fn dp_step(
 ) -> Result<StepTotals> {
     let n = index.size()[0];
     let tensors: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
-    let mut logical = Clipped::empty(&tensors);
+    // The first chunk's sums become the logical batch's (no zero parameter-sized buffer held
+    // through the forward and backward passes); later chunks add to them.
+    let mut logical: Option<Clipped> = None;
     let mut totals = [
         Tensor::zeros([], (Kind::Float, device)),
         Tensor::zeros([], (Kind::Int64, device)),
@@ -151,12 +153,20 @@ pub fn dp_step(
             }
             GradSampleMode::Oracle => clipped_sums_oracle(model, params, &batch, engine)?,
         };
-        logical.add(part);
+        match logical.as_mut() {
+            Some(sums) => sums.add(part),
+            None => {
+                let mut part = part;
+                part.norms = part.norms.to_kind(Kind::Float);
+                logical = Some(part);
+            }
+        }
         for (total, part) in totals.iter_mut().zip(chunk_totals) {
             *total += part.to_kind(total.kind());
         }
         start += chunk;
     }
+    let mut logical = logical.unwrap_or_else(|| Clipped::empty(&tensors));
     // An audit's gradient canaries join the clipped sum like examples (`privacy::canary`).
     if let Some(canaries) = canaries.as_deref_mut() {
         canaries.inject(&mut logical, &tensors, engine.clipping());

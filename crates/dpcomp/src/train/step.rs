@@ -66,6 +66,12 @@ pub(super) fn train_step_share(
     let grads: Vec<Tensor> = params.iter().map(|(_, p)| p.grad()).collect();
     let _ = clip_global_norm(&grads, max_grad_norm);
     updater.step(&tensors, &grads)?;
+    // The gradients go once applied (PyTorch's zero_grad(set_to_none=True)): the next forward
+    // pass does not hold a parameter-sized buffer it does not use.
+    drop(grads);
+    for t in &tensors {
+        crate::nn::grad_hook::clear_grad(t)?;
+    }
     let correct = model.correct(&logits, &batch.features, &batch.labels);
     Ok((loss.detach() * batch.len() as f64, correct))
 }
