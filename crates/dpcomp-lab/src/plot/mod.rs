@@ -136,15 +136,22 @@ fn setting_order(c: &CellLog) -> f64 {
 }
 
 /// The compression setting (with the second clipping, `clip_noised`, when there is one), and
-/// the clipping radius and learning rate when they are not the task's paper defaults (the
-/// clipping experiment's C* cells are their own bars, not seeds of the C = 3 ones; an ablation's
-/// learning-rate control is not the run at the paper's rate).
+/// the fine-tuning mode, clipping radius and learning rate when they are not the task's paper
+/// defaults (the clipping experiment's C* cells are their own bars, not seeds of the C = 3 ones;
+/// an ablation's learning-rate control is not the run at the paper's rate; SNLI's LoRA cells are
+/// not seeds of its last-layer ones).
 pub(crate) fn setting_label(c: &CellLog) -> String {
     let mut label = c
         .config
         .compression_label()
         .unwrap_or_else(|_| c.summary.compressor.clone());
     let defaults = crate::tasks::Task::from_name(&c.config.task).map(crate::tasks::paper_defaults);
+    let mode = |m: &dpcomp::config::ModelSettings| m.fine_tuning_mode().ok().map(|f| f.label());
+    if let Some(tuned) = mode(&c.config.model) {
+        if defaults.as_ref().and_then(|d| mode(&d.model)) != Some(tuned.clone()) {
+            label = format!("{tuned}, {label}");
+        }
+    }
     let (clip, lr) = (c.config.privacy.max_grad_norm, c.config.optimizer.lr);
     if defaults.as_ref().map(|d| d.privacy.max_grad_norm) != Some(clip) {
         label = format!("{label}, C {clip}");
