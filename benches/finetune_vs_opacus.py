@@ -49,7 +49,8 @@ def build(model_name, mode, bert_dir):
         task = "SEQ_CLS" if model_name == "minilm" else "CAUSAL_LM"
         model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets,
                                                  task_type=task))
-    return model
+    # from_pretrained returns the model in eval mode; Opacus validates training mode.
+    return model.train()
 
 
 class LmLoss(nn.Module):
@@ -84,8 +85,14 @@ def opacus_step_seconds(model_name, mode, batch, seq_len, sigma, steps, warmup, 
     model, optimizer, criterion = made[0], made[1], made[2]
     model.train()
 
+    # BERT's default token types and positions are buffers shared by the batch (expanded, or
+    # [1, T]), which Opacus's embedding norm sampler cannot take per example; the same values
+    # given [B, T] are the same input.
+    positions = torch.arange(seq_len).expand(batch, seq_len).contiguous()
+    extra = {} if lm else {"token_type_ids": torch.zeros_like(ids), "position_ids": positions}
+
     def step():
-        out = model(input_ids=ids).logits
+        out = model(input_ids=ids, **extra).logits
         loss = criterion(out, targets)
         loss.backward()
         optimizer.step()
