@@ -1,5 +1,6 @@
 //! Differential privacy: accountants and noise calibration. Everything here decides
-//! privacy and has an oracle or golden-value test in `tests/privacy/accountant.rs`.
+//! privacy and has an oracle or golden-value test in `tests/privacy/accountant.rs` or, for the
+//! correlated-noise strategies (`toeplitz`, `tree_aggregation`), beside its code.
 
 pub mod accountant;
 pub mod analytic_gaussian;
@@ -14,6 +15,8 @@ pub mod noise;
 pub mod pld;
 pub mod pld_bounds;
 pub mod rdp;
+pub mod toeplitz;
+pub mod tree_aggregation;
 
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
