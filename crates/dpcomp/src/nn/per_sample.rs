@@ -432,11 +432,9 @@ impl PerSample {
                 }
                 sum.expect("at least one example")
             }
-            PerSample::Rows { ids, b, rows } => {
-                let d = b.size()[2];
-                let weighted = (b * c.view([-1, 1, 1])).reshape([-1, d]);
-                let mut sum = Tensor::zeros([*rows, d], (b.kind(), b.device()));
-                let _ = sum.index_add_(0, &ids.reshape([-1]), &weighted);
+            PerSample::Rows { b, rows, .. } => {
+                let mut sum = Tensor::zeros([*rows, b.size()[2]], (b.kind(), b.device()));
+                self.add_weighted_sum_to(c, &mut sum);
                 sum
             }
             PerSample::Custom(g) => g.weighted_sum(c),
